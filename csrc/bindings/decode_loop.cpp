@@ -1,0 +1,60 @@
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "decode/decode_loop.h"
+
+namespace py = pybind11;
+
+namespace mtprobe::bindings {
+
+namespace {
+// Dtypes cross the binding as their torch names ("float32", ...): no caster dependency.
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  TORCH_CHECK_VALUE(false, "mask dtype must be float32, float64, float16 or bfloat16, got '", name, "'");
+}
+}  // namespace
+
+void bind_decode_loop(py::module_& m) {
+  py::class_<DecodeResult>(m, "DecodeResult")
+      .def_readonly("sequence", &DecodeResult::sequence)
+      .def_readonly("accept_lengths", &DecodeResult::accept_lengths)
+      .def_readonly("forward_calls", &DecodeResult::forward_calls)
+      .def_readonly("total_seconds", &DecodeResult::total_seconds)
+      .def_readonly("forward_seconds", &DecodeResult::forward_seconds)
+      .def_readonly("prefill_seconds", &DecodeResult::prefill_seconds)
+      .def_readonly("mask_rebuilds", &DecodeResult::mask_rebuilds)
+      .def_readonly("stop_reason", &DecodeResult::stop_reason);
+
+  py::class_<DecodeLoop>(m, "DecodeLoop", "Draft, verify and compact until the sequence ends.")
+      .def(py::init([](std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
+                       int64_t max_new_tokens, std::vector<int64_t> eos_token_ids, int64_t max_positions,
+                       int64_t block_complexity, int64_t kv_capacity, const std::string& mask_dtype,
+                       const std::string& device, bool incremental_masks, std::optional<ProcessFn> process,
+                       std::optional<StopFn> stop, std::optional<StreamFn> stream) {
+             DecodeOptions o;
+             o.max_new_tokens = max_new_tokens;
+             o.eos_token_ids = std::move(eos_token_ids);
+             o.max_positions = max_positions;
+             o.block_complexity = block_complexity;
+             o.kv_capacity = kv_capacity;
+             o.mask_dtype = parse_dtype(mask_dtype);
+             o.device = at::Device(device);
+             o.incremental_masks = incremental_masks;
+             return std::make_unique<DecodeLoop>(std::move(drafter), std::move(forward), std::move(kv_buffers),
+                                                 std::move(o), std::move(process), std::move(stop),
+                                                 std::move(stream));
+           }),
+           py::arg("drafter"), py::arg("forward"), py::arg("kv_buffers"), py::kw_only(),
+           py::arg("max_new_tokens"), py::arg("eos_token_ids"), py::arg("max_positions"),
+           py::arg("block_complexity"), py::arg("kv_capacity"), py::arg("mask_dtype"), py::arg("device"),
+           py::arg("incremental_masks") = true, py::arg("process") = py::none(), py::arg("stop") = py::none(),
+           py::arg("stream") = py::none())
+      .def("run", &DecodeLoop::run, py::arg("prompt"));
+}
+
+}  // namespace mtprobe::bindings

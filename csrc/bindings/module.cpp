@@ -1,0 +1,21 @@
+// mtprobe._C: the torch ops register themselves on load (csrc/ops/registration.cpp); this module
+// adds the stateful host objects.
+#include <pybind11/pybind11.h>
+
+#include "bindings/bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "mtprobe C++ core: drafters and the decode loop (tensor ops live in torch.ops.mtprobe)";
+  // c10 errors carry a C++ backtrace in what(); users need the message, typed like Python's.
+  pybind11::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+  mtprobe::bindings::bind_drafters(m);
+  mtprobe::bindings::bind_decode_loop(m);
+}

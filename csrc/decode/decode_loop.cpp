@@ -1,0 +1,188 @@
+#include "decode/decode_loop.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/tree.h"
+#include "core/verify.h"
+#include "ops/ops.h"
+
+namespace mtprobe {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+at::Tensor long_tensor(const std::vector<int64_t>& v) { return at::tensor(v, at::kLong); }
+}  // namespace
+
+DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
+                       DecodeOptions options, std::optional<ProcessFn> process, std::optional<StopFn> stop,
+                       std::optional<StreamFn> stream)
+    : drafter_(std::move(drafter)),
+      forward_(std::move(forward)),
+      kv_buffers_fn_(std::move(kv_buffers)),
+      options_(std::move(options)),
+      process_(std::move(process)),
+      stop_(std::move(stop)),
+      stream_(std::move(stream)) {
+  TORCH_CHECK(drafter_, "DecodeLoop needs a drafter");
+  TORCH_CHECK(options_.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ", options_.max_new_tokens);
+  TORCH_CHECK(options_.block_complexity >= 1, "block_complexity must be >= 1, got ", options_.block_complexity);
+}
+
+std::vector<int64_t> DecodeLoop::greedy_targets(const at::Tensor& logits, const DraftBlock& block, int64_t first) {
+  const int64_t n = block.num_nodes - first;
+  at::Tensor scores = logits.narrow(0, first, n).to(at::kFloat);  // [n, vocab]
+  if (process_) {
+    // HF processors see (input_ids, scores) for a batch of rows. Nodes of equal depth have
+    // prefixes of equal length, so each depth is one batched call.
+    const int64_t root = block.num_committed - 1;
+    std::vector<int64_t> depth(static_cast<size_t>(block.num_nodes), 0);
+    std::vector<std::vector<int64_t>> suffix(static_cast<size_t>(block.num_nodes));
+    at::Tensor tok_cpu = block.tokens.to(at::kCPU);
+    const int64_t* tok = tok_cpu.data_ptr<int64_t>();
+    int64_t max_depth = 0;
+    for (int64_t i = root + 1; i < block.num_nodes; ++i) {
+      const int64_t p = block.parents[i];
+      depth[i] = depth[p] + 1;
+      suffix[i] = suffix[p];
+      suffix[i].push_back(tok[i]);
+      max_depth = std::max(max_depth, depth[i]);
+    }
+    std::vector<at::Tensor> processed(static_cast<size_t>(n));
+    for (int64_t d = 0; d <= max_depth; ++d) {
+      std::vector<int64_t> rows;
+      for (int64_t i = std::max(first, root); i < block.num_nodes; ++i) {
+        if (depth[i] == d && (i >= root)) rows.push_back(i);
+      }
+      if (rows.empty()) continue;
+      const int64_t L = static_cast<int64_t>(sequence_.size()) + d;
+      at::Tensor ids = at::empty({static_cast<int64_t>(rows.size()), L}, at::kLong);  // [n_d, L]
+      for (size_t r = 0; r < rows.size(); ++r) {
+        int64_t* out = ids[r].data_ptr<int64_t>();
+        std::copy(sequence_.begin(), sequence_.end(), out);
+        std::copy(suffix[rows[r]].begin(), suffix[rows[r]].end(), out + sequence_.size());
+      }
+      at::Tensor idx = long_tensor(rows).sub(first).to(scores.device());
+      at::Tensor out = (*process_)(ids.to(scores.device()), scores.index_select(0, idx));  // [n_d, vocab]
+      scores.index_copy_(0, idx, out.to(at::kFloat));
+    }
+  }
+  at::Tensor target = scores.argmax(-1).to(at::kCPU);  // [n]; the host needs it to walk the tree
+  const int64_t* t = target.data_ptr<int64_t>();
+  std::vector<int64_t> out(static_cast<size_t>(block.num_nodes), -1);
+  std::copy(t, t + n, out.begin() + first);
+  return out;
+}
+
+int64_t DecodeLoop::append(const std::vector<int64_t>& tokens, DecodeResult& result) {
+  int64_t kept = 0;
+  for (int64_t tok : tokens) {
+    sequence_.push_back(tok);
+    ++kept;
+    const int64_t generated = static_cast<int64_t>(sequence_.size()) - prompt_len_;
+    // The same order of checks as HF greedy: the token is emitted, then the criteria look at it.
+    if (std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(), tok) !=
+        options_.eos_token_ids.end()) {
+      result.stop_reason = "eos";
+    } else if (generated >= options_.max_new_tokens) {
+      result.stop_reason = "max_new_tokens";
+    } else if (stop_ && (*stop_)(long_tensor(sequence_).view({1, -1}))) {
+      result.stop_reason = "stopping_criteria";
+    }
+    if (!result.stop_reason.empty()) {
+      finished_ = true;
+      break;
+    }
+  }
+  if (stream_ && kept > 0) {
+    (*stream_)(long_tensor(std::vector<int64_t>(sequence_.end() - kept, sequence_.end())));
+  }
+  return kept;
+}
+
+DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
+  TORCH_CHECK(prompt_in.dim() == 1 && prompt_in.numel() >= 1, "prompt must be a non-empty 1-D token tensor");
+  const auto t_start = Clock::now();
+  DecodeResult result;
+  at::Tensor prompt = prompt_in.to(at::kCPU, at::kLong).contiguous();
+  sequence_.assign(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + prompt.numel());
+  prompt_len_ = static_cast<int64_t>(sequence_.size());
+  finished_ = false;
+  TreeMaskBuilder masks(options_.kv_capacity, options_.mask_dtype, options_.device, options_.incremental_masks);
+  std::vector<at::Tensor> kv;  // the cache's KV tensors, fetched after the first forward
+
+  drafter_->begin(prompt.to(options_.device));
+  at::Tensor committed = prompt.to(options_.device);  // [c] tokens not yet in the KV cache
+  int64_t prefix_len = 0;                             // P: KV entries that are final
+  bool prefill = true;
+
+  while (!finished_) {
+    const int64_t tokens_left = options_.max_new_tokens - (static_cast<int64_t>(sequence_.size()) - prompt_len_);
+    StepLimits limits{options_.block_complexity, options_.max_positions - 1 - prefix_len, tokens_left};
+    // 1. The drafter lays out this forward: committed chain, draft tree, auxiliary inputs.
+    DraftBlock block = drafter_->propose(committed, prefix_len, limits);
+    const int64_t T = block.num_inputs();
+    const int64_t c = block.num_committed;
+    TORCH_CHECK(c == committed.size(0) && block.num_nodes >= c && block.num_nodes <= T,
+                "drafter ", drafter_->name(), " returned an inconsistent block (committed ", c, ", nodes ",
+                block.num_nodes, ", inputs ", T, ")");
+    TORCH_CHECK(prefill || T <= options_.block_complexity, "drafter ", drafter_->name(), " proposed ", T,
+                " inputs, over the block complexity ", options_.block_complexity);
+    TORCH_CHECK(prefix_len + T <= options_.kv_capacity, "the KV cache holds ", options_.kv_capacity,
+                " entries but this step needs ", prefix_len + T);
+    ops::check_parents_or_throw(block.parents);
+
+    // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
+    BlockInputs in = masks.build(block.parents, prefix_len, block.block_mask, block.depths);
+
+    // 3. One forward of the target over all T inputs.
+    const auto t_fwd = Clock::now();
+    auto [logits, hidden] = forward_(block.tokens, block.embeds, in.position_ids, in.mask, prefix_len,
+                                     drafter_->wants_hidden_states());  // logits: [T, vocab]
+    const double fwd = seconds_since(t_fwd);
+    result.forward_seconds += fwd;
+    if (prefill) result.prefill_seconds = fwd;
+    ++result.forward_calls;
+    if (kv.empty()) kv = kv_buffers_fn_();
+
+    // 4. Greedy verification: walk the tree from the last committed node while the drafts
+    //    equal the target's own choice; the target's choice after the last one is the bonus.
+    std::vector<int64_t> target = greedy_targets(logits, block, c - 1);
+    at::Tensor tok_cpu = block.tokens.to(at::kCPU).contiguous();
+    std::vector<int64_t> path(static_cast<size_t>(block.num_nodes));
+    const int64_t path_len = core::verify_greedy(tok_cpu.data_ptr<int64_t>(), block.parents.data(),
+                                                 target.data(), block.num_nodes, c - 1, path.data());
+    path.resize(static_cast<size_t>(path_len));
+    std::vector<int64_t> new_tokens;
+    for (int64_t j = 1; j < path_len; ++j) new_tokens.push_back(tok_cpu.data_ptr<int64_t>()[path[j]]);
+    new_tokens.push_back(target[path.back()]);
+
+    // 5. Append with EOS / length / stopping checks (they may cut the block short).
+    const int64_t kept = append(new_tokens, result);
+    if (!prefill) result.accept_lengths.push_back(kept);
+    new_tokens.resize(static_cast<size_t>(kept));
+
+    StepOutcome outcome{prefix_len, path, new_tokens, logits, hidden, finished_};
+    if (!finished_) {
+      // 6. KV compaction: the committed chain is in place; move the accepted drafts right after
+      //    it. O(accepted) rows per layer; the rest of the block is dropped by the new length.
+      std::vector<int64_t> src;
+      for (int64_t j = 1; j < path_len; ++j) src.push_back(prefix_len + path[j]);
+      if (!src.empty()) ops::compact_kv_(kv, long_tensor(src), prefix_len + c);
+      prefix_len += c + path_len - 1;
+      committed = at::full({1}, new_tokens.back(), at::TensorOptions().dtype(at::kLong).device(options_.device));
+    }
+    // 7. The drafter learns the verdict (and reads its auxiliary logits).
+    drafter_->observe(outcome);
+    prefill = false;
+  }
+  result.sequence = sequence_;
+  result.mask_rebuilds = masks.rebuilds();
+  result.total_seconds = seconds_since(t_start);
+  return result;
+}
+
+}  // namespace mtprobe

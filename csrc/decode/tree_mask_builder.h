@@ -1,0 +1,51 @@
+// Attention mask and position ids of one draft block, built incrementally (seed 001, App. E).
+//
+// For a block of T inputs after a prefix of P cached positions the mask is [1, 1, T, P + T]:
+// all-zero prefix columns followed by the block's own [T, T] tree pattern. Between two steps with
+// the same tree shape only P changes, so the builder keeps one buffer [T, capacity + T] whose
+// last T columns hold the tree pattern and whose other columns are zero, and returns the view of
+// its last P + T columns: "prepending" P columns costs nothing. Position ids are the cached
+// depths plus P: one add. A new shape rebuilds the pattern once (O(T^2) on the host).
+// The naive mode rebuilds both from scratch every step, for comparison.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <vector>
+
+namespace mtprobe {
+
+struct BlockInputs {
+  at::Tensor position_ids;          // [1, T] int64
+  std::optional<at::Tensor> mask;  // [1, 1, T, P + T] additive, or none for a chain (plain causal)
+};
+
+class TreeMaskBuilder {
+ public:
+  // capacity: the largest prefix length this builder will see.
+  TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental);
+
+  // depths/block_mask override the tree pattern for non-tree blocks (lookahead); else from parents.
+  BlockInputs build(const std::vector<int64_t>& parents, int64_t prefix_len,
+                    const std::optional<at::Tensor>& block_mask = std::nullopt,
+                    const std::optional<at::Tensor>& depths = std::nullopt);
+
+  int64_t rebuilds() const { return rebuilds_; }
+
+ private:
+  void rebuild(const std::vector<int64_t>& parents, const std::optional<at::Tensor>& block_mask,
+               const std::optional<at::Tensor>& depths);
+
+  int64_t capacity_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  bool incremental_;
+  std::vector<int64_t> parents_;  // shape of the cached pattern
+  bool cached_custom_ = false;
+  at::Tensor buffer_;             // [T, capacity + T]
+  at::Tensor depths_;             // [1, T] int64 on device
+  int64_t rebuilds_ = 0;
+};
+
+}  // namespace mtprobe

@@ -1,0 +1,81 @@
+// The drafter interface: one contract for every way of proposing tokens.
+//
+// Each decode step the loop hands the drafter the committed tokens that are not yet in the KV
+// cache (the prompt at prefill; the last generated token, "the root", afterwards) and asks for a
+// DraftBlock: the exact inputs of the next target forward. The block is laid out as
+//
+//     [ committed chain | draft nodes | auxiliary inputs ]
+//       tokens[0 : num_committed]        verified? no, they are already decided
+//       tokens[num_committed : num_nodes] the draft tree; verification may accept a root path
+//       the rest                          inputs only the drafter reads (never accepted)
+//
+// Token-valued inputs come first (`tokens`), then embedding-only inputs (`embeds`), so the
+// model sees inputs_embeds = cat(E[tokens], embeds). `parents` spans all T inputs and defines
+// attention and positions (csrc/core/tree.h): input i attends to the prefix, its ancestors and
+// itself, at position prefix_len + depth(i). A drafter whose inputs are not tree-shaped (the
+// Jacobi window of lookahead decoding) sets `block_mask` [T, T] (bool, row attends column) and
+// `depths` [T] instead of relying on parents for attention; parents must still chain the nodes.
+//
+// How the drafters of the roadmap fit:
+//   - mask-token probing: drafts from the last step's mask logits, one embedding-only mask input
+//     per node (aux), reads their logits in observe();
+//   - prompt lookup / n-gram / STAND: only draft nodes, built from the token history;
+//   - lookahead: the Jacobi window as aux token inputs with block_mask, reads their logits;
+//   - draft model: runs its own model and KV cache inside propose(), rolls it back in observe();
+//   - Medusa-style or probabilistic-circuit heads: wants_hidden_states() = true, reads the
+//     target's last hidden state of the accepted node in observe().
+// Sampling verification will read `draft_probs` (q of each draft node) where a drafter has them.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mtprobe {
+
+struct DraftBlock {
+  at::Tensor tokens;             // [num_token_inputs] int64, on the model's device
+  std::optional<at::Tensor> embeds;  // [num_embed_inputs, hidden] in the model dtype, or none
+  std::vector<int64_t> parents;  // [T] over all inputs, tokens first then embeds
+  int64_t num_committed = 1;     // committed chain length (prompt length at prefill, 1 after)
+  int64_t num_nodes = 1;         // committed + draft nodes; inputs past this are auxiliary
+  std::optional<at::Tensor> block_mask;  // [T, T] bool, only for non-tree blocks
+  std::optional<at::Tensor> depths;      // [T] int64, with block_mask
+  std::optional<at::Tensor> draft_probs;  // [num_nodes, vocab], for sampling verification
+
+  int64_t num_inputs() const { return static_cast<int64_t>(parents.size()); }
+};
+
+// What one step decided, handed back to the drafter.
+struct StepOutcome {
+  int64_t prefix_len = 0;           // KV length before the step's forward
+  std::vector<int64_t> path;        // accepted input indices: [last committed, accepted drafts...]
+  std::vector<int64_t> new_tokens;  // tokens appended this step (accepted drafts + bonus), in order
+  at::Tensor logits;                // [T, vocab] raw target logits of every input of the block
+  std::optional<at::Tensor> hidden;  // [T, hidden] last hidden states, when wants_hidden_states()
+  bool finished = false;            // the sequence ended inside this step
+};
+
+// Limits the loop imposes on a step's block.
+struct StepLimits {
+  int64_t budget = 0;       // most inputs one decode forward may take (the block complexity)
+  int64_t max_depth = 0;    // deepest allowed depth below prefix_len (positions must fit the model)
+  int64_t tokens_left = 0;  // new tokens still wanted, including this step's
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual std::string name() const = 0;
+  // A new sequence starts: reset all state. prompt: [L] int64.
+  virtual void begin(const at::Tensor& prompt) = 0;
+  // The next forward's inputs. committed: [c] int64, the chain not yet in the KV cache.
+  virtual DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) = 0;
+  // The step's verdict. Called after every forward, prefill included.
+  virtual void observe(const StepOutcome& outcome) = 0;
+  virtual bool wants_hidden_states() const { return false; }
+};
+
+}  // namespace mtprobe

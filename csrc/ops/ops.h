@@ -1,0 +1,33 @@
+// ATen launchers for the torch-free core: check shapes and dtypes, then call csrc/core.
+// Registered as torch.ops.mtprobe.* in registration.cpp; the decode loop calls them directly.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace mtprobe::ops {
+
+// parents: [T] int32/int64.  Returns the additive mask [1, 1, T, prefix_len + T] in `dtype`
+// (0 where attended, finfo(dtype).min elsewhere) on parents' device.
+at::Tensor tree_attention_mask(const at::Tensor& parents, int64_t prefix_len, at::ScalarType dtype);
+
+// parents: [T].  Returns position ids [1, T] int64: prefix_len + depth.
+at::Tensor tree_position_ids(const at::Tensor& parents, int64_t prefix_len);
+
+// tokens, parents, target: [N].  Returns the accepted path [n_path] int64 of node indices from `root`.
+at::Tensor verify_greedy(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target,
+                         int64_t root);
+
+// caches: tensors [B, H, S, D] (dim 2 = sequence); src: [n] int64.  In place:
+// cache[:, :, dst_start + j] = cache[:, :, src[j]] for j in order.
+void compact_kv_(at::TensorList caches, const at::Tensor& src, int64_t dst_start);
+
+// Host-side helpers shared with the decode loop.
+std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);
+void check_parents_or_throw(const std::vector<int64_t>& parents);
+// Writes the additive mask of one block into rows [T] of `out` (rows of prefix_len + T columns,
+// row stride out.stride(-2)); `anc` is the [T, T] ancestor matrix.
+void fill_mask_rows(const std::vector<uint8_t>& anc, int64_t T, int64_t prefix_len, at::Tensor& out);
+
+}  // namespace mtprobe::ops

@@ -1,0 +1,25 @@
+"""mtprobe: lossless multi-token decoding of HuggingFace causal LMs.
+
+    cfg = mtprobe.ProbeConfig(block_complexity=30)
+    out = mtprobe.generate(model, input_ids, cfg, max_new_tokens=128)
+
+or through HF: ``model.generate(**inputs, custom_generate=mtprobe.custom_generate, mtprobe_config=cfg)``.
+"""
+
+import torch  # noqa: F401  (libtorch must be loaded before the extension)
+
+from mtprobe import _C, ops  # noqa: F401
+from mtprobe.config import ProbeConfig
+from mtprobe.generate import GenerateOutput, custom_generate, generate
+
+__version__ = "0.1.0"
+__all__ = ["ProbeConfig", "GenerateOutput", "generate", "custom_generate", "models", "ops", "__version__"]
+
+
+def __getattr__(name: str):
+    # models pulls in the GGUF conversion path; load it on first use.
+    if name == "models":
+        import importlib
+
+        return importlib.import_module("mtprobe.models")
+    raise AttributeError(f"module 'mtprobe' has no attribute {name!r}")

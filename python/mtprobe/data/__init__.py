@@ -1,0 +1,91 @@
+"""The project's own prompt set, used by tests and benchmarks.
+
+``prompts.jsonl`` holds one JSON object per line::
+
+    {"id": str, "kind": str, "messages": [{"role": "user" | "assistant" | "system", "content": str}, ...]}
+
+Non-English prompts have kind ``"non-english"`` and carry their ISO 639-1 language code as the second
+dash-separated part of their id (``non-english-fr-...``). Lines are ordered so that kinds are interleaved,
+which keeps ``prompts[:n]`` varied for small benchmark runs.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KINDS", "PROMPTS_FILE", "load_prompts", "prompts_file"]
+
+# Every kind the shipped prompt set covers (tests check each one is present).
+KINDS: tuple[str, ...] = (
+    "chat",
+    "factual",
+    "long",
+    "code",
+    "math",
+    "non-english",
+    "repetition",
+    "translation",
+    "multi-turn",
+)
+
+_RESOURCE = "prompts.jsonl"
+_ROLES = {"system", "user", "assistant"}
+
+
+def prompts_file() -> Path:
+    """Filesystem path of the shipped ``prompts.jsonl``.
+
+    Goes through importlib.resources so an installed (non-editable) package resolves too; ``as_file``
+    would be needed only for zipped installs, which this package does not support.
+    """
+    return Path(str(resources.files(__package__ or "mtprobe.data").joinpath(_RESOURCE)))
+
+
+PROMPTS_FILE: Path = prompts_file()
+
+
+def _validate(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in ("id", "kind"):
+        if not isinstance(obj.get(key), str) or not obj[key]:
+            raise ValueError(f"{where}: missing or empty string field {key!r}")
+    messages = obj.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: 'messages' must be a non-empty list")
+    for i, msg in enumerate(messages):
+        if (
+            not isinstance(msg, dict)
+            or msg.get("role") not in _ROLES
+            or not isinstance(msg.get("content"), str)
+        ):
+            raise ValueError(f"{where}: message {i} must be {{'role': {sorted(_ROLES)}, 'content': str}}")
+    return obj
+
+
+def load_prompts(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Read the prompt set (the shipped one unless ``path`` is given), in file order.
+
+    Blank lines are skipped; malformed lines raise ``ValueError`` naming the line, so a broken file
+    fails loudly instead of silently shrinking a benchmark.
+    """
+    if path is None:
+        text = resources.files(__package__ or "mtprobe.data").joinpath(_RESOURCE).read_text(encoding="utf-8")
+        name = _RESOURCE
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+        name = str(path)
+    prompts: list[dict[str, Any]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: invalid JSON ({exc})") from exc
+        prompts.append(_validate(obj, where))
+    return prompts

@@ -1,0 +1,57 @@
+"""torch.ops.mtprobe: typed wrappers and fake kernels.
+
+The CPU kernels are C++ (csrc/ops/); importing this module loads them. The fake kernels below
+give every op its output metadata without running it, so the ops trace under torch.compile and
+pass ``torch.library.opcheck``. Reference definitions: ``mtprobe.reference``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mtprobe import _C  # noqa: F401  (registers torch.ops.mtprobe)
+
+__all__ = ["tree_attention_mask", "tree_position_ids", "verify_greedy", "compact_kv_"]
+
+
+@torch.library.register_fake("mtprobe::tree_attention_mask")
+def _tree_attention_mask_fake(parents: torch.Tensor, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
+    t = parents.shape[0]
+    return parents.new_empty((1, 1, t, prefix_len + t), dtype=dtype)
+
+
+@torch.library.register_fake("mtprobe::tree_position_ids")
+def _tree_position_ids_fake(parents: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    return parents.new_empty((1, parents.shape[0]), dtype=torch.long)
+
+
+@torch.library.register_fake("mtprobe::verify_greedy")
+def _verify_greedy_fake(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, root: int) -> torch.Tensor:
+    # The accepted path's length depends on the data.
+    n = torch.library.get_ctx().new_dynamic_size()
+    return tokens.new_empty((n,), dtype=torch.long)
+
+
+@torch.library.register_fake("mtprobe::compact_kv_")
+def _compact_kv_fake(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -> None:
+    return None
+
+
+def tree_attention_mask(parents: torch.Tensor, prefix_len: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive mask ``[1, 1, T, prefix_len + T]`` of a draft block (see ``reference.tree_mask``)."""
+    return torch.ops.mtprobe.tree_attention_mask(parents, prefix_len, dtype)
+
+
+def tree_position_ids(parents: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """Position ids ``[1, T]``: ``prefix_len + depth``."""
+    return torch.ops.mtprobe.tree_position_ids(parents, prefix_len)
+
+
+def verify_greedy(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """Accepted path ``[n_path]`` of node indices from ``root`` (see ``reference.verify``)."""
+    return torch.ops.mtprobe.verify_greedy(tokens, parents, target, root)
+
+
+def compact_kv_(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -> None:
+    """In place: ``cache[:, :, dst_start + j] = cache[:, :, src[j]]`` for every cache tensor."""
+    torch.ops.mtprobe.compact_kv_(caches, src, dst_start)

@@ -1,0 +1,27 @@
+"""PyTorch reference definitions of mtprobe's ops: short, readable, slow; the C++ ops are tested against them.
+
+Nothing here imports from mtprobe outside this subpackage, so the definitions stand on their own.
+"""
+
+from .kv_compact import check_compaction, compact_kv
+from .tree_mask import (
+    check_parents,
+    tree_ancestors,
+    tree_attention,
+    tree_attention_mask,
+    tree_depths,
+    tree_position_ids,
+)
+from .verify import verify_greedy
+
+__all__ = [
+    "check_compaction",
+    "check_parents",
+    "compact_kv",
+    "tree_ancestors",
+    "tree_attention",
+    "tree_attention_mask",
+    "tree_depths",
+    "tree_position_ids",
+    "verify_greedy",
+]

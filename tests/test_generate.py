@@ -1,0 +1,231 @@
+"""mtprobe.generate on the real SmolLM2: token-identical to greedy model.generate, and the API around it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import chat_ids
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+import mtprobe
+from mtprobe.data import load_prompts
+
+NEAR_TIE = 1e-5  # fp32 top-2 logit margin below which batched vs single-token arithmetic may flip argmax
+
+
+def first_mismatch_margin(model, ref: torch.Tensor, out: torch.Tensor) -> tuple[int, float]:
+    """Index of the first differing token and the target's top-2 logit margin there."""
+    n = min(ref.shape[1], out.shape[1])
+    diff = (ref[0, :n] != out[0, :n]).nonzero()
+    i = int(diff[0]) if len(diff) else n
+    with torch.no_grad():
+        logits = model(ref[:, :i]).logits[0, -1]
+    top2 = logits.topk(2).values
+    return i, float(top2[0] - top2[1])
+
+
+def assert_same_as_greedy(model, ids: torch.Tensor, out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    if torch.equal(out, ref):
+        return
+    i, margin = first_mismatch_margin(model, ref, out)
+    if margin < NEAR_TIE:
+        pytest.xfail(f"{what}: first difference at token {i} is a floating-point near-tie (margin {margin:.2e})")
+    raise AssertionError(f"{what}: differs from greedy at token {i} (top-2 margin {margin:.3e}, not a near-tie)")
+
+
+PROMPTS = load_prompts()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=[p["id"] for p in PROMPTS])
+def test_token_identical_to_greedy_bc30(smollm2, prompt):
+    model, tok = smollm2
+    ids = chat_ids(tok, prompt["messages"])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=40)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=30), max_new_tokens=40)
+    assert_same_as_greedy(model, ids, out.sequences, ref, prompt["id"])
+    assert sum(out.accept_lengths) == ref.shape[1] - ids.shape[1] - 1  # prefill gives the first token
+    assert out.forward_calls == len(out.accept_lengths) + 1
+
+
+@pytest.mark.parametrize("bc", [4, 10, 60])
+@pytest.mark.parametrize("incremental", [True, False])
+def test_other_block_complexities_and_naive_masks(smollm2, bc, incremental):
+    model, tok = smollm2
+    for prompt in PROMPTS[:3]:
+        ids = chat_ids(tok, prompt["messages"])
+        ref = model.generate(ids, do_sample=False, max_new_tokens=24)
+        cfg = mtprobe.ProbeConfig(block_complexity=bc, incremental_masks=incremental)
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=24)
+        assert_same_as_greedy(model, ids, out.sequences, ref, f"{prompt['id']} BC={bc}")
+
+
+def test_probing_accepts_drafts(smollm2):
+    # Not a speed claim: on a repetitive prompt the mask drafts must be accepted at least once,
+    # otherwise the drafter is not doing its job.
+    model, tok = smollm2
+    ids = chat_ids(tok, [{"role": "user", "content": "Count from 1 to 30, separated by commas."}])
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=30), max_new_tokens=48)
+    assert max(out.accept_lengths) == 2
+    assert out.forward_calls < out.sequences.shape[1] - ids.shape[1]
+
+
+def test_hf_custom_generate_route(smollm2):
+    model, tok = smollm2
+    ids = chat_ids(tok, PROMPTS[0]["messages"])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=32)
+    seq = model.generate(
+        ids, custom_generate=mtprobe.custom_generate, mtprobe_config=mtprobe.ProbeConfig(), max_new_tokens=32
+    )
+    assert torch.equal(seq, ref)
+    out = model.generate(
+        ids,
+        custom_generate=mtprobe.custom_generate,
+        mtprobe_config=mtprobe.ProbeConfig(),
+        max_new_tokens=32,
+        return_dict_in_generate=True,
+    )
+    assert isinstance(out, mtprobe.GenerateOutput) and torch.equal(out.sequences, ref)
+
+
+def test_stops_at_eos_like_greedy(smollm2):
+    model, tok = smollm2
+    ids = chat_ids(tok, [{"role": "user", "content": "What is the capital of France? Answer in one word."}])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=64)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), max_new_tokens=64)
+    assert ref[0, -1].item() == tok.eos_token_id, "the reference should end on EOS for this prompt"
+    assert torch.equal(out.sequences, ref) and out.stop_reason == "eos"
+
+
+def test_custom_eos_token_mid_output(smollm2):
+    # An EOS id that first appears in the middle of the greedy output: both stop right after it.
+    model, tok = smollm2
+    ids = chat_ids(tok, PROMPTS[0]["messages"])
+    full = model.generate(ids, do_sample=False, max_new_tokens=40)[0, ids.shape[1] :]
+    eos = int(full[len(full) // 2])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=eos)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), max_new_tokens=40, eos_token_id=eos)
+    assert torch.equal(out.sequences, ref) and out.sequences[0, -1].item() == eos
+
+
+def test_max_new_tokens_one(smollm2):
+    model, tok = smollm2
+    ids = chat_ids(tok, PROMPTS[1]["messages"])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=1)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), max_new_tokens=1)
+    assert torch.equal(out.sequences, ref) and out.forward_calls == 1 and out.accept_lengths == []
+
+
+def test_logits_processors_apply_per_node(smollm2):
+    # Repetition penalty and n-gram blocking depend on each node's own prefix.
+    model, tok = smollm2
+    ids = chat_ids(tok, [{"role": "user", "content": "Repeat the word 'echo' many times."}])
+    kw = dict(max_new_tokens=32, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    ref = model.generate(ids, do_sample=False, **kw)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), **kw)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_user_logits_processor_and_stopping_criteria(smollm2):
+    model, tok = smollm2
+    ids = chat_ids(tok, PROMPTS[2]["messages"])
+    banned = int(model.generate(ids, do_sample=False, max_new_tokens=3)[0, -1])
+
+    def ban(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, banned] = float("-inf")
+        return scores
+
+    class StopAfter(StoppingCriteria):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.n, dtype=torch.bool)
+
+    kw = dict(
+        max_new_tokens=40,
+        logits_processor=LogitsProcessorList([ban]),
+        stopping_criteria=StoppingCriteriaList([StopAfter(ids.shape[1] + 17)]),
+    )
+    ref = model.generate(ids, do_sample=False, **kw)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), **kw)
+    assert torch.equal(out.sequences, ref) and out.stop_reason == "stopping_criteria"
+    assert banned not in out.sequences[0, ids.shape[1] :].tolist()
+
+
+class Collect(BaseStreamer):
+    def __init__(self) -> None:
+        self.chunks: list[list[int]] = []
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+@pytest.mark.parametrize("route", ["mtprobe", "hf"])
+def test_streamer_sees_prompt_then_every_token(smollm2, route):
+    model, tok = smollm2
+    ids = chat_ids(tok, PROMPTS[3]["messages"])
+    s = Collect()
+    if route == "mtprobe":
+        seq = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), max_new_tokens=20, streamer=s).sequences
+    else:
+        seq = model.generate(
+            ids, custom_generate=mtprobe.custom_generate, mtprobe_config=mtprobe.ProbeConfig(),
+            max_new_tokens=20, streamer=s,
+        )
+    assert s.ended
+    assert s.chunks[0] == ids[0].tolist()
+    assert sum(s.chunks[1:], []) == seq[0, ids.shape[1] :].tolist()
+
+
+def test_bad_input_is_named(smollm2):
+    model, tok = smollm2
+    ids = chat_ids(tok, PROMPTS[0]["messages"])
+    cfg = mtprobe.ProbeConfig()
+    with pytest.raises(ValueError, match="empty"):
+        mtprobe.generate(model, ids[:, :0], cfg, max_new_tokens=4)
+    with pytest.raises(NotImplementedError, match="batch size 2"):
+        mtprobe.generate(model, ids.repeat(2, 1), cfg, max_new_tokens=4)
+    with pytest.raises(ValueError, match="2-D"):
+        mtprobe.generate(model, ids[0], cfg, max_new_tokens=4)
+    with pytest.raises(NotImplementedError, match="do_sample"):
+        mtprobe.generate(model, ids, cfg, max_new_tokens=4, do_sample=True)
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        mtprobe.generate(torch.nn.Linear(4, 4), ids, cfg, max_new_tokens=4)
+    with pytest.raises(TypeError, match="ProbeConfig"):
+        model.generate(ids, custom_generate=mtprobe.custom_generate, mtprobe_config={"bc": 30}, max_new_tokens=4)
+    with pytest.raises(ValueError, match="exceeds the model's context of 8192"):
+        mtprobe.generate(model, ids, cfg, max_new_tokens=8192)
+
+
+def test_model_without_lm_head_is_refused():
+    from transformers import LlamaConfig, LlamaModel
+
+    base = LlamaModel(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+    with pytest.raises(TypeError, match="AutoModelForCausalLM|language-modelling head"):
+        mtprobe.generate(base, torch.tensor([[1, 2, 3]]), mtprobe.ProbeConfig(), max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(block_complexity=3), ValueError, "too small"),
+        (dict(block_complexity=30, num_masks=2), ValueError, "num_masks=2"),
+        (dict(mask_lambda=1.5), ValueError, r"\[0, 1\]"),
+        (dict(block_complexity=30.0), TypeError, "block_complexity must be an int"),
+        (dict(incremental_masks="yes"), TypeError, "incremental_masks"),
+    ],
+)
+def test_probe_config_validates(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mtprobe.ProbeConfig(**kwargs)
+
+
+def test_probe_config_block_complexity_accounting():
+    # BC = (k + 1)(1 + K) with k = 1 (seed 001, Eq. 6).
+    assert [mtprobe.ProbeConfig(block_complexity=bc).num_branches for bc in (4, 10, 30, 60, 31)] == [1, 4, 14, 29, 14]
