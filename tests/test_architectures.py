@@ -34,6 +34,7 @@ from transformers import (
 import mtprobe
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter, max_positions
+from mtprobe.drafters import mask_probe_drafter
 
 VOCAB = 320
 MAX_POS = 128
@@ -508,7 +509,7 @@ def test_tree_kv_cache_after_mask_probe_run(arch: str) -> None:
     ref = _greedy(model, ids, 24, eos_token_id=None)
 
     def factory(run):
-        inner = _C.MaskProbeDrafter(model.get_input_embeddings().weight, num_branches=14, mask_lambda=0.1)
+        inner = mask_probe_drafter(model, mtprobe.ProbeConfig(block_complexity=30))
         return RecordingDrafter(inner)
 
     run = _Run(model, ids, factory, max_new_tokens=24, eos=[])

@@ -2,6 +2,7 @@
 
 #include "bindings/bindings.h"
 #include "drafters/drafter.h"
+#include "core/draft_tree.h"
 #include "drafters/mask_probe.h"
 
 namespace py = pybind11;
@@ -24,6 +25,36 @@ class PyDrafter : public Drafter {
 }  // namespace
 
 void bind_drafters(py::module_& m) {
+  m.def(
+      "build_draft_tree",
+      [](int64_t root_token, const at::Tensor& cand_tokens, const at::Tensor& cand_probs, bool dynamic,
+         std::vector<int64_t> branches, int64_t budget, bool prune) {
+        TORCH_CHECK_VALUE(cand_tokens.dim() == 2 && cand_tokens.sizes() == cand_probs.sizes(),
+                          "cand_tokens and cand_probs must both be [depths, m]");
+        at::Tensor t = cand_tokens.to(at::kCPU, at::kLong).contiguous();
+        at::Tensor p = cand_probs.to(at::kCPU, at::kFloat).contiguous();
+        const int64_t depths = t.size(0), width = t.size(1);
+        if (!dynamic) {
+          TORCH_CHECK_VALUE(static_cast<int64_t>(branches.size()) == depths, "need one branch count per depth");
+        }
+        std::vector<core::DraftNode> nodes =
+            dynamic ? core::build_dynamic_tree(root_token, t.data_ptr<int64_t>(), p.data_ptr<float>(), depths,
+                                               width, budget, prune)
+                    : core::build_static_tree(root_token, t.data_ptr<int64_t>(), p.data_ptr<float>(), depths,
+                                              width, branches.data(), prune);
+        std::vector<int64_t> tokens, parents;
+        std::vector<double> probs;
+        for (const auto& n : nodes) {
+          tokens.push_back(n.token);
+          parents.push_back(n.parent);
+          probs.push_back(n.prob);
+        }
+        return py::make_tuple(tokens, parents, probs);
+      },
+      py::arg("root_token"), py::arg("cand_tokens"), py::arg("cand_probs"), py::kw_only(), py::arg("dynamic"),
+      py::arg("branches") = std::vector<int64_t>{}, py::arg("budget") = 0, py::arg("prune") = true,
+      "Draft tree from per-depth candidates [depths, m] (csrc/core/draft_tree.h): (tokens, parents, probs).");
+
   py::class_<DraftBlock>(m, "DraftBlock", "The inputs of one target forward (see csrc/drafters/drafter.h).")
       .def(py::init<>())
       .def_readwrite("tokens", &DraftBlock::tokens)
@@ -59,13 +90,26 @@ void bind_drafters(py::module_& m) {
       .def("wants_hidden_states", &Drafter::wants_hidden_states);
 
   py::class_<MaskProbeDrafter, Drafter, std::shared_ptr<MaskProbeDrafter>>(
-      m, "MaskProbeDrafter", "Mask-token probing with one mask token per node (seed 001).")
-      .def(py::init([](at::Tensor embedding, int64_t num_branches, double mask_lambda) {
-             return std::make_shared<MaskProbeDrafter>(std::move(embedding),
-                                                       MaskProbeOptions{num_branches, mask_lambda});
+      m, "MaskProbeDrafter", "Mask-token probing: k chained mask tokens per node (seed 001).")
+      .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
+                       std::vector<int64_t> branches, bool prune, std::string mask_init, double gaussian_shift,
+                       double mask_lambda, int64_t seed) {
+             MaskProbeOptions o;
+             o.num_masks = num_masks;
+             o.block_complexity = block_complexity;
+             o.dynamic_tree = dynamic_tree;
+             o.branches = std::move(branches);
+             o.prune = prune;
+             o.mask_init = std::move(mask_init);
+             o.gaussian_shift = gaussian_shift;
+             o.mask_lambda = mask_lambda;
+             o.seed = seed;
+             return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
            }),
-           py::arg("embedding"), py::arg("num_branches"), py::arg("mask_lambda"))
-      .def_property_readonly("mask_embedding", &MaskProbeDrafter::mask_embedding);
+           py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
+           py::arg("dynamic_tree"), py::arg("branches"), py::arg("prune"), py::arg("mask_init"),
+           py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0)
+      .def_property_readonly("mask_embeddings", &MaskProbeDrafter::mask_embeddings);
 }
 
 }  // namespace mtprobe::bindings

@@ -32,48 +32,53 @@ DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBu
   TORCH_CHECK(options_.block_complexity >= 1, "block_complexity must be >= 1, got ", options_.block_complexity);
 }
 
-std::vector<int64_t> DecodeLoop::greedy_targets(const at::Tensor& logits, const DraftBlock& block, int64_t first) {
-  const int64_t n = block.num_nodes - first;
-  at::Tensor scores = logits.narrow(0, first, n).to(at::kFloat);  // [n, vocab]
+std::vector<int64_t> DecodeLoop::target_choices(const at::Tensor& logits, const DraftBlock& block, int64_t root) {
+  // Only the root (the last committed input) and the draft nodes below it need a choice.
+  const int64_t n = block.num_nodes - root;
+  at::Tensor scores = logits.narrow(0, root, n).to(at::kFloat);  // [n, vocab], row r = node root + r
   if (process_) {
     // HF processors see (input_ids, scores) for a batch of rows. Nodes of equal depth have
-    // prefixes of equal length, so each depth is one batched call.
-    const int64_t root = block.num_committed - 1;
-    std::vector<int64_t> depth(static_cast<size_t>(block.num_nodes), 0);
-    std::vector<std::vector<int64_t>> suffix(static_cast<size_t>(block.num_nodes));
-    at::Tensor tok_cpu = block.tokens.to(at::kCPU);
+    // prefixes of equal length (sequence + path below the root), so each depth is one call.
+    at::Tensor tok_cpu = block.tokens.to(at::kCPU).contiguous();
     const int64_t* tok = tok_cpu.data_ptr<int64_t>();
+    std::vector<int64_t> depth(static_cast<size_t>(n), 0);
+    std::vector<std::vector<int64_t>> suffix(static_cast<size_t>(n));
     int64_t max_depth = 0;
-    for (int64_t i = root + 1; i < block.num_nodes; ++i) {
-      const int64_t p = block.parents[i];
-      depth[i] = depth[p] + 1;
-      suffix[i] = suffix[p];
-      suffix[i].push_back(tok[i]);
-      max_depth = std::max(max_depth, depth[i]);
+    for (int64_t r = 1; r < n; ++r) {
+      const int64_t p = block.parents[root + r] - root;
+      depth[r] = depth[p] + 1;
+      suffix[r] = suffix[p];
+      suffix[r].push_back(tok[root + r]);
+      max_depth = std::max(max_depth, depth[r]);
     }
-    std::vector<at::Tensor> processed(static_cast<size_t>(n));
     for (int64_t d = 0; d <= max_depth; ++d) {
       std::vector<int64_t> rows;
-      for (int64_t i = std::max(first, root); i < block.num_nodes; ++i) {
-        if (depth[i] == d && (i >= root)) rows.push_back(i);
+      for (int64_t r = 0; r < n; ++r) {
+        if (depth[r] == d) rows.push_back(r);
       }
       if (rows.empty()) continue;
       const int64_t L = static_cast<int64_t>(sequence_.size()) + d;
       at::Tensor ids = at::empty({static_cast<int64_t>(rows.size()), L}, at::kLong);  // [n_d, L]
-      for (size_t r = 0; r < rows.size(); ++r) {
-        int64_t* out = ids[r].data_ptr<int64_t>();
+      for (size_t i = 0; i < rows.size(); ++i) {
+        int64_t* out = ids[static_cast<int64_t>(i)].data_ptr<int64_t>();
         std::copy(sequence_.begin(), sequence_.end(), out);
-        std::copy(suffix[rows[r]].begin(), suffix[rows[r]].end(), out + sequence_.size());
+        std::copy(suffix[rows[i]].begin(), suffix[rows[i]].end(), out + sequence_.size());
       }
-      at::Tensor idx = long_tensor(rows).sub(first).to(scores.device());
+      at::Tensor idx = long_tensor(rows).to(scores.device());
       at::Tensor out = (*process_)(ids.to(scores.device()), scores.index_select(0, idx));  // [n_d, vocab]
       scores.index_copy_(0, idx, out.to(at::kFloat));
     }
   }
-  at::Tensor target = scores.argmax(-1).to(at::kCPU);  // [n]; the host needs it to walk the tree
+  // Sampling draws one token per node from its processed distribution, as HF's sampling does
+  // for one position. Each position's output token is a sample of the target's own conditional,
+  // whatever the drafts were, so the output distribution is exactly the target's; the drafts
+  // only decide how far one forward gets (sample matching).
+  at::Tensor target = options_.do_sample ? at::multinomial(scores.softmax(-1), 1).squeeze(-1)
+                                         : scores.argmax(-1);  // [n]
+  target = target.to(at::kCPU);  // the host walks the tree
   const int64_t* t = target.data_ptr<int64_t>();
   std::vector<int64_t> out(static_cast<size_t>(block.num_nodes), -1);
-  std::copy(t, t + n, out.begin() + first);
+  std::copy(t, t + n, out.begin() + root);
   return out;
 }
 
@@ -134,6 +139,10 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     TORCH_CHECK(prefix_len + T <= options_.kv_capacity, "the KV cache holds ", options_.kv_capacity,
                 " entries but this step needs ", prefix_len + T);
     ops::check_parents_or_throw(block.parents);
+    for (int64_t i = c; i < block.num_nodes; ++i) {
+      TORCH_CHECK(block.parents[i] >= c - 1, "drafter ", drafter_->name(), ": draft node ", i, " hangs from input ",
+                  block.parents[i], ", but draft nodes must descend from the last committed input ", c - 1);
+    }
 
     // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
     BlockInputs in = masks.build(block.parents, prefix_len, block.block_mask, block.depths);
@@ -148,9 +157,9 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     ++result.forward_calls;
     if (kv.empty()) kv = kv_buffers_fn_();
 
-    // 4. Greedy verification: walk the tree from the last committed node while the drafts
-    //    equal the target's own choice; the target's choice after the last one is the bonus.
-    std::vector<int64_t> target = greedy_targets(logits, block, c - 1);
+    // 4. Verification: walk the tree from the last committed node while a child equals the
+    //    target's own choice (argmax, or a sample); the choice after the last one is the bonus.
+    std::vector<int64_t> target = target_choices(logits, block, c - 1);
     at::Tensor tok_cpu = block.tokens.to(at::kCPU).contiguous();
     std::vector<int64_t> path(static_cast<size_t>(block.num_nodes));
     const int64_t path_len = core::verify_greedy(tok_cpu.data_ptr<int64_t>(), block.parents.data(),

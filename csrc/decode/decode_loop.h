@@ -43,6 +43,7 @@ struct DecodeOptions {
   at::ScalarType mask_dtype = at::kFloat;
   at::Device device = at::kCPU;
   bool incremental_masks = true;
+  bool do_sample = false;  // sample matching instead of greedy matching
 };
 
 struct DecodeResult {
@@ -64,9 +65,10 @@ class DecodeLoop {
   DecodeResult run(const at::Tensor& prompt);
 
  private:
-  // Greedy choice after every node in [first, num_nodes): argmax of the processed logits, each
-  // node's processors applied on that node's own prefix (sequence + its path).
-  std::vector<int64_t> greedy_targets(const at::Tensor& logits, const DraftBlock& block, int64_t first);
+  // The target's own choice after every node in [root, num_nodes), each node's processors
+  // applied on that node's own prefix (sequence + its path): the argmax under greedy decoding, a
+  // sample of the processed distribution under sampling.
+  std::vector<int64_t> target_choices(const at::Tensor& logits, const DraftBlock& block, int64_t root);
   // Appends tokens one by one with EOS / length / stopping checks; returns how many were kept.
   int64_t append(const std::vector<int64_t>& tokens, DecodeResult& result);
 

@@ -1,81 +1,145 @@
 #include "drafters/mask_probe.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/draft_tree.h"
+
 namespace mtprobe {
 
 MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions options)
-    : embedding_(std::move(embedding)), options_(options) {
-  TORCH_CHECK(embedding_.dim() == 2, "embedding must be [vocab, hidden], got ", embedding_.sizes());
-  TORCH_CHECK(options_.num_branches >= 1, "num_branches must be >= 1, got ", options_.num_branches);
-  TORCH_CHECK(options_.mask_lambda >= 0.0 && options_.mask_lambda <= 1.0, "mask_lambda must be in [0, 1], got ",
-              options_.mask_lambda);
+    : embedding_(std::move(embedding)), options_(std::move(options)) {
+  const auto& o = options_;
+  TORCH_CHECK_VALUE(embedding_.dim() == 2, "embedding must be [vocab, hidden], got ", embedding_.sizes());
+  TORCH_CHECK_VALUE(o.num_masks >= 1 && o.num_masks <= 4, "num_masks must be in [1, 4], got ", o.num_masks);
+  TORCH_CHECK_VALUE(budget_nodes() >= 2, "block_complexity ", o.block_complexity, " leaves no draft for ",
+                    o.num_masks, " mask tokens");
+  TORCH_CHECK_VALUE(o.mask_lambda >= 0.0 && o.mask_lambda <= 1.0, "mask_lambda must be in [0, 1], got ",
+                    o.mask_lambda);
+  TORCH_CHECK_VALUE(o.mask_init == "prompt_mean" || o.mask_init == "prompt_last" || o.mask_init == "gaussian",
+                    "unknown mask_init '", o.mask_init, "' (prompt_mean, prompt_last or gaussian)");
+  if (!o.dynamic_tree) {
+    TORCH_CHECK_VALUE(static_cast<int64_t>(o.branches.size()) == o.num_masks, "a static tree needs one branch "
+                      "count per mask token: got ", o.branches.size(), " for num_masks = ", o.num_masks);
+    int64_t nodes = 1;
+    for (int64_t k : o.branches) {
+      TORCH_CHECK_VALUE(k >= 1, "every branch count must be >= 1");
+      nodes += k;
+    }
+    TORCH_CHECK_VALUE((o.num_masks + 1) * nodes <= o.block_complexity, "branches sum to ", nodes - 1,
+                      " drafts: (k + 1)(1 + sum K) = ", (o.num_masks + 1) * nodes, " exceeds block_complexity ",
+                      o.block_complexity);
+  }
+  const int64_t widest = o.dynamic_tree ? budget_nodes() - 1
+                                        : *std::max_element(o.branches.begin(), o.branches.end());
+  // Room for the pruner to skip the parent and the root.
+  cand_width_ = std::min<int64_t>(widest + 2, embedding_.size(0));
+  generator_ = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
 }
 
 void MaskProbeDrafter::begin(const at::Tensor& prompt) {
-  TORCH_CHECK(prompt.dim() == 1 && prompt.numel() > 0, "prompt must be a non-empty 1-D token tensor");
-  // Soft initialisation: the mean of the prompt's input embeddings, kept in float32 so the
-  // running update does not drift in low precision.
-  mask_ = embedding_.index_select(0, prompt.to(embedding_.device())).to(at::kFloat).mean(0);  // [hidden]
-  pending_ = at::empty({0}, at::TensorOptions().dtype(at::kLong).device(embedding_.device()));
+  TORCH_CHECK_VALUE(prompt.dim() == 1 && prompt.numel() > 0, "prompt must be a non-empty 1-D token tensor");
+  const int64_t k = options_.num_masks;
+  const int64_t L = prompt.size(0);
+  at::Tensor e = embedding_.index_select(0, prompt.to(embedding_.device())).to(at::kFloat);  // [L, hidden]
+  if (options_.mask_init == "prompt_mean") {
+    // Soft: every mask is the mean of the prompt's embeddings.
+    masks_ = e.mean(0).unsqueeze(0).repeat({k, 1});  // [k, hidden]
+  } else if (options_.mask_init == "prompt_last") {
+    // Hard: the last k prompt embeddings (the first repeated if the prompt is shorter).
+    at::Tensor idx = at::arange(L - k, L, at::kLong).clamp_min(0).to(e.device());
+    masks_ = e.index_select(0, idx);
+  } else {
+    // N(mu + shift sigma, sigma^2 I) fitted to the table. sigma is the per-coordinate RMS
+    // deviation, so samples sit at the typical distance of real embeddings from their mean.
+    at::Tensor table = embedding_.to(at::kFloat);
+    at::Tensor mu = table.mean(0);  // [hidden]
+    const double sigma = std::sqrt((table - mu).pow(2).mean().item<double>());
+    at::Tensor noise = at::empty({k, table.size(1)}, at::kFloat).normal_(0.0, 1.0, generator_);
+    masks_ = mu.cpu().unsqueeze(0) + (noise + options_.gaussian_shift) * sigma;
+    masks_ = masks_.to(embedding_.device());
+  }
+  have_candidates_ = false;
   mask_input_of_node_.clear();
 }
 
 DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
+  const int64_t k = options_.num_masks;
   const int64_t c = committed.size(0);
+  const int64_t root = c - 1;
   DraftBlock b;
   b.num_committed = c;
-  // Drafts only after prefill, only if a later token is still wanted, within the budget:
-  // inputs = c + K drafts + (1 + K) masks <= budget.
-  int64_t k = 0;
-  if (c == 1 && limits.tokens_left >= 2 && limits.max_depth >= 1) {
-    k = std::min<int64_t>(pending_.size(0), std::max<int64_t>(0, (limits.budget - 2) / 2));
-  }
-  // A node's mask sits one position below it; a mask is useful only if a token after the next
-  // is still wanted.
-  const bool masks = limits.tokens_left >= 2;
-  const int64_t node_depth_max = k > 0 ? 1 : 0;
-  const bool mask_on_drafts = masks && limits.max_depth >= node_depth_max + 1;
-  const bool mask_on_root = masks && limits.max_depth >= 1;
 
-  b.num_nodes = c + k;
-  b.tokens = k > 0 ? at::cat({committed, pending_.narrow(0, 0, k)}) : committed;
-  b.parents.resize(static_cast<size_t>(c + k));
+  // The draft tree below the root, from the masks on the last accepted node.
+  std::vector<core::DraftNode> tree;
+  if (c == 1 && have_candidates_ && limits.tokens_left >= 2) {
+    const int64_t root_token = committed.to(at::kCPU).data_ptr<int64_t>()[0];
+    tree = options_.dynamic_tree
+               ? core::build_dynamic_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
+                                          budget_nodes(), options_.prune)
+               : core::build_static_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
+                                         options_.branches.data(), options_.prune);
+  }
+  int64_t tree_depth = 0;
+  for (const auto& n : tree) tree_depth = std::max(tree_depth, n.depth);
+  // Positions must fit the model: a node at depth d carries masks down to depth d + k.
+  if (tree_depth + k > limits.max_depth) tree.clear(), tree_depth = 0;
+  const bool masks = limits.tokens_left >= 2 && k <= limits.max_depth;
+  const int64_t num_drafts = tree.empty() ? 0 : static_cast<int64_t>(tree.size()) - 1;
+
+  b.num_nodes = c + num_drafts;
+  b.parents.resize(static_cast<size_t>(c + num_drafts));
   for (int64_t i = 0; i < c; ++i) b.parents[i] = i - 1;  // the committed chain
-  for (int64_t i = c; i < c + k; ++i) b.parents[i] = c - 1;  // drafts: children of the root
-
-  mask_input_of_node_.assign(static_cast<size_t>(c + k), -1);
-  int64_t num_masks = 0;
-  auto add_mask = [&](int64_t node) {
-    mask_input_of_node_[node] = static_cast<int64_t>(b.parents.size());
-    b.parents.push_back(node);
-    ++num_masks;
-  };
-  if (mask_on_root) add_mask(c - 1);
-  if (mask_on_drafts) {
-    for (int64_t i = c; i < c + k; ++i) add_mask(i);
+  if (num_drafts > 0) {
+    std::vector<int64_t> drafts(static_cast<size_t>(num_drafts));
+    for (int64_t i = 1; i <= num_drafts; ++i) {
+      drafts[i - 1] = tree[i].token;
+      b.parents[root + i] = root + tree[i].parent;  // tree index 0 is the root
+    }
+    b.tokens = at::cat({committed, at::tensor(drafts, at::kLong).to(committed.device())});
+  } else {
+    b.tokens = committed;
   }
-  if (num_masks > 0) {
-    // Every mask input shares one embedding; position and context make them differ.
-    b.embeds = mask_.to(embedding_.scalar_type()).unsqueeze(0).expand({num_masks, mask_.size(0)});
+
+  // k chained masks on the root and on every draft node.
+  mask_input_of_node_.assign(static_cast<size_t>(b.num_nodes), -1);
+  int64_t carriers = 0;
+  if (masks) {
+    for (int64_t node = root; node < b.num_nodes; ++node) {
+      mask_input_of_node_[node] = static_cast<int64_t>(b.parents.size());
+      for (int64_t j = 0; j < k; ++j) b.parents.push_back(j == 0 ? node : static_cast<int64_t>(b.parents.size()) - 1);
+      ++carriers;
+    }
+    // Every node's masks share the same k embeddings; position and context make them differ.
+    b.embeds = masks_.to(embedding_.scalar_type()).repeat({carriers, 1});  // [carriers * k, hidden]
   }
   (void)prefix_len;
   return b;
 }
 
 void MaskProbeDrafter::observe(const StepOutcome& outcome) {
+  const int64_t k = options_.num_masks;
   const int64_t last = outcome.path.back();
-  const int64_t row = last < static_cast<int64_t>(mask_input_of_node_.size()) ? mask_input_of_node_[last] : -1;
-  if (row >= 0 && !outcome.finished) {
-    // The accepted node's mask predicted the token after the bonus: its top-K are the drafts.
-    pending_ = std::get<1>(outcome.logits[row].topk(options_.num_branches));  // [K]
-  } else {
-    pending_ = pending_.narrow(0, 0, 0);
+  const int64_t first = last < static_cast<int64_t>(mask_input_of_node_.size()) ? mask_input_of_node_[last] : -1;
+  have_candidates_ = false;
+  if (first >= 0 && !outcome.finished) {
+    // The accepted node's masks predicted depths 1..k after the bonus token.
+    at::Tensor probs = outcome.logits.narrow(0, first, k).to(at::kFloat).softmax(-1);  // [k, vocab]
+    auto top = probs.topk(cand_width_, -1);
+    at::Tensor p = std::get<0>(top).cpu().contiguous();  // [k, m]
+    at::Tensor t = std::get<1>(top).cpu().contiguous();  // [k, m]
+    cand_probs_.assign(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
+    cand_tokens_.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+    have_candidates_ = true;
   }
   // m <- m + lambda (E[t] - m), once per generated token, in generation order.
   const float lam = static_cast<float>(options_.mask_lambda);
   if (lam > 0.0f && !outcome.new_tokens.empty()) {
     at::Tensor ids = at::tensor(outcome.new_tokens, at::kLong).to(embedding_.device());
     at::Tensor e = embedding_.index_select(0, ids).to(at::kFloat);  // [n_new, hidden]
-    for (int64_t i = 0; i < e.size(0); ++i) mask_.add_(e[i] - mask_, lam);
+    for (int64_t i = 0; i < e.size(0); ++i) masks_.add_(e[i].unsqueeze(0) - masks_, lam);
   }
 }
 

@@ -1,22 +1,34 @@
-// Mask-token probing (seed 001, sections 2-3), one mask token per node.
+// Mask-token probing (seed 001, sections 2-3).
 //
-// The mask token m is an embedding, not a vocabulary entry. Placed right after a node, at the
-// position the node's next token will take, the model's output at m predicts the token after
-// that one. Every input node carries one mask, so whichever node verification accepts, its mask
-// already holds the next step's draft: the top-K tokens of its logits become the children of
-// the next root. With k = 1 mask, block complexity BC = (1 + 1)(1 + K) (Eq. 6): K = BC/2 - 1.
+// A mask token is an embedding, not a vocabulary entry. Every input node of a step carries k
+// chained mask tokens: m_j sits at position p + j of its node p, attends to the node's path and
+// to m_1..m_{j-1}, and its logits predict the token j + 1 places after the node. Whichever node
+// verification accepts, its masks already hold the next step's k next-token distributions: depth
+// d of the next draft tree draws from m_d. Block complexity BC = (k + 1)(1 + sum K_i) (Eq. 6).
 //
-// m starts as the mean of the prompt's input embeddings and follows the generated tokens:
-// m <- m + lambda (E[t] - m) after every new token t (Eq. 4).
+// Masks start from the prompt (mean of its embeddings, or its last k embeddings) or from a
+// Gaussian fitted to the embedding table, optionally shifted out of distribution, and follow the
+// generated tokens: m <- m + lambda (E[t] - m) after every new token t (Eq. 4).
 #pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "drafters/drafter.h"
 
 namespace mtprobe {
 
 struct MaskProbeOptions {
-  int64_t num_branches = 14;  // K: draft children of the root per step
-  double mask_lambda = 0.1;   // lambda of the running update, in [0, 1]
+  int64_t num_masks = 1;          // k, 1..4
+  int64_t block_complexity = 30;  // BC
+  bool dynamic_tree = false;      // Alg. 1 instead of static branches
+  std::vector<int64_t> branches;  // static [K_1..K_k], Top-1 expansion
+  bool prune = true;              // skip children equal to their parent or the root (section 3.5)
+  std::string mask_init = "prompt_mean";  // prompt_mean | prompt_last | gaussian
+  double gaussian_shift = 0.0;    // gaussian mean = mu + shift * sigma (OOD stress: 5, 10)
+  double mask_lambda = 0.1;       // in [0, 1]; 0 keeps the initial masks
+  int64_t seed = 0;               // for gaussian masks
 };
 
 class MaskProbeDrafter : public Drafter {
@@ -29,15 +41,21 @@ class MaskProbeDrafter : public Drafter {
   DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
   void observe(const StepOutcome& outcome) override;
 
-  const at::Tensor& mask_embedding() const { return mask_; }
+  const at::Tensor& mask_embeddings() const { return masks_; }
   const MaskProbeOptions& options() const { return options_; }
 
  private:
+  int64_t budget_nodes() const { return options_.block_complexity / (options_.num_masks + 1); }
+
   at::Tensor embedding_;  // [vocab, hidden]
   MaskProbeOptions options_;
-  at::Tensor mask_;       // [hidden] float32 running mask embedding
-  at::Tensor pending_;    // [K'] int64 drafts for the next root (from the accepted node's mask)
-  std::vector<int64_t> mask_input_of_node_;  // node index -> input index of its mask, or -1
+  at::Generator generator_;
+  at::Tensor masks_;                  // [k, hidden] float32 running mask embeddings
+  int64_t cand_width_ = 0;            // m: candidates kept per depth
+  std::vector<int64_t> cand_tokens_;  // [k * m] next tree's candidates per depth, best first
+  std::vector<float> cand_probs_;     // [k * m]
+  bool have_candidates_ = false;
+  std::vector<int64_t> mask_input_of_node_;  // node -> input index of its m_1, or -1
 };
 
 }  // namespace mtprobe

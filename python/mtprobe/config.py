@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MASK_INITS = ("prompt_mean", "prompt_last", "gaussian", "gaussian_5sigma", "gaussian_10sigma")
+TREES = ("static", "dynamic")
+
 
 @dataclass(frozen=True)
 class ProbeConfig:
@@ -11,50 +14,115 @@ class ProbeConfig:
 
     Args:
         block_complexity: BC, the most input tokens one decode forward may take. With k mask
-            tokens and K draft children of the root, BC = (k + 1)(1 + K) (Eq. 6); K is the
-            largest value that fits, e.g. K = 14 at BC = 30 with one mask.
-        num_masks: mask tokens per node (k). This version implements k = 1.
-        mask_lambda: step of the running mask update m <- m + lambda (e_new - m), in [0, 1].
-        incremental_masks: reuse the attention mask and position ids across steps of the same
-            tree shape (seed 001, App. E) instead of rebuilding them every step.
+            tokens per node and K_i drafts at depth i, BC = (k + 1)(1 + sum K_i) (Eq. 6). It is a
+            hard budget: no decode forward processes more tokens.
+        num_masks: k, chained mask tokens per node (1 to 4). ``None``: the paper's default, one
+            mask below BC = 60 and two from BC = 60 on.
+        tree: ``"static"`` (branches [K_1, ..., K_k] with Top-1 expansion, App. D) or ``"dynamic"``
+            (Alg. 1: candidates scored by cumulative probability, the best B - 1 kept, B = BC / (k + 1)).
+            ``None``: static for one mask, dynamic for more.
+        branches: the static tree's [K_1, ..., K_k]. ``None``: the largest tree the budget allows,
+            K_1 = B - 1 for one mask; for more, about a fifth of the drafts at each deeper level
+            ([7, 2] at BC 30 and [15, 4] at BC 60 for two masks, as in the paper's Table 4).
+        prune: replace a child that repeats its parent or the last generated token by the next
+            best candidate (section 3.5).
+        mask_init: ``"prompt_mean"`` (soft: mean of the prompt embeddings), ``"prompt_last"``
+            (hard: the last k prompt embeddings), ``"gaussian"`` (N(mu, sigma^2 I) fitted to the
+            embedding table) or its out-of-distribution stress settings ``"gaussian_5sigma"`` and
+            ``"gaussian_10sigma"`` (mean mu + 5 sigma, mu + 10 sigma). Re-initialised per prompt.
+        mask_lambda: step of the running update m <- m + lambda (e_new - m), in [0, 1]; 0 keeps the
+            initial masks.
+        incremental_masks: carry the attention mask and position ids across steps of the same
+            tree shape (App. E) instead of rebuilding them every step.
+        seed: seed of the Gaussian mask initialisations.
 
-    >>> ProbeConfig(block_complexity=30).num_branches
-    14
+    >>> ProbeConfig(block_complexity=30).branches
+    (14,)
+    >>> cfg = ProbeConfig(block_complexity=60)
+    >>> cfg.num_masks, cfg.tree
+    (2, 'dynamic')
     >>> ProbeConfig(block_complexity=3)
     Traceback (most recent call last):
     ...
-    ValueError: block_complexity=3 is too small for 1 mask token(s): BC = (k + 1)(1 + K) needs at least 4 to draft K >= 1 token
+    ValueError: block_complexity=3 is too small for 1 mask token(s): BC = (k + 1)(1 + sum K) needs at least 4 to draft one token
     """
 
     block_complexity: int = 30
-    num_masks: int = 1
+    num_masks: int | None = None
+    tree: str | None = None
+    branches: tuple[int, ...] | None = None
+    prune: bool = True
+    mask_init: str = "prompt_mean"
     mask_lambda: float = 0.1
     incremental_masks: bool = True
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_complexity", "num_masks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-        if self.num_masks != 1:
-            raise ValueError(
-                f"num_masks={self.num_masks}: this version of mtprobe implements one mask token per node "
-                "(num_masks=1)"
-            )
+        bc = self.block_complexity
+        _check_int("block_complexity", bc)
+        if self.num_masks is None:
+            object.__setattr__(self, "num_masks", 2 if bc >= 60 else 1)
+        _check_int("num_masks", self.num_masks)
         k = self.num_masks
-        if self.block_complexity < 2 * (k + 1):
+        if not 1 <= k <= 4:
+            raise ValueError(f"num_masks={k} must be between 1 and 4")
+        if bc < 2 * (k + 1):
             raise ValueError(
-                f"block_complexity={self.block_complexity} is too small for {k} mask token(s): "
-                f"BC = (k + 1)(1 + K) needs at least {2 * (k + 1)} to draft K >= 1 token"
+                f"block_complexity={bc} is too small for {k} mask token(s): BC = (k + 1)(1 + sum K) needs at "
+                f"least {2 * (k + 1)} to draft one token"
             )
+        if self.tree is None:
+            object.__setattr__(self, "tree", "static" if k == 1 else "dynamic")
+        if self.tree not in TREES:
+            raise ValueError(f"tree={self.tree!r} must be one of {TREES}")
+        budget = bc // (k + 1)  # B: tree nodes, root included
+        if self.tree == "dynamic":
+            if self.branches is not None:
+                raise ValueError("branches are for tree='static'; the dynamic tree chooses its own shape")
+        else:
+            branches = _default_branches(budget - 1, k) if self.branches is None else tuple(self.branches)
+            if len(branches) != k:
+                raise ValueError(f"branches={list(branches)} needs one count per mask token (num_masks={k})")
+            if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in branches):
+                raise ValueError(f"branches={list(branches)} must be positive ints")
+            if (k + 1) * (1 + sum(branches)) > bc:
+                raise ValueError(
+                    f"branches={list(branches)} sum to {sum(branches)} drafts: (k + 1)(1 + sum K) = "
+                    f"{(k + 1) * (1 + sum(branches))} exceeds block_complexity={bc}; at most {budget - 1} drafts fit"
+                )
+            object.__setattr__(self, "branches", branches)
+        if self.mask_init not in MASK_INITS:
+            raise ValueError(f"mask_init={self.mask_init!r} must be one of {MASK_INITS}")
         if isinstance(self.mask_lambda, bool) or not isinstance(self.mask_lambda, (int, float)):
             raise TypeError(f"mask_lambda must be a float, got {self.mask_lambda!r}")
         if not 0.0 <= float(self.mask_lambda) <= 1.0:
             raise ValueError(f"mask_lambda={self.mask_lambda} must be in [0, 1] (0 keeps the initial mask)")
-        if not isinstance(self.incremental_masks, bool):
-            raise TypeError(f"incremental_masks must be a bool, got {self.incremental_masks!r}")
+        for name in ("prune", "incremental_masks"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        _check_int("seed", self.seed)
+
+    @property
+    def budget_nodes(self) -> int:
+        """B = BC // (k + 1): tree nodes per step, root included."""
+        return self.block_complexity // (self.num_masks + 1)
 
     @property
     def num_branches(self) -> int:
-        """K, the draft children of the root: the largest K with (k + 1)(1 + K) <= BC."""
-        return self.block_complexity // (self.num_masks + 1) - 1
+        """K_1, the root's draft children (static trees); B - 1 for the dynamic tree."""
+        return self.branches[0] if self.branches else self.budget_nodes - 1
+
+
+def _check_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+
+
+def _default_branches(drafts: int, k: int) -> tuple[int, ...]:
+    # Most drafts at depth 1, about a fifth at each deeper depth (the paper's [7, 2], [15, 4]).
+    deeper = [max(1, round(0.2 * drafts))] * (k - 1)
+    first = drafts - sum(deeper)
+    if first < 1:
+        deeper = [1] * (k - 1)
+        first = drafts - (k - 1)
+    return (first, *deeper)

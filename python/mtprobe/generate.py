@@ -18,6 +18,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions
 from mtprobe.config import ProbeConfig
+from mtprobe.drafters import mask_probe_drafter
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -56,10 +57,15 @@ def generate(
     streamer: Any = None,
     **generate_kwargs: Any,
 ) -> GenerateOutput:
-    """Greedy generation with mask-token probing; token-identical to ``model.generate(do_sample=False)``.
+    """Generation with mask-token probing, lossless.
 
-    ``generate_kwargs`` go to ``model.generate`` (eos_token_id, stopping_criteria,
-    logits_processor, repetition_penalty, ...), which prepares them exactly as for greedy decoding.
+    Greedy (the default): token-identical to ``model.generate(do_sample=False)``. With
+    ``do_sample=True`` (and ``temperature``, ``top_k``, ``top_p``, ... as HF applies them), every
+    tree node samples the target's processed distribution and verification accepts the child equal
+    to the sample, so the output is distributed exactly as ``model.generate(do_sample=True)``;
+    seed with ``torch.manual_seed`` for repeatable text. ``generate_kwargs`` go to
+    ``model.generate`` (eos_token_id, stopping_criteria, logits_processor, repetition_penalty,
+    ...), which prepares them exactly as for its own decoding.
     """
     check_causal_lm(model)
     _check_input_ids(input_ids)
@@ -124,9 +130,7 @@ def custom_generate(
 
     capacity = prompt_len + max_new_tokens + config.block_complexity
     adapter = HFAdapter(model, capacity)
-    drafter = _C.MaskProbeDrafter(
-        model.get_input_embeddings().weight, num_branches=config.num_branches, mask_lambda=config.mask_lambda
-    )
+    drafter = mask_probe_drafter(model, config)
     process = None
     if len(logits_processor) > 0:
 
@@ -157,6 +161,7 @@ def custom_generate(
         mask_dtype=_DTYPE_NAMES.get(model.dtype, "float32"),
         device=str(device),
         incremental_masks=config.incremental_masks,
+        do_sample=bool(generation_config.do_sample),
         process=process,
         stop=stop,
         stream=stream,
@@ -197,11 +202,6 @@ def _check_input_ids(input_ids: object) -> None:
 
 
 def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]) -> None:
-    if cfg.do_sample:
-        raise NotImplementedError(
-            "do_sample=True: mtprobe's sampling verification is not implemented in this version; "
-            "use do_sample=False (greedy)"
-        )
     if (cfg.num_beams or 1) > 1:
         raise NotImplementedError(f"num_beams={cfg.num_beams}: mtprobe implements greedy decoding (num_beams=1)")
     if (cfg.num_return_sequences or 1) > 1:

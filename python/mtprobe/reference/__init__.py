@@ -3,6 +3,7 @@
 Nothing here imports from mtprobe outside this subpackage, so the definitions stand on their own.
 """
 
+from .draft_tree import dynamic_tree, static_tree
 from .kv_compact import check_compaction, compact_kv
 from .tree_mask import (
     check_parents,
@@ -18,6 +19,8 @@ __all__ = [
     "check_compaction",
     "check_parents",
     "compact_kv",
+    "dynamic_tree",
+    "static_tree",
     "tree_ancestors",
     "tree_attention",
     "tree_attention_mask",

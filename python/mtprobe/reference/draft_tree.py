@@ -1,0 +1,108 @@
+"""Reference draft-tree construction (seed 001, section 3.4, Alg. 1 and App. D).
+
+Depth d of the next draft tree draws from the d-th mask token's distribution; the inputs are,
+per depth, its top-m tokens in descending probability. Returns ``(tokens, parents, probs)`` with
+the root (the last generated token) at index 0 and every parent before its children.
+
+Static branches [K_1, ..., K_k], Top-1 expansion: only the most probable node of each depth gets
+children. With the pruner, a candidate equal to its parent's token or to the root is skipped.
+
+>>> tokens, parents, probs = static_tree(7, [[5, 9, 3], [4, 6, 8]], [[0.6, 0.3, 0.1], [0.5, 0.3, 0.2]],
+...                                      branches=[2, 1], prune=False)
+>>> tokens, parents
+([7, 5, 9, 4], [-1, 0, 0, 1])
+>>> [round(p, 2) for p in probs]
+[1.0, 0.6, 0.3, 0.3]
+
+The dynamic tree scores paths by cumulative probability and keeps the best ``budget - 1``:
+
+>>> tokens, parents, _ = dynamic_tree(7, [[5, 9, 3], [4, 6, 8]], [[0.6, 0.3, 0.1], [0.5, 0.3, 0.2]],
+...                                   budget=4, prune=False)
+>>> tokens, parents  # 5 (0.6), 9 (0.3) and 5->4 (0.3) beat 5->6 (0.18)
+([7, 5, 9, 4], [-1, 0, 0, 1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _children(
+    tokens: Sequence[int], probs: Sequence[float], parent_token: int, root_token: int, prune: bool, count: int
+) -> list[tuple[int, float]]:
+    out = []
+    for t, p in zip(tokens, probs):
+        if len(out) == count:
+            break
+        if prune and t in (parent_token, root_token):
+            continue
+        out.append((int(t), float(p)))
+    return out
+
+
+def static_tree(
+    root_token: int,
+    cand_tokens: Sequence[Sequence[int]],  # [k][m], best first
+    cand_probs: Sequence[Sequence[float]],  # [k][m]
+    branches: Sequence[int],
+    prune: bool = True,
+) -> tuple[list[int], list[int], list[float]]:
+    tokens, parents, probs = [root_token], [-1], [1.0]
+    expand = 0
+    for d, count in enumerate(branches):
+        kids = _children(cand_tokens[d], cand_probs[d], tokens[expand], root_token, prune, count)
+        if not kids:
+            break
+        first = len(tokens)
+        for t, p in kids:
+            tokens.append(t)
+            parents.append(expand)
+            probs.append(probs[expand] * p)
+        expand = first  # the most probable child expands next (Top-1)
+    return tokens, parents, probs
+
+
+def dynamic_tree(
+    root_token: int,
+    cand_tokens: Sequence[Sequence[int]],  # [k][m], best first
+    cand_probs: Sequence[Sequence[float]],  # [k][m]
+    budget: int,
+    prune: bool = True,
+) -> tuple[list[int], list[int], list[float]]:
+    # candidate: [token, parent candidate index, depth, cumulative probability]; index 0 = root
+    cand: list[tuple[int, int, int, float]] = [(root_token, -1, 0, 1.0)]
+    used = {0}  # picked for expansion once (Alg. 1: C <- C \ N)
+
+    def ranked(skip_used: bool) -> list[int]:
+        idx = [i for i in range(1, len(cand)) if not (skip_used and i in used)]
+        return sorted(idx, key=lambda i: (-cand[i][3], cand[i][2], i))
+
+    frontier = [0]
+    depths = len(cand_tokens)
+    for d in range(1, depths + 1):
+        if budget - d <= 0:
+            break
+        for n in frontier:
+            for t, p in _children(cand_tokens[d - 1], cand_probs[d - 1], cand[n][0], root_token, prune, budget - d):
+                cand.append((t, n, d, cand[n][3] * p))
+        if d < depths:
+            picked = ranked(skip_used=True)[: budget - d]
+            used.update(picked)
+            frontier = [i for i in picked if cand[i][2] == d]
+    kept: list[int] = []
+    kept_set = {0}
+    for i in ranked(skip_used=False):
+        if len(kept) >= budget - 1:
+            break
+        if cand[i][1] in kept_set:
+            kept.append(i)
+            kept_set.add(i)
+    kept.sort(key=lambda i: cand[i][2])  # stable: by depth, then rank
+    new_index = {0: 0}
+    tokens, parents, probs = [root_token], [-1], [1.0]
+    for i in kept:
+        new_index[i] = len(tokens)
+        tokens.append(cand[i][0])
+        parents.append(new_index[cand[i][1]])
+        probs.append(cand[i][3])
+    return tokens, parents, probs

@@ -1,0 +1,136 @@
+"""Every probing configuration stays lossless, and the block complexity is a hard budget.
+
+Greedy output must be token-identical to ``model.generate(do_sample=False)`` over the
+configuration space: mask tokens k = 1..4, block complexity, static and dynamic trees, the
+pruner, every mask design and the lambda update.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import random
+
+import pytest
+import torch
+from conftest import chat_ids
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import mtprobe
+from mtprobe.config import MASK_INITS
+
+generate_module = importlib.import_module("mtprobe.generate")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, eos_token_id=95,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def config_space() -> list[dict]:
+    """Each dimension swept with the others at defaults, plus a seeded sample of the product."""
+    base = dict(block_complexity=30)
+    out = [dict(base, num_masks=k) for k in (1, 2, 3, 4)]
+    out += [dict(block_complexity=bc) for bc in (4, 10, 30, 60)]
+    out += [dict(base, num_masks=2, tree=t) for t in ("static", "dynamic")]
+    out += [dict(base, num_masks=2, prune=p) for p in (True, False)]
+    out += [dict(base, mask_init=m) for m in MASK_INITS]
+    out += [dict(base, mask_lambda=lam) for lam in (0.0, 0.1, 0.5, 1.0)]
+    out += [dict(block_complexity=60, num_masks=2, tree="static", branches=(15, 4), incremental_masks=i)
+            for i in (True, False)]
+    rng = random.Random(0)
+    product = list(itertools.product((1, 2, 3, 4), (10, 30, 60), ("static", "dynamic"), (True, False),
+                                     MASK_INITS, (0.0, 0.1, 0.5)))
+    for k, bc, tree, prune, init, lam in rng.sample(product, 40):
+        if bc < 2 * (k + 1) * 2:  # keep at least two tree nodes per step
+            continue
+        out.append(dict(block_complexity=bc, num_masks=k, tree=tree, prune=prune, mask_init=init, mask_lambda=lam))
+    return out
+
+
+CONFIGS = config_space()
+
+
+def record_block_sizes(monkeypatch) -> list[int]:
+    sizes: list[int] = []
+    original = generate_module.HFAdapter.forward
+
+    def forward(self, tokens, embeds, position_ids, mask, prefix_len, want_hidden):
+        sizes.append(position_ids.shape[1])
+        return original(self, tokens, embeds, position_ids, mask, prefix_len, want_hidden)
+
+    monkeypatch.setattr(generate_module.HFAdapter, "forward", forward)
+    return sizes
+
+
+@pytest.mark.parametrize("kwargs", CONFIGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_lossless_and_within_budget_on_tiny_llama(tiny, kwargs, monkeypatch):
+    cfg = mtprobe.ProbeConfig(**kwargs)
+    sizes = record_block_sizes(monkeypatch)
+    gen = torch.Generator().manual_seed(len(sizes) + 7)
+    for length in (1, 9, 33):
+        prompt = torch.randint(0, 95, (1, length), generator=gen)
+        ref = tiny.generate(prompt, do_sample=False, max_new_tokens=20)
+        sizes.clear()
+        out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=20)
+        assert torch.equal(out.sequences, ref), f"{cfg} differs from greedy on a prompt of {length} tokens"
+        assert max(sizes[1:], default=0) <= cfg.block_complexity, f"a decode forward took {max(sizes[1:])} inputs"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(block_complexity=60),  # the paper's default there: two masks, dynamic tree
+        dict(block_complexity=30, num_masks=2, tree="static", branches=(7, 2)),
+        dict(block_complexity=60, num_masks=3, prune=False),
+        dict(block_complexity=30, num_masks=4),
+        dict(block_complexity=30, mask_init="gaussian_10sigma"),
+        dict(block_complexity=30, num_masks=2, mask_init="prompt_last", mask_lambda=0.0),
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_lossless_on_smollm2(smollm2, kwargs, monkeypatch):
+    from mtprobe.data import load_prompts
+
+    model, tok = smollm2
+    cfg = mtprobe.ProbeConfig(**kwargs)
+    sizes = record_block_sizes(monkeypatch)
+    for prompt in load_prompts()[4:6]:
+        ids = chat_ids(tok, prompt["messages"])
+        ref = model.generate(ids, do_sample=False, max_new_tokens=32)
+        sizes.clear()
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=32)
+        assert torch.equal(out.sequences, ref), f"{cfg} differs from greedy on {prompt['id']}"
+        assert max(sizes[1:], default=0) <= cfg.block_complexity
+
+
+def test_deeper_trees_accept_more_than_one_draft(smollm2):
+    # With two masks the tree has depth 2, so a step can gain 3 tokens (2 drafts + bonus).
+    model, tok = smollm2
+    ids = chat_ids(tok, [{"role": "user", "content": "Count from 1 to 40, separated by commas."}])
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=60, num_masks=2), max_new_tokens=64)
+    assert max(out.accept_lengths) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(block_complexity=5, num_masks=2), ValueError, "too small for 2 mask"),
+        (dict(block_complexity=30, num_masks=5), ValueError, "between 1 and 4"),
+        (dict(block_complexity=30, num_masks=2, tree="static", branches=(8, 2)), ValueError, "exceeds block_complexity"),
+        (dict(block_complexity=30, num_masks=2, tree="static", branches=(7,)), ValueError, "one count per mask"),
+        (dict(block_complexity=30, num_masks=2, tree="dynamic", branches=(7, 2)), ValueError, "tree='static'"),
+        (dict(block_complexity=30, tree="bushy"), ValueError, "tree='bushy'"),
+        (dict(block_complexity=30, mask_init="zeros"), ValueError, "mask_init='zeros'"),
+        (dict(block_complexity=30, mask_lambda=-0.1), ValueError, r"\[0, 1\]"),
+        (dict(block_complexity=30, prune="yes"), TypeError, "prune must be a bool"),
+    ],
+)
+def test_invalid_configurations_are_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mtprobe.ProbeConfig(**kwargs)
