@@ -1,0 +1,39 @@
+"""Spec-Bench harness: answer generation and scoring in Spec-Bench's own formats.
+
+Command line (also the console script ``mtprobe-specbench``)::
+
+    python -m mtprobe.specbench run --question-file question.jsonl --model smollm2-135m --method ar
+    python -m mtprobe.specbench run --question-file question.jsonl --model smollm2-135m --method probe \\
+        --block-complexity 30
+    python -m mtprobe.specbench score --baseline ar.jsonl --answers probe.jsonl --model smollm2-135m \\
+        --out-dir results/
+
+Modules: :mod:`~mtprobe.specbench.questions` (question files), :mod:`~mtprobe.specbench.methods`
+(registry of decoding methods), :mod:`~mtprobe.specbench.run` (answers),
+:mod:`~mtprobe.specbench.score` (Spec-Bench's speed methodology, losslessness, report and plots).
+"""
+
+from mtprobe.specbench.methods import METHODS, Method, MethodOutput, Option, get_method, register
+from mtprobe.specbench.questions import MT_BENCH_CATEGORIES, TASKS, Question, load_questions, select_questions
+from mtprobe.specbench.run import RunConfig, RunSummary, run
+from mtprobe.specbench.score import ScoreReport, load_answers, score
+
+__all__ = [
+    "METHODS",
+    "MT_BENCH_CATEGORIES",
+    "TASKS",
+    "Method",
+    "MethodOutput",
+    "Option",
+    "Question",
+    "RunConfig",
+    "RunSummary",
+    "ScoreReport",
+    "get_method",
+    "load_answers",
+    "load_questions",
+    "register",
+    "run",
+    "score",
+    "select_questions",
+]

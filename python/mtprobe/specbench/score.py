@@ -1,0 +1,633 @@
+"""Scoring of Spec-Bench answer files against the ``ar`` baseline (``python -m mtprobe.specbench score``).
+
+Speed follows Spec-Bench's ``evaluation/speed.py`` (github.com/hemingkx/Spec-Bench, function
+``speed``), restated here rather than copied:
+
+* a task selects answer lines by category: ``overall`` takes all, ``mt_bench`` takes MT-bench's eight
+  categories, any other name takes the lines of that exact category (so MT-bench sub-categories are
+  scored the same way);
+* method side: per question, ``sum(new_tokens) / sum(wall_time)`` over its turns; **tokens/s** is the
+  plain mean of these per-question speeds; **mean accepted tokens** (τ) is the mean of all
+  ``accept_lengths`` of all questions pooled into one list;
+* baseline side: the same per-question mean, except that its tokens are counted by re-tokenizing the
+  answer *texts* (Spec-Bench: ``len(tokenizer(text).input_ids) - 1`` per turn, the ``- 1`` removing
+  the BOS that Llama/Vicuna tokenizers add); **speedup** = method tokens/s ÷ baseline tokens/s;
+* each file contributes all of its own lines of the task (no matching of question ids).
+
+Token counting differs in letter, not intent: a turn counts ``len(tokenizer(text,
+add_special_tokens=False).input_ids)`` tokens, which equals Spec-Bench's ``- 1`` count for tokenizers
+that add exactly one BOS and stays right for those that add none (SmolLM2, Qwen); ``literal=True``
+(``--literal-token-count``) restores Spec-Bench's formula exactly.
+
+Added here, not in Spec-Bench: the reduction in forward calls (``sum`` of the baseline's
+``decoding_steps`` ÷ ``sum`` of the method's, pooled over the questions present in both files), the
+losslessness check (answer texts equal to the baseline's, turn by turn, for the same question_id),
+and a list of the questions present in only one of the two files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mtprobe.specbench.questions import MT_BENCH_CATEGORIES, TASKS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "Answer",
+    "GroupStats",
+    "MethodReport",
+    "Mismatch",
+    "ScoreReport",
+    "group_names",
+    "load_answers",
+    "load_tokenizer",
+    "render_markdown",
+    "score",
+]
+
+_EXCERPT = 30  # characters of context shown on each side of a text mismatch
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answer line (its first choice, as Spec-Bench's speed.py reads it)."""
+
+    question_id: int
+    category: str
+    model_id: str
+    turns: tuple[str, ...]
+    decoding_steps: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    wall_time: tuple[float, ...]
+    accept_lengths: tuple[int, ...]
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+
+
+def _parse_answer(obj: object, where: str) -> Answer:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in ("question_id", "category", "model_id", "choices"):
+        if key not in obj:
+            raise ValueError(f"{where}: missing {key!r}")
+    if not _is_int(obj["question_id"]):
+        raise ValueError(f"{where}: 'question_id' must be an int, got {obj['question_id']!r}")
+    choices = obj["choices"]
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ValueError(f"{where}: 'choices' must be a non-empty list of objects")
+    c = choices[0]
+    for key in ("turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"):
+        if not isinstance(c.get(key), list):
+            raise ValueError(f"{where}: choices[0] needs a list {key!r}")
+    n = len(c["turns"])
+    if n == 0 or not all(isinstance(t, str) for t in c["turns"]):
+        raise ValueError(f"{where}: choices[0]['turns'] must be a non-empty list of strings")
+    for key, ok in (("decoding_steps", _is_int), ("new_tokens", _is_int), ("wall_time", _is_num)):
+        values = c[key]
+        if len(values) != n:
+            raise ValueError(f"{where}: choices[0][{key!r}] has {len(values)} entries for {n} turns")
+        if not all(ok(v) and v >= 0 for v in values):
+            raise ValueError(f"{where}: choices[0][{key!r}] must hold non-negative numbers, got {values}")
+    if sum(c["wall_time"]) <= 0:
+        raise ValueError(f"{where}: the wall_time of the question sums to 0; a speed cannot be computed")
+    if not all(_is_int(a) and a >= 0 for a in c["accept_lengths"]):
+        raise ValueError(f"{where}: choices[0]['accept_lengths'] must hold non-negative ints")
+    return Answer(
+        question_id=obj["question_id"],
+        category=str(obj["category"]),
+        model_id=str(obj["model_id"]),
+        turns=tuple(c["turns"]),
+        decoding_steps=tuple(c["decoding_steps"]),
+        new_tokens=tuple(c["new_tokens"]),
+        wall_time=tuple(float(w) for w in c["wall_time"]),
+        accept_lengths=tuple(c["accept_lengths"]),
+    )
+
+
+def load_answers(path: str | os.PathLike[str]) -> dict[int, Answer]:
+    """Read and validate an answer file; return its answers by question_id, in file order.
+
+    A malformed line or a question_id answered twice raises ValueError naming the file and line.
+    """
+    path = Path(path)
+    answers: dict[int, Answer] = {}
+    lines: dict[int, int] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+            a = _parse_answer(obj, where)
+            if a.question_id in answers:
+                first = lines[a.question_id]
+                raise ValueError(
+                    f"{where}: question_id {a.question_id} is answered again (first on line {first})"
+                )
+            answers[a.question_id] = a
+            lines[a.question_id] = lineno
+    if not answers:
+        raise ValueError(f"{path}: no answers (the file is empty)")
+    return answers
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """The tokenizer of a known model name (``mtprobe.models``) or of a local folder, offline."""
+    from transformers import AutoTokenizer
+
+    from mtprobe import models
+
+    if isinstance(name_or_path, str) and name_or_path in models.KNOWN_MODELS:
+        folder = models.fetch(name_or_path)
+    else:
+        folder = Path(name_or_path).expanduser()
+        if not folder.is_dir():
+            raise ValueError(
+                f"cannot load a tokenizer from {str(name_or_path)!r}: expected a known model name "
+                f"({', '.join(models.KNOWN_MODELS)}) or a local folder holding a tokenizer"
+            )
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def _in_group(category: str, group: str) -> bool:
+    if group == "overall":
+        return True
+    if group == "mt_bench":
+        return category in MT_BENCH_CATEGORIES
+    return category == group
+
+
+def group_names(categories: set[str]) -> list[str]:
+    """Report rows: Spec-Bench's six tasks, other categories, ``overall``, then MT-bench's sub-categories
+    (only those with answers)."""
+    present_tasks = [t for t in TASKS if any(_in_group(c, t) for c in categories)]
+    others = sorted(c for c in categories if c not in TASKS and c not in MT_BENCH_CATEGORIES)
+    subs = [c for c in MT_BENCH_CATEGORIES if c in categories]
+    return [*present_tasks, *others, "overall", *subs]
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Spec-Bench's numbers for one method on one group (task, category or overall).
+
+    ``None`` marks a value that cannot be computed (no answers on that side, nothing matched).
+    """
+
+    group: str
+    questions: int
+    baseline_questions: int
+    tau: float | None
+    tokens_per_second: float | None
+    baseline_tokens_per_second: float | None
+    speedup: float | None
+    matched: int
+    """Questions of the group present in both files."""
+    forward_reduction: float | None
+    identical_turns: int
+    compared_turns: int
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A turn whose answer text differs from the baseline's."""
+
+    question_id: int
+    category: str
+    turn: int
+    """1-based."""
+    position: int
+    """Index of the first differing character."""
+    baseline_excerpt: str
+    method_excerpt: str
+
+
+@dataclass(frozen=True)
+class MethodReport:
+    name: str
+    path: Path
+    model_ids: tuple[str, ...]
+    groups: tuple[GroupStats, ...]
+    mismatches: tuple[Mismatch, ...]
+    only_in_baseline: tuple[int, ...]
+    only_in_method: tuple[int, ...]
+    category_conflicts: tuple[int, ...]
+    """Question ids whose category differs between the two files (scored under each file's own)."""
+
+    def group(self, name: str) -> GroupStats:
+        for g in self.groups:
+            if g.group == name:
+                return g
+        raise KeyError(f"no group {name!r}; groups: {', '.join(g.group for g in self.groups)}")
+
+    @property
+    def lossless(self) -> bool:
+        return not self.mismatches
+
+
+@dataclass(frozen=True)
+class ScoreReport:
+    baseline_path: Path
+    baseline_model_ids: tuple[str, ...]
+    baseline_questions: int
+    baseline_groups: tuple[GroupStats, ...]
+    tokenizer: str
+    literal_token_count: bool
+    methods: tuple[MethodReport, ...]
+    report_path: Path | None = None
+    plots: tuple[Path, ...] = ()
+    plot_note: str = ""
+
+    def method(self, name: str) -> MethodReport:
+        for m in self.methods:
+            if m.name == name:
+                return m
+        raise KeyError(f"no method {name!r}; methods: {', '.join(m.name for m in self.methods)}")
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _excerpt(text: str, pos: int) -> str:
+    lo, hi = max(0, pos - _EXCERPT), pos + _EXCERPT
+    return ("…" if lo > 0 else "") + text[lo:hi] + ("…" if hi < len(text) else "")
+
+
+def _mismatches(base: Answer, other: Answer) -> tuple[list[Mismatch], int]:
+    """Turn-by-turn text comparison; a turn missing on one side counts as a mismatch."""
+    found = []
+    n = max(len(base.turns), len(other.turns))
+    for t in range(n):
+        a = base.turns[t] if t < len(base.turns) else ""
+        b = other.turns[t] if t < len(other.turns) else ""
+        if a != b or t >= len(base.turns) or t >= len(other.turns):
+            pos = _first_difference(a, b)
+            found.append(
+                Mismatch(base.question_id, base.category, t + 1, pos, _excerpt(a, pos), _excerpt(b, pos))
+            )
+    return found, n
+
+
+def _group_stats(
+    group: str,
+    answers: dict[int, Answer],
+    baseline: dict[int, Answer],
+    baseline_speed: Callable[[Answer], float],
+) -> GroupStats:
+    mine = [a for a in answers.values() if _in_group(a.category, group)]
+    base = [b for b in baseline.values() if _in_group(b.category, group)]
+    # Spec-Bench: per-question speeds, averaged with equal weight per question.
+    speeds = [sum(a.new_tokens) / sum(a.wall_time) for a in mine]
+    base_speeds = [baseline_speed(b) for b in base]
+    pooled = [x for a in mine for x in a.accept_lengths]
+    tps, base_tps = _mean(speeds), _mean(base_speeds)
+    speedup = tps / base_tps if tps is not None and base_tps else None
+    # Forward calls and texts can only be compared question by question.
+    matched = [(baseline[a.question_id], a) for a in mine if a.question_id in baseline]
+    steps_base = sum(sum(b.decoding_steps) for b, _ in matched)
+    steps_mine = sum(sum(a.decoding_steps) for _, a in matched)
+    identical = compared = 0
+    for b, a in matched:
+        bad, n = _mismatches(b, a)
+        compared += n
+        identical += n - len(bad)
+    return GroupStats(
+        group=group,
+        questions=len(mine),
+        baseline_questions=len(base),
+        tau=_mean(pooled),
+        tokens_per_second=tps,
+        baseline_tokens_per_second=base_tps,
+        speedup=speedup,
+        matched=len(matched),
+        forward_reduction=steps_base / steps_mine if matched and steps_mine else None,
+        identical_turns=identical,
+        compared_turns=compared,
+    )
+
+
+def _method_report(
+    name: str, path: Path, answers: dict[int, Answer], baseline: dict[int, Answer], groups: list[str], speed0
+) -> MethodReport:
+    mismatches = []
+    for qid, a in answers.items():
+        if qid in baseline:
+            mismatches += _mismatches(baseline[qid], a)[0]
+    return MethodReport(
+        name=name,
+        path=path,
+        model_ids=tuple(dict.fromkeys(a.model_id for a in answers.values())),
+        groups=tuple(
+            _group_stats(g, answers, baseline, speed0)
+            for g in groups
+            if any(_in_group(a.category, g) for a in answers.values())
+            or any(_in_group(b.category, g) for b in baseline.values())
+        ),
+        mismatches=tuple(sorted(mismatches, key=lambda m: (m.question_id, m.turn))),
+        only_in_baseline=tuple(sorted(set(baseline) - set(answers))),
+        only_in_method=tuple(sorted(set(answers) - set(baseline))),
+        category_conflicts=tuple(
+            sorted(q for q, a in answers.items() if q in baseline and baseline[q].category != a.category)
+        ),
+    )
+
+
+def _method_names(paths: Sequence[Path], files: Sequence[dict[int, Answer]]) -> list[str]:
+    # A file's single model_id names it; a file with several, or a repeated id, uses the file name.
+    ids = [list(dict.fromkeys(a.model_id for a in f.values())) for f in files]
+    names = [i[0] if len(i) == 1 else p.stem for i, p in zip(ids, paths, strict=True)]
+    if len(set(names)) < len(names):
+        names = [p.stem if names.count(n) > 1 else n for n, p in zip(names, paths, strict=True)]
+    if len(set(names)) < len(names):
+        names = [str(p) for p in paths]
+    return names
+
+
+def score(
+    baseline: str | os.PathLike[str],
+    answers: Sequence[str | os.PathLike[str]],
+    tokenizer: str | os.PathLike[str] | PreTrainedTokenizerBase,
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    literal_token_count: bool = False,
+    plots: bool = True,
+) -> ScoreReport:
+    """Score answer files against the ``ar`` baseline file; with ``out_dir``, write ``report.md``,
+    ``results.json`` and the plots ``tau_by_category.png`` and ``speedup_by_category.png`` there."""
+    if not answers:
+        raise ValueError("no answer files to score")
+    base_path = Path(baseline)
+    base = load_answers(base_path)
+    paths = [Path(p) for p in answers]
+    files = [load_answers(p) for p in paths]
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tok_name = str(tokenizer)
+        tok = load_tokenizer(tokenizer)
+    else:
+        tok_name, tok = type(tokenizer).__name__, tokenizer
+
+    counts: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        if text not in counts:
+            if literal_token_count:
+                counts[text] = len(tok(text).input_ids) - 1  # Spec-Bench, letter for letter
+            else:
+                counts[text] = len(tok(text, add_special_tokens=False).input_ids)
+        return counts[text]
+
+    def baseline_speed(b: Answer) -> float:
+        return sum(count(t) for t in b.turns) / sum(b.wall_time)
+
+    categories = {a.category for f in [base, *files] for a in f.values()}
+    groups = group_names(categories)
+    names = _method_names(paths, files)
+    methods = tuple(
+        _method_report(n, p, f, base, groups, baseline_speed)
+        for n, p, f in zip(names, paths, files, strict=True)
+    )
+    baseline_groups = tuple(
+        _group_stats(g, base, base, baseline_speed)
+        for g in groups
+        if any(_in_group(b.category, g) for b in base.values())
+    )
+    # The baseline row uses the baseline's own (re-tokenized) speed on both sides: speedup 1 by definition.
+    baseline_groups = tuple(
+        replace(
+            g,
+            tokens_per_second=g.baseline_tokens_per_second,
+            speedup=1.0 if g.baseline_tokens_per_second else None,
+        )
+        for g in baseline_groups
+    )
+    report = ScoreReport(
+        baseline_path=base_path,
+        baseline_model_ids=tuple(dict.fromkeys(b.model_id for b in base.values())),
+        baseline_questions=len(base),
+        baseline_groups=baseline_groups,
+        tokenizer=tok_name,
+        literal_token_count=literal_token_count,
+        methods=methods,
+    )
+    if out_dir is None:
+        return report
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_paths: tuple[Path, ...] = ()
+    note = "plots not requested (--no-plots)"
+    if plots:
+        try:
+            plot_paths = _plot(report, out)
+            note = ""
+        except ImportError:
+            note = "plots skipped: matplotlib is not installed (pip install matplotlib)"
+            print(f"mtprobe.specbench: {note}", file=sys.stderr)
+    report = replace(report, plots=plot_paths, plot_note=note, report_path=out / "report.md")
+    (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(_to_json(report), indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def _f(x: float | None, digits: int, suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+_COLUMNS = (
+    "questions | τ (mean accepted tokens) | tokens/s | baseline tokens/s | speedup | "
+    "forward-call reduction | identical turns"
+)
+
+
+def _row(label: str, g: GroupStats, baseline_row: bool = False) -> str:
+    same = "—" if baseline_row else f"{g.identical_turns}/{g.compared_turns}"
+    cells = [
+        label,
+        str(g.questions),
+        _f(g.tau, 3),
+        _f(g.tokens_per_second, 2),
+        _f(g.baseline_tokens_per_second, 2),
+        _f(g.speedup, 3, "x"),
+        _f(g.forward_reduction, 3, "x"),
+        same,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(first: str, rows: list[str]) -> list[str]:
+    head = f"| {first} | {_COLUMNS} |"
+    sep = "|" + " --- |" * (head.count("|") - 1)
+    return [head, sep, *rows, ""]
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in ids)
+
+
+def render_markdown(r: ScoreReport) -> str:
+    """The report as markdown (what ``report.md`` holds)."""
+    subs = set(MT_BENCH_CATEGORIES)
+    counting = (
+        "Spec-Bench literal: len(tokenizer(text).input_ids) - 1"
+        if r.literal_token_count
+        else "tokens of the text without special tokens"
+    )
+    lines = [
+        "# Spec-Bench results",
+        "",
+        f"- Baseline: `{r.baseline_path}` (model_id {', '.join(f'`{i}`' for i in r.baseline_model_ids)}), "
+        f"{r.baseline_questions} questions",
+        *(f"- Method `{m.name}`: `{m.path}`, {m.group('overall').questions} questions" for m in r.methods),
+        f"- Tokenizer for the baseline's token counts: `{r.tokenizer}` ({counting})",
+        "",
+    ]
+    warnings = []
+    for m in r.methods:
+        if m.only_in_baseline or m.only_in_method:
+            warnings.append(
+                f"- `{m.name}`: questions only in the baseline: {_ids(m.only_in_baseline) or 'none'}; "
+                f"only in `{m.name}`: {_ids(m.only_in_method) or 'none'} (speed and τ use each file's own "
+                "questions, as Spec-Bench does; forward-call reduction and losslessness use the common ones)"
+            )
+        if m.category_conflicts:
+            warnings.append(
+                f"- `{m.name}`: category differs from the baseline's for {_ids(m.category_conflicts)}"
+            )
+    lines += ["## Coverage", ""]
+    lines += warnings or ["Every answer file holds the same question ids as the baseline.", ""]
+    if warnings:
+        lines.append("")
+
+    lines += ["## Overall", ""]
+    rows = [_row("ar (baseline)", g, True) for g in r.baseline_groups if g.group == "overall"]
+    rows += [_row(m.name, g) for m in r.methods for g in m.groups if g.group == "overall"]
+    lines += _table("method", rows)
+
+    for m in r.methods:
+        lines += [f"## `{m.name}` by task", ""]
+        lines += _table("task", [_row(g.group, g) for g in m.groups if g.group not in subs])
+        mt = [g for g in m.groups if g.group in subs]
+        if mt:
+            lines += [f"### `{m.name}`: MT-bench sub-categories", ""]
+            lines += _table("category", [_row(g.group, g) for g in mt])
+
+    lines += ["## Losslessness (answer texts identical to the baseline's)", ""]
+    for m in r.methods:
+        g = m.group("overall")
+        verdict = "lossless" if m.lossless else f"{len(m.mismatches)} mismatching turn(s)"
+        lines.append(
+            f"- `{m.name}`: {g.identical_turns}/{g.compared_turns} turns identical over {g.matched} "
+            f"common questions: {verdict}"
+        )
+        for x in m.mismatches:
+            lines.append(
+                f"  - question {x.question_id} ({x.category}), turn {x.turn}: first difference at character "
+                f"{x.position}: baseline {json.dumps(x.baseline_excerpt, ensure_ascii=False)} vs "
+                f"{json.dumps(x.method_excerpt, ensure_ascii=False)}"
+            )
+    lines.append("")
+    if r.plots:
+        lines += ["## Plots", "", *(f"![{p.stem}]({p.name})" for p in r.plots), ""]
+    elif r.plot_note:
+        lines += ["## Plots", "", r.plot_note, ""]
+    lines += [
+        "## Method",
+        "",
+        "Speed as Spec-Bench's evaluation/speed.py: tokens/s is the mean over questions of "
+        "sum(new_tokens) / sum(wall_time); the baseline's tokens are re-counted from its answer texts; "
+        "speedup = method tokens/s / baseline tokens/s; τ is the mean of all accept_lengths pooled. "
+        "Forward-call reduction = baseline decoding steps / method decoding steps, pooled over the common "
+        "questions (ar: steps = new tokens; probe: forward calls including prefill).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _to_json(r: ScoreReport) -> dict[str, Any]:
+    def groups(gs: Sequence[GroupStats]) -> dict[str, dict]:
+        return {g.group: {k: v for k, v in asdict(g).items() if k != "group"} for g in gs}
+
+    return {
+        "baseline": {
+            "path": str(r.baseline_path),
+            "model_ids": list(r.baseline_model_ids),
+            "groups": groups(r.baseline_groups),
+        },
+        "tokenizer": r.tokenizer,
+        "literal_token_count": r.literal_token_count,
+        "methods": [
+            {
+                "name": m.name,
+                "path": str(m.path),
+                "model_ids": list(m.model_ids),
+                "lossless": m.lossless,
+                "groups": groups(m.groups),
+                "mismatches": [asdict(x) for x in m.mismatches],
+                "only_in_baseline": list(m.only_in_baseline),
+                "only_in_method": list(m.only_in_method),
+            }
+            for m in r.methods
+        ],
+    }
+
+
+def _plot(r: ScoreReport, out: Path) -> tuple[Path, ...]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    order = [g.group for g in r.baseline_groups]
+    for m in r.methods:
+        order += [g.group for g in m.groups if g.group not in order]
+    written = []
+    for attr, fname, ylabel, ref in (
+        ("tau", "tau_by_category.png", "τ (mean accepted tokens per step)", 1.0),
+        ("speedup", "speedup_by_category.png", "speedup vs ar (Spec-Bench tokens/s ratio)", 1.0),
+    ):
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(order) * max(1, len(r.methods)) ** 0.5 + 2), 4.0))
+        width = 0.8 / len(r.methods)
+        for i, m in enumerate(r.methods):
+            stats = {g.group: getattr(g, attr) for g in m.groups}
+            xs = [j + (i - (len(r.methods) - 1) / 2) * width for j in range(len(order))]
+            ys = [stats.get(g) or 0.0 for g in order]  # a missing value (no answers there) draws no bar
+            bars = ax.bar(xs, ys, width=width, label=m.name)
+            ax.bar_label(bars, labels=[f"{y:.2f}" if y else "" for y in ys], fontsize=6)
+        ax.axhline(ref, color="grey", linewidth=0.8, linestyle="--")
+        if "overall" in order:  # separates the tasks from MT-bench's sub-categories
+            ax.axvline(order.index("overall") + 0.5, color="lightgrey", linewidth=0.8)
+        ax.set_xticks(range(len(order)), order, rotation=45, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.legend(
+            fontsize="small", loc="lower left", bbox_to_anchor=(0.0, 1.02), frameon=False
+        )  # above the axes
+        path = out / fname
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return tuple(written)

@@ -1,0 +1,509 @@
+"""Spec-Bench harness: question files, method registry, answer generation, resume, scoring, CLI.
+
+Generation tests use a tiny randomly initialised Llama saved with a word-level tokenizer in a
+temporary folder (seconds); one end-to-end test runs the real SmolLM2 on the project's own mini
+question file and checks that probe answers are identical to ar answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from mtprobe import ProbeConfig
+from mtprobe.specbench import (
+    MT_BENCH_CATEGORIES,
+    TASKS,
+    RunConfig,
+    get_method,
+    load_answers,
+    load_questions,
+    run,
+    score,
+    select_questions,
+)
+from mtprobe.specbench.__main__ import main
+from mtprobe.specbench.methods import GreedyConfig
+from mtprobe.specbench.questions import task_of
+
+MINI = Path(__file__).parent / "data" / "specbench_mini.jsonl"
+WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "user", "assistant", ":", "the", "a", "is", "of"]
+VOCAB = 32  # the model's vocabulary: the words above plus unused ids
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {w: i for i, w in enumerate(WORDS)} | {f"w{i}": i for i in range(len(WORDS), VOCAB)}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama + chat tokenizer saved as a local HF folder."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_cli(*args: str) -> int:
+    return main(["run", "--question-file", str(MINI), "--no-progress", "--warmup", "0", *args])
+
+
+# --- question files ------------------------------------------------------------------------------
+
+
+def test_mini_file_covers_every_category() -> None:
+    qs = load_questions(MINI)
+    cats = {q.category for q in qs}
+    assert set(MT_BENCH_CATEGORIES) <= cats
+    assert {task_of(c) for c in cats} == set(TASKS)
+    assert any(len(q.turns) == 2 and q.task == "mt_bench" for q in qs)
+    assert len({q.question_id for q in qs}) == len(qs)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ('{"question_id": 2, "category": "qa", "turns": ["x"]', "invalid JSON"),
+        ('{"question_id": 2, "category": "qa"}', "missing 'turns'"),
+        ('{"question_id": 2, "category": "qa", "turns": []}', "'turns' is empty"),
+        ('{"question_id": 2, "category": "qa", "turns": "x"}', "'turns' must be a list"),
+        ('{"question_id": 2, "category": "qa", "turns": ["x", 3]}', r"'turns'\[1\] must be a string"),
+        ('{"question_id": "2", "category": "qa", "turns": ["x"]}', "'question_id' must be an int"),
+        ('{"question_id": 2, "category": 5, "turns": ["x"]}', "'category' must be a non-empty string"),
+        ('{"category": "qa", "turns": ["x"]}', "missing 'question_id'"),
+        ('["not", "an", "object"]', "expected a JSON object"),
+        ('{"question_id": 1, "category": "qa", "turns": ["x"]}', "repeats the one on line 1"),
+    ],
+)
+def test_question_file_errors_name_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
+    f = tmp_path / "q.jsonl"
+    f.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\n\n' + bad_line + "\n")
+    with pytest.raises(ValueError, match=message) as exc:
+        load_questions(f)
+    assert f"{f}, line 3:" in str(exc.value)
+
+
+def test_empty_question_file(tmp_path: Path) -> None:
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n")
+    with pytest.raises(ValueError, match="no questions"):
+        load_questions(f)
+
+
+def test_select_questions() -> None:
+    qs = load_questions(MINI)
+    assert [q.category for q in select_questions(qs, categories=["qa", "rag"])] == ["qa", "rag"]
+    assert {q.category for q in select_questions(qs, categories=["mt_bench"])} == set(MT_BENCH_CATEGORIES)
+    assert len(select_questions(qs, limit=2)) == 2
+    assert [q.question_id for q in load_questions(MINI, begin=1, end=3)] == [
+        qs[1].question_id,
+        qs[2].question_id,
+    ]
+    with pytest.raises(ValueError, match="unknown category 'poetry'"):
+        select_questions(qs, categories=["poetry"])
+
+
+# --- methods -------------------------------------------------------------------------------------
+
+
+def test_method_registry() -> None:
+    with pytest.raises(ValueError, match="unknown method 'nope'; available methods: ar, probe"):
+        get_method("nope")
+    probe = get_method("probe")
+    cfg = probe.make_config({"block_complexity": 10})
+    assert cfg == ProbeConfig(block_complexity=10)
+    assert probe.id_suffix(cfg) == "bc10-k1-lam0.1"
+    assert get_method("ar").make_config() == GreedyConfig()
+    with pytest.raises(NotImplementedError, match="sampling is not implemented for method 'probe'"):
+        probe.check_temperature(0.7)
+
+
+def test_cli_rejects_unknown_method_foreign_option_and_sampling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "a.jsonl")
+    assert _run_cli("--method", "nope", "--answer-file", out) == 1
+    assert "available methods: ar, probe" in capsys.readouterr().err
+    assert _run_cli("--method", "ar", "--block-complexity", "10", "--answer-file", out) == 1
+    assert "--block-complexity does not apply to method 'ar'" in capsys.readouterr().err
+    assert _run_cli("--method", "ar", "--temperature", "0.5", "--answer-file", out) == 1
+    assert "sampling is not implemented for method 'ar' yet" in capsys.readouterr().err
+    assert not Path(out).exists()
+
+
+def test_unknown_model_raises(tmp_path: Path) -> None:
+    cfg = RunConfig(question_file=MINI, model="no-such-model", answer_file=tmp_path / "a.jsonl", warmup=0)
+    with pytest.raises(ValueError, match="unknown model|cannot load model") as exc:
+        run(cfg)
+    assert "smollm2-135m" in str(exc.value)
+
+
+# --- answer generation ---------------------------------------------------------------------------
+
+
+def _check_lines(lines: list[dict], questions: dict, model_id: str) -> None:
+    for line in lines:
+        assert set(line) == {"question_id", "category", "answer_id", "model_id", "choices", "tstamp"}
+        q = questions[line["question_id"]]
+        assert line["category"] == q.category
+        assert line["model_id"] == model_id
+        assert isinstance(line["answer_id"], str) and len(line["answer_id"]) >= 16
+        assert isinstance(line["tstamp"], float)
+        (choice,) = line["choices"]
+        assert set(choice) == CHOICE_KEYS and choice["index"] == 0
+        n = len(q.turns)
+        for key in ("turns", "decoding_steps", "new_tokens", "wall_time"):
+            assert len(choice[key]) == n, key
+        assert all(isinstance(t, str) and t == t.strip() for t in choice["turns"])
+        assert all(1 <= k <= 8 for k in choice["new_tokens"])
+        assert all(w > 0 for w in choice["wall_time"])
+
+
+def test_run_ar_writes_specbench_lines(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ar.jsonl"
+    # writing, roleplay (two turns each) and reasoning (one turn)
+    assert (
+        _run_cli(
+            "--model",
+            str(tiny),
+            "--method",
+            "ar",
+            "--max-new-tokens",
+            "8",
+            "--limit",
+            "3",
+            "--answer-file",
+            str(out),
+        )
+        == 0
+    )
+    lines = _lines(out)
+    questions = {q.question_id: q for q in load_questions(MINI)}
+    model_id = f"{tiny.name}-ar-float32-temp-0.0-max8"
+    assert [line["question_id"] for line in lines] == [1, 2, 3]
+    _check_lines(lines, questions, model_id)
+    assert [len(line["choices"][0]["turns"]) for line in lines] == [2, 2, 1]
+    for line in lines:
+        c = line["choices"][0]
+        assert c["decoding_steps"] == c["new_tokens"]
+        assert c["accept_lengths"] == [1] * sum(c["new_tokens"])
+
+
+def test_run_probe_writes_specbench_lines(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "probe.jsonl"
+    args = ("--model", str(tiny), "--method", "probe", "--block-complexity", "10", "--max-new-tokens", "8")
+    assert _run_cli(*args, "--categories", "writing,qa", "--answer-file", str(out)) == 0
+    lines = _lines(out)
+    questions = {q.question_id: q for q in load_questions(MINI)}
+    _check_lines(lines, questions, f"{tiny.name}-probe-bc10-k1-lam0.1-float32-temp-0.0-max8")
+    assert [line["category"] for line in lines] == ["writing", "qa"]
+    for line in lines:
+        c = line["choices"][0]
+        turns = len(c["turns"])
+        # steps = forward calls with prefill; accept_lengths: one per decode forward, prefill excluded
+        assert sum(c["decoding_steps"]) == len(c["accept_lengths"]) + turns
+        assert sum(c["accept_lengths"]) == sum(c["new_tokens"]) - turns
+
+
+def test_second_turn_sees_first_answer(tiny: Path) -> None:
+    from mtprobe import models
+    from mtprobe.specbench.run import answer_question
+
+    model, tok = models.load(tiny)
+    seen: list[torch.Tensor] = []
+    ar = get_method("ar")
+
+    def spy_run(m, ids, c, n):
+        seen.append(ids)
+        return ar.run(m, ids, c, n)
+
+    spy = dataclasses.replace(ar, run=spy_run)
+    q = load_questions(MINI)[0]
+    with torch.inference_mode():
+        choice = answer_question(model, tok, spy, GreedyConfig(), q, 8)
+    first, second = seen
+    convo = [
+        {"role": "user", "content": q.turns[0]},
+        {"role": "assistant", "content": choice["turns"][0]},
+        {"role": "user", "content": q.turns[1]},
+    ]
+    expected = tok.apply_chat_template(convo, add_generation_prompt=True, return_tensors="pt")["input_ids"]
+    assert torch.equal(second, expected)
+    assert second.shape[1] > first.shape[1]
+
+
+def test_resume_skips_done_questions(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ar.jsonl"
+    args = (
+        "--model",
+        str(tiny),
+        "--max-new-tokens",
+        "8",
+        "--answer-file",
+        str(out),
+        "--categories",
+        "qa,rag,stem",
+    )
+    assert _run_cli(*args, "--limit", "2") == 0
+    before = {line["question_id"]: line["answer_id"] for line in _lines(out)}
+    assert len(before) == 2
+    assert _run_cli(*args) == 0
+    after = {line["question_id"]: line["answer_id"] for line in _lines(out)}
+    assert len(after) == 3
+    assert all(after[q] == a for q, a in before.items())  # the done ones were not regenerated
+    cfg = RunConfig(
+        question_file=MINI,
+        model=str(tiny),
+        max_new_tokens=8,
+        answer_file=out,
+        categories=("qa", "rag", "stem"),
+    )
+    summary = run(cfg)
+    assert (summary.written, summary.skipped) == (0, 3)
+
+
+def test_mismatched_model_id_is_refused(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "a.jsonl"
+    common = ("--model", str(tiny), "--max-new-tokens", "8", "--answer-file", str(out), "--limit", "1")
+    assert _run_cli(*common, "--model-id", "first-id") == 0
+    assert _run_cli(*common, "--model-id", "second-id") == 1
+    err = capsys.readouterr().err
+    assert "'first-id'" in err and "'second-id'" in err
+    assert len(_lines(out)) == 1
+
+
+# --- scoring -------------------------------------------------------------------------------------
+
+
+def _answer(qid: int, cat: str, model_id: str, turns, steps, new, wall, accept) -> dict:
+    choice = {"index": 0, "turns": turns, "decoding_steps": steps, "new_tokens": new, "wall_time": wall}
+    choice["accept_lengths"] = accept
+    return {
+        "question_id": qid,
+        "category": cat,
+        "answer_id": "x",
+        "model_id": model_id,
+        "choices": [choice],
+        "tstamp": 0.0,
+    }
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def hand_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """ar and probe answer files with hand-picked numbers; texts use the tiny tokenizer's words."""
+    tok_dir = tmp_path / "tok"
+    _tokenizer().save_pretrained(tok_dir)
+    ar = _write(
+        tmp_path / "ar.jsonl",
+        [
+            # text tokens 2 + 1 = 3 in 1.5 s -> 2.0 tok/s
+            _answer(1, "writing", "m-ar", ["hello world", "hello"], [2, 1], [3, 2], [1.0, 0.5], [1] * 5),
+            # 4 tokens in 1 s -> 4.0 tok/s
+            _answer(2, "qa", "m-ar", ["hello world hello world"], [5], [5], [1.0], [1] * 5),
+            # 1 token in 0.5 s -> 2.0 tok/s; not in the probe file
+            _answer(3, "rag", "m-ar", ["world"], [2], [2], [0.5], [1] * 2),
+        ],
+    )
+    probe = _write(
+        tmp_path / "probe.jsonl",
+        [
+            # (3 + 2) new tokens in 1.0 s -> 5.0 tok/s, same texts
+            _answer(1, "writing", "m-probe", ["hello world", "hello"], [1, 1], [3, 2], [0.5, 0.5], [3, 1]),
+            # 5 in 0.5 s -> 10.0 tok/s; text differs from character 12 on
+            _answer(2, "qa", "m-probe", ["hello world world world"], [2], [5], [0.5], [2, 2]),
+            # 2 in 1.0 s -> 2.0 tok/s; not in the ar file
+            _answer(4, "translation", "m-probe", ["hello"], [1], [2], [1.0], [1]),
+        ],
+    )
+    return ar, probe, tok_dir
+
+
+def test_score_hand_computed(hand_files: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    ar, probe, tok_dir = hand_files
+    report = score(ar, [probe], str(tok_dir), tmp_path / "out", plots=False)
+    m = report.method("m-probe")
+    overall = m.group("overall")
+    # Spec-Bench: mean of per-question speeds (5 + 10 + 2) / 3 vs (2 + 4 + 2) / 3; tau pooled 9 / 5
+    assert overall.questions == 3 and overall.baseline_questions == 3
+    assert overall.tokens_per_second == pytest.approx(17 / 3)
+    assert overall.baseline_tokens_per_second == pytest.approx(8 / 3)
+    assert overall.speedup == pytest.approx(17 / 8)
+    assert overall.tau == pytest.approx(1.8)
+    # forward calls over the common questions 1 and 2: (2 + 1 + 5) / (1 + 1 + 2)
+    assert overall.matched == 2
+    assert overall.forward_reduction == pytest.approx(2.0)
+    assert (overall.identical_turns, overall.compared_turns) == (2, 3)
+
+    mt = m.group("mt_bench")
+    assert (mt.tokens_per_second, mt.baseline_tokens_per_second) == (pytest.approx(5.0), pytest.approx(2.0))
+    assert mt.speedup == pytest.approx(2.5) and mt.tau == pytest.approx(2.0)
+    assert mt.forward_reduction == pytest.approx(1.5)
+    assert m.group("writing") == dataclasses.replace(mt, group="writing")
+    qa = m.group("qa")
+    assert qa.speedup == pytest.approx(2.5) and qa.forward_reduction == pytest.approx(2.5)
+    assert (qa.identical_turns, qa.compared_turns) == (0, 1)
+    rag = m.group("rag")
+    assert (
+        rag.questions == 0
+        and rag.speedup is None
+        and rag.tau is None
+        and rag.baseline_tokens_per_second == 2.0
+    )
+    tr = m.group("translation")
+    assert tr.speedup is None and tr.baseline_questions == 0 and tr.tau == 1.0
+    assert [g.group for g in m.groups] == ["mt_bench", "translation", "qa", "rag", "overall", "writing"]
+
+    assert not m.lossless
+    (mm,) = m.mismatches
+    assert (mm.question_id, mm.category, mm.turn, mm.position) == (2, "qa", 1, 12)
+    assert (m.only_in_baseline, m.only_in_method) == ((3,), (4,))
+
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| m-probe | 3 | 1.800 | 5.67 | 2.67 | 2.125x | 2.000x | 2/3 |" in md
+    assert "| ar (baseline) | 3 | 1.000 | 2.67 | 2.67 | 1.000x | 1.000x | — |" in md
+    assert "| mt_bench | 1 | 2.000 | 5.00 | 2.00 | 2.500x | 1.500x | 2/2 |" in md
+    assert "| rag | 0 | n/a | n/a | 2.00 | n/a | n/a | 0/0 |" in md
+    assert "| writing | 1 | 2.000 | 5.00 | 2.00 | 2.500x | 1.500x | 2/2 |" in md
+    assert "question 2 (qa), turn 1: first difference at character 12" in md
+    assert "questions only in the baseline: 3; only in `m-probe`: 4" in md
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["methods"][0]["groups"]["overall"]["speedup"] == pytest.approx(17 / 8)
+    assert results["methods"][0]["lossless"] is False
+
+    # Spec-Bench's literal count (len(tokenizer(text).input_ids) - 1; this tokenizer adds no BOS):
+    # baseline speeds (1 / 1.5, 3 / 1, 0 / 0.5) -> mean 11 / 9
+    literal = (
+        score(ar, [probe], tok_dir.as_posix(), literal_token_count=True).method("m-probe").group("overall")
+    )
+    assert literal.baseline_tokens_per_second == pytest.approx(11 / 9)
+    assert literal.speedup == pytest.approx(51 / 11)
+
+
+def test_score_lossless_and_plots(hand_files: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    ar, _, tok_dir = hand_files
+    out = tmp_path / "out"
+    assert (
+        main(
+            [
+                "score",
+                "--baseline",
+                str(ar),
+                "--answers",
+                str(ar),
+                "--model",
+                str(tok_dir),
+                "--out-dir",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    md = (out / "report.md").read_text()
+    assert "`m-ar`: 4/4 turns identical over 3 common questions: lossless" in md
+    assert "Every answer file holds the same question ids as the baseline." in md
+    for name in ("tau_by_category.png", "speedup_by_category.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"({name})" in md
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda r: r["choices"][0].__setitem__("wall_time", [1.0]), "has 1 entries for 2 turns"),
+        (lambda r: r.pop("choices"), "missing 'choices'"),
+        (lambda r: r["choices"][0].__setitem__("wall_time", [0.0, 0.0]), "sums to 0"),
+    ],
+)
+def test_answer_file_errors_name_line(tmp_path: Path, mutate, message: str) -> None:
+    good = _answer(1, "qa", "m", ["a"], [1], [1], [1.0], [1])
+    bad = _answer(2, "writing", "m", ["a", "b"], [1, 1], [1, 1], [1.0, 1.0], [1, 1])
+    mutate(bad)
+    f = _write(tmp_path / "a.jsonl", [good, bad])
+    with pytest.raises(ValueError, match=message) as exc:
+        load_answers(f)
+    assert f"{f}, line 2:" in str(exc.value)
+
+
+# --- end to end on the real model ----------------------------------------------------------------
+
+
+def test_smollm2_probe_is_lossless_on_mini_file(smollm2, tmp_path: Path) -> None:
+    model, tok = smollm2
+    common = dict(question_file=MINI, model="smollm2-135m", max_new_tokens=16, warmup=0, progress=False)
+    ar = run(RunConfig(**common, method="ar", answer_file=tmp_path / "ar.jsonl"), model=model, tokenizer=tok)
+    cfg = ProbeConfig(block_complexity=30)
+    probe = run(
+        RunConfig(**common, method="probe", method_config=cfg, answer_file=tmp_path / "probe.jsonl"),
+        model=model,
+        tokenizer=tok,
+    )
+    n = len(load_questions(MINI))
+    assert ar.written == probe.written == n
+    assert probe.model_id == "smollm2-135m-probe-bc30-k1-lam0.1-float32-temp-0.0-max16"
+    report = score(ar.answer_file, [probe.answer_file], tok, tmp_path / "out", plots=False)
+    m = report.methods[0]
+    overall = m.group("overall")
+    assert m.mismatches == (), m.mismatches
+    assert overall.matched == n and overall.identical_turns == overall.compared_turns == 16
+    assert overall.tau >= 1.0
+    assert overall.forward_reduction >= 1.0
+
+
+def test_module_entry_point() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mtprobe.specbench", "score", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--baseline" in proc.stdout and "--literal-token-count" in proc.stdout
