@@ -222,6 +222,8 @@ def build_report(
         + (f"; {dtype_note}" if dtype_note else ""),
         f"- prompts: {len(prompts)} from `{args.prompts_file or 'mtprobe/data/prompts.jsonl'}`, "
         f"max_new_tokens={args.max_new_tokens}, seed={args.seed}",
+        "- probing configurations: "
+        + "; ".join(f"BC={bc}: `{mtprobe.ProbeConfig(block_complexity=bc)}`" for bc in sorted(probes)),
     ]
 
     all_probe_runs = [r for runs in probes.values() for r in runs]

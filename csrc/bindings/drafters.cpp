@@ -3,6 +3,8 @@
 #include "bindings/bindings.h"
 #include "drafters/drafter.h"
 #include "core/draft_tree.h"
+#include "core/ngram.h"
+#include "drafters/prompt_lookup.h"
 #include "drafters/mask_probe.h"
 
 namespace py = pybind11;
@@ -54,6 +56,18 @@ void bind_drafters(py::module_& m) {
       py::arg("root_token"), py::arg("cand_tokens"), py::arg("cand_probs"), py::kw_only(), py::arg("dynamic"),
       py::arg("branches") = std::vector<int64_t>{}, py::arg("budget") = 0, py::arg("prune") = true,
       "Draft tree from per-depth candidates [depths, m] (csrc/core/draft_tree.h): (tokens, parents, probs).");
+
+  m.def(
+      "prompt_lookup",
+      [](const std::vector<int64_t>& seq, int64_t max_ngram_size, int64_t max_tokens) {
+        TORCH_CHECK_VALUE(max_ngram_size >= 1 && max_tokens >= 1, "max_ngram_size and max_tokens must be >= 1");
+        std::vector<int64_t> out(static_cast<size_t>(max_tokens));
+        out.resize(static_cast<size_t>(core::prompt_lookup(seq.data(), static_cast<int64_t>(seq.size()),
+                                                           max_ngram_size, max_tokens, out.data())));
+        return out;
+      },
+      py::arg("seq"), py::arg("max_ngram_size"), py::arg("max_tokens"),
+      "The prompt-lookup draft for a token history (csrc/core/ngram.h).");
 
   py::class_<DraftBlock>(m, "DraftBlock", "The inputs of one target forward (see csrc/drafters/drafter.h).")
       .def(py::init<>())
@@ -110,6 +124,13 @@ void bind_drafters(py::module_& m) {
            py::arg("dynamic_tree"), py::arg("branches"), py::arg("prune"), py::arg("mask_init"),
            py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0)
       .def_property_readonly("mask_embeddings", &MaskProbeDrafter::mask_embeddings);
+
+  py::class_<PromptLookupDrafter, Drafter, std::shared_ptr<PromptLookupDrafter>>(
+      m, "PromptLookupDrafter", "Prompt lookup: a chain copied from an earlier occurrence of the last n-gram.")
+      .def(py::init([](int64_t num_tokens, int64_t max_ngram_size) {
+             return std::make_shared<PromptLookupDrafter>(PromptLookupOptions{num_tokens, max_ngram_size});
+           }),
+           py::kw_only(), py::arg("num_tokens"), py::arg("max_ngram_size"));
 }
 
 }  // namespace mtprobe::bindings

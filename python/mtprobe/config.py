@@ -126,3 +126,34 @@ def _default_branches(drafts: int, k: int) -> tuple[int, ...]:
         deeper = [1] * (k - 1)
         first = drafts - (k - 1)
     return (first, *deeper)
+
+
+@dataclass(frozen=True)
+class PromptLookupConfig:
+    """Prompt lookup decoding (PLD, seed 001 App. F): draft the chain that followed an earlier
+    occurrence of the context's last n-gram, the rule of transformers' ``prompt_lookup_num_tokens``.
+
+    Args:
+        num_tokens: chain depth (transformers' ``prompt_lookup_num_tokens``; 10 in the paper).
+        max_ngram_size: the longest n-gram matched (transformers' ``max_matching_ngram_size``).
+
+    A step feeds the root and the chain: block complexity ``1 + num_tokens``.
+
+    >>> PromptLookupConfig().block_complexity
+    11
+    """
+
+    num_tokens: int = 10
+    max_ngram_size: int = 2
+
+    def __post_init__(self) -> None:
+        _check_int("num_tokens", self.num_tokens)
+        _check_int("max_ngram_size", self.max_ngram_size)
+        if self.num_tokens < 1:
+            raise ValueError(f"num_tokens={self.num_tokens} must be >= 1 (the chain depth)")
+        if self.max_ngram_size < 1:
+            raise ValueError(f"max_ngram_size={self.max_ngram_size} must be >= 1")
+
+    @property
+    def block_complexity(self) -> int:
+        return 1 + self.num_tokens

@@ -18,7 +18,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions
 from mtprobe.config import ProbeConfig
-from mtprobe.drafters import mask_probe_drafter
+from mtprobe.drafters import DecodingConfig, make_drafter
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -51,7 +51,7 @@ class GenerateOutput:
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
-    config: ProbeConfig | None = None,
+    config: DecodingConfig | None = None,
     *,
     max_new_tokens: int | None = None,
     streamer: Any = None,
@@ -90,7 +90,7 @@ def custom_generate(
     generation_config: GenerationConfig,
     synced_gpus: bool = False,
     streamer: Any = None,
-    mtprobe_config: ProbeConfig | None = None,
+    mtprobe_config: DecodingConfig | None = None,
     mtprobe_return_output: bool = False,
     mtprobe_streamer: Any = None,
     **model_kwargs: Any,
@@ -101,8 +101,6 @@ def custom_generate(
     ``return_dict_in_generate=True``.
     """
     config = mtprobe_config if mtprobe_config is not None else ProbeConfig()
-    if not isinstance(config, ProbeConfig):
-        raise TypeError(f"mtprobe_config must be a mtprobe.ProbeConfig, got {type(config).__name__}")
     _check_input_ids(input_ids)
     _check_generation_config(generation_config, model_kwargs)
     if synced_gpus:
@@ -128,9 +126,9 @@ def custom_generate(
         )
     _check_sliding_window(model, prompt_len + max_new_tokens)
 
+    drafter = make_drafter(model, config)  # an unknown config type raises TypeError here
     capacity = prompt_len + max_new_tokens + config.block_complexity
     adapter = HFAdapter(model, capacity)
-    drafter = mask_probe_drafter(model, config)
     process = None
     if len(logits_processor) > 0:
 
@@ -160,7 +158,7 @@ def custom_generate(
         kv_capacity=capacity,
         mask_dtype=_DTYPE_NAMES.get(model.dtype, "float32"),
         device=str(device),
-        incremental_masks=config.incremental_masks,
+        incremental_masks=getattr(config, "incremental_masks", True),
         do_sample=bool(generation_config.do_sample),
         process=process,
         stop=stop,

@@ -5,6 +5,7 @@ Nothing here imports from mtprobe outside this subpackage, so the definitions st
 
 from .draft_tree import dynamic_tree, static_tree
 from .kv_compact import check_compaction, compact_kv
+from .prompt_lookup import prompt_lookup
 from .tree_mask import (
     check_parents,
     tree_ancestors,
@@ -20,6 +21,7 @@ __all__ = [
     "check_parents",
     "compact_kv",
     "dynamic_tree",
+    "prompt_lookup",
     "static_tree",
     "tree_ancestors",
     "tree_attention",

@@ -234,6 +234,15 @@ register(
 # --- probe: mtprobe's mask-token probing ---------------------------------------------------------
 
 
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
 def _run_probe(
     model: PreTrainedModel, input_ids: torch.Tensor, config: ProbeConfig, max_new_tokens: int
 ) -> MethodOutput:
@@ -261,7 +270,10 @@ register(
                 "bc",
                 "BC: most input tokens per decode forward",
             ),
-            Option("--num-masks", "num_masks", int, "k", "mask tokens per node"),
+            Option("--num-masks", "num_masks", int, "k", "mask tokens per node (default: 1 below BC 60, else 2)"),
+            Option("--tree", "tree", str, "tree-", "static or dynamic (default: static for 1 mask, else dynamic)"),
+            Option("--prune", "prune", _parse_bool, "prune", "tree pruner on or off (true/false)"),
+            Option("--mask-init", "mask_init", str, "init-", "mask design, e.g. prompt_mean, gaussian"),
             Option("--mask-lambda", "mask_lambda", float, "lam", "running mask update step lambda"),
         ),
         steps_doc="forward calls, prefill included",

@@ -1,0 +1,72 @@
+"""Executes notebooks/quickstart.ipynb end to end with nbclient, in its small mode.
+
+The kernel is this very interpreter: a private kernelspec named ``python3`` is written into a
+temporary folder (``ipykernel.kernelspec.write_kernel_spec`` puts ``sys.executable`` in its argv) and
+handed to the kernel manager, so the test neither depends on nor touches the user's installed
+kernelspecs (whose ``python3`` may name another interpreter, e.g. a bare ``python`` on PATH).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
+
+
+def _kernel_manager(kernels_dir: Path):
+    """An async kernel manager whose ``python3`` kernel runs ``sys.executable -m ipykernel_launcher``."""
+    from ipykernel.kernelspec import write_kernel_spec
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    write_kernel_spec(kernels_dir / "python3")
+    ksm = KernelSpecManager(kernel_dirs=[str(kernels_dir)], ensure_native_kernel=False)
+    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ksm)
+
+
+def _outputs(nb) -> list:
+    return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+
+
+def test_quickstart_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code_cells), "clear the outputs"
+
+    monkeypatch.setenv("MTPROBE_NOTEBOOK_SMALL", "1")  # the kernel inherits the environment
+    client = nbclient.NotebookClient(
+        nb,
+        km=_kernel_manager(tmp_path / "kernels"),
+        kernel_name="python3",
+        timeout=600,
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},  # the kernel's cwd: notebooks/
+    )
+    client.execute()  # raises CellExecutionError on the first failing cell
+
+    outputs = _outputs(nb)
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert not errors, [f"{o.ename}: {o.evalue}" for o in errors]
+
+    stdout = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.name == "stdout")
+    assert "SMALL=True" in stdout, stdout[:500]
+    assert "sequences identical to greedy generate" in stdout
+
+    rich = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
+    coloured = [
+        o.data["text/html"]
+        for o in rich
+        if "text/html" in o.data and '<span class="mtprobe-step"' in o.data["text/html"]
+    ]
+    assert coloured, "no HTML output with the tokens coloured by decode step"
+    assert "background-color:" in coloured[0]
+    images = [o for o in rich if "image/png" in o.data]
+    assert images, "no image output (Spec-Bench plots)"
+    # small mode always runs the harness: its two plots and its report
+    assert len(images) >= 2
+    assert any("text/markdown" in o.data and "Losslessness" in o.data["text/markdown"] for o in rich)
