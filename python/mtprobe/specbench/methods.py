@@ -2,22 +2,14 @@
 
 A method is one :class:`Method` entry: a frozen dataclass type for its configuration, the CLI options
 that fill it, and a run function ``run(model, input_ids, config, max_new_tokens) -> MethodOutput``.
-Adding a drafter (pld, stand, lookahead, sps, hybrid, heads, ...) is one :func:`register` call::
-
-    register(Method(
-        name="pld",
-        summary="prompt lookup decoding",
-        config_type=PLDConfig,                              # a frozen dataclass
-        options=(Option("--max-ngram", "max_ngram", int, "ngram", "longest n-gram to look up"),),
-        run=_run_pld,
-        steps_doc="forward calls including prefill",
-    ))
+Adding a drafter (stand, lookahead, sps, hybrid, heads, ...) is one :func:`register` call, as for
+``pld`` at the end of this file.
 
 ``decoding_steps`` follows Spec-Bench: for ``ar`` it is the number of new tokens (as in Spec-Bench's
 ``inference_baseline.py``, which equals the forwards greedy decoding makes, prefill included); for
-``probe`` it is ``GenerateOutput.forward_calls``: target forwards, **prefill included**. Either way
+``probe`` and ``pld`` it is ``GenerateOutput.forward_calls``: target forwards, **prefill included**. Either way
 ``ar decoding_steps / method decoding_steps`` is the reduction in forward calls.
-``accept_lengths`` holds the tokens gained per step: ``[1] * new_tokens`` for ``ar``; for ``probe``
+``accept_lengths`` holds the tokens gained per step: ``[1] * new_tokens`` for ``ar``; for the others
 ``GenerateOutput.accept_lengths``, one per decode forward, prefill *not* included (the prefill's
 token is the one token of ``new_tokens`` not in ``sum(accept_lengths)``).
 """
@@ -32,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from mtprobe.config import ProbeConfig
+from mtprobe.config import ProbeConfig, PromptLookupConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -243,9 +235,10 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
-def _run_probe(
-    model: PreTrainedModel, input_ids: torch.Tensor, config: ProbeConfig, max_new_tokens: int
+def _run_mtprobe(
+    model: PreTrainedModel, input_ids: torch.Tensor, config: ProbeConfig | PromptLookupConfig, max_new_tokens: int
 ) -> MethodOutput:
+    """Any method that is mtprobe.generate with a decoding configuration."""
     from mtprobe.generate import generate
 
     out = generate(
@@ -261,7 +254,7 @@ register(
         name="probe",
         summary="mask-token probing: mtprobe.generate with a ProbeConfig",
         config_type=ProbeConfig,
-        run=_run_probe,
+        run=_run_mtprobe,
         options=(
             Option(
                 "--block-complexity",
@@ -275,6 +268,24 @@ register(
             Option("--prune", "prune", _parse_bool, "prune", "tree pruner on or off (true/false)"),
             Option("--mask-init", "mask_init", str, "init-", "mask design, e.g. prompt_mean, gaussian"),
             Option("--mask-lambda", "mask_lambda", float, "lam", "running mask update step lambda"),
+        ),
+        steps_doc="forward calls, prefill included",
+    )
+)
+
+
+# --- pld: prompt lookup decoding ------------------------------------------------------------------
+
+
+register(
+    Method(
+        name="pld",
+        summary="prompt lookup decoding: a chain copied from an earlier occurrence of the last n-gram",
+        config_type=PromptLookupConfig,
+        run=_run_mtprobe,
+        options=(
+            Option("--num-tokens", "num_tokens", int, "n", "chain depth (block complexity = 1 + this)"),
+            Option("--max-ngram-size", "max_ngram_size", int, "g", "longest n-gram matched"),
         ),
         steps_doc="forward calls, prefill included",
     )
