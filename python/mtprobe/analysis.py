@@ -109,6 +109,7 @@ class LemmaReport:
     mean_delta_star: float
 
 
+@torch.no_grad()
 def lemma_check(model: PreTrainedModel, records: list[AlignmentRecord], top_k: int = 14) -> LemmaReport:
     """Lemma 3.1 on real final hidden states (see the module docstring)."""
     w = model.get_output_embeddings().weight.float()  # [vocab, hidden]
