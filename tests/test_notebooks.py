@@ -12,26 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from notebook_helpers import kernel_manager
+from notebook_helpers import outputs as cell_outputs
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
-
-
-def _kernel_manager(kernels_dir: Path):
-    """An async kernel manager whose ``python3`` kernel runs ``sys.executable -m ipykernel_launcher``."""
-    from ipykernel.kernelspec import write_kernel_spec
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
-
-    write_kernel_spec(kernels_dir / "python3")
-    ksm = KernelSpecManager(kernel_dirs=[str(kernels_dir)], ensure_native_kernel=False)
-    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ksm)
-
-
-def _outputs(nb) -> list:
-    return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
 
 
 def test_quickstart_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,14 +30,14 @@ def test_quickstart_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("MTPROBE_NOTEBOOK_SMALL", "1")  # the kernel inherits the environment
     client = nbclient.NotebookClient(
         nb,
-        km=_kernel_manager(tmp_path / "kernels"),
+        km=kernel_manager(tmp_path / "kernels"),
         kernel_name="python3",
         timeout=600,
         resources={"metadata": {"path": str(NOTEBOOK.parent)}},  # the kernel's cwd: notebooks/
     )
     client.execute()  # raises CellExecutionError on the first failing cell
 
-    outputs = _outputs(nb)
+    outputs = cell_outputs(nb)
     errors = [o for o in outputs if o.output_type == "error"]
     assert not errors, [f"{o.ename}: {o.evalue}" for o in errors]
 

@@ -13,10 +13,9 @@ import random
 
 import pytest
 import torch
-from conftest import chat_ids
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import mtprobe
+from conftest import chat_ids, tiny_llama
 from mtprobe.config import MASK_INITS
 
 generate_module = importlib.import_module("mtprobe.generate")
@@ -24,12 +23,7 @@ generate_module = importlib.import_module("mtprobe.generate")
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, eos_token_id=95,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(eos_token_id=95)
 
 
 def config_space() -> list[dict]:
@@ -41,15 +35,22 @@ def config_space() -> list[dict]:
     out += [dict(base, num_masks=2, prune=p) for p in (True, False)]
     out += [dict(base, mask_init=m) for m in MASK_INITS]
     out += [dict(base, mask_lambda=lam) for lam in (0.0, 0.1, 0.5, 1.0)]
-    out += [dict(block_complexity=60, num_masks=2, tree="static", branches=(15, 4), incremental_masks=i)
-            for i in (True, False)]
+    out += [
+        dict(block_complexity=60, num_masks=2, tree="static", branches=(15, 4), incremental_masks=i)
+        for i in (True, False)
+    ]
     rng = random.Random(0)
-    product = list(itertools.product((1, 2, 3, 4), (10, 30, 60), ("static", "dynamic"), (True, False),
-                                     MASK_INITS, (0.0, 0.1, 0.5)))
+    product = list(
+        itertools.product(
+            (1, 2, 3, 4), (10, 30, 60), ("static", "dynamic"), (True, False), MASK_INITS, (0.0, 0.1, 0.5)
+        )
+    )
     for k, bc, tree, prune, init, lam in rng.sample(product, 40):
         if bc < 2 * (k + 1) * 2:  # keep at least two tree nodes per step
             continue
-        out.append(dict(block_complexity=bc, num_masks=k, tree=tree, prune=prune, mask_init=init, mask_lambda=lam))
+        out.append(
+            dict(block_complexity=bc, num_masks=k, tree=tree, prune=prune, mask_init=init, mask_lambda=lam)
+        )
     return out
 
 
@@ -79,7 +80,9 @@ def test_lossless_and_within_budget_on_tiny_llama(tiny, kwargs, monkeypatch):
         sizes.clear()
         out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=20)
         assert torch.equal(out.sequences, ref), f"{cfg} differs from greedy on a prompt of {length} tokens"
-        assert max(sizes[1:], default=0) <= cfg.block_complexity, f"a decode forward took {max(sizes[1:])} inputs"
+        assert max(sizes[1:], default=0) <= cfg.block_complexity, (
+            f"a decode forward took {max(sizes[1:])} inputs"
+        )
 
 
 @pytest.mark.parametrize(
@@ -113,7 +116,9 @@ def test_deeper_trees_accept_more_than_one_draft(smollm2):
     # With two masks the tree has depth 2, so a step can gain 3 tokens (2 drafts + bonus).
     model, tok = smollm2
     ids = chat_ids(tok, [{"role": "user", "content": "Count from 1 to 40, separated by commas."}])
-    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=60, num_masks=2), max_new_tokens=64)
+    out = mtprobe.generate(
+        model, ids, mtprobe.ProbeConfig(block_complexity=60, num_masks=2), max_new_tokens=64
+    )
     assert max(out.accept_lengths) == 3
 
 
@@ -122,9 +127,21 @@ def test_deeper_trees_accept_more_than_one_draft(smollm2):
     [
         (dict(block_complexity=5, num_masks=2), ValueError, "too small for 2 mask"),
         (dict(block_complexity=30, num_masks=5), ValueError, "between 1 and 4"),
-        (dict(block_complexity=30, num_masks=2, tree="static", branches=(8, 2)), ValueError, "exceeds block_complexity"),
-        (dict(block_complexity=30, num_masks=2, tree="static", branches=(7,)), ValueError, "one count per mask"),
-        (dict(block_complexity=30, num_masks=2, tree="dynamic", branches=(7, 2)), ValueError, "tree='static'"),
+        (
+            dict(block_complexity=30, num_masks=2, tree="static", branches=(8, 2)),
+            ValueError,
+            "exceeds block_complexity",
+        ),
+        (
+            dict(block_complexity=30, num_masks=2, tree="static", branches=(7,)),
+            ValueError,
+            "one count per mask",
+        ),
+        (
+            dict(block_complexity=30, num_masks=2, tree="dynamic", branches=(7, 2)),
+            ValueError,
+            "tree='static'",
+        ),
         (dict(block_complexity=30, tree="bushy"), ValueError, "tree='bushy'"),
         (dict(block_complexity=30, mask_init="zeros"), ValueError, "mask_init='zeros'"),
         (dict(block_complexity=30, mask_lambda=-0.1), ValueError, r"\[0, 1\]"),

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chat_ids
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import mtprobe
+from conftest import chat_ids, tiny_llama
 from mtprobe import _C
 from mtprobe.reference import prompt_lookup
 
@@ -31,10 +30,7 @@ def test_rule_by_hand():
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, eos_token_id=31)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(vocab_size=32, eos_token_id=31)
 
 
 @pytest.mark.parametrize("num_tokens", [1, 3, 10])
@@ -51,8 +47,16 @@ def test_lossless_on_tiny_llama(tiny, num_tokens):
 
 def test_same_tokens_as_transformers_prompt_lookup_on_smollm2(smollm2):
     model, tok = smollm2
-    ids = chat_ids(tok, [{"role": "user", "content": "Repeat this list exactly: apples, pears, plums, apples, "
-                                                    "pears, plums, apples, pears, plums."}])
+    ids = chat_ids(
+        tok,
+        [
+            {
+                "role": "user",
+                "content": "Repeat this list exactly: apples, pears, plums, apples, "
+                "pears, plums, apples, pears, plums.",
+            }
+        ],
+    )
     ref = model.generate(ids, do_sample=False, max_new_tokens=40)
     hf = model.generate(ids, do_sample=False, max_new_tokens=40, prompt_lookup_num_tokens=10)
     out = mtprobe.generate(model, ids, mtprobe.PromptLookupConfig(num_tokens=10), max_new_tokens=40)

@@ -89,7 +89,7 @@ def test_prompts_are_not_too_long(prompts: list[dict]) -> None:
 def test_load_prompts_from_path_rejects_bad_lines(tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "kind": "chat", "messages": []}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match="bad.jsonl, line 1"):
         load_prompts(bad)
     good = tmp_path / "good.jsonl"
     good.write_text('\n{"id": "a", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]}\n\n')

@@ -35,9 +35,17 @@ def tiny():
     torch.set_num_threads(1)  # a 32-wide model gains nothing from threads; they only add overhead
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3, eos_token_id=None,
-        bos_token_id=None, pad_token_id=None,
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = None
@@ -48,9 +56,7 @@ def tiny():
 
 def processors() -> LogitsProcessorList:
     # What HF's generate builds for SAMPLE_KW, in its order.
-    return LogitsProcessorList(
-        [TemperatureLogitsWarper(0.9), TopKLogitsWarper(10), TopPLogitsWarper(0.95)]
-    )
+    return LogitsProcessorList([TemperatureLogitsWarper(0.9), TopKLogitsWarper(10), TopPLogitsWarper(0.95)])
 
 
 @torch.no_grad()
@@ -113,9 +119,18 @@ def sample_with_loop(model, prompt: torch.Tensor, drafter, n: int, seed: int) ->
     for _ in range(n):
         adapter = HFAdapter(model, prompt.shape[1] + 2 + 64)
         loop = _C.DecodeLoop(
-            drafter, adapter.forward, adapter.kv_buffers, max_new_tokens=2, eos_token_ids=[], max_positions=64,
-            block_complexity=64, kv_capacity=prompt.shape[1] + 2 + 64, mask_dtype="float32", device="cpu",
-            do_sample=True, process=lambda ids, s: proc(ids, s),
+            drafter,
+            adapter.forward,
+            adapter.kv_buffers,
+            max_new_tokens=2,
+            eos_token_ids=[],
+            max_positions=64,
+            block_complexity=64,
+            kv_capacity=prompt.shape[1] + 2 + 64,
+            mask_dtype="float32",
+            device="cpu",
+            do_sample=True,
+            process=lambda ids, s: proc(ids, s),
         )
         seq = loop.run(prompt[0]).sequence
         counts[seq[-2], seq[-1]] += 1
@@ -157,7 +172,9 @@ def test_chi_square_rejects_a_wrong_sampler(tiny, bug):
         with torch.no_grad():
             ext = torch.cat([prompt.repeat(V, 1), torch.arange(V)[:, None]], dim=1)
             logits1, logits2 = tiny(prompt).logits[:, -1].float(), tiny(ext).logits[:, -1].float()
-        proc = LogitsProcessorList([TemperatureLogitsWarper(1.3), TopKLogitsWarper(10), TopPLogitsWarper(0.95)])
+        proc = LogitsProcessorList(
+            [TemperatureLogitsWarper(1.3), TopKLogitsWarper(10), TopPLogitsWarper(0.95)]
+        )
         wrong = proc(prompt, logits1).softmax(-1)[0][:, None] * proc(ext, logits2).softmax(-1)
     gen = torch.Generator().manual_seed(3)
     draws = torch.multinomial(wrong.flatten(), N_SAMPLES, replacement=True, generator=gen)
@@ -172,7 +189,9 @@ def test_same_seed_same_text(tiny):
     runs = []
     for _ in range(2):
         torch.manual_seed(123)
-        runs.append(mtprobe.generate(tiny, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences)
+        runs.append(
+            mtprobe.generate(tiny, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences
+        )
     assert torch.equal(runs[0], runs[1])
     torch.manual_seed(124)
     other = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences

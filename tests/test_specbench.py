@@ -147,12 +147,12 @@ def test_select_questions() -> None:
 
 
 def test_method_registry() -> None:
-    with pytest.raises(ValueError, match="unknown method 'nope'; available methods: ar, probe"):
+    with pytest.raises(ValueError, match="unknown method 'nope'; available methods: ar, probe, pld"):
         get_method("nope")
     probe = get_method("probe")
     cfg = probe.make_config({"block_complexity": 10})
     assert cfg == ProbeConfig(block_complexity=10)
-    assert probe.id_suffix(cfg) == "bc10-k1-lam0.1"
+    assert probe.id_suffix(cfg) == "bc10-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1"
     assert get_method("ar").make_config() == GreedyConfig()
     with pytest.raises(NotImplementedError, match="sampling is not implemented for method 'probe'"):
         probe.check_temperature(0.7)
@@ -163,7 +163,7 @@ def test_cli_rejects_unknown_method_foreign_option_and_sampling(
 ) -> None:
     out = str(tmp_path / "a.jsonl")
     assert _run_cli("--method", "nope", "--answer-file", out) == 1
-    assert "available methods: ar, probe" in capsys.readouterr().err
+    assert "available methods: ar, probe, pld" in capsys.readouterr().err
     assert _run_cli("--method", "ar", "--block-complexity", "10", "--answer-file", out) == 1
     assert "--block-complexity does not apply to method 'ar'" in capsys.readouterr().err
     assert _run_cli("--method", "ar", "--temperature", "0.5", "--answer-file", out) == 1
@@ -235,7 +235,7 @@ def test_run_probe_writes_specbench_lines(tiny: Path, tmp_path: Path) -> None:
     assert _run_cli(*args, "--categories", "writing,qa", "--answer-file", str(out)) == 0
     lines = _lines(out)
     questions = {q.question_id: q for q in load_questions(MINI)}
-    _check_lines(lines, questions, f"{tiny.name}-probe-bc10-k1-lam0.1-float32-temp-0.0-max8")
+    _check_lines(lines, questions, f"{tiny.name}-probe-bc10-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0-max8")
     assert [line["category"] for line in lines] == ["writing", "qa"]
     for line in lines:
         c = line["choices"][0]
@@ -487,7 +487,7 @@ def test_smollm2_probe_is_lossless_on_mini_file(smollm2, tmp_path: Path) -> None
     )
     n = len(load_questions(MINI))
     assert ar.written == probe.written == n
-    assert probe.model_id == "smollm2-135m-probe-bc30-k1-lam0.1-float32-temp-0.0-max16"
+    assert probe.model_id == "smollm2-135m-probe-bc30-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0-max16"
     report = score(ar.answer_file, [probe.answer_file], tok, tmp_path / "out", plots=False)
     m = report.methods[0]
     overall = m.group("overall")

@@ -13,7 +13,16 @@ from mtprobe.config import ProbeConfig, PromptLookupConfig
 from mtprobe.generate import GenerateOutput, custom_generate, generate
 
 __version__ = "0.1.0"
-__all__ = ["ProbeConfig", "PromptLookupConfig", "GenerateOutput", "generate", "custom_generate", "models", "ops", "__version__"]
+__all__ = [
+    "ProbeConfig",
+    "PromptLookupConfig",
+    "GenerateOutput",
+    "generate",
+    "custom_generate",
+    "models",
+    "ops",
+    "__version__",
+]
 
 
 def __getattr__(name: str):

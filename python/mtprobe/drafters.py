@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Union
-
 from transformers import PreTrainedModel
 
 from mtprobe import _C
 from mtprobe.config import ProbeConfig, PromptLookupConfig
 
-DecodingConfig = Union[ProbeConfig, PromptLookupConfig]
+DecodingConfig = ProbeConfig | PromptLookupConfig
 
 _GAUSSIAN_SHIFT = {"gaussian": 0.0, "gaussian_5sigma": 5.0, "gaussian_10sigma": 10.0}
 

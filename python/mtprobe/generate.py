@@ -20,7 +20,12 @@ from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions
 from mtprobe.config import ProbeConfig
 from mtprobe.drafters import DecodingConfig, make_drafter
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
 
 
 @dataclass
@@ -185,7 +190,9 @@ def custom_generate(
 
 def _check_input_ids(input_ids: object) -> None:
     if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.LongTensor [1, prompt_len], got {type(input_ids).__name__}")
+        raise TypeError(
+            f"input_ids must be a torch.LongTensor [1, prompt_len], got {type(input_ids).__name__}"
+        )
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2-D [batch, prompt_len], got shape {tuple(input_ids.shape)}")
     if input_ids.shape[0] != 1:
@@ -201,7 +208,9 @@ def _check_input_ids(input_ids: object) -> None:
 
 def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]) -> None:
     if (cfg.num_beams or 1) > 1:
-        raise NotImplementedError(f"num_beams={cfg.num_beams}: mtprobe implements greedy decoding (num_beams=1)")
+        raise NotImplementedError(
+            f"num_beams={cfg.num_beams}: mtprobe implements greedy decoding (num_beams=1)"
+        )
     if (cfg.num_return_sequences or 1) > 1:
         raise NotImplementedError("num_return_sequences > 1 is not supported by greedy mtprobe decoding")
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
@@ -236,7 +245,12 @@ def _split_stopping_criteria(
 def _check_sliding_window(model: PreTrainedModel, total_len: int) -> None:
     cfg = model.config.get_text_config(decoder=True)
     window = getattr(cfg, "sliding_window", None)
-    if isinstance(window, int) and window > 0 and total_len > window and getattr(cfg, "use_sliding_window", True):
+    if (
+        isinstance(window, int)
+        and window > 0
+        and total_len > window
+        and getattr(cfg, "use_sliding_window", True)
+    ):
         raise NotImplementedError(
             f"sequence of {total_len} tokens exceeds the model's sliding window ({window}); mtprobe's tree mask "
             "does not apply sliding windows yet"

@@ -26,7 +26,9 @@ def _tree_position_ids_fake(parents: torch.Tensor, prefix_len: int) -> torch.Ten
 
 
 @torch.library.register_fake("mtprobe::verify_greedy")
-def _verify_greedy_fake(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, root: int) -> torch.Tensor:
+def _verify_greedy_fake(
+    tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, root: int
+) -> torch.Tensor:
     # The accepted path's length depends on the data.
     n = torch.library.get_ctx().new_dynamic_size()
     return tokens.new_empty((n,), dtype=torch.long)
@@ -37,7 +39,9 @@ def _compact_kv_fake(caches: list[torch.Tensor], src: torch.Tensor, dst_start: i
     return None
 
 
-def tree_attention_mask(parents: torch.Tensor, prefix_len: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def tree_attention_mask(
+    parents: torch.Tensor, prefix_len: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Additive mask ``[1, 1, T, prefix_len + T]`` of a draft block (see ``reference.tree_mask``)."""
     return torch.ops.mtprobe.tree_attention_mask(parents, prefix_len, dtype)
 
@@ -47,7 +51,9 @@ def tree_position_ids(parents: torch.Tensor, prefix_len: int) -> torch.Tensor:
     return torch.ops.mtprobe.tree_position_ids(parents, prefix_len)
 
 
-def verify_greedy(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, root: int = 0) -> torch.Tensor:
+def verify_greedy(
+    tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor, root: int = 0
+) -> torch.Tensor:
     """Accepted path ``[n_path]`` of node indices from ``root`` (see ``reference.verify``)."""
     return torch.ops.mtprobe.verify_greedy(tokens, parents, target, root)
 

@@ -11,10 +11,11 @@ which keeps ``prompts[:n]`` varied for small benchmark runs.
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from mtprobe._jsonl import iter_jsonl
 
 __all__ = ["KINDS", "PROMPTS_FILE", "load_prompts", "prompts_file"]
 
@@ -78,14 +79,4 @@ def load_prompts(path: str | Path | None = None) -> list[dict[str, Any]]:
     else:
         text = Path(path).read_text(encoding="utf-8")
         name = str(path)
-    prompts: list[dict[str, Any]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{name}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: invalid JSON ({exc})") from exc
-        prompts.append(_validate(obj, where))
-    return prompts
+    return [_validate(obj, where) for where, _, obj in iter_jsonl(text, name)]

@@ -31,7 +31,7 @@ def _children(
     tokens: Sequence[int], probs: Sequence[float], parent_token: int, root_token: int, prune: bool, count: int
 ) -> list[tuple[int, float]]:
     out = []
-    for t, p in zip(tokens, probs):
+    for t, p in zip(tokens, probs, strict=True):
         if len(out) == count:
             break
         if prune and t in (parent_token, root_token):
@@ -83,7 +83,9 @@ def dynamic_tree(
         if budget - d <= 0:
             break
         for n in frontier:
-            for t, p in _children(cand_tokens[d - 1], cand_probs[d - 1], cand[n][0], root_token, prune, budget - d):
+            for t, p in _children(
+                cand_tokens[d - 1], cand_probs[d - 1], cand[n][0], root_token, prune, budget - d
+            ):
                 cand.append((t, n, d, cand[n][3] * p))
         if d < depths:
             picked = ranked(skip_used=True)[: budget - d]

@@ -98,7 +98,7 @@ class Method:
         return self.config_type(**values)
 
     def id_suffix(self, config: Any) -> str:
-        """The option part of a default model_id, e.g. ``bc30-k1-lam0.1``."""
+        """The option part of a default model_id, e.g. ``bc30-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1``."""
         return "-".join(f"{o.id_key}{getattr(config, o.field)}" for o in self.options)
 
     def check_temperature(self, temperature: float) -> None:
@@ -236,7 +236,10 @@ def _parse_bool(text: str) -> bool:
 
 
 def _run_mtprobe(
-    model: PreTrainedModel, input_ids: torch.Tensor, config: ProbeConfig | PromptLookupConfig, max_new_tokens: int
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    config: ProbeConfig | PromptLookupConfig,
+    max_new_tokens: int,
 ) -> MethodOutput:
     """Any method that is mtprobe.generate with a decoding configuration."""
     from mtprobe.generate import generate
@@ -263,8 +266,12 @@ register(
                 "bc",
                 "BC: most input tokens per decode forward",
             ),
-            Option("--num-masks", "num_masks", int, "k", "mask tokens per node (default: 1 below BC 60, else 2)"),
-            Option("--tree", "tree", str, "tree-", "static or dynamic (default: static for 1 mask, else dynamic)"),
+            Option(
+                "--num-masks", "num_masks", int, "k", "mask tokens per node (default: 1 below BC 60, else 2)"
+            ),
+            Option(
+                "--tree", "tree", str, "tree-", "static or dynamic (default: static for 1 mask, else dynamic)"
+            ),
             Option("--prune", "prune", _parse_bool, "prune", "tree pruner on or off (true/false)"),
             Option("--mask-init", "mask_init", str, "init-", "mask design, e.g. prompt_mean, gaussian"),
             Option("--mask-lambda", "mask_lambda", float, "lam", "running mask update step lambda"),

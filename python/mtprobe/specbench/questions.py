@@ -10,11 +10,12 @@ asked after the model's own first answer); other keys, such as ``reference``, ar
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from mtprobe._jsonl import read_jsonl
 
 __all__ = [
     "MT_BENCH_CATEGORIES",
@@ -97,21 +98,13 @@ def load_questions(
     path = Path(path)
     questions: list[Question] = []
     first_line: dict[int, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
-            q = _parse_line(obj, where)
-            if q.question_id in first_line:
-                first = first_line[q.question_id]
-                raise ValueError(f"{where}: question_id {q.question_id} repeats the one on line {first}")
-            first_line[q.question_id] = lineno
-            questions.append(q)
+    for where, lineno, obj in read_jsonl(path):
+        q = _parse_line(obj, where)
+        if q.question_id in first_line:
+            first = first_line[q.question_id]
+            raise ValueError(f"{where}: question_id {q.question_id} repeats the one on line {first}")
+        first_line[q.question_id] = lineno
+        questions.append(q)
     if not questions:
         raise ValueError(f"{path}: no questions (the file is empty)")
     return questions[begin:end]

@@ -112,7 +112,7 @@ def _model_name(model: str) -> str:
 def default_model_id(
     model: str, method: Method, config: Any, dtype: str, temperature: float, max_new_tokens: int
 ) -> str:
-    """Spec-Bench-style id, e.g. ``smollm2-135m-probe-bc30-k1-lam0.1-float32-temp-0.0``.
+    """Spec-Bench-style id, e.g. ``smollm2-135m-probe-bc30-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0``.
 
     A non-default ``max_new_tokens`` is part of the id so that resuming never mixes answer lengths.
     """

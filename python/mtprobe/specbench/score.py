@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtprobe._jsonl import read_jsonl
 from mtprobe.specbench.questions import MT_BENCH_CATEGORIES, TASKS
 
 if TYPE_CHECKING:
@@ -127,23 +128,15 @@ def load_answers(path: str | os.PathLike[str]) -> dict[int, Answer]:
     path = Path(path)
     answers: dict[int, Answer] = {}
     lines: dict[int, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
-            a = _parse_answer(obj, where)
-            if a.question_id in answers:
-                first = lines[a.question_id]
-                raise ValueError(
-                    f"{where}: question_id {a.question_id} is answered again (first on line {first})"
-                )
-            answers[a.question_id] = a
-            lines[a.question_id] = lineno
+    for where, lineno, obj in read_jsonl(path):
+        a = _parse_answer(obj, where)
+        if a.question_id in answers:
+            first = lines[a.question_id]
+            raise ValueError(
+                f"{where}: question_id {a.question_id} is answered again (first on line {first})"
+            )
+        answers[a.question_id] = a
+        lines[a.question_id] = lineno
     if not answers:
         raise ValueError(f"{path}: no answers (the file is empty)")
     return answers
