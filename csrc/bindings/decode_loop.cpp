@@ -1,8 +1,9 @@
+#include "decode/decode_loop.h"
+
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
-#include "decode/decode_loop.h"
 
 namespace py = pybind11;
 
@@ -34,8 +35,9 @@ void bind_decode_loop(py::module_& m) {
       .def(py::init([](std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
                        int64_t max_new_tokens, std::vector<int64_t> eos_token_ids, int64_t max_positions,
                        int64_t block_complexity, int64_t kv_capacity, const std::string& mask_dtype,
-                       const std::string& device, bool incremental_masks, bool do_sample, std::optional<ProcessFn> process,
-                       std::optional<StopFn> stop, std::optional<StreamFn> stream) {
+                       const std::string& device, bool incremental_masks, bool do_sample,
+                       std::optional<ProcessFn> process, std::optional<StopFn> stop,
+                       std::optional<StreamFn> stream) {
              DecodeOptions o;
              o.max_new_tokens = max_new_tokens;
              o.eos_token_ids = std::move(eos_token_ids);
@@ -46,15 +48,15 @@ void bind_decode_loop(py::module_& m) {
              o.device = at::Device(device);
              o.incremental_masks = incremental_masks;
              o.do_sample = do_sample;
-             return std::make_unique<DecodeLoop>(std::move(drafter), std::move(forward), std::move(kv_buffers),
-                                                 std::move(o), std::move(process), std::move(stop),
-                                                 std::move(stream));
+             return std::make_unique<DecodeLoop>(std::move(drafter), std::move(forward),
+                                                 std::move(kv_buffers), std::move(o), std::move(process),
+                                                 std::move(stop), std::move(stream));
            }),
            py::arg("drafter"), py::arg("forward"), py::arg("kv_buffers"), py::kw_only(),
            py::arg("max_new_tokens"), py::arg("eos_token_ids"), py::arg("max_positions"),
            py::arg("block_complexity"), py::arg("kv_capacity"), py::arg("mask_dtype"), py::arg("device"),
-           py::arg("incremental_masks") = true, py::arg("do_sample") = false, py::arg("process") = py::none(), py::arg("stop") = py::none(),
-           py::arg("stream") = py::none())
+           py::arg("incremental_masks") = true, py::arg("do_sample") = false, py::arg("process") = py::none(),
+           py::arg("stop") = py::none(), py::arg("stream") = py::none())
       .def("run", &DecodeLoop::run, py::arg("prompt"));
 }
 

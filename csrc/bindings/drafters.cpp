@@ -1,11 +1,11 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
-#include "drafters/drafter.h"
 #include "core/draft_tree.h"
 #include "core/ngram.h"
-#include "drafters/prompt_lookup.h"
+#include "drafters/drafter.h"
 #include "drafters/mask_probe.h"
+#include "drafters/prompt_lookup.h"
 
 namespace py = pybind11;
 
@@ -21,7 +21,9 @@ class PyDrafter : public Drafter {
   DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override {
     PYBIND11_OVERRIDE_PURE(DraftBlock, Drafter, propose, committed, prefix_len, limits);
   }
-  void observe(const StepOutcome& outcome) override { PYBIND11_OVERRIDE_PURE(void, Drafter, observe, outcome); }
+  void observe(const StepOutcome& outcome) override {
+    PYBIND11_OVERRIDE_PURE(void, Drafter, observe, outcome);
+  }
   bool wants_hidden_states() const override { PYBIND11_OVERRIDE(bool, Drafter, wants_hidden_states); }
 };
 }  // namespace
@@ -37,7 +39,8 @@ void bind_drafters(py::module_& m) {
         at::Tensor p = cand_probs.to(at::kCPU, at::kFloat).contiguous();
         const int64_t depths = t.size(0), width = t.size(1);
         if (!dynamic) {
-          TORCH_CHECK_VALUE(static_cast<int64_t>(branches.size()) == depths, "need one branch count per depth");
+          TORCH_CHECK_VALUE(static_cast<int64_t>(branches.size()) == depths,
+                            "need one branch count per depth");
         }
         std::vector<core::DraftNode> nodes =
             dynamic ? core::build_dynamic_tree(root_token, t.data_ptr<int64_t>(), p.data_ptr<float>(), depths,
@@ -60,7 +63,8 @@ void bind_drafters(py::module_& m) {
   m.def(
       "prompt_lookup",
       [](const std::vector<int64_t>& seq, int64_t max_ngram_size, int64_t max_tokens) {
-        TORCH_CHECK_VALUE(max_ngram_size >= 1 && max_tokens >= 1, "max_ngram_size and max_tokens must be >= 1");
+        TORCH_CHECK_VALUE(max_ngram_size >= 1 && max_tokens >= 1,
+                          "max_ngram_size and max_tokens must be >= 1");
         std::vector<int64_t> out(static_cast<size_t>(max_tokens));
         out.resize(static_cast<size_t>(core::prompt_lookup(seq.data(), static_cast<int64_t>(seq.size()),
                                                            max_ngram_size, max_tokens, out.data())));
@@ -106,8 +110,8 @@ void bind_drafters(py::module_& m) {
   py::class_<MaskProbeDrafter, Drafter, std::shared_ptr<MaskProbeDrafter>>(
       m, "MaskProbeDrafter", "Mask-token probing: k chained mask tokens per node (seed 001).")
       .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
-                       std::vector<int64_t> branches, bool prune, std::string mask_init, double gaussian_shift,
-                       double mask_lambda, int64_t seed) {
+                       std::vector<int64_t> branches, bool prune, std::string mask_init,
+                       double gaussian_shift, double mask_lambda, int64_t seed) {
              MaskProbeOptions o;
              o.num_masks = num_masks;
              o.block_complexity = block_complexity;
@@ -126,7 +130,8 @@ void bind_drafters(py::module_& m) {
       .def_property_readonly("mask_embeddings", &MaskProbeDrafter::mask_embeddings);
 
   py::class_<PromptLookupDrafter, Drafter, std::shared_ptr<PromptLookupDrafter>>(
-      m, "PromptLookupDrafter", "Prompt lookup: a chain copied from an earlier occurrence of the last n-gram.")
+      m, "PromptLookupDrafter",
+      "Prompt lookup: a chain copied from an earlier occurrence of the last n-gram.")
       .def(py::init([](int64_t num_tokens, int64_t max_ngram_size) {
              return std::make_shared<PromptLookupDrafter>(PromptLookupOptions{num_tokens, max_ngram_size});
            }),

@@ -23,8 +23,9 @@ void for_each_child(const int64_t* cand_tokens, const float* cand_probs, int64_t
 
 }  // namespace
 
-std::vector<DraftNode> build_static_tree(int64_t root_token, const int64_t* cand_tokens, const float* cand_probs,
-                                         int64_t depths, int64_t m, const int64_t* branches, bool prune) {
+std::vector<DraftNode> build_static_tree(int64_t root_token, const int64_t* cand_tokens,
+                                         const float* cand_probs, int64_t depths, int64_t m,
+                                         const int64_t* branches, bool prune) {
   std::vector<DraftNode> nodes{{root_token, -1, 0, 1.0}};
   int64_t expand = 0;  // the node that gets the next depth's children: Top-1 expansion
   for (int64_t d = 1; d <= depths; ++d) {
@@ -38,8 +39,9 @@ std::vector<DraftNode> build_static_tree(int64_t root_token, const int64_t* cand
   return nodes;
 }
 
-std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* cand_tokens, const float* cand_probs,
-                                          int64_t depths, int64_t m, int64_t budget, bool prune) {
+std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* cand_tokens,
+                                          const float* cand_probs, int64_t depths, int64_t m, int64_t budget,
+                                          bool prune) {
   std::vector<DraftNode> cand{{root_token, -1, 0, 1.0}};  // index 0 is the root
   // Rank: higher cumulative probability first; a parent never ranks below its child because
   // probabilities are <= 1 and ties go to the shallower, earlier candidate.
@@ -85,7 +87,8 @@ std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* can
     new_index[i] = 1;  // mark; final indices assigned below
     kept.push_back(i);
   }
-  std::stable_sort(kept.begin(), kept.end(), [&cand](int64_t a, int64_t b) { return cand[a].depth < cand[b].depth; });
+  std::stable_sort(kept.begin(), kept.end(),
+                   [&cand](int64_t a, int64_t b) { return cand[a].depth < cand[b].depth; });
   std::vector<DraftNode> nodes{cand[0]};
   for (int64_t i : kept) {
     new_index[i] = static_cast<int64_t>(nodes.size());

@@ -29,11 +29,13 @@ struct DraftNode {
 };
 
 // Returns [root, ...] with every parent before its children.
-std::vector<DraftNode> build_static_tree(int64_t root_token, const int64_t* cand_tokens, const float* cand_probs,
-                                         int64_t depths, int64_t m, const int64_t* branches, bool prune);
+std::vector<DraftNode> build_static_tree(int64_t root_token, const int64_t* cand_tokens,
+                                         const float* cand_probs, int64_t depths, int64_t m,
+                                         const int64_t* branches, bool prune);
 
 // budget: the most nodes of the tree, root included (B = BC / (k + 1)).
-std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* cand_tokens, const float* cand_probs,
-                                          int64_t depths, int64_t m, int64_t budget, bool prune);
+std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* cand_tokens,
+                                          const float* cand_probs, int64_t depths, int64_t m, int64_t budget,
+                                          bool prune);
 
 }  // namespace mtprobe::core

@@ -16,8 +16,8 @@ std::string check_compaction(const int64_t* src, int64_t n, int64_t dst_start, i
              std::to_string(dst_start + j) + "; sources must satisfy src[j] >= dst_start + j";
     }
     if (j > 0 && src[j] <= src[j - 1]) {
-      return "src must be strictly increasing, but src[" + std::to_string(j) + "] = " + std::to_string(src[j]) +
-             " follows " + std::to_string(src[j - 1]);
+      return "src must be strictly increasing, but src[" + std::to_string(j) +
+             "] = " + std::to_string(src[j]) + " follows " + std::to_string(src[j - 1]);
     }
   }
   return "";

@@ -29,10 +29,12 @@ DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBu
       stream_(std::move(stream)) {
   TORCH_CHECK(drafter_, "DecodeLoop needs a drafter");
   TORCH_CHECK(options_.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ", options_.max_new_tokens);
-  TORCH_CHECK(options_.block_complexity >= 1, "block_complexity must be >= 1, got ", options_.block_complexity);
+  TORCH_CHECK(options_.block_complexity >= 1, "block_complexity must be >= 1, got ",
+              options_.block_complexity);
 }
 
-std::vector<int64_t> DecodeLoop::target_choices(const at::Tensor& logits, const DraftBlock& block, int64_t root) {
+std::vector<int64_t> DecodeLoop::target_choices(const at::Tensor& logits, const DraftBlock& block,
+                                                int64_t root) {
   // Only the root (the last committed input) and the draft nodes below it need a choice.
   const int64_t n = block.num_nodes - root;
   at::Tensor scores = logits.narrow(0, root, n).to(at::kFloat);  // [n, vocab], row r = node root + r
@@ -73,8 +75,8 @@ std::vector<int64_t> DecodeLoop::target_choices(const at::Tensor& logits, const 
   // for one position. Each position's output token is a sample of the target's own conditional,
   // whatever the drafts were, so the output distribution is exactly the target's; the drafts
   // only decide how far one forward gets (sample matching).
-  at::Tensor target = options_.do_sample ? at::multinomial(scores.softmax(-1), 1).squeeze(-1)
-                                         : scores.argmax(-1);  // [n]
+  at::Tensor target =
+      options_.do_sample ? at::multinomial(scores.softmax(-1), 1).squeeze(-1) : scores.argmax(-1);  // [n]
   target = target.to(at::kCPU);  // the host walks the tree
   const int64_t* t = target.data_ptr<int64_t>();
   std::vector<int64_t> out(static_cast<size_t>(block.num_nodes), -1);
@@ -116,7 +118,8 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   sequence_.assign(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + prompt.numel());
   prompt_len_ = static_cast<int64_t>(sequence_.size());
   finished_ = false;
-  TreeMaskBuilder masks(options_.kv_capacity, options_.mask_dtype, options_.device, options_.incremental_masks);
+  TreeMaskBuilder masks(options_.kv_capacity, options_.mask_dtype, options_.device,
+                        options_.incremental_masks);
   std::vector<at::Tensor> kv;  // the cache's KV tensors, fetched after the first forward
 
   drafter_->begin(prompt.to(options_.device));
@@ -125,14 +128,15 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   bool prefill = true;
 
   while (!finished_) {
-    const int64_t tokens_left = options_.max_new_tokens - (static_cast<int64_t>(sequence_.size()) - prompt_len_);
+    const int64_t tokens_left =
+        options_.max_new_tokens - (static_cast<int64_t>(sequence_.size()) - prompt_len_);
     StepLimits limits{options_.block_complexity, options_.max_positions - 1 - prefix_len, tokens_left};
     // 1. The drafter lays out this forward: committed chain, draft tree, auxiliary inputs.
     DraftBlock block = drafter_->propose(committed, prefix_len, limits);
     const int64_t T = block.num_inputs();
     const int64_t c = block.num_committed;
-    TORCH_CHECK(c == committed.size(0) && block.num_nodes >= c && block.num_nodes <= T,
-                "drafter ", drafter_->name(), " returned an inconsistent block (committed ", c, ", nodes ",
+    TORCH_CHECK(c == committed.size(0) && block.num_nodes >= c && block.num_nodes <= T, "drafter ",
+                drafter_->name(), " returned an inconsistent block (committed ", c, ", nodes ",
                 block.num_nodes, ", inputs ", T, ")");
     TORCH_CHECK(prefill || T <= options_.block_complexity, "drafter ", drafter_->name(), " proposed ", T,
                 " inputs, over the block complexity ", options_.block_complexity);
@@ -140,8 +144,9 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
                 " entries but this step needs ", prefix_len + T);
     ops::check_parents_or_throw(block.parents);
     for (int64_t i = c; i < block.num_nodes; ++i) {
-      TORCH_CHECK(block.parents[i] >= c - 1, "drafter ", drafter_->name(), ": draft node ", i, " hangs from input ",
-                  block.parents[i], ", but draft nodes must descend from the last committed input ", c - 1);
+      TORCH_CHECK(block.parents[i] >= c - 1, "drafter ", drafter_->name(), ": draft node ", i,
+                  " hangs from input ", block.parents[i],
+                  ", but draft nodes must descend from the last committed input ", c - 1);
     }
 
     // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
@@ -182,7 +187,8 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
       for (int64_t j = 1; j < path_len; ++j) src.push_back(prefix_len + path[j]);
       if (!src.empty()) ops::compact_kv_(kv, long_tensor(src), prefix_len + c);
       prefix_len += c + path_len - 1;
-      committed = at::full({1}, new_tokens.back(), at::TensorOptions().dtype(at::kLong).device(options_.device));
+      committed =
+          at::full({1}, new_tokens.back(), at::TensorOptions().dtype(at::kLong).device(options_.device));
     }
     // 7. The drafter learns the verdict (and reads its auxiliary logits).
     drafter_->observe(outcome);

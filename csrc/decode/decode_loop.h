@@ -52,14 +52,14 @@ struct DecodeResult {
   int64_t forward_calls = 0;            // prefill included
   double total_seconds = 0, forward_seconds = 0, prefill_seconds = 0;
   int64_t mask_rebuilds = 0;
-  std::string stop_reason;              // "eos", "max_new_tokens" or "stopping_criteria"
+  std::string stop_reason;  // "eos", "max_new_tokens" or "stopping_criteria"
 };
 
 class DecodeLoop {
  public:
-  DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers, DecodeOptions options,
-             std::optional<ProcessFn> process = std::nullopt, std::optional<StopFn> stop = std::nullopt,
-             std::optional<StreamFn> stream = std::nullopt);
+  DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
+             DecodeOptions options, std::optional<ProcessFn> process = std::nullopt,
+             std::optional<StopFn> stop = std::nullopt, std::optional<StreamFn> stream = std::nullopt);
 
   // prompt: [L] int64. Runs prefill and decode steps until EOS, max_new_tokens or a stop.
   DecodeResult run(const at::Tensor& prompt);

@@ -8,7 +8,8 @@ namespace mtprobe {
 TreeMaskBuilder::TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental)
     : capacity_(capacity), dtype_(dtype), device_(device), incremental_(incremental) {}
 
-void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents, const std::optional<at::Tensor>& block_mask,
+void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents,
+                              const std::optional<at::Tensor>& block_mask,
                               const std::optional<at::Tensor>& depths) {
   const int64_t T = static_cast<int64_t>(parents.size());
   std::vector<uint8_t> anc(static_cast<size_t>(T * T));

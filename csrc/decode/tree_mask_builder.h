@@ -17,7 +17,7 @@
 namespace mtprobe {
 
 struct BlockInputs {
-  at::Tensor position_ids;          // [1, T] int64
+  at::Tensor position_ids;         // [1, T] int64
   std::optional<at::Tensor> mask;  // [1, 1, T, P + T] additive, or none for a chain (plain causal)
 };
 
@@ -43,8 +43,8 @@ class TreeMaskBuilder {
   bool incremental_;
   std::vector<int64_t> parents_;  // shape of the cached pattern
   bool cached_custom_ = false;
-  at::Tensor buffer_;             // [T, capacity + T]
-  at::Tensor depths_;             // [1, T] int64 on device
+  at::Tensor buffer_;  // [T, capacity + T]
+  at::Tensor depths_;  // [1, T] int64 on device
   int64_t rebuilds_ = 0;
 };
 

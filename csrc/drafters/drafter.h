@@ -36,13 +36,13 @@
 namespace mtprobe {
 
 struct DraftBlock {
-  at::Tensor tokens;             // [num_token_inputs] int64, on the model's device
-  std::optional<at::Tensor> embeds;  // [num_embed_inputs, hidden] in the model dtype, or none
-  std::vector<int64_t> parents;  // [T] over all inputs, tokens first then embeds
-  int64_t num_committed = 1;     // committed chain length (prompt length at prefill, 1 after)
-  int64_t num_nodes = 1;         // committed + draft nodes; inputs past this are auxiliary
-  std::optional<at::Tensor> block_mask;  // [T, T] bool, only for non-tree blocks
-  std::optional<at::Tensor> depths;      // [T] int64, with block_mask
+  at::Tensor tokens;                      // [num_token_inputs] int64, on the model's device
+  std::optional<at::Tensor> embeds;       // [num_embed_inputs, hidden] in the model dtype, or none
+  std::vector<int64_t> parents;           // [T] over all inputs, tokens first then embeds
+  int64_t num_committed = 1;              // committed chain length (prompt length at prefill, 1 after)
+  int64_t num_nodes = 1;                  // committed + draft nodes; inputs past this are auxiliary
+  std::optional<at::Tensor> block_mask;   // [T, T] bool, only for non-tree blocks
+  std::optional<at::Tensor> depths;       // [T] int64, with block_mask
   std::optional<at::Tensor> draft_probs;  // [num_nodes, vocab], for sampling verification
 
   int64_t num_inputs() const { return static_cast<int64_t>(parents.size()); }
@@ -50,12 +50,12 @@ struct DraftBlock {
 
 // What one step decided, handed back to the drafter.
 struct StepOutcome {
-  int64_t prefix_len = 0;           // KV length before the step's forward
-  std::vector<int64_t> path;        // accepted input indices: [last committed, accepted drafts...]
-  std::vector<int64_t> new_tokens;  // tokens appended this step (accepted drafts + bonus), in order
-  at::Tensor logits;                // [T, vocab] raw target logits of every input of the block
+  int64_t prefix_len = 0;            // KV length before the step's forward
+  std::vector<int64_t> path;         // accepted input indices: [last committed, accepted drafts...]
+  std::vector<int64_t> new_tokens;   // tokens appended this step (accepted drafts + bonus), in order
+  at::Tensor logits;                 // [T, vocab] raw target logits of every input of the block
   std::optional<at::Tensor> hidden;  // [T, hidden] last hidden states, when wants_hidden_states()
-  bool finished = false;            // the sequence ended inside this step
+  bool finished = false;             // the sequence ended inside this step
 };
 
 // Limits the loop imposes on a step's block.

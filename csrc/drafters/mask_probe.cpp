@@ -21,19 +21,21 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
   TORCH_CHECK_VALUE(o.mask_init == "prompt_mean" || o.mask_init == "prompt_last" || o.mask_init == "gaussian",
                     "unknown mask_init '", o.mask_init, "' (prompt_mean, prompt_last or gaussian)");
   if (!o.dynamic_tree) {
-    TORCH_CHECK_VALUE(static_cast<int64_t>(o.branches.size()) == o.num_masks, "a static tree needs one branch "
-                      "count per mask token: got ", o.branches.size(), " for num_masks = ", o.num_masks);
+    TORCH_CHECK_VALUE(static_cast<int64_t>(o.branches.size()) == o.num_masks,
+                      "a static tree needs one branch "
+                      "count per mask token: got ",
+                      o.branches.size(), " for num_masks = ", o.num_masks);
     int64_t nodes = 1;
     for (int64_t k : o.branches) {
       TORCH_CHECK_VALUE(k >= 1, "every branch count must be >= 1");
       nodes += k;
     }
     TORCH_CHECK_VALUE((o.num_masks + 1) * nodes <= o.block_complexity, "branches sum to ", nodes - 1,
-                      " drafts: (k + 1)(1 + sum K) = ", (o.num_masks + 1) * nodes, " exceeds block_complexity ",
-                      o.block_complexity);
+                      " drafts: (k + 1)(1 + sum K) = ", (o.num_masks + 1) * nodes,
+                      " exceeds block_complexity ", o.block_complexity);
   }
-  const int64_t widest = o.dynamic_tree ? budget_nodes() - 1
-                                        : *std::max_element(o.branches.begin(), o.branches.end());
+  const int64_t widest =
+      o.dynamic_tree ? budget_nodes() - 1 : *std::max_element(o.branches.begin(), o.branches.end());
   // Room for the pruner to skip the parent and the root.
   cand_width_ = std::min<int64_t>(widest + 2, embedding_.size(0));
   generator_ = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
@@ -65,7 +67,8 @@ void MaskProbeDrafter::begin(const at::Tensor& prompt) {
   mask_input_of_node_.clear();
 }
 
-DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
+DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
+                                     const StepLimits& limits) {
   const int64_t k = options_.num_masks;
   const int64_t c = committed.size(0);
   const int64_t root = c - 1;
@@ -109,7 +112,8 @@ DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix
   if (masks) {
     for (int64_t node = root; node < b.num_nodes; ++node) {
       mask_input_of_node_[node] = static_cast<int64_t>(b.parents.size());
-      for (int64_t j = 0; j < k; ++j) b.parents.push_back(j == 0 ? node : static_cast<int64_t>(b.parents.size()) - 1);
+      for (int64_t j = 0; j < k; ++j)
+        b.parents.push_back(j == 0 ? node : static_cast<int64_t>(b.parents.size()) - 1);
       ++carriers;
     }
     // Every node's masks share the same k embeddings; position and context make them differ.
@@ -122,7 +126,8 @@ DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix
 void MaskProbeDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = options_.num_masks;
   const int64_t last = outcome.path.back();
-  const int64_t first = last < static_cast<int64_t>(mask_input_of_node_.size()) ? mask_input_of_node_[last] : -1;
+  const int64_t first =
+      last < static_cast<int64_t>(mask_input_of_node_.size()) ? mask_input_of_node_[last] : -1;
   have_candidates_ = false;
   if (first >= 0 && !outcome.finished) {
     // The accepted node's masks predicted depths 1..k after the bonus token.

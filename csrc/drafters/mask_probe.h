@@ -20,15 +20,15 @@
 namespace mtprobe {
 
 struct MaskProbeOptions {
-  int64_t num_masks = 1;          // k, 1..4
-  int64_t block_complexity = 30;  // BC
-  bool dynamic_tree = false;      // Alg. 1 instead of static branches
-  std::vector<int64_t> branches;  // static [K_1..K_k], Top-1 expansion
-  bool prune = true;              // skip children equal to their parent or the root (section 3.5)
+  int64_t num_masks = 1;                  // k, 1..4
+  int64_t block_complexity = 30;          // BC
+  bool dynamic_tree = false;              // Alg. 1 instead of static branches
+  std::vector<int64_t> branches;          // static [K_1..K_k], Top-1 expansion
+  bool prune = true;                      // skip children equal to their parent or the root (section 3.5)
   std::string mask_init = "prompt_mean";  // prompt_mean | prompt_last | gaussian
-  double gaussian_shift = 0.0;    // gaussian mean = mu + shift * sigma (OOD stress: 5, 10)
-  double mask_lambda = 0.1;       // in [0, 1]; 0 keeps the initial masks
-  int64_t seed = 0;               // for gaussian masks
+  double gaussian_shift = 0.0;            // gaussian mean = mu + shift * sigma (OOD stress: 5, 10)
+  double mask_lambda = 0.1;               // in [0, 1]; 0 keeps the initial masks
+  int64_t seed = 0;                       // for gaussian masks
 };
 
 class MaskProbeDrafter : public Drafter {

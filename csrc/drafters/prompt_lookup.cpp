@@ -8,7 +8,8 @@ namespace mtprobe {
 
 PromptLookupDrafter::PromptLookupDrafter(PromptLookupOptions options) : options_(options) {
   TORCH_CHECK_VALUE(options_.num_tokens >= 1, "num_tokens must be >= 1, got ", options_.num_tokens);
-  TORCH_CHECK_VALUE(options_.max_ngram_size >= 1, "max_ngram_size must be >= 1, got ", options_.max_ngram_size);
+  TORCH_CHECK_VALUE(options_.max_ngram_size >= 1, "max_ngram_size must be >= 1, got ",
+                    options_.max_ngram_size);
 }
 
 void PromptLookupDrafter::begin(const at::Tensor& prompt) {
@@ -16,7 +17,8 @@ void PromptLookupDrafter::begin(const at::Tensor& prompt) {
   history_.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
 }
 
-DraftBlock PromptLookupDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
+DraftBlock PromptLookupDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
+                                        const StepLimits& limits) {
   const int64_t c = committed.size(0);
   DraftBlock b;
   b.num_committed = c;

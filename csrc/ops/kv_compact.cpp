@@ -1,6 +1,7 @@
+#include "core/kv_compact.h"
+
 #include <ATen/ATen.h>
 
-#include "core/kv_compact.h"
 #include "ops/ops.h"
 
 namespace mtprobe::ops {
@@ -14,7 +15,8 @@ void compact_kv_(at::TensorList caches, const at::Tensor& src, int64_t dst_start
   TORCH_CHECK(err.empty(), "compact_kv_: ", err);
   at::Tensor src_dev, dst_dev;  // built lazily for non-contiguous or non-CPU caches
   for (const at::Tensor& c : caches) {
-    TORCH_CHECK(c.dim() == 4, "compact_kv_: each cache must be [batch, heads, seq, head_dim], got ", c.sizes());
+    TORCH_CHECK(c.dim() == 4, "compact_kv_: each cache must be [batch, heads, seq, head_dim], got ",
+                c.sizes());
     TORCH_CHECK(c.size(2) == seq_len, "compact_kv_: caches disagree on sequence length (", c.size(2), " vs ",
                 seq_len, ")");
     if (c.device().is_cpu() && c.stride(3) == 1 && c.stride(1) == c.size(2) * c.stride(2) &&
@@ -26,7 +28,8 @@ void compact_kv_(at::TensorList caches, const at::Tensor& src, int64_t dst_start
     } else {
       if (!src_dev.defined()) {
         src_dev = at::tensor(s, at::kLong).to(c.device());
-        dst_dev = at::arange(dst_start, dst_start + n, at::TensorOptions().dtype(at::kLong).device(c.device()));
+        dst_dev =
+            at::arange(dst_start, dst_start + n, at::TensorOptions().dtype(at::kLong).device(c.device()));
       }
       // Gather first: index_copy_ from a view of itself could read rows it already overwrote.
       at::Tensor rows = c.index_select(2, src_dev);

@@ -45,12 +45,21 @@ void fill_mask_rows(const std::vector<uint8_t>& anc, int64_t T, int64_t prefix_l
   TORCH_CHECK(out.device().is_cpu(), "fill_mask_rows writes host memory");
   TORCH_CHECK(out.stride(-1) == 1, "mask rows must be contiguous");
   switch (out.scalar_type()) {
-    case at::kFloat: fill_typed<float>(anc, T, prefix_len, out); break;
-    case at::kDouble: fill_typed<double>(anc, T, prefix_len, out); break;
-    case at::kHalf: fill_typed<c10::Half>(anc, T, prefix_len, out); break;
-    case at::kBFloat16: fill_typed<c10::BFloat16>(anc, T, prefix_len, out); break;
-    default: TORCH_CHECK(false, "tree mask dtype must be float32, float64, float16 or bfloat16, got ",
-                         out.scalar_type());
+    case at::kFloat:
+      fill_typed<float>(anc, T, prefix_len, out);
+      break;
+    case at::kDouble:
+      fill_typed<double>(anc, T, prefix_len, out);
+      break;
+    case at::kHalf:
+      fill_typed<c10::Half>(anc, T, prefix_len, out);
+      break;
+    case at::kBFloat16:
+      fill_typed<c10::BFloat16>(anc, T, prefix_len, out);
+      break;
+    default:
+      TORCH_CHECK(false, "tree mask dtype must be float32, float64, float16 or bfloat16, got ",
+                  out.scalar_type());
   }
 }
 
@@ -61,7 +70,8 @@ at::Tensor tree_attention_mask(const at::Tensor& parents, int64_t prefix_len, at
   const int64_t T = static_cast<int64_t>(par.size());
   std::vector<uint8_t> anc(static_cast<size_t>(T * T));
   core::ancestor_matrix(par.data(), T, anc.data());
-  at::Tensor out = at::empty({1, 1, T, prefix_len + T}, at::TensorOptions().dtype(dtype));  // [1, 1, T, P + T]
+  at::Tensor out =
+      at::empty({1, 1, T, prefix_len + T}, at::TensorOptions().dtype(dtype));  // [1, 1, T, P + T]
   fill_mask_rows(anc, T, prefix_len, out);
   return out.to(parents.device());
 }

@@ -1,6 +1,7 @@
+#include "core/verify.h"
+
 #include <ATen/ATen.h>
 
-#include "core/verify.h"
 #include "ops/ops.h"
 
 namespace mtprobe::ops {
