@@ -107,8 +107,11 @@ def test_custom_eos_token_mid_output(smollm2):
     ids = chat_ids(tok, PROMPTS[0]["messages"])
     full = model.generate(ids, do_sample=False, max_new_tokens=40)[0, ids.shape[1] :]
     eos = int(full[len(full) // 2])
-    ref = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=eos)
-    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), max_new_tokens=40, eos_token_id=eos)
+    # With an EOS that differs from the pad token, transformers would treat the prompt's pad tokens
+    # (SmolLM2's <|im_end|> is its pad token) as padding unless the mask says otherwise.
+    kw = dict(max_new_tokens=40, eos_token_id=eos, attention_mask=torch.ones_like(ids))
+    ref = model.generate(ids, do_sample=False, **kw)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), **kw)
     assert torch.equal(out.sequences, ref) and out.sequences[0, -1].item() == eos
 
 
@@ -199,8 +202,16 @@ def test_bad_input_is_named(smollm2):
         mtprobe.generate(model, ids.repeat(2, 1), cfg, max_new_tokens=4)
     with pytest.raises(ValueError, match="2-D"):
         mtprobe.generate(model, ids[0], cfg, max_new_tokens=4)
-    with pytest.raises(NotImplementedError, match="do_sample"):
-        mtprobe.generate(model, ids, cfg, max_new_tokens=4, do_sample=True)
+    with pytest.raises(NotImplementedError, match="num_beams=2"):
+        mtprobe.generate(model, ids, cfg, max_new_tokens=4, num_beams=2)
+    with pytest.raises(NotImplementedError, match="padding"):
+        mtprobe.generate(
+            model,
+            ids,
+            cfg,
+            max_new_tokens=4,
+            attention_mask=torch.cat([ids[:, :1] * 0, ids[:, 1:] * 0 + 1], 1),
+        )
     with pytest.raises(TypeError, match="PreTrainedModel"):
         mtprobe.generate(torch.nn.Linear(4, 4), ids, cfg, max_new_tokens=4)
     with pytest.raises(TypeError, match="ProbeConfig"):
@@ -232,7 +243,7 @@ def test_model_without_lm_head_is_refused():
     "kwargs, error, match",
     [
         (dict(block_complexity=3), ValueError, "too small"),
-        (dict(block_complexity=30, num_masks=2), ValueError, "num_masks=2"),
+        (dict(block_complexity=30, num_masks=5), ValueError, "num_masks=5"),
         (dict(mask_lambda=1.5), ValueError, r"\[0, 1\]"),
         (dict(block_complexity=30.0), TypeError, "block_complexity must be an int"),
         (dict(incremental_masks="yes"), TypeError, "incremental_masks"),
@@ -245,7 +256,9 @@ def test_probe_config_validates(kwargs, error, match):
 
 def test_probe_config_block_complexity_accounting():
     # BC = (k + 1)(1 + K) with k = 1 (seed 001, Eq. 6).
-    assert [mtprobe.ProbeConfig(block_complexity=bc).num_branches for bc in (4, 10, 30, 60, 31)] == [
+    assert [
+        mtprobe.ProbeConfig(block_complexity=bc, num_masks=1).num_branches for bc in (4, 10, 30, 60, 31)
+    ] == [
         1,
         4,
         14,

@@ -235,7 +235,11 @@ def test_run_probe_writes_specbench_lines(tiny: Path, tmp_path: Path) -> None:
     assert _run_cli(*args, "--categories", "writing,qa", "--answer-file", str(out)) == 0
     lines = _lines(out)
     questions = {q.question_id: q for q in load_questions(MINI)}
-    _check_lines(lines, questions, f"{tiny.name}-probe-bc10-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0-max8")
+    _check_lines(
+        lines,
+        questions,
+        f"{tiny.name}-probe-bc10-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0-max8",
+    )
     assert [line["category"] for line in lines] == ["writing", "qa"]
     for line in lines:
         c = line["choices"][0]
@@ -487,7 +491,10 @@ def test_smollm2_probe_is_lossless_on_mini_file(smollm2, tmp_path: Path) -> None
     )
     n = len(load_questions(MINI))
     assert ar.written == probe.written == n
-    assert probe.model_id == "smollm2-135m-probe-bc30-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0-max16"
+    assert (
+        probe.model_id
+        == "smollm2-135m-probe-bc30-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0-max16"
+    )
     report = score(ar.answer_file, [probe.answer_file], tok, tmp_path / "out", plots=False)
     m = report.methods[0]
     overall = m.group("overall")

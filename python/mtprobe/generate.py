@@ -106,8 +106,9 @@ def custom_generate(
     ``return_dict_in_generate=True``.
     """
     config = mtprobe_config if mtprobe_config is not None else ProbeConfig()
-    _check_input_ids(input_ids)
+    # The config first: beam search and num_return_sequences expand the batch before we see it.
     _check_generation_config(generation_config, model_kwargs)
+    _check_input_ids(input_ids)
     if synced_gpus:
         raise NotImplementedError("mtprobe does not support synced_gpus (multi-GPU lockstep generation)")
     if streamer is None and mtprobe_streamer is None:
@@ -222,7 +223,11 @@ def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]
         raise NotImplementedError("mtprobe manages its own KV cache; do not pass past_key_values")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
-        raise NotImplementedError("attention_mask with padding is not supported: pass one unpadded sequence")
+        raise NotImplementedError(
+            "attention_mask marks some prompt tokens as padding, which mtprobe does not support. transformers "
+            "infers such a mask when the prompt contains pad_token_id and it differs from eos_token_id; pass "
+            "attention_mask=torch.ones_like(input_ids) for an unpadded prompt"
+        )
 
 
 def _split_stopping_criteria(
