@@ -1,6 +1,6 @@
-"""The torch-free C++ core (csrc/core) through its own unit-test program, tests/core/test_core.cpp.
+"""The torch-free C++ core (csrc/core) through its own unit-test programs, tests/core/test_*.cpp.
 
-The program is compiled with no torch include paths at all, which is what proves the core is torch-free.
+Each program is compiled with no torch include paths at all, which is what proves the core is torch-free.
 """
 
 from __future__ import annotations
@@ -14,22 +14,23 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CORE_SOURCES = sorted((REPO_ROOT / "csrc" / "core").glob("*.cpp"))
-TEST_SOURCE = REPO_ROOT / "tests" / "core" / "test_core.cpp"
+TEST_SOURCES = sorted((REPO_ROOT / "tests" / "core").glob("test_*.cpp"))
 CXX = shutil.which("g++") or shutil.which("c++")
 CXXFLAGS = ["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"]
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler found (neither g++ nor c++ is on PATH)")
-def test_core_cpp(tmp_path: Path) -> None:
+@pytest.mark.parametrize("test_source", TEST_SOURCES, ids=lambda p: p.stem)
+def test_core_cpp(test_source: Path, tmp_path: Path) -> None:
     assert CORE_SOURCES, f"no C++ sources under {REPO_ROOT / 'csrc' / 'core'}"
-    exe = tmp_path / "test_core"
+    exe = tmp_path / test_source.stem
     compile_cmd = [
         CXX,
         *CXXFLAGS,
         "-I",
         str(REPO_ROOT / "csrc"),
         *map(str, CORE_SOURCES),
-        str(TEST_SOURCE),
+        str(test_source),
         "-o",
         str(exe),
     ]
@@ -43,7 +44,7 @@ def test_core_cpp(tmp_path: Path) -> None:
     output = ran.stdout + ran.stderr
     lines = output.strip().splitlines()
     last = lines[-1] if lines else ""
-    assert ran.returncode == 0, f"test_core exited with {ran.returncode}:\n{output}"
+    assert ran.returncode == 0, f"{test_source.name} exited with {ran.returncode}:\n{output}"
     summary = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
     assert summary is not None, f"last line is not `N passed, M failed`: {last!r}\n{output}"
     assert summary.group(2) == "0", f"{last}:\n{output}"

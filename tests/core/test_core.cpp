@@ -14,6 +14,7 @@
 #include "core/kv_compact.h"
 #include "core/tree.h"
 #include "core/verify.h"
+#include "harness.h"
 
 namespace {
 
@@ -23,34 +24,13 @@ using mtprobe::core::check_parents;
 using mtprobe::core::compact_rows;
 using mtprobe::core::fill_tree_mask;
 using mtprobe::core::is_chain;
+using mtprobe::core::sample_inverse_cdf;
 using mtprobe::core::tree_depths;
 using mtprobe::core::verify_greedy;
+using mtprobe::core::verify_rejection;
 
 using I64 = std::vector<int64_t>;
 using U8 = std::vector<uint8_t>;
-
-// --- a tiny harness ----------------------------------------------------------------------------
-
-int g_failures = 0;  // failed CHECKs in the running test function
-
-#define CHECK(expr)                                          \
-  do {                                                       \
-    if (!(expr)) {                                           \
-      ++g_failures;                                          \
-      std::printf("%s:%d: %s\n", __FILE__, __LINE__, #expr); \
-    }                                                        \
-  } while (0)
-
-// Checks that `str` contains `sub`; on failure also prints the actual string.
-#define CHECK_CONTAINS(str, sub)                                                          \
-  do {                                                                                    \
-    const std::string check_str_ = (str);                                                 \
-    if (check_str_.find(sub) == std::string::npos) {                                      \
-      ++g_failures;                                                                       \
-      std::printf("%s:%d: %s contains %s (got \"%s\")\n", __FILE__, __LINE__, #str, #sub, \
-                  check_str_.c_str());                                                    \
-    }                                                                                     \
-  } while (0)
 
 int64_t size_of(const I64& v) { return static_cast<int64_t>(v.size()); }
 
@@ -327,6 +307,67 @@ void test_verify_root_not_zero() {
   CHECK(run_verify(tokens, parents, target, 6) == (I64{6}));
 }
 
+// --- verify_rejection ---------------------------------------------------------------------------
+
+// The worked example of verify.h: p_0 = [0.6, 0.4], node 1 drafted 1 from q_1 = [0.2, 0.8].
+void test_verify_rejection_chain_example() {
+  const I64 tokens = {7, 1}, parents = {-1, 0};
+  const std::vector<float> p = {0.6f, 0.4f, 0.5f, 0.5f};  // [2, 2]
+  const std::vector<float> q = {0.2f, 0.8f};              // [1, 2]
+  std::vector<float> residual(2);
+  I64 path(2);
+  int64_t token = -1;
+  // u_1 = 0.3 < 0.4 / 0.8: accepted; the bonus is drawn from p_1 with u = 0.9 -> token 1.
+  const std::vector<double> accept = {0.0, 0.3, 0.9};
+  CHECK(verify_rejection(tokens.data(), parents.data(), 2, p.data(), q.data(), 2, accept.data(),
+                         residual.data(), path.data(), &token) == 2);
+  CHECK(path[1] == 1 && token == 1);
+  // u_1 = 0.7: rejected; residual normalise(max([0.6, 0.4] - [0.2, 0.8], 0)) = [1, 0] -> token 0 for any u.
+  const std::vector<double> reject = {0.0, 0.7, 0.99};
+  CHECK(verify_rejection(tokens.data(), parents.data(), 2, p.data(), q.data(), 2, reject.data(),
+                         residual.data(), path.data(), &token) == 1);
+  CHECK(token == 0);
+  CHECK(residual[0] == 1.0f && residual[1] == 0.0f);
+}
+
+// Two siblings drawn from one q: after the first is rejected the second is tested against the residual.
+void test_verify_rejection_siblings() {
+  const I64 tokens = {9, 0, 1}, parents = {-1, 0, 0};
+  // vocab 3; p_0 = [0.1, 0.6, 0.3], q = [0.5, 0.25, 0.25] for both children.
+  const std::vector<float> p = {0.1f, 0.6f, 0.3f, 1, 0, 0, 0, 1, 0};
+  const std::vector<float> q = {0.5f, 0.25f, 0.25f, 0.5f, 0.25f, 0.25f};
+  std::vector<float> residual(3);
+  I64 path(3);
+  int64_t token = -1;
+  // Child 1 (token 0): r[0] / q[0] = 0.2; u = 0.5 rejects. r = normalise([0, 0.35, 0.05]) = [0, 0.875,
+  // 0.125]. Child 2 (token 1): r[1] / q[1] = 3.5 -> accepted; its bonus from p_2 = [0, 1, 0] is 1.
+  const std::vector<double> u = {0, 0.5, 0.99, 0.5};
+  CHECK(verify_rejection(tokens.data(), parents.data(), 3, p.data(), q.data(), 3, u.data(), residual.data(),
+                         path.data(), &token) == 2);
+  CHECK(path[1] == 2 && token == 1);
+}
+
+// No draft at all: the output is a plain draw from p_0.
+void test_verify_rejection_root_only() {
+  const I64 tokens = {3}, parents = {-1};
+  const std::vector<float> p = {0.25f, 0.25f, 0.5f};
+  std::vector<float> residual(3);
+  I64 path(1);
+  int64_t token = -1;
+  const std::vector<double> u = {0, 0.6};
+  CHECK(verify_rejection(tokens.data(), parents.data(), 1, p.data(), nullptr, 3, u.data(), residual.data(),
+                         path.data(), &token) == 1);
+  CHECK(token == 2);  // cumulative [0.25, 0.5, 1.0], 0.6 falls in the third
+}
+
+void test_sample_inverse_cdf() {
+  const std::vector<float> w = {0, 2, 0, 1, 0};  // unnormalised, zeros are never drawn
+  CHECK(sample_inverse_cdf(w.data(), 5, 0.0) == 1);
+  CHECK(sample_inverse_cdf(w.data(), 5, 0.66) == 1);
+  CHECK(sample_inverse_cdf(w.data(), 5, 0.67) == 3);
+  CHECK(sample_inverse_cdf(w.data(), 5, 0.999999) == 3);
+}
+
 // --- check_compaction --------------------------------------------------------------------------
 
 void test_check_compaction_valid() {
@@ -462,11 +503,7 @@ void test_compact_rows_padded_stride() {
 }  // namespace
 
 int main() {
-  struct Test {
-    const char* name;
-    void (*fn)();
-  };
-  const Test tests[] = {
+  const mtprobe_test::Test tests[] = {
       {"check_parents_valid", test_check_parents_valid},
       {"check_parents_parent_not_earlier", test_check_parents_parent_not_earlier},
       {"check_parents_parent_below_minus_one", test_check_parents_parent_below_minus_one},
@@ -482,6 +519,10 @@ int main() {
       {"verify_no_match", test_verify_no_match},
       {"verify_ties_lowest_index", test_verify_ties_lowest_index},
       {"verify_root_not_zero", test_verify_root_not_zero},
+      {"verify_rejection_chain_example", test_verify_rejection_chain_example},
+      {"verify_rejection_siblings", test_verify_rejection_siblings},
+      {"verify_rejection_root_only", test_verify_rejection_root_only},
+      {"sample_inverse_cdf", test_sample_inverse_cdf},
       {"check_compaction_valid", test_check_compaction_valid},
       {"check_compaction_not_increasing", test_check_compaction_not_increasing},
       {"check_compaction_below_destination", test_check_compaction_below_destination},
@@ -492,17 +533,5 @@ int main() {
       {"compact_rows_noop", test_compact_rows_noop},
       {"compact_rows_padded_stride", test_compact_rows_padded_stride},
   };
-  int passed = 0, failed = 0;
-  for (const Test& t : tests) {
-    g_failures = 0;
-    t.fn();
-    if (g_failures == 0) {
-      ++passed;
-    } else {
-      ++failed;
-      std::printf("FAILED %s (%d checks)\n", t.name, g_failures);
-    }
-  }
-  std::printf("%d passed, %d failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  return mtprobe_test::run_tests(tests);
 }
