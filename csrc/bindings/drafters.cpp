@@ -1,11 +1,15 @@
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
 #include "core/draft_tree.h"
 #include "core/ngram.h"
+#include "core/ngram_store.h"
+#include "drafters/draft_model.h"
 #include "drafters/drafter.h"
 #include "drafters/mask_probe.h"
 #include "drafters/prompt_lookup.h"
+#include "drafters/stand.h"
 
 namespace py = pybind11;
 
@@ -136,6 +140,82 @@ void bind_drafters(py::module_& m) {
              return std::make_shared<PromptLookupDrafter>(PromptLookupOptions{num_tokens, max_ngram_size});
            }),
            py::kw_only(), py::arg("num_tokens"), py::arg("max_ngram_size"));
+
+  py::class_<DraftModelDrafter, Drafter, std::shared_ptr<DraftModelDrafter>>(
+      m, "DraftModelDrafter",
+      "Draft-model speculative decoding: a chain of num_tokens drafts from a smaller model with its own KV "
+      "cache.")
+      .def(py::init(
+               [](ForwardFn forward, int64_t num_tokens, bool do_sample, std::optional<ProcessFn> process) {
+                 return std::make_shared<DraftModelDrafter>(
+                     std::move(forward), DraftModelOptions{num_tokens, do_sample}, std::move(process));
+               }),
+           py::arg("forward"), py::kw_only(), py::arg("num_tokens"), py::arg("do_sample") = false,
+           py::arg("process") = py::none())
+      .def_property_readonly("draft_forwards", &DraftModelDrafter::draft_forwards);
+
+  // The STAND n-gram store as a host object, mirroring csrc/core/ngram_store.h (tests compare it
+  // with mtprobe.reference.stand).
+  py::class_<core::NgramStore>(m, "NgramStore", "n-gram keys -> accumulated next-token mass (STAND).")
+      .def(py::init([](int64_t max_ngram, int64_t top_k) {
+             TORCH_CHECK_VALUE(max_ngram >= 1 && top_k >= 1, "max_ngram and top_k must be >= 1, got ",
+                               max_ngram, " and ", top_k);
+             return core::NgramStore(max_ngram, top_k);
+           }),
+           py::arg("max_ngram") = 3, py::arg("top_k") = 8)
+      .def(
+          "add",
+          [](core::NgramStore& s, const std::vector<int64_t>& context, const std::vector<int64_t>& tokens,
+             const std::vector<float>& probs) {
+            TORCH_CHECK_VALUE(tokens.size() == probs.size(),
+                              "tokens and probs differ in length: ", tokens.size(), " and ", probs.size());
+            s.add(context.data(), static_cast<int64_t>(context.size()), tokens.data(), probs.data(),
+                  static_cast<int64_t>(tokens.size()));
+          },
+          py::arg("context"), py::arg("tokens"), py::arg("probs"))
+      .def(
+          "add_token",
+          [](core::NgramStore& s, const std::vector<int64_t>& context, int64_t next) {
+            s.add_token(context.data(), static_cast<int64_t>(context.size()), next);
+          },
+          py::arg("context"), py::arg("next_token"))
+      .def(
+          "lookup",
+          [](const core::NgramStore& s, const std::vector<int64_t>& context, int64_t cap) {
+            std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(cap, 0)));
+            std::vector<double> probs(tokens.size());
+            const int64_t n = s.lookup(context.data(), static_cast<int64_t>(context.size()), tokens.data(),
+                                       probs.data(), cap);
+            tokens.resize(static_cast<size_t>(n));
+            probs.resize(static_cast<size_t>(n));
+            return py::make_tuple(tokens, probs);
+          },
+          py::arg("context"), py::arg("cap") = 64)
+      .def_property_readonly("num_keys", &core::NgramStore::num_keys);
+
+  m.def(
+      "build_stand_tree",
+      [](const core::NgramStore& store, const std::vector<int64_t>& context, int64_t budget,
+         int64_t max_depth) {
+        std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(budget, 0)));
+        std::vector<int64_t> parents(tokens.size());
+        const int64_t n = core::build_stand_tree(store, context.data(), static_cast<int64_t>(context.size()),
+                                                 budget, max_depth, tokens.data(), parents.data());
+        tokens.resize(static_cast<size_t>(n));
+        parents.resize(static_cast<size_t>(n));
+        return py::make_tuple(tokens, parents);
+      },
+      py::arg("store"), py::arg("context"), py::arg("budget"), py::arg("max_depth"),
+      "The STAND draft tree (csrc/core/ngram_store.h): (tokens, parents), parent -1 = the root.");
+
+  py::class_<StandDrafter, Drafter, std::shared_ptr<StandDrafter>>(
+      m, "StandDrafter", "STAND: a draft tree from an n-gram store of the target's own distributions.")
+      .def(py::init([](int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k) {
+             return std::make_shared<StandDrafter>(
+                 StandOptions{max_depth, max_ngram, table_size, logits_top_k});
+           }),
+           py::kw_only(), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
+           py::arg("logits_top_k"));
 }
 
 }  // namespace mtprobe::bindings

@@ -33,11 +33,13 @@ DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBu
               options_.block_complexity);
 }
 
-std::vector<int64_t> DecodeLoop::target_choices(const at::Tensor& logits, const DraftBlock& block,
-                                                int64_t root) {
+at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock& block, int64_t root) {
   // Only the root (the last committed input) and the draft nodes below it need a choice.
   const int64_t n = block.num_nodes - root;
-  at::Tensor scores = logits.narrow(0, root, n).to(at::kFloat);  // [n, vocab], row r = node root + r
+  // A copy when processors run: they write in place, and the drafter reads the raw logits.
+  at::Tensor scores = logits.narrow(0, root, n)
+                          .to(at::kFloat, /*non_blocking=*/false,
+                              /*copy=*/process_.has_value());  // [n, vocab]
   if (process_) {
     // HF processors see (input_ids, scores) for a batch of rows. Nodes of equal depth have
     // prefixes of equal length (sequence + path below the root), so each depth is one call.
@@ -71,17 +73,50 @@ std::vector<int64_t> DecodeLoop::target_choices(const at::Tensor& logits, const 
       scores.index_copy_(0, idx, out.to(at::kFloat));
     }
   }
-  // Sampling draws one token per node from its processed distribution, as HF's sampling does
-  // for one position. Each position's output token is a sample of the target's own conditional,
-  // whatever the drafts were, so the output distribution is exactly the target's; the drafts
-  // only decide how far one forward gets (sample matching).
-  at::Tensor target =
-      options_.do_sample ? at::multinomial(scores.softmax(-1), 1).squeeze(-1) : scores.argmax(-1);  // [n]
-  target = target.to(at::kCPU);  // the host walks the tree
-  const int64_t* t = target.data_ptr<int64_t>();
-  std::vector<int64_t> out(static_cast<size_t>(block.num_nodes), -1);
-  std::copy(t, t + n, out.begin() + root);
-  return out;
+  return scores;
+}
+
+std::pair<std::vector<int64_t>, int64_t> DecodeLoop::verify(const at::Tensor& logits, const DraftBlock& block,
+                                                            const std::vector<int64_t>& tokens,
+                                                            int64_t root) {
+  at::Tensor scores = target_scores(logits, block, root);  // [n, vocab], row r = node root + r
+  const int64_t n = block.num_nodes - root;
+  std::vector<int64_t> parents(static_cast<size_t>(n));  // the subtree below the root, re-indexed
+  for (int64_t r = 0; r < n; ++r) parents[r] = r == 0 ? -1 : block.parents[root + r] - root;
+  std::vector<int64_t> path(static_cast<size_t>(n));
+  int64_t token = -1, len = 0;
+  if (options_.do_sample && block.draft_probs && n > 1) {
+    // Rejection sampling against the drafter's q: the output is distributed as the target's
+    // sampling, and a draft is accepted with probability min(1, p/q) instead of p(x) alone.
+    at::Tensor p = scores.softmax(-1).to(at::kCPU).contiguous();              // [n, vocab]
+    at::Tensor q = block.draft_probs->to(at::kCPU, at::kFloat).contiguous();  // [n - 1, vocab]
+    TORCH_CHECK(q.dim() == 2 && q.size(0) == n - 1 && q.size(1) == p.size(1), "drafter ", drafter_->name(),
+                ": draft_probs must be [draft nodes, vocab] = [", n - 1, ", ", p.size(1), "], got ",
+                q.sizes());
+    at::Tensor u = at::rand({n + 1}, at::TensorOptions().dtype(at::kDouble));  // the global CPU generator
+    std::vector<float> residual(static_cast<size_t>(p.size(1)));
+    const float* qp = q.data_ptr<float>();
+    for (int64_t r = 1; r < n; ++r) {
+      TORCH_CHECK(qp[(r - 1) * q.size(1) + tokens[root + r]] > 0, "drafter ", drafter_->name(),
+                  ": draft node ", root + r, " has probability 0 under its own draft_probs row");
+    }
+    len = core::verify_rejection(tokens.data() + root, parents.data(), n, p.data_ptr<float>(), qp, p.size(1),
+                                 u.data_ptr<double>(), residual.data(), path.data(), &token);
+  } else {
+    // Greedy: the target's argmax after every node. Sampling without q ("sample matching"): one
+    // sample of the processed distribution per node, as HF samples one position; each output
+    // token is a sample of the target's own conditional whatever the drafts were, so the output
+    // distribution is exactly the target's; the drafts only decide how far one forward gets.
+    at::Tensor target =
+        options_.do_sample ? at::multinomial(scores.softmax(-1), 1).squeeze(-1) : scores.argmax(-1);  // [n]
+    target = target.to(at::kCPU).contiguous();  // the host walks the tree
+    const int64_t* t = target.data_ptr<int64_t>();
+    len = core::verify_greedy(tokens.data() + root, parents.data(), t, n, 0, path.data());
+    token = t[path[len - 1]];
+  }
+  path.resize(static_cast<size_t>(len));
+  for (auto& node : path) node += root;
+  return {path, token};
 }
 
 int64_t DecodeLoop::append(const std::vector<int64_t>& tokens, DecodeResult& result) {
@@ -162,17 +197,17 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     ++result.forward_calls;
     if (kv.empty()) kv = kv_buffers_fn_();
 
-    // 4. Verification: walk the tree from the last committed node while a child equals the
-    //    target's own choice (argmax, or a sample); the choice after the last one is the bonus.
-    std::vector<int64_t> target = target_choices(logits, block, c - 1);
+    // 4. Verification: walk the tree from the last committed node while a child is accepted
+    //    (equals the target's argmax or sample, or passes rejection sampling against q); the
+    //    token after the last accepted node is the bonus.
     at::Tensor tok_cpu = block.tokens.to(at::kCPU).contiguous();
-    std::vector<int64_t> path(static_cast<size_t>(block.num_nodes));
-    const int64_t path_len = core::verify_greedy(tok_cpu.data_ptr<int64_t>(), block.parents.data(),
-                                                 target.data(), block.num_nodes, c - 1, path.data());
-    path.resize(static_cast<size_t>(path_len));
+    const int64_t* tok_ptr = tok_cpu.data_ptr<int64_t>();
+    const std::vector<int64_t> tokens(tok_ptr, tok_ptr + block.num_nodes);
+    auto [path, bonus] = verify(logits, block, tokens, c - 1);
+    const int64_t path_len = static_cast<int64_t>(path.size());
     std::vector<int64_t> new_tokens;
-    for (int64_t j = 1; j < path_len; ++j) new_tokens.push_back(tok_cpu.data_ptr<int64_t>()[path[j]]);
-    new_tokens.push_back(target[path.back()]);
+    for (int64_t j = 1; j < path_len; ++j) new_tokens.push_back(tokens[path[j]]);
+    new_tokens.push_back(bonus);
 
     // 5. Append with EOS / length / stopping checks (they may cut the block short).
     const int64_t kept = append(new_tokens, result);

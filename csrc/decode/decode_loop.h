@@ -13,26 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "decode/callbacks.h"
 #include "decode/tree_mask_builder.h"
 #include "drafters/drafter.h"
 
 namespace mtprobe {
-
-// forward(tokens [n_tok], embeds [n_emb, hidden]?, position_ids [1, T], mask [1, 1, T, P + T]?,
-//         prefix_len P, want_hidden) -> (logits [T, vocab], hidden [T, hidden]?)
-// The callee must set its KV cache length to P before the forward, append the T new entries,
-// and keep them until the next call (the loop compacts them in place through kv_buffers).
-using ForwardFn = std::function<std::tuple<at::Tensor, std::optional<at::Tensor>>(
-    const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
-    int64_t, bool)>;
-// Every KV tensor [batch, heads, capacity, head_dim] of the cache, valid after the first forward.
-using KvBuffersFn = std::function<std::vector<at::Tensor>()>;
-// process(ids [n, L], scores [n, vocab] float32) -> processed scores: HF logits processors.
-using ProcessFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
-// stop(ids [1, L]) -> true when user stopping criteria end the sequence.
-using StopFn = std::function<bool(const at::Tensor&)>;
-// stream(new_tokens [n]) after every step.
-using StreamFn = std::function<void(const at::Tensor&)>;
 
 struct DecodeOptions {
   int64_t max_new_tokens = 0;
@@ -65,10 +50,13 @@ class DecodeLoop {
   DecodeResult run(const at::Tensor& prompt);
 
  private:
-  // The target's own choice after every node in [root, num_nodes), each node's processors
-  // applied on that node's own prefix (sequence + its path): the argmax under greedy decoding, a
-  // sample of the processed distribution under sampling.
-  std::vector<int64_t> target_choices(const at::Tensor& logits, const DraftBlock& block, int64_t root);
+  // The target's processed scores [num_nodes - root, vocab] (float32) after every node in
+  // [root, num_nodes), each node's logits processors applied on that node's own prefix
+  // (sequence + its path below the root).
+  at::Tensor target_scores(const at::Tensor& logits, const DraftBlock& block, int64_t root);
+  // Verification from the root: the accepted path [root, ...] and the token after it (the bonus).
+  std::pair<std::vector<int64_t>, int64_t> verify(const at::Tensor& logits, const DraftBlock& block,
+                                                  const std::vector<int64_t>& tokens, int64_t root);
   // Appends tokens one by one with EOS / length / stopping checks; returns how many were kept.
   int64_t append(const std::vector<int64_t>& tokens, DecodeResult& result);
 

@@ -24,7 +24,8 @@
 //   - draft model: runs its own model and KV cache inside propose(), rolls it back in observe();
 //   - Medusa-style or probabilistic-circuit heads: wants_hidden_states() = true, reads the
 //     target's last hidden state of the accepted node in observe().
-// Sampling verification will read `draft_probs` (q of each draft node) where a drafter has them.
+// Under sampling, a drafter that samples its drafts sets `draft_probs` (q of every draft node) and
+// verification is rejection sampling (csrc/core/verify.h); without it, sample matching.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,14 +37,16 @@
 namespace mtprobe {
 
 struct DraftBlock {
-  at::Tensor tokens;                      // [num_token_inputs] int64, on the model's device
-  std::optional<at::Tensor> embeds;       // [num_embed_inputs, hidden] in the model dtype, or none
-  std::vector<int64_t> parents;           // [T] over all inputs, tokens first then embeds
-  int64_t num_committed = 1;              // committed chain length (prompt length at prefill, 1 after)
-  int64_t num_nodes = 1;                  // committed + draft nodes; inputs past this are auxiliary
-  std::optional<at::Tensor> block_mask;   // [T, T] bool, only for non-tree blocks
-  std::optional<at::Tensor> depths;       // [T] int64, with block_mask
-  std::optional<at::Tensor> draft_probs;  // [num_nodes, vocab], for sampling verification
+  at::Tensor tokens;                     // [num_token_inputs] int64, on the model's device
+  std::optional<at::Tensor> embeds;      // [num_embed_inputs, hidden] in the model dtype, or none
+  std::vector<int64_t> parents;          // [T] over all inputs, tokens first then embeds
+  int64_t num_committed = 1;             // committed chain length (prompt length at prefill, 1 after)
+  int64_t num_nodes = 1;                 // committed + draft nodes; inputs past this are auxiliary
+  std::optional<at::Tensor> block_mask;  // [T, T] bool, only for non-tree blocks
+  std::optional<at::Tensor> depths;      // [T] int64, with block_mask
+  // [num_nodes - num_committed, vocab] float32: row j is the distribution draft node num_committed + j
+  // was drawn from (siblings: independent draws from one distribution). Read only under sampling.
+  std::optional<at::Tensor> draft_probs;
 
   int64_t num_inputs() const { return static_cast<int64_t>(parents.size()); }
 };

@@ -19,6 +19,14 @@ at::Tensor tree_position_ids(const at::Tensor& parents, int64_t prefix_len);
 at::Tensor verify_greedy(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& target,
                          int64_t root);
 
+// Rejection sampling over a draft tree rooted at node 0 (csrc/core/verify.h). tokens, parents: [n];
+// p: [n, vocab] target probabilities after each node; q: [n - 1, vocab] the distribution each draft
+// node's token was drawn from; uniforms: [n + 1] float64 in [0, 1). Returns (path [n_path] int64,
+// token [] int64: the output token after the path).
+std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
+                                                    const at::Tensor& p, const at::Tensor& q,
+                                                    const at::Tensor& uniforms);
+
 // caches: tensors [B, H, S, D] (dim 2 = sequence); src: [n] int64.  In place:
 // cache[:, :, dst_start + j] = cache[:, :, src[j]] for j in order.
 void compact_kv_(at::TensorList caches, const at::Tensor& src, int64_t dst_start);

@@ -8,6 +8,9 @@ TORCH_LIBRARY(mtprobe, m) {
   m.def("tree_attention_mask(Tensor parents, SymInt prefix_len, ScalarType dtype) -> Tensor");
   m.def("tree_position_ids(Tensor parents, SymInt prefix_len) -> Tensor");
   m.def("verify_greedy(Tensor tokens, Tensor parents, Tensor target, int root) -> Tensor");
+  m.def(
+      "verify_rejection(Tensor tokens, Tensor parents, Tensor p, Tensor q, Tensor uniforms) -> (Tensor, "
+      "Tensor)");
   m.def("compact_kv_(Tensor(a!)[] caches, Tensor src, int dst_start) -> ()");
 }
 
@@ -15,5 +18,6 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("tree_attention_mask", &mtprobe::ops::tree_attention_mask);
   m.impl("tree_position_ids", &mtprobe::ops::tree_position_ids);
   m.impl("verify_greedy", &mtprobe::ops::verify_greedy);
+  m.impl("verify_rejection", &mtprobe::ops::verify_rejection);
   m.impl("compact_kv_", &mtprobe::ops::compact_kv_);
 }

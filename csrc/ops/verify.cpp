@@ -22,4 +22,44 @@ at::Tensor verify_greedy(const at::Tensor& tokens, const at::Tensor& parents, co
   return at::tensor(std::vector<int64_t>(path.begin(), path.begin() + len), at::kLong).to(tokens.device());
 }
 
+std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
+                                                    const at::Tensor& p, const at::Tensor& q,
+                                                    const at::Tensor& uniforms) {
+  std::vector<int64_t> tok = to_int64_vector(tokens, "tokens");
+  std::vector<int64_t> par = to_int64_vector(parents, "parents");
+  const int64_t n = static_cast<int64_t>(tok.size());
+  TORCH_CHECK(n >= 1 && static_cast<int64_t>(par.size()) == n,
+              "tokens and parents must have the same length >= 1, got ", n, " and ", par.size());
+  check_parents_or_throw(par);
+  TORCH_CHECK(par[0] == -1, "node 0 must be the root (parents[0] = -1), got parents[0] = ", par[0]);
+  for (int64_t j = 1; j < n; ++j) {
+    TORCH_CHECK(par[j] >= 0, "node ", j,
+                " is a second root; verify_rejection needs one tree rooted at node 0");
+  }
+  TORCH_CHECK(p.dim() == 2 && p.size(0) == n, "p must be [n, vocab] = [", n, ", vocab], got ", p.sizes());
+  const int64_t vocab = p.size(1);
+  TORCH_CHECK(q.dim() == 2 && q.size(0) == n - 1 && q.size(1) == vocab, "q must be [n - 1, vocab] = [", n - 1,
+              ", ", vocab, "], got ", q.sizes());
+  TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == n + 1, "uniforms must be [n + 1] = [", n + 1,
+              "], got ", uniforms.sizes());
+  at::Tensor pc = p.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor qc = q.to(at::kCPU, at::kFloat).contiguous();
+  at::Tensor uc = uniforms.to(at::kCPU, at::kDouble).contiguous();
+  const float* qp = qc.data_ptr<float>();
+  for (int64_t j = 1; j < n; ++j) {
+    TORCH_CHECK(tok[j] >= 0 && tok[j] < vocab, "token ", tok[j], " of node ", j,
+                " is outside the vocabulary [0, ", vocab, ")");
+    TORCH_CHECK(qp[(j - 1) * vocab + tok[j]] > 0, "node ", j, " drafted token ", tok[j],
+                " with probability 0 under its own q row; draft tokens must be drawn from q");
+  }
+  std::vector<float> residual(static_cast<size_t>(vocab));
+  std::vector<int64_t> path(static_cast<size_t>(n));
+  int64_t token = -1;
+  const int64_t len = core::verify_rejection(tok.data(), par.data(), n, pc.data_ptr<float>(), qp, vocab,
+                                             uc.data_ptr<double>(), residual.data(), path.data(), &token);
+  at::Tensor path_t =
+      at::tensor(std::vector<int64_t>(path.begin(), path.begin() + len), at::kLong).to(tokens.device());
+  return {path_t, at::scalar_tensor(token, at::kLong).to(tokens.device())};
+}
+
 }  // namespace mtprobe::ops

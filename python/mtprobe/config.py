@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 MASK_INITS = ("prompt_mean", "prompt_last", "gaussian", "gaussian_5sigma", "gaussian_10sigma")
 TREES = ("static", "dynamic")
@@ -157,3 +158,88 @@ class PromptLookupConfig:
     @property
     def block_complexity(self) -> int:
         return 1 + self.num_tokens
+
+
+@dataclass(frozen=True)
+class DraftModelConfig:
+    """Draft-model speculative decoding (seed 004): a smaller model drafts a chain of ``num_tokens``
+    tokens with its own KV cache; the target verifies them in one forward, by exact match under
+    greedy decoding and by rejection sampling (Leviathan et al., Chen et al.) under sampling.
+
+    Args:
+        draft_model: any HF causal LM with the target's tokenizer (same vocabulary, same special
+            tokens), on the target's device. ``None``: a layer-truncated copy of the target itself
+            (its first ``num_draft_layers`` layers, final norm and head, sharing the target's
+            weights; see ``mtprobe.draft_model.layer_truncated``).
+        num_draft_layers: the truncated copy's depth when ``draft_model`` is ``None``.
+        num_tokens: K, drafts per step; a step feeds the target 1 + K inputs.
+
+    >>> DraftModelConfig(num_tokens=4).block_complexity
+    5
+    >>> DraftModelConfig(num_tokens=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_tokens=0 must be >= 1 (drafts per step)
+    """
+
+    draft_model: Any = field(default=None, repr=False)
+    num_draft_layers: int = 8
+    num_tokens: int = 5
+
+    def __post_init__(self) -> None:
+        _check_int("num_tokens", self.num_tokens)
+        _check_int("num_draft_layers", self.num_draft_layers)
+        if self.num_tokens < 1:
+            raise ValueError(f"num_tokens={self.num_tokens} must be >= 1 (drafts per step)")
+        if self.num_draft_layers < 1:
+            raise ValueError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
+        if self.draft_model is not None and not hasattr(self.draft_model, "generate"):
+            raise TypeError(
+                f"draft_model must be a HuggingFace causal LM (a PreTrainedModel with generate), "
+                f"got {type(self.draft_model).__name__}"
+            )
+
+    @property
+    def block_complexity(self) -> int:
+        return 1 + self.num_tokens
+
+
+@dataclass(frozen=True)
+class StandConfig:
+    """STAND (Song et al. 2025; seed 001, App. F): an n-gram store of the target's own next-token
+    distributions (the prompt's text and logits, then the logits of every accepted token) from which
+    a draft tree is grown best-first by cumulative probability within the block-complexity budget.
+
+    Args:
+        block_complexity: most inputs of one decode forward: the root and ``block_complexity - 1``
+            draft nodes.
+        max_depth: deepest draft (10 in the paper).
+        max_ngram: longest n-gram key matched.
+        table_size: next tokens kept per key.
+        logits_top_k: tokens of each stored distribution.
+
+    >>> StandConfig(block_complexity=30).block_complexity
+    30
+    >>> StandConfig(block_complexity=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: block_complexity=1 leaves no room for a draft: STAND needs at least 2 (the root and one draft)
+    """
+
+    block_complexity: int = 30
+    max_depth: int = 10
+    max_ngram: int = 3
+    table_size: int = 8
+    logits_top_k: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("block_complexity", "max_depth", "max_ngram", "table_size", "logits_top_k"):
+            _check_int(name, getattr(self, name))
+        if self.block_complexity < 2:
+            raise ValueError(
+                f"block_complexity={self.block_complexity} leaves no room for a draft: STAND needs at least 2 "
+                "(the root and one draft)"
+            )
+        for name in ("max_depth", "max_ngram", "table_size", "logits_top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C
-from mtprobe.config import ProbeConfig, PromptLookupConfig
+from mtprobe.adapter import HFAdapter
+from mtprobe.config import DraftModelConfig, ProbeConfig, PromptLookupConfig, StandConfig
+from mtprobe.draft_model import check_draft_model, layer_truncated
 
-DecodingConfig = ProbeConfig | PromptLookupConfig
+DecodingConfig = ProbeConfig | PromptLookupConfig | StandConfig | DraftModelConfig
+ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _GAUSSIAN_SHIFT = {"gaussian": 0.0, "gaussian_5sigma": 5.0, "gaussian_10sigma": 10.0}
 
@@ -29,13 +35,61 @@ def mask_probe_drafter(model: PreTrainedModel, config: ProbeConfig) -> _C.MaskPr
     )
 
 
-def make_drafter(model: PreTrainedModel, config: DecodingConfig) -> _C.Drafter:
-    """The drafter a decoding configuration describes."""
+def draft_model_drafter(
+    model: PreTrainedModel,
+    config: DraftModelConfig,
+    *,
+    capacity: int,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+) -> _C.DraftModelDrafter:
+    """A draft-model drafter for ``model``: ``config.draft_model`` or the layer-truncated self-draft,
+    with a KV cache of ``capacity`` entries; ``process`` (HF's logits processors) shapes its q."""
+    if capacity < 1:
+        raise ValueError(
+            f"capacity={capacity}: the draft model's KV cache needs prompt + new tokens + K entries"
+        )
+    draft = config.draft_model
+    if draft is None:
+        draft = layer_truncated(model, config.num_draft_layers)
+    check_draft_model(model, draft)
+    adapter = HFAdapter(draft, capacity)  # kept alive by the bound method the drafter holds
+    return _C.DraftModelDrafter(
+        adapter.forward, num_tokens=config.num_tokens, do_sample=do_sample, process=process
+    )
+
+
+def check_decoding_config(config: object) -> None:
+    """Raise TypeError unless ``config`` is one of the decoding configurations."""
+    if not isinstance(config, (ProbeConfig, PromptLookupConfig, StandConfig, DraftModelConfig)):
+        raise TypeError(
+            f"unknown decoding configuration {type(config).__name__}; expected one of "
+            "mtprobe.ProbeConfig, mtprobe.PromptLookupConfig, mtprobe.StandConfig, mtprobe.DraftModelConfig"
+        )
+
+
+def make_drafter(
+    model: PreTrainedModel,
+    config: DecodingConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+) -> _C.Drafter:
+    """The drafter a decoding configuration describes (``capacity``, ``do_sample`` and ``process``
+    matter only to drafters that run a model of their own)."""
+    if isinstance(config, DraftModelConfig):
+        return draft_model_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     if isinstance(config, ProbeConfig):
         return mask_probe_drafter(model, config)
     if isinstance(config, PromptLookupConfig):
         return _C.PromptLookupDrafter(num_tokens=config.num_tokens, max_ngram_size=config.max_ngram_size)
-    raise TypeError(
-        f"unknown decoding configuration {type(config).__name__}; expected one of "
-        "mtprobe.ProbeConfig, mtprobe.PromptLookupConfig"
-    )
+    if isinstance(config, StandConfig):
+        return _C.StandDrafter(
+            max_depth=config.max_depth,
+            max_ngram=config.max_ngram,
+            table_size=config.table_size,
+            logits_top_k=config.logits_top_k,
+        )
+    check_decoding_config(config)
+    raise AssertionError("unreachable")

@@ -18,7 +18,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions
 from mtprobe.config import ProbeConfig
-from mtprobe.drafters import DecodingConfig, make_drafter
+from mtprobe.drafters import DecodingConfig, check_decoding_config, make_drafter
 
 _DTYPE_NAMES = {
     torch.float32: "float32",
@@ -132,15 +132,17 @@ def custom_generate(
         )
     _check_sliding_window(model, prompt_len + max_new_tokens)
 
-    drafter = make_drafter(model, config)  # an unknown config type raises TypeError here
+    check_decoding_config(config)
     capacity = prompt_len + max_new_tokens + config.block_complexity
-    adapter = HFAdapter(model, capacity)
     process = None
     if len(logits_processor) > 0:
 
         def process(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
             return logits_processor(ids, scores)
 
+    do_sample = bool(generation_config.do_sample)
+    drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
+    adapter = HFAdapter(model, capacity)
     stop = None
     if other_criteria:
 
@@ -165,7 +167,7 @@ def custom_generate(
         mask_dtype=_DTYPE_NAMES.get(model.dtype, "float32"),
         device=str(device),
         incremental_masks=getattr(config, "incremental_masks", True),
-        do_sample=bool(generation_config.do_sample),
+        do_sample=do_sample,
         process=process,
         stop=stop,
         stream=stream,

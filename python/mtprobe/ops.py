@@ -11,7 +11,7 @@ import torch
 
 from mtprobe import _C  # noqa: F401  (registers torch.ops.mtprobe)
 
-__all__ = ["tree_attention_mask", "tree_position_ids", "verify_greedy", "compact_kv_"]
+__all__ = ["tree_attention_mask", "tree_position_ids", "verify_greedy", "verify_rejection", "compact_kv_"]
 
 
 @torch.library.register_fake("mtprobe::tree_attention_mask")
@@ -32,6 +32,14 @@ def _verify_greedy_fake(
     # The accepted path's length depends on the data.
     n = torch.library.get_ctx().new_dynamic_size()
     return tokens.new_empty((n,), dtype=torch.long)
+
+
+@torch.library.register_fake("mtprobe::verify_rejection")
+def _verify_rejection_fake(
+    tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor, q: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n = torch.library.get_ctx().new_dynamic_size()
+    return tokens.new_empty((n,), dtype=torch.long), tokens.new_empty((), dtype=torch.long)
 
 
 @torch.library.register_fake("mtprobe::compact_kv_")
@@ -56,6 +64,13 @@ def verify_greedy(
 ) -> torch.Tensor:
     """Accepted path ``[n_path]`` of node indices from ``root`` (see ``reference.verify``)."""
     return torch.ops.mtprobe.verify_greedy(tokens, parents, target, root)
+
+
+def verify_rejection(
+    tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor, q: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection-sampling verification: (accepted path ``[n_path]``, output token ``[]``); see ``reference.verify``."""
+    return torch.ops.mtprobe.verify_rejection(tokens, parents, p, q, uniforms)
 
 
 def compact_kv_(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -> None:

@@ -6,6 +6,7 @@ Nothing here imports from mtprobe outside this subpackage, so the definitions st
 from .draft_tree import dynamic_tree, static_tree
 from .kv_compact import check_compaction, compact_kv
 from .prompt_lookup import prompt_lookup
+from .stand import NgramStore, build_stand_tree
 from .tree_mask import (
     check_parents,
     tree_ancestors,
@@ -14,9 +15,11 @@ from .tree_mask import (
     tree_depths,
     tree_position_ids,
 )
-from .verify import verify_greedy
+from .verify import verify_greedy, verify_rejection
 
 __all__ = [
+    "NgramStore",
+    "build_stand_tree",
     "check_compaction",
     "check_parents",
     "compact_kv",
@@ -29,4 +32,5 @@ __all__ = [
     "tree_depths",
     "tree_position_ids",
     "verify_greedy",
+    "verify_rejection",
 ]

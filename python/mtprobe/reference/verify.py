@@ -66,3 +66,59 @@ def verify_greedy(
             break
         path.append(matches[0])  # lowest-index matching child
     return torch.tensor(path, dtype=torch.long, device=tokens.device)
+
+
+def verify_rejection(
+    tokens: torch.Tensor,  # [n] draft tokens; node 0 is the root (its token is not used)
+    parents: torch.Tensor,  # [n], parents[0] = -1, one tree rooted at node 0
+    p: torch.Tensor,  # [n, vocab] target probabilities after each node
+    q: torch.Tensor,  # [n - 1, vocab] row j - 1: the distribution node j's token was drawn from
+    uniforms: torch.Tensor,  # [n + 1] in [0, 1): uniforms[j] decides node j, uniforms[n] the last draw
+) -> tuple[torch.Tensor, int]:
+    """Rejection sampling over a tree (Leviathan et al. for a chain, SpecInfer for siblings).
+
+    At node i the residual starts as r = p[i]; its children c (independent draws from one q) are
+    tried in index order: accept if u_c < r[x_c] / q_c[x_c], else r <- normalise(max(r - q_c, 0)).
+    The walk moves to an accepted child; when no child is accepted the output token is drawn from r
+    by inverse CDF with the last uniform. Returns (path [n_path], output token).
+
+    A chain over vocab {0, 1}: p_0 = [0.6, 0.4]; node 1 drafted 1 from q = [0.2, 0.8], accepted iff
+    u_1 < 0.4 / 0.8 = 0.5; on rejection r = [1, 0], so the output is 0:
+
+    >>> p = torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    >>> q = torch.tensor([[0.2, 0.8]])
+    >>> verify_rejection(torch.tensor([7, 1]), torch.tensor([-1, 0]), p, q, torch.tensor([0.0, 0.3, 0.9]))
+    (tensor([0, 1]), 1)
+    >>> verify_rejection(torch.tensor([7, 1]), torch.tensor([-1, 0]), p, q, torch.tensor([0.0, 0.7, 0.9]))
+    (tensor([0]), 0)
+    """
+    parent_list = check_parents(parents)
+    n = len(parent_list)
+    if parent_list[0] != -1 or any(x < 0 for x in parent_list[1:]):
+        raise ValueError("verify_rejection needs one tree rooted at node 0")
+    if p.shape[0] != n or q.shape != (n - 1, p.shape[1]) or uniforms.shape != (n + 1,):
+        raise ValueError(
+            f"need p [n, vocab], q [n - 1, vocab], uniforms [n + 1] for n = {n}; got "
+            f"{tuple(p.shape)}, {tuple(q.shape)}, {tuple(uniforms.shape)}"
+        )
+    p, q, u = p.double(), q.double(), uniforms.double().tolist()
+    path = [0]
+    while True:
+        cur = path[-1]
+        r = p[cur].clone()  # [vocab]
+        accepted = None
+        for c in range(cur + 1, n):
+            if parent_list[c] != cur:
+                continue
+            x = int(tokens[c])
+            if u[c] * q[c - 1, x] < r[x]:
+                accepted = c
+                break
+            leftover = (r - q[c - 1]).clamp(min=0)  # [vocab]
+            if leftover.sum() > 0:
+                r = leftover / leftover.sum()
+        if accepted is None:
+            cdf = torch.cumsum(r, 0)
+            token = int(torch.searchsorted(cdf, u[n] * cdf[-1], right=True).clamp(max=len(r) - 1))
+            return torch.tensor(path, dtype=torch.long), token
+        path.append(accepted)

@@ -2,12 +2,12 @@
 
 A method is one :class:`Method` entry: a frozen dataclass type for its configuration, the CLI options
 that fill it, and a run function ``run(model, input_ids, config, max_new_tokens) -> MethodOutput``.
-Adding a drafter (stand, lookahead, sps, hybrid, heads, ...) is one :func:`register` call, as for
-``pld`` at the end of this file.
+Adding a drafter (lookahead, hybrid, heads, ...) is one :func:`register` call, as for ``pld``,
+``stand`` and ``sps`` at the end of this file.
 
 ``decoding_steps`` follows Spec-Bench: for ``ar`` it is the number of new tokens (as in Spec-Bench's
 ``inference_baseline.py``, which equals the forwards greedy decoding makes, prefill included); for
-``probe`` and ``pld`` it is ``GenerateOutput.forward_calls``: target forwards, **prefill included**. Either way
+the mtprobe methods it is ``GenerateOutput.forward_calls``: target forwards, **prefill included**. Either way
 ``ar decoding_steps / method decoding_steps`` is the reduction in forward calls.
 ``accept_lengths`` holds the tokens gained per step: ``[1] * new_tokens`` for ``ar``; for the others
 ``GenerateOutput.accept_lengths``, one per decode forward, prefill *not* included (the prefill's
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from mtprobe.config import ProbeConfig, PromptLookupConfig
+from mtprobe.config import DraftModelConfig, ProbeConfig, PromptLookupConfig, StandConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -225,6 +225,10 @@ register(
 
 # --- probe: mtprobe's mask-token probing ---------------------------------------------------------
 
+BLOCK_COMPLEXITY_OPTION = Option(
+    "--block-complexity", "block_complexity", int, "bc", "BC: most input tokens per decode forward"
+)
+
 
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
@@ -238,7 +242,7 @@ def _parse_bool(text: str) -> bool:
 def _run_mtprobe(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
-    config: ProbeConfig | PromptLookupConfig,
+    config: ProbeConfig | PromptLookupConfig | StandConfig | DraftModelConfig,
     max_new_tokens: int,
 ) -> MethodOutput:
     """Any method that is mtprobe.generate with a decoding configuration."""
@@ -259,13 +263,7 @@ register(
         config_type=ProbeConfig,
         run=_run_mtprobe,
         options=(
-            Option(
-                "--block-complexity",
-                "block_complexity",
-                int,
-                "bc",
-                "BC: most input tokens per decode forward",
-            ),
+            BLOCK_COMPLEXITY_OPTION,
             Option(
                 "--num-masks", "num_masks", int, "k", "mask tokens per node (default: 1 below BC 60, else 2)"
             ),
@@ -295,5 +293,41 @@ register(
             Option("--max-ngram-size", "max_ngram_size", int, "g", "longest n-gram matched"),
         ),
         steps_doc="forward calls, prefill included",
+    )
+)
+
+
+# --- stand: STAND's n-gram store of the target's own distributions ----------------------------------
+
+
+register(
+    Method(
+        name="stand",
+        summary="STAND: a draft tree from an n-gram store of the target's own next-token distributions",
+        config_type=StandConfig,
+        run=_run_mtprobe,
+        options=(
+            BLOCK_COMPLEXITY_OPTION,
+            Option("--max-depth", "max_depth", int, "d", "deepest draft"),
+        ),
+        steps_doc="forward calls, prefill included",
+    )
+)
+
+
+# --- sps: draft-model speculative decoding -----------------------------------------------------------
+
+
+register(
+    Method(
+        name="sps",
+        summary="draft-model speculative decoding with the target's layer-truncated self-draft",
+        config_type=DraftModelConfig,
+        run=_run_mtprobe,
+        options=(
+            Option("--num-tokens", "num_tokens", int, "n", "drafts per step (block complexity = 1 + this)"),
+            Option("--draft-layers", "num_draft_layers", int, "l", "layers of the truncated self-draft"),
+        ),
+        steps_doc="target forward calls, prefill included (the draft model's forwards are not counted)",
     )
 )

@@ -131,3 +131,21 @@ def select_questions(
             raise ValueError(f"limit must be >= 0, got {limit}")
         selected = selected[:limit]
     return selected
+
+
+def first_per_category(questions: Sequence[Question], per_category: int) -> list[Question]:
+    """The first ``per_category`` questions of every category, in file order (benchmark subsets).
+
+    >>> qs = [Question(i, c, ["?"]) for i, c in enumerate(["qa", "qa", "rag", "qa", "rag"])]
+    >>> [q.question_id for q in first_per_category(qs, 1)]
+    [0, 2]
+    """
+    if per_category < 1:
+        raise ValueError(f"per_category must be >= 1, got {per_category}")
+    seen: dict[str, int] = {}
+    out = []
+    for q in questions:
+        if seen.get(q.category, 0) < per_category:
+            seen[q.category] = seen.get(q.category, 0) + 1
+            out.append(q)
+    return out

@@ -1,0 +1,142 @@
+#include "core/ngram_store.h"
+
+#include <algorithm>
+#include <queue>
+#include <stdexcept>
+
+namespace mtprobe::core {
+
+namespace {
+
+// Copies the first min(cap, table size) entries, normalised over the whole table.
+template <typename Entry, typename P>
+int64_t write_table(const std::vector<Entry>& table, int64_t* out_tokens, P* out_probs, int64_t cap) {
+  double total = 0.0;
+  for (const Entry& e : table) total += e.mass;  // in table order, as the Python reference does
+  const int64_t count = std::min<int64_t>(cap, static_cast<int64_t>(table.size()));
+  for (int64_t i = 0; i < count; ++i) {
+    out_tokens[i] = table[i].token;
+    out_probs[i] = static_cast<P>(table[i].mass / total);
+  }
+  return std::max<int64_t>(count, 0);
+}
+
+}  // namespace
+
+NgramStore::NgramStore(int64_t max_ngram, int64_t top_k) : max_ngram_(max_ngram), top_k_(top_k) {
+  if (max_ngram < 1 || top_k < 1) {
+    throw std::invalid_argument("NgramStore: max_ngram and top_k must be >= 1");
+  }
+}
+
+std::size_t NgramStore::KeyHash::operator()(const std::vector<int64_t>& key) const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the tokens
+  for (int64_t t : key) h = (h ^ static_cast<uint64_t>(t)) * 1099511628211ull;
+  return static_cast<std::size_t>(h);
+}
+
+void NgramStore::add(const int64_t* context, int64_t len, const int64_t* tokens, const float* probs,
+                     int64_t k) {
+  bool any = false;
+  for (int64_t i = 0; i < k; ++i) any = any || probs[i] > 0.0f;
+  if (!any) return;  // no empty tables: a key with a table always has some mass
+  std::vector<int64_t> key;
+  for (int64_t n = 1; n <= std::min(max_ngram_, len); ++n) {
+    key.assign(context + len - n, context + len);
+    Table& table = tables_[key];
+    for (int64_t i = 0; i < k; ++i) {
+      if (!(probs[i] > 0.0f)) continue;
+      auto it =
+          std::find_if(table.begin(), table.end(), [&](const Entry& e) { return e.token == tokens[i]; });
+      if (it == table.end()) {
+        table.push_back({tokens[i], static_cast<double>(probs[i])});
+      } else {
+        it->mass += static_cast<double>(probs[i]);
+      }
+    }
+    std::sort(table.begin(), table.end(), [](const Entry& a, const Entry& b) {
+      return a.mass != b.mass ? a.mass > b.mass : a.token < b.token;
+    });
+    if (static_cast<int64_t>(table.size()) > top_k_) table.resize(top_k_);  // evicted mass is dropped
+  }
+}
+
+void NgramStore::add_token(const int64_t* context, int64_t len, int64_t next) {
+  const float one = 1.0f;
+  add(context, len, &next, &one, 1);
+}
+
+const NgramStore::Table* NgramStore::longest_match(const int64_t* context, int64_t len) const {
+  std::vector<int64_t> key;
+  for (int64_t n = std::min(max_ngram_, len); n >= 1; --n) {
+    key.assign(context + len - n, context + len);
+    auto it = tables_.find(key);
+    if (it != tables_.end() && !it->second.empty()) return &it->second;
+  }
+  return nullptr;
+}
+
+int64_t NgramStore::lookup(const int64_t* context, int64_t len, int64_t* out_tokens, float* out_probs,
+                           int64_t cap) const {
+  const Table* table = longest_match(context, len);
+  return table == nullptr ? 0 : write_table(*table, out_tokens, out_probs, cap);
+}
+
+int64_t NgramStore::lookup(const int64_t* context, int64_t len, int64_t* out_tokens, double* out_probs,
+                           int64_t cap) const {
+  const Table* table = longest_match(context, len);
+  return table == nullptr ? 0 : write_table(*table, out_tokens, out_probs, cap);
+}
+
+int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_t len, int64_t budget,
+                         int64_t max_depth, int64_t* out_tokens, int64_t* out_parents) {
+  if (len < 1 || budget < 1 || max_depth < 1) return 0;
+  struct Cand {
+    double score;
+    int64_t parent;  // -1: the root
+    double prob;
+    int64_t token;
+  };
+  // priority_queue pops the largest: `ranks_below(a, b)` is true when b is taken before a.
+  auto ranks_below = [](const Cand& a, const Cand& b) {
+    if (a.score != b.score) return a.score < b.score;
+    if (a.parent != b.parent) return a.parent > b.parent;
+    if (a.prob != b.prob) return a.prob < b.prob;
+    return a.token > b.token;
+  };
+  std::priority_queue<Cand, std::vector<Cand>, decltype(ranks_below)> queue(ranks_below);
+
+  const int64_t n = store.max_ngram();  // lookups read only the last max_ngram tokens
+  std::vector<int64_t> depth;
+  std::vector<int64_t> tail;
+  std::vector<int64_t> cand_tokens(store.top_k());
+  std::vector<double> cand_probs(store.top_k());
+  auto push_children = [&](int64_t node, double score) {
+    // The last n tokens of context + path to `node`, gathered backwards.
+    tail.clear();
+    for (int64_t v = node; v >= 0 && static_cast<int64_t>(tail.size()) < n; v = out_parents[v]) {
+      tail.push_back(out_tokens[v]);
+    }
+    for (int64_t i = len - 1; i >= 0 && static_cast<int64_t>(tail.size()) < n; --i)
+      tail.push_back(context[i]);
+    std::reverse(tail.begin(), tail.end());
+    const int64_t m = store.lookup(tail.data(), static_cast<int64_t>(tail.size()), cand_tokens.data(),
+                                   cand_probs.data(), store.top_k());
+    for (int64_t i = 0; i < m; ++i) queue.push({score * cand_probs[i], node, cand_probs[i], cand_tokens[i]});
+  };
+
+  push_children(-1, 1.0);
+  int64_t count = 0;
+  while (count < budget && !queue.empty()) {
+    const Cand c = queue.top();
+    queue.pop();
+    out_tokens[count] = c.token;
+    out_parents[count] = c.parent;
+    depth.push_back(c.parent < 0 ? 1 : depth[c.parent] + 1);
+    ++count;
+    if (depth.back() < max_depth && count < budget) push_children(count - 1, c.score);
+  }
+  return count;
+}
+
+}  // namespace mtprobe::core

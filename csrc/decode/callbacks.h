@@ -1,0 +1,31 @@
+// The callbacks through which C++ reaches Python: the model forward, its KV cache, HF's logits
+// processors, stopping criteria and streamers. Shared by the decode loop and the drafters that run
+// a model of their own (draft-model speculative decoding).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace mtprobe {
+
+// forward(tokens [n_tok], embeds [n_emb, hidden]?, position_ids [1, T], mask [1, 1, T, P + T]?,
+//         prefix_len P, want_hidden) -> (logits [T, vocab], hidden [T, hidden]?)
+// The callee must set its KV cache length to P before the forward, append the T new entries,
+// and keep them until the next call (the loop compacts them in place through kv_buffers).
+using ForwardFn = std::function<std::tuple<at::Tensor, std::optional<at::Tensor>>(
+    const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
+    int64_t, bool)>;
+// Every KV tensor [batch, heads, capacity, head_dim] of the cache, valid after the first forward.
+using KvBuffersFn = std::function<std::vector<at::Tensor>()>;
+// process(ids [n, L], scores [n, vocab] float32) -> processed scores: HF logits processors.
+using ProcessFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
+// stop(ids [1, L]) -> true when user stopping criteria end the sequence.
+using StopFn = std::function<bool(const at::Tensor&)>;
+// stream(new_tokens [n]) after every step.
+using StreamFn = std::function<void(const at::Tensor&)>;
+
+}  // namespace mtprobe

@@ -1,0 +1,50 @@
+// Draft-model speculative decoding (seed 004; Leviathan et al. 2023, Chen et al. 2023): a smaller
+// model with its own KV cache drafts a chain of K tokens, one forward per token, and the target
+// verifies the chain in one forward. Greedy drafts are the draft model's argmax; under sampling
+// the drafts are samples of its processed distribution q, handed to verification as draft_probs
+// so that rejection sampling keeps the output distributed exactly as the target's.
+//
+// The draft model is reached through the same forward callback as the target (an HFAdapter over
+// the draft model). Its cache holds a prefix of the sequence: after a step that accepted a of
+// the K drafts, the first len + min(a, K - 1) entries are still right (the K-th draft was never
+// fed), so the next step feeds only the tokens after them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "decode/callbacks.h"
+#include "drafters/drafter.h"
+
+namespace mtprobe {
+
+struct DraftModelOptions {
+  int64_t num_tokens = 5;  // K, drafts per step (a step feeds the target 1 + K inputs)
+  bool do_sample = false;  // sample drafts from q and hand q to verification
+};
+
+class DraftModelDrafter : public Drafter {
+ public:
+  // forward: the draft model's forward (see ForwardFn); process: the logits processors that shape
+  // q (HF's, the same as the target's), or none for raw logits.
+  DraftModelDrafter(ForwardFn forward, DraftModelOptions options,
+                    std::optional<ProcessFn> process = std::nullopt);
+
+  std::string name() const override { return "draft_model"; }
+  void begin(const at::Tensor& prompt) override;
+  DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
+  void observe(const StepOutcome& outcome) override;
+
+  int64_t draft_forwards() const { return draft_forwards_; }
+
+ private:
+  ForwardFn forward_;
+  DraftModelOptions options_;
+  std::optional<ProcessFn> process_;
+  std::vector<int64_t> history_;  // prompt + every generated token (includes the committed chain)
+  int64_t cached_ = 0;            // draft KV entries that match history_
+  int64_t draft_forwards_ = 0;
+};
+
+}  // namespace mtprobe

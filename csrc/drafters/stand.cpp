@@ -1,0 +1,81 @@
+#include "drafters/stand.h"
+
+#include <algorithm>
+
+namespace mtprobe {
+
+StandDrafter::StandDrafter(StandOptions options)
+    : options_(options),
+      store_(std::max<int64_t>(options.max_ngram, 1), std::max<int64_t>(options.table_size, 1)) {
+  TORCH_CHECK_VALUE(options_.max_depth >= 1, "max_depth must be >= 1, got ", options_.max_depth);
+  TORCH_CHECK_VALUE(options_.max_ngram >= 1, "max_ngram must be >= 1, got ", options_.max_ngram);
+  TORCH_CHECK_VALUE(options_.table_size >= 1, "table_size must be >= 1, got ", options_.table_size);
+  TORCH_CHECK_VALUE(options_.logits_top_k >= 1, "logits_top_k must be >= 1, got ", options_.logits_top_k);
+}
+
+void StandDrafter::begin(const at::Tensor& prompt) {
+  at::Tensor p = prompt.to(at::kCPU, at::kLong).contiguous();
+  history_.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
+  store_ = core::NgramStore(options_.max_ngram, options_.table_size);  // a fresh store per sequence
+  prefill_ = true;
+}
+
+DraftBlock StandDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
+  (void)prefix_len;
+  const int64_t c = committed.size(0);
+  DraftBlock b;
+  b.num_committed = c;
+  // Drafts past the tokens still wanted, the budget or the context are wasted work.
+  const int64_t depth = std::min({options_.max_depth, limits.tokens_left - 1, limits.max_depth});
+  const int64_t budget = c == 1 ? limits.budget - 1 : options_.max_depth;
+  int64_t n = 0;
+  std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(budget, 0)));
+  std::vector<int64_t> parents(tokens.size());
+  if (depth >= 1 && budget >= 1) {
+    n = core::build_stand_tree(store_, history_.data(), static_cast<int64_t>(history_.size()), budget, depth,
+                               tokens.data(), parents.data());
+  }
+  tokens.resize(static_cast<size_t>(n));
+  b.tokens = n > 0 ? at::cat({committed, at::tensor(tokens, at::kLong).to(committed.device())}) : committed;
+  b.num_nodes = c + n;
+  b.parents.resize(static_cast<size_t>(c + n));
+  for (int64_t i = 0; i < c; ++i) b.parents[i] = i - 1;  // the committed chain
+  // The store's parent -1 is the root, the last committed input c - 1; node j is input c + j.
+  for (int64_t j = 0; j < n; ++j) b.parents[c + j] = parents[j] < 0 ? c - 1 : c + parents[j];
+  return b;
+}
+
+void StandDrafter::observe(const StepOutcome& outcome) {
+  const int64_t k = std::min<int64_t>(options_.logits_top_k, outcome.logits.size(-1));
+  if (prefill_) {
+    // Every prompt position: the logits at input i are the distribution after history_[0 : i + 1].
+    const int64_t L = static_cast<int64_t>(history_.size());
+    for (int64_t i = 1; i < L; ++i) store_.add_token(history_.data(), i, history_[i]);
+    auto [probs, ids] = outcome.logits.narrow(0, 0, L).to(at::kFloat).softmax(-1).topk(k, -1);  // [L, k]
+    at::Tensor pc = probs.to(at::kCPU).contiguous(), ic = ids.to(at::kCPU).contiguous();
+    for (int64_t i = 0; i < L; ++i) {
+      store_.add(history_.data(), i + 1, ic.data_ptr<int64_t>() + i * k, pc.data_ptr<float>() + i * k, k);
+    }
+    prefill_ = false;
+  } else {
+    // The accepted path: input path[j] is followed by new_tokens[j]; its logits are the
+    // distribution after history_ + new_tokens[0 : j].
+    const int64_t m = std::min<int64_t>(static_cast<int64_t>(outcome.path.size()),
+                                        static_cast<int64_t>(outcome.new_tokens.size()));
+    at::Tensor rows =
+        at::tensor(std::vector<int64_t>(outcome.path.begin(), outcome.path.begin() + m), at::kLong)
+            .to(outcome.logits.device());
+    auto [probs, ids] =
+        outcome.logits.index_select(0, rows).to(at::kFloat).softmax(-1).topk(k, -1);  // [m, k]
+    at::Tensor pc = probs.to(at::kCPU).contiguous(), ic = ids.to(at::kCPU).contiguous();
+    std::vector<int64_t> context(history_);
+    for (int64_t j = 0; j < m; ++j) {
+      store_.add(context.data(), static_cast<int64_t>(context.size()), ic.data_ptr<int64_t>() + j * k,
+                 pc.data_ptr<float>() + j * k, k);
+      context.push_back(outcome.new_tokens[j]);
+    }
+  }
+  history_.insert(history_.end(), outcome.new_tokens.begin(), outcome.new_tokens.end());
+}
+
+}  // namespace mtprobe

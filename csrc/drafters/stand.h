@@ -1,0 +1,44 @@
+// STAND (Song et al. 2025; seed 001, App. F): a draft tree grown best-first by cumulative
+// probability from an n-gram store of the distributions the target produced so far
+// (csrc/core/ngram_store.h). Needs only tokens: every input is a draft node.
+//
+// What the store learns, and when:
+//   - at prefill, for every prompt position i: the prompt's actual next token (one-hot, so that
+//     text in the prompt is copied as prompt lookup copies it) and the target's top-k
+//     distribution after prompt[0 : i + 1] (its logits at input i);
+//   - after every decode step, the target's top-k distribution after each accepted node (the
+//     logits at the root and at every accepted draft).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/ngram_store.h"
+#include "drafters/drafter.h"
+
+namespace mtprobe {
+
+struct StandOptions {
+  int64_t max_depth = 10;    // deepest draft (the paper's STAND: depth 10)
+  int64_t max_ngram = 3;     // longest n-gram key
+  int64_t table_size = 8;    // next tokens kept per key
+  int64_t logits_top_k = 8;  // tokens of each stored distribution
+};
+
+class StandDrafter : public Drafter {
+ public:
+  explicit StandDrafter(StandOptions options);
+
+  std::string name() const override { return "stand"; }
+  void begin(const at::Tensor& prompt) override;
+  DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
+  void observe(const StepOutcome& outcome) override;
+
+ private:
+  StandOptions options_;
+  core::NgramStore store_;
+  std::vector<int64_t> history_;  // prompt + every generated token
+  bool prefill_ = true;
+};
+
+}  // namespace mtprobe

@@ -1,0 +1,100 @@
+"""Draft models for speculative decoding: the layer-truncated self-draft and the compatibility checks.
+
+The drafter itself is C++ (csrc/drafters/draft_model.*); this module builds and checks the model it
+runs. The default draft of a model is its own first layers, final norm and head: no second
+checkpoint to ship, and the same tokenizer by construction.
+
+>>> import torch, transformers
+>>> cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+...     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+>>> target = transformers.LlamaForCausalLM(cfg).eval()
+>>> draft = layer_truncated(target, 1)
+>>> draft.config.num_hidden_layers, len(draft.model.layers)
+(1, 1)
+>>> draft.model.embed_tokens.weight is target.model.embed_tokens.weight  # weights are shared
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+from transformers import PreTrainedModel
+
+from mtprobe.adapter import check_causal_lm
+
+_TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {num_layers: draft}
+
+
+def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """A draft made of ``model``'s first ``num_layers`` decoder layers, its final norm and its head.
+
+    The draft's parameters are the target's own tensors (no copy). Built once per (model,
+    num_layers) and reused.
+    """
+    check_causal_lm(model)
+    cfg = model.config.get_text_config(decoder=True)
+    total = cfg.num_hidden_layers
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
+        raise ValueError(
+            f"num_layers={num_layers!r} must be an int in [1, {total}] (the target has {total} layers)"
+        )
+    per_model = _TRUNCATED.setdefault(model, {})
+    if num_layers in per_model:
+        return per_model[num_layers]
+    draft_cfg = copy.deepcopy(model.config)
+    draft_cfg.num_hidden_layers = num_layers
+    if getattr(draft_cfg, "layer_types", None) is not None:  # per-layer attention kinds (transformers 5)
+        draft_cfg.layer_types = list(draft_cfg.layer_types[:num_layers])
+    # Built for real (not on the meta device) so buffers outside the state dict (rotary tables) exist;
+    # the parameters are then replaced by the target's own.
+    draft = type(model)(draft_cfg).to(device=model.device, dtype=model.dtype)
+    keep = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        layer = _layer_index(name)
+        if layer is None or layer < num_layers:
+            keep[name] = tensor
+    draft.load_state_dict(keep, strict=True, assign=True)
+    if getattr(draft_cfg, "tie_word_embeddings", False):
+        draft.tie_weights()
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    draft.eval()
+    per_model[num_layers] = draft
+    return draft
+
+
+def _layer_index(name: str) -> int | None:
+    # "model.layers.7.self_attn.q_proj.weight" -> 7; HF decoders keep their blocks in one list.
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("layers", "h", "blocks") and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def check_draft_model(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+    """Raise when ``draft`` cannot draft for ``target``: another vocabulary, other special tokens or
+    another device. (Token ids are compared; a tokenizer with the same size and special tokens but
+    other merges cannot be detected from the models alone.)"""
+    check_causal_lm(draft)
+    v_t = target.get_output_embeddings().weight.shape[0]
+    v_d = draft.get_output_embeddings().weight.shape[0]
+    if v_t != v_d:
+        raise ValueError(
+            f"the draft model's vocabulary has {v_d} tokens but the target's has {v_t}; a draft model must use "
+            "the target's tokenizer (the same vocabulary)"
+        )
+    t_cfg, d_cfg = target.config.get_text_config(decoder=True), draft.config.get_text_config(decoder=True)
+    for name in ("bos_token_id", "eos_token_id"):
+        a, b = getattr(t_cfg, name, None), getattr(d_cfg, name, None)
+        if a is not None and b is not None and a != b:
+            raise ValueError(
+                f"the draft model's {name} is {b} but the target's is {a}: they use different tokenizers; a draft "
+                "model must use the target's tokenizer"
+            )
+    if draft.device != target.device:
+        raise ValueError(
+            f"the draft model is on {draft.device} but the target is on {target.device}; move it with "
+            f"draft.to({str(target.device)!r})"
+        )

@@ -1,0 +1,168 @@
+"""Draft-model speculative decoding: the self-draft, lossless greedy decoding, transformers'
+assisted generation as the peer, and bad configurations. Sampling exactness is in test_sampling.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+import mtprobe
+from conftest import chat_ids, tiny_llama
+from mtprobe.draft_model import check_draft_model, layer_truncated
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_llama(vocab_size=48, num_hidden_layers=4, eos_token_id=47)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft():
+    # An independent model over the same vocabulary: it mostly drafts wrong, which exercises rejection.
+    return tiny_llama(seed=7, vocab_size=48, num_hidden_layers=1, hidden_size=32, eos_token_id=47)
+
+
+# --- the layer-truncated self-draft ------------------------------------------------------------
+
+
+def test_truncated_copy_with_every_layer_is_the_target(tiny):
+    draft = layer_truncated(tiny, tiny.config.num_hidden_layers)
+    ids = torch.randint(0, 47, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(draft(ids).logits, tiny(ids).logits)
+
+
+def test_truncated_copy_runs_the_first_layers(tiny):
+    draft = layer_truncated(tiny, 2)
+    assert draft.config.num_hidden_layers == 2 and len(draft.model.layers) == 2
+    assert draft.model.layers[1].mlp.up_proj.weight is tiny.model.layers[1].mlp.up_proj.weight  # shared
+    ids = torch.randint(0, 47, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        h = tiny(ids, output_hidden_states=True).hidden_states[2]  # after layer 2 of the target
+        expected = tiny.lm_head(tiny.model.norm(h))
+        assert torch.allclose(draft(ids).logits, expected, atol=1e-5)
+    assert layer_truncated(tiny, 2) is draft  # built once per (model, depth)
+
+
+@pytest.mark.parametrize("bad", [0, 5, 2.0, True])
+def test_truncated_copy_rejects_bad_depth(tiny, bad):
+    with pytest.raises(ValueError, match=r"num_layers=.* must be an int in \[1, 4\]"):
+        layer_truncated(tiny, bad)
+
+
+# --- lossless greedy decoding ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 8])
+def test_lossless_with_an_independent_draft(tiny, tiny_draft, num_tokens):
+    cfg = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=num_tokens)
+    gen = torch.Generator().manual_seed(num_tokens)
+    for length in (1, 7, 30):
+        prompt = torch.randint(0, 47, (1, length), generator=gen)
+        for max_new in (1, 2, 25):
+            ref = tiny.generate(prompt, do_sample=False, max_new_tokens=max_new)
+            out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=max_new)
+            assert torch.equal(out.sequences, ref), (length, max_new)
+            assert all(1 <= a <= num_tokens + 1 for a in out.accept_lengths)
+
+
+@pytest.mark.parametrize("num_draft_layers", [1, 3, 4])
+def test_lossless_with_the_self_draft(tiny, num_draft_layers):
+    cfg = mtprobe.DraftModelConfig(num_draft_layers=num_draft_layers, num_tokens=4)
+    prompt = torch.randint(0, 47, (1, 10), generator=torch.Generator().manual_seed(num_draft_layers))
+    ref = tiny.generate(prompt, do_sample=False, max_new_tokens=30)
+    out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=30)
+    assert torch.equal(out.sequences, ref)
+    if num_draft_layers == 4:  # the draft is the target: every draft is accepted
+        assert all(
+            a == min(5, r)
+            for a, r in zip(out.accept_lengths, _remaining(30, out.accept_lengths), strict=True)
+        )
+
+
+def _remaining(total: int, accept_lengths: list[int]) -> list[int]:
+    left, out = total, []
+    for a in accept_lengths:
+        out.append(left)
+        left -= a
+    return out
+
+
+def test_lossless_with_processors_through_hf_generate(tiny, tiny_draft):
+    cfg = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=4)
+    prompt = torch.randint(0, 47, (1, 6), generator=torch.Generator().manual_seed(5))
+    kw = dict(do_sample=False, max_new_tokens=30, repetition_penalty=1.3, no_repeat_ngram_size=2)
+    ref = tiny.generate(prompt, **kw)
+    out = tiny.generate(prompt, custom_generate=mtprobe.custom_generate, mtprobe_config=cfg, **kw)
+    assert torch.equal(out, ref)
+
+
+def test_smollm2_self_draft_matches_greedy_and_transformers_assisted_generation(smollm2):
+    model, tok = smollm2
+    prompts = [
+        "Write a haiku about autumn rain.",
+        "List the first eight prime numbers, separated by commas.",
+        "Translate to French: The cat sleeps on the warm windowsill.",
+    ]
+    cfg = mtprobe.DraftModelConfig(num_draft_layers=8, num_tokens=4)
+    draft = layer_truncated(model, 8)
+    for text in prompts:
+        ids = chat_ids(tok, [{"role": "user", "content": text}])
+        ref = model.generate(ids, do_sample=False, max_new_tokens=32)
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=32)
+        assert torch.equal(out.sequences, ref), text
+        # transformers' own assisted generation with the same draft agrees token for token
+        hf = model.generate(ids, do_sample=False, max_new_tokens=32, assistant_model=draft)
+        assert torch.equal(hf, ref), text
+
+
+# --- bad configurations ------------------------------------------------------------------------
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="num_tokens=0 must be >= 1"):
+        mtprobe.DraftModelConfig(num_tokens=0)
+    with pytest.raises(ValueError, match="num_draft_layers=0 must be >= 1"):
+        mtprobe.DraftModelConfig(num_draft_layers=0)
+    with pytest.raises(TypeError, match="num_tokens must be an int"):
+        mtprobe.DraftModelConfig(num_tokens=2.5)
+    with pytest.raises(TypeError, match="draft_model must be a HuggingFace causal LM"):
+        mtprobe.DraftModelConfig(draft_model="HuggingFaceTB/SmolLM2-135M")
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny):
+    other = tiny_llama(seed=3, vocab_size=40, eos_token_id=39)
+    with pytest.raises(ValueError, match="vocabulary has 40 tokens but the target's has 48"):
+        mtprobe.generate(
+            tiny, torch.tensor([[1, 2]]), mtprobe.DraftModelConfig(draft_model=other), max_new_tokens=4
+        )
+
+
+def test_draft_with_other_special_tokens_is_refused(tiny):
+    other = tiny_llama(seed=3, vocab_size=48, eos_token_id=5)
+    with pytest.raises(ValueError, match="eos_token_id is 5 but the target's is 47"):
+        check_draft_model(tiny, other)
+
+
+def test_draft_of_another_architecture_works(tiny):
+    # Any causal LM with the same vocabulary: a Qwen2 draft for a Llama target.
+    torch.manual_seed(11)
+    qwen = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=48,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            eos_token_id=47,
+            max_position_embeddings=256,
+        )
+    ).eval()
+    prompt = torch.tensor([[3, 9, 27, 1]])
+    ref = tiny.generate(prompt, do_sample=False, max_new_tokens=20)
+    out = mtprobe.generate(
+        tiny, prompt, mtprobe.DraftModelConfig(draft_model=qwen, num_tokens=3), max_new_tokens=20
+    )
+    assert torch.equal(out.sequences, ref)
