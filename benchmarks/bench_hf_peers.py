@@ -14,7 +14,7 @@ draft forwards, and wall time. The modes alternate question by question, so load
 hits all of them alike. A benchmark, not a test.
 
     python benchmarks/bench_hf_peers.py --question-file ../shared/specbench/question-dev.jsonl \
-        --per-category 1 --max-new-tokens 64 --out benchmarks/results/bench_hf_peers.md
+        --per-task --max-new-tokens 32 --threads 1 --out benchmarks/results/bench_hf_peers.md
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--question-file", required=True)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument(
+        "--per-task", action="store_true", help="one question per Spec-Bench task instead of per category"
+    )
     ap.add_argument("--pld-tokens", type=int, default=10, help="N: prompt_lookup_num_tokens")
     ap.add_argument("--draft-layers", type=int, default=8, help="depth of the layer-truncated self-draft")
     ap.add_argument("--draft-tokens", type=int, default=4, help="K: drafts per step")
@@ -76,7 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "mtprobe draft model": lambda ids: mtprobe.generate(model, ids, sps, max_new_tokens=n).sequences,
     }
-    questions = first_per_category(load_questions(args.question_file), args.per_category)
+    questions = load_questions(args.question_file)
+    if args.per_task:  # Spec-Bench's six tasks (mt_bench groups its eight categories)
+        questions = [
+            next(q for q in questions if q.task == t) for t in dict.fromkeys(q.task for q in questions)
+        ]
+    else:
+        questions = first_per_category(questions, args.per_category)
     totals = {m: dict(new=0, fwd=0, draft_fwd=0, sec=0.0, bad=0) for m in modes}
     rows = []
     for i, q in enumerate(questions):
@@ -119,8 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
         f"- draft: the target's first {args.draft_layers} layers + final norm + tied head (weights shared), "
         f"K = {args.draft_tokens} drafts per step; prompt lookup N = {args.pld_tokens}",
-        f"- questions: first turn of the first {args.per_category} question(s) of every category of "
-        f"`{Path(args.question_file).name}` ({len(questions)} questions), chat template, greedy, "
+        "- questions: first turn of "
+        + (
+            "the first question of every task"
+            if args.per_task
+            else f"the first {args.per_category} of every category"
+        )
+        + f" of `{Path(args.question_file).name}` ({len(questions)} questions), chat template, greedy, "
         f"max_new_tokens={n}",
         "- tokens per forward = new tokens / target forwards (prefill included, counted by a hook on the target); "
         "draft forwards counted by a hook on the draft",

