@@ -95,6 +95,14 @@ ABLATIONS: list[tuple[str, str, dict]] = [
         "prompt mean, lambda 0.5",
         dict(block_complexity=30, mask_lambda=0.5),
     ),
+    *[
+        (
+            "Lambda sweep (not in the paper), BC 30, one mask",
+            f"lambda {lam}",
+            dict(block_complexity=30, mask_lambda=lam),
+        )
+        for lam in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+    ],
     ("Table 11: tree pruner", "m1 BC 30, pruner on", dict(block_complexity=30, prune=True)),
     ("Table 11: tree pruner", "m1 BC 30, pruner off", dict(block_complexity=30, prune=False)),
     (
