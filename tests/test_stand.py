@@ -12,6 +12,7 @@ import torch
 import mtprobe
 from conftest import chat_ids, tiny_llama
 from mtprobe import _C
+from mtprobe.adapter import HFAdapter
 from mtprobe.reference.prompt_lookup import prompt_lookup
 from mtprobe.reference.stand import NgramStore, build_stand_tree
 
@@ -278,3 +279,89 @@ def test_smollm2_greedy_equality(smollm2):
 def test_bad_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         mtprobe.StandConfig(**kwargs)
+
+
+# --- the drafter's learning rule, step by step against the reference ----------------------------
+
+
+class CheckedStand(_C.Drafter):
+    """Runs the C++ StandDrafter and, beside it, the reference store fed by the rule stand.h states
+    (prompt text one-hot + prompt logits at prefill, logits of every accepted node afterwards); every
+    proposed tree must be the reference's tree."""
+
+    def __init__(self, cfg: mtprobe.StandConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.inner = _C.StandDrafter(
+            max_depth=cfg.max_depth,
+            max_ngram=cfg.max_ngram,
+            table_size=cfg.table_size,
+            logits_top_k=cfg.logits_top_k,
+        )
+        self.trees = 0
+
+    def name(self):
+        return "checked_stand"
+
+    def begin(self, prompt):
+        self.inner.begin(prompt)
+        self.ref = NgramStore(self.cfg.max_ngram, self.cfg.table_size)
+        self.history = prompt.tolist()
+        self.prefill = True
+
+    def propose(self, committed, prefix_len, limits):
+        block = self.inner.propose(committed, prefix_len, limits)
+        c = block.num_committed
+        depth = min(self.cfg.max_depth, limits.tokens_left - 1, limits.max_depth)
+        budget = limits.budget - 1 if c == 1 else self.cfg.max_depth
+        expected = build_stand_tree(self.ref, self.history, budget, depth) if depth >= 1 else ([], [])
+        got = (
+            block.tokens[c : block.num_nodes].tolist(),
+            [p - c if p >= c else -1 for p in block.parents[c : block.num_nodes]],
+        )
+        assert got == tuple(expected), f"step at history length {len(self.history)}"
+        self.trees += bool(got[0])
+        return block
+
+    def observe(self, outcome):
+        self.inner.observe(outcome)
+        k = self.cfg.logits_top_k
+        if self.prefill:
+            n = len(self.history)
+            for i in range(1, n):
+                self.ref.add_token(self.history[:i], self.history[i])
+            probs, ids = outcome.logits[:n].float().softmax(-1).topk(k, -1)
+            for i in range(n):
+                self.ref.add(self.history[: i + 1], ids[i].tolist(), probs[i].tolist())
+            self.prefill = False
+        else:
+            context = list(self.history)
+            for node, token in zip(outcome.path, outcome.new_tokens, strict=False):
+                probs, ids = outcome.logits[node].float().softmax(-1).topk(k)
+                self.ref.add(context, ids.tolist(), probs.tolist())
+                context.append(token)
+        self.history += list(outcome.new_tokens)
+
+
+@pytest.mark.parametrize("block_complexity", [4, 16])
+def test_drafter_learns_and_drafts_as_the_reference(tiny, block_complexity):
+    cfg = mtprobe.StandConfig(block_complexity=block_complexity, max_depth=4, logits_top_k=3)
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]])
+    drafter = CheckedStand(cfg)
+    capacity = prompt.shape[1] + 40 + block_complexity
+    adapter = HFAdapter(tiny, capacity)
+    loop = _C.DecodeLoop(
+        drafter,
+        adapter.forward,
+        adapter.kv_buffers,
+        max_new_tokens=40,
+        eos_token_ids=[],
+        max_positions=256,
+        block_complexity=block_complexity,
+        kv_capacity=capacity,
+        mask_dtype="float32",
+        device="cpu",
+    )
+    seq = loop.run(prompt[0]).sequence
+    assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()
+    assert drafter.trees > 5  # trees were drafted (and each matched the reference)
