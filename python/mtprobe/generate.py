@@ -62,12 +62,14 @@ def generate(
     streamer: Any = None,
     **generate_kwargs: Any,
 ) -> GenerateOutput:
-    """Generation with mask-token probing, lossless.
+    """Lossless multi-token generation with the drafter ``config`` describes: ``ProbeConfig`` (mask-token
+    probing, the default), ``PromptLookupConfig``, ``StandConfig`` or ``DraftModelConfig``.
 
     Greedy (the default): token-identical to ``model.generate(do_sample=False)``. With
     ``do_sample=True`` (and ``temperature``, ``top_k``, ``top_p``, ... as HF applies them), every
     tree node samples the target's processed distribution and verification accepts the child equal
-    to the sample, so the output is distributed exactly as ``model.generate(do_sample=True)``;
+    to the sample (a draft model's drafts go through rejection sampling against its own q instead),
+    so the output is distributed exactly as ``model.generate(do_sample=True)``;
     seed with ``torch.manual_seed`` for repeatable text. ``generate_kwargs`` go to
     ``model.generate`` (eos_token_id, stopping_criteria, logits_processor, repetition_penalty,
     ...), which prepares them exactly as for its own decoding.
