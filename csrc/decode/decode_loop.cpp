@@ -33,7 +33,8 @@ DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBu
               options_.block_complexity);
 }
 
-at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock& block, int64_t root) {
+at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock& block,
+                                     const std::vector<int64_t>& tokens, int64_t root) {
   // Only the root (the last committed input) and the draft nodes below it need a choice.
   const int64_t n = block.num_nodes - root;
   // A copy when processors run: they write in place, and the drafter reads the raw logits.
@@ -43,8 +44,7 @@ at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock&
   if (process_) {
     // HF processors see (input_ids, scores) for a batch of rows. Nodes of equal depth have
     // prefixes of equal length (sequence + path below the root), so each depth is one call.
-    at::Tensor tok_cpu = block.tokens.to(at::kCPU).contiguous();
-    const int64_t* tok = tok_cpu.data_ptr<int64_t>();
+    const int64_t* tok = tokens.data();
     std::vector<int64_t> depth(static_cast<size_t>(n), 0);
     std::vector<std::vector<int64_t>> suffix(static_cast<size_t>(n));
     int64_t max_depth = 0;
@@ -79,7 +79,7 @@ at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock&
 std::pair<std::vector<int64_t>, int64_t> DecodeLoop::verify(const at::Tensor& logits, const DraftBlock& block,
                                                             const std::vector<int64_t>& tokens,
                                                             int64_t root) {
-  at::Tensor scores = target_scores(logits, block, root);  // [n, vocab], row r = node root + r
+  at::Tensor scores = target_scores(logits, block, tokens, root);  // [n, vocab], row r = node root + r
   const int64_t n = block.num_nodes - root;
   std::vector<int64_t> parents(static_cast<size_t>(n));  // the subtree below the root, re-indexed
   for (int64_t r = 0; r < n; ++r) parents[r] = r == 0 ? -1 : block.parents[root + r] - root;
@@ -88,20 +88,15 @@ std::pair<std::vector<int64_t>, int64_t> DecodeLoop::verify(const at::Tensor& lo
   if (options_.do_sample && block.draft_probs && n > 1) {
     // Rejection sampling against the drafter's q: the output is distributed as the target's
     // sampling, and a draft is accepted with probability min(1, p/q) instead of p(x) alone.
-    at::Tensor p = scores.softmax(-1).to(at::kCPU).contiguous();              // [n, vocab]
-    at::Tensor q = block.draft_probs->to(at::kCPU, at::kFloat).contiguous();  // [n - 1, vocab]
-    TORCH_CHECK(q.dim() == 2 && q.size(0) == n - 1 && q.size(1) == p.size(1), "drafter ", drafter_->name(),
-                ": draft_probs must be [draft nodes, vocab] = [", n - 1, ", ", p.size(1), "], got ",
-                q.sizes());
+    // ops::verify_rejection checks q's shape and that every draft has q > 0.
+    at::Tensor p = scores.softmax(-1);                                         // [n, vocab]
     at::Tensor u = at::rand({n + 1}, at::TensorOptions().dtype(at::kDouble));  // the global CPU generator
-    std::vector<float> residual(static_cast<size_t>(p.size(1)));
-    const float* qp = q.data_ptr<float>();
-    for (int64_t r = 1; r < n; ++r) {
-      TORCH_CHECK(qp[(r - 1) * q.size(1) + tokens[root + r]] > 0, "drafter ", drafter_->name(),
-                  ": draft node ", root + r, " has probability 0 under its own draft_probs row");
-    }
-    len = core::verify_rejection(tokens.data() + root, parents.data(), n, p.data_ptr<float>(), qp, p.size(1),
-                                 u.data_ptr<double>(), residual.data(), path.data(), &token);
+    auto [path_t, token_t] =
+        ops::verify_rejection(long_tensor(std::vector<int64_t>(tokens.begin() + root, tokens.end())),
+                              long_tensor(parents), p, *block.draft_probs, u);
+    len = path_t.size(0);
+    std::copy(path_t.data_ptr<int64_t>(), path_t.data_ptr<int64_t>() + len, path.begin());
+    token = token_t.item<int64_t>();
   } else {
     // Greedy: the target's argmax after every node. Sampling without q ("sample matching"): one
     // sample of the processed distribution per node, as HF samples one position; each output

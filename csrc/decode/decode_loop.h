@@ -53,7 +53,9 @@ class DecodeLoop {
   // The target's processed scores [num_nodes - root, vocab] (float32) after every node in
   // [root, num_nodes), each node's logits processors applied on that node's own prefix
   // (sequence + its path below the root).
-  at::Tensor target_scores(const at::Tensor& logits, const DraftBlock& block, int64_t root);
+  // tokens: the block's node tokens on the host.
+  at::Tensor target_scores(const at::Tensor& logits, const DraftBlock& block,
+                           const std::vector<int64_t>& tokens, int64_t root);
   // Verification from the root: the accepted path [root, ...] and the token after it (the bonus).
   std::pair<std::vector<int64_t>, int64_t> verify(const at::Tensor& logits, const DraftBlock& block,
                                                   const std::vector<int64_t>& tokens, int64_t root);

@@ -47,6 +47,7 @@ DraftBlock StandDrafter::propose(const at::Tensor& committed, int64_t prefix_len
 
 void StandDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = std::min<int64_t>(options_.logits_top_k, outcome.logits.size(-1));
+  size_t appended = 0;  // new tokens already in history_
   if (prefill_) {
     // Every prompt position: the logits at input i are the distribution after history_[0 : i + 1].
     const int64_t L = static_cast<int64_t>(history_.size());
@@ -68,14 +69,15 @@ void StandDrafter::observe(const StepOutcome& outcome) {
     auto [probs, ids] =
         outcome.logits.index_select(0, rows).to(at::kFloat).softmax(-1).topk(k, -1);  // [m, k]
     at::Tensor pc = probs.to(at::kCPU).contiguous(), ic = ids.to(at::kCPU).contiguous();
-    std::vector<int64_t> context(history_);
+    // history_ grows token by token, so each add() sees exactly the context of its row.
     for (int64_t j = 0; j < m; ++j) {
-      store_.add(context.data(), static_cast<int64_t>(context.size()), ic.data_ptr<int64_t>() + j * k,
+      store_.add(history_.data(), static_cast<int64_t>(history_.size()), ic.data_ptr<int64_t>() + j * k,
                  pc.data_ptr<float>() + j * k, k);
-      context.push_back(outcome.new_tokens[j]);
+      history_.push_back(outcome.new_tokens[j]);
     }
+    appended = static_cast<size_t>(m);
   }
-  history_.insert(history_.end(), outcome.new_tokens.begin(), outcome.new_tokens.end());
+  history_.insert(history_.end(), outcome.new_tokens.begin() + appended, outcome.new_tokens.end());
 }
 
 }  // namespace mtprobe

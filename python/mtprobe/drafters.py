@@ -12,6 +12,7 @@ from mtprobe.adapter import HFAdapter
 from mtprobe.config import DraftModelConfig, ProbeConfig, PromptLookupConfig, StandConfig
 from mtprobe.draft_model import check_draft_model, layer_truncated
 
+DECODING_CONFIGS = (ProbeConfig, PromptLookupConfig, StandConfig, DraftModelConfig)
 DecodingConfig = ProbeConfig | PromptLookupConfig | StandConfig | DraftModelConfig
 ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -61,11 +62,9 @@ def draft_model_drafter(
 
 def check_decoding_config(config: object) -> None:
     """Raise TypeError unless ``config`` is one of the decoding configurations."""
-    if not isinstance(config, (ProbeConfig, PromptLookupConfig, StandConfig, DraftModelConfig)):
-        raise TypeError(
-            f"unknown decoding configuration {type(config).__name__}; expected one of "
-            "mtprobe.ProbeConfig, mtprobe.PromptLookupConfig, mtprobe.StandConfig, mtprobe.DraftModelConfig"
-        )
+    if not isinstance(config, DECODING_CONFIGS):
+        expected = ", ".join(f"mtprobe.{c.__name__}" for c in DECODING_CONFIGS)
+        raise TypeError(f"unknown decoding configuration {type(config).__name__}; expected one of {expected}")
 
 
 def make_drafter(
@@ -78,18 +77,16 @@ def make_drafter(
 ) -> _C.Drafter:
     """The drafter a decoding configuration describes (``capacity``, ``do_sample`` and ``process``
     matter only to drafters that run a model of their own)."""
+    check_decoding_config(config)
     if isinstance(config, DraftModelConfig):
         return draft_model_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     if isinstance(config, ProbeConfig):
         return mask_probe_drafter(model, config)
     if isinstance(config, PromptLookupConfig):
         return _C.PromptLookupDrafter(num_tokens=config.num_tokens, max_ngram_size=config.max_ngram_size)
-    if isinstance(config, StandConfig):
-        return _C.StandDrafter(
-            max_depth=config.max_depth,
-            max_ngram=config.max_ngram,
-            table_size=config.table_size,
-            logits_top_k=config.logits_top_k,
-        )
-    check_decoding_config(config)
-    raise AssertionError("unreachable")
+    return _C.StandDrafter(  # StandConfig, the last of DECODING_CONFIGS
+        max_depth=config.max_depth,
+        max_ngram=config.max_ngram,
+        table_size=config.table_size,
+        logits_top_k=config.logits_top_k,
+    )
