@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Probing against the training-free baselines at equal block complexity, per Spec-Bench task (τ).
 
-The shape of seed 001's Table 1 and Figure 4: mask-token probing, STAND and prompt lookup at
-BC 10, 30 and 60, τ per task. Prompt lookup drafts a chain of depth BC - 1 (at most 10, the
-paper's depth), STAND a tree of BC - 1 nodes of depth at most 10. Greedy; every run is checked
+The shape of seed 001's Table 1 and Figure 4: mask-token probing, STAND, lookahead (LADE) and
+prompt lookup at BC 10, 30 and 60, τ per task. Prompt lookup drafts a chain of depth BC - 1 (at
+most 10, the paper's depth), STAND a tree of BC - 1 nodes of depth at most 10, LADE runs the
+paper's L/W/G for the BC (App. F: L3 W4 G1, L4 W5 G5, L5 W8 G7). Greedy; every run is checked
 token-identical to greedy ``model.generate``. τ does not depend on the machine.
 
     python benchmarks/bench_baselines.py --question-file ../shared/specbench/question-dev.jsonl \
@@ -26,16 +27,20 @@ import transformers
 
 import mtprobe
 from mtprobe import models
+from mtprobe.config import LOOKAHEAD_PAPER_CONFIGS
 from mtprobe.specbench.questions import first_per_category, load_questions
 from mtprobe.specbench.run import encode_conversation
 
 
 def configs(bc: int) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "probe": mtprobe.ProbeConfig(block_complexity=bc),
         "stand": mtprobe.StandConfig(block_complexity=bc),
         "pld": mtprobe.PromptLookupConfig(num_tokens=min(10, bc - 1)),
     }
+    if bc in LOOKAHEAD_PAPER_CONFIGS:  # the paper's (L, W, G), (L - 1)(W + G) = BC
+        out["lade"] = mtprobe.LookaheadConfig.for_block_complexity(bc)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         f"max_new_tokens={args.max_new_tokens}",
         "- τ = tokens gained per decode forward, pooled over decode steps (prefill not counted); "
         "probe = ProbeConfig(block_complexity=BC) defaults, stand = StandConfig(block_complexity=BC), "
-        "pld = PromptLookupConfig(num_tokens=min(10, BC - 1))",
+        "pld = PromptLookupConfig(num_tokens=min(10, BC - 1)), "
+        "lade = LookaheadConfig.for_block_complexity(BC) (L3 W4 G1, L4 W5 G5, L5 W8 G7)",
         "",
         "| BC | method | τ | " + " | ".join(tasks) + " | probe / best baseline | mismatches |",
         "|---|---|---|" + "---|" * len(tasks) + "---|---|",

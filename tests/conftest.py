@@ -40,3 +40,25 @@ def tiny_llama(seed: int = 0, **overrides):
     )
     kwargs.update(overrides)
     return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
+
+
+def cpu_decode_loop(model, drafter, *, max_new_tokens: int, block_complexity: int, prompt_len: int, **kwargs):
+    """A C++ DecodeLoop over ``model`` on the CPU (float32 masks, no EOS), its KV cache sized for
+    the prompt, the new tokens and one block; ``kwargs`` override the rest (do_sample, process, ...).
+    The adapter stays alive through the forward callback the loop holds."""
+    from mtprobe import _C
+    from mtprobe.adapter import HFAdapter
+
+    capacity = prompt_len + max_new_tokens + block_complexity
+    adapter = HFAdapter(model, capacity)
+    options = dict(
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=[],
+        max_positions=model.config.max_position_embeddings,
+        block_complexity=block_complexity,
+        kv_capacity=capacity,
+        mask_dtype="float32",
+        device="cpu",
+    )
+    options.update(kwargs)
+    return _C.DecodeLoop(drafter, adapter.forward, adapter.kv_buffers, **options)

@@ -22,6 +22,7 @@ from transformers.generation.logits_process import (
 import mtprobe
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter
+from mtprobe.reference.lookahead import LookaheadPool
 
 V = 16
 ALPHA = 1e-3  # false-alarm rate of each test; the seeds are fixed, so each run is deterministic
@@ -227,20 +228,33 @@ def sample_pairs(model, prompt: torch.Tensor, cfg, seed: int) -> torch.Tensor:
     return counts
 
 
+# For lookahead, a prompt whose bigrams cover about half the mass of the first two sampled tokens
+# (found by searching over the tiny model's pair distribution): pooled from the prompt, they are
+# verified at the first decode step and accepted about half the time.
+LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
+
+
 @pytest.mark.parametrize(
     "name",
-    ["draft_model_independent", "draft_model_self_1_layer", "prompt_lookup", "stand"],
+    ["draft_model_independent", "draft_model_self_1_layer", "prompt_lookup", "stand", "lookahead"],
 )
 def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
     # The prompt repeats so that PLD and STAND find matches and draft at the first decode step.
-    prompt = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2]])
+    prompt = torch.tensor([LOOKAHEAD_PROMPT if name == "lookahead" else [4, 2, 9, 4, 2, 9, 4, 2]])
     cfg = {
         "draft_model_independent": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3),
         "draft_model_self_1_layer": mtprobe.DraftModelConfig(num_draft_layers=1, num_tokens=3),
         "prompt_lookup": mtprobe.PromptLookupConfig(num_tokens=3),
         "stand": mtprobe.StandConfig(block_complexity=10),
+        "lookahead": mtprobe.LookaheadConfig(ngram_size=2, window=3, guess_set_size=4, pool_from_prompt=True),
     }[name]
     exact = exact_pair_distribution(tiny, prompt)
+    if name == "lookahead":  # the guesses must matter, or the test would prove nothing
+        pool = LookaheadPool(2, 4)
+        for i in range(1, len(LOOKAHEAD_PROMPT)):
+            pool.add(LOOKAHEAD_PROMPT[i - 1 : i + 1])
+        covered = sum(float(exact[t, g]) for t in range(V) for (g,) in pool.lookup(t))
+        assert covered > 0.3, covered
     counts = sample_pairs(tiny, prompt, cfg, seed=7)
     p = chi_square_pvalue(counts, exact)
     assert p > ALPHA, f"{name}: sampled pairs differ from the target distribution (chi-square p = {p:.2e})"

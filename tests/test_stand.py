@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import mtprobe
-from conftest import chat_ids, tiny_llama
+from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import _C
-from mtprobe.adapter import HFAdapter
 from mtprobe.reference.prompt_lookup import prompt_lookup
 from mtprobe.reference.stand import NgramStore, build_stand_tree
 
@@ -348,19 +347,8 @@ def test_drafter_learns_and_drafts_as_the_reference(tiny, block_complexity):
     cfg = mtprobe.StandConfig(block_complexity=block_complexity, max_depth=4, logits_top_k=3)
     prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]])
     drafter = CheckedStand(cfg)
-    capacity = prompt.shape[1] + 40 + block_complexity
-    adapter = HFAdapter(tiny, capacity)
-    loop = _C.DecodeLoop(
-        drafter,
-        adapter.forward,
-        adapter.kv_buffers,
-        max_new_tokens=40,
-        eos_token_ids=[],
-        max_positions=256,
-        block_complexity=block_complexity,
-        kv_capacity=capacity,
-        mask_dtype="float32",
-        device="cpu",
+    loop = cpu_decode_loop(
+        tiny, drafter, max_new_tokens=40, block_complexity=block_complexity, prompt_len=prompt.shape[1]
     )
     seq = loop.run(prompt[0]).sequence
     assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()

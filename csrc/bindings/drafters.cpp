@@ -3,10 +3,12 @@
 
 #include "bindings/bindings.h"
 #include "core/draft_tree.h"
+#include "core/lookahead.h"
 #include "core/ngram.h"
 #include "core/ngram_store.h"
 #include "drafters/draft_model.h"
 #include "drafters/drafter.h"
+#include "drafters/lookahead.h"
 #include "drafters/mask_probe.h"
 #include "drafters/prompt_lookup.h"
 #include "drafters/stand.h"
@@ -84,8 +86,6 @@ void bind_drafters(py::module_& m) {
       .def_readwrite("parents", &DraftBlock::parents)
       .def_readwrite("num_committed", &DraftBlock::num_committed)
       .def_readwrite("num_nodes", &DraftBlock::num_nodes)
-      .def_readwrite("block_mask", &DraftBlock::block_mask)
-      .def_readwrite("depths", &DraftBlock::depths)
       .def_readwrite("draft_probs", &DraftBlock::draft_probs)
       .def_property_readonly("num_inputs", &DraftBlock::num_inputs);
 
@@ -216,6 +216,92 @@ void bind_drafters(py::module_& m) {
            }),
            py::kw_only(), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
            py::arg("logits_top_k"));
+
+  // Lookahead's n-gram pool and Jacobi window as host objects, mirroring csrc/core/lookahead.h
+  // (tests compare them with mtprobe.reference.lookahead).
+  py::class_<core::LookaheadPool>(m, "LookaheadPool", "key token -> at most G continuations (lookahead).")
+      .def(py::init<int64_t, int64_t>(), py::arg("ngram_size"), py::arg("guess_set_size"))
+      .def(
+          "add",
+          [](core::LookaheadPool& pool, const std::vector<int64_t>& ngram) {
+            TORCH_CHECK_VALUE(static_cast<int64_t>(ngram.size()) == pool.ngram_size(), "an n-gram of ",
+                              pool.ngram_size(), " tokens is needed, got ", ngram.size());
+            pool.add(ngram.data());
+          },
+          py::arg("ngram"))
+      .def(
+          "lookup",
+          [](const core::LookaheadPool& pool, int64_t key) {
+            const int64_t len = pool.ngram_size() - 1;
+            std::vector<int64_t> flat(static_cast<size_t>(pool.guess_set_size() * len));
+            const int64_t count = pool.lookup(key, flat.data());
+            std::vector<std::vector<int64_t>> out;
+            for (int64_t g = 0; g < count; ++g)
+              out.emplace_back(flat.begin() + g * len, flat.begin() + (g + 1) * len);
+            return out;
+          },
+          py::arg("key"), "The continuations after key, oldest first.")
+      .def_property_readonly("num_keys", &core::LookaheadPool::num_keys);
+
+  m.def(
+      "build_guess_tree",
+      [](const std::vector<std::vector<int64_t>>& guesses, int64_t max_depth) {
+        const int64_t count = static_cast<int64_t>(guesses.size());
+        const int64_t len = count > 0 ? static_cast<int64_t>(guesses[0].size()) : 0;
+        std::vector<int64_t> flat;
+        for (const auto& g : guesses) {
+          TORCH_CHECK_VALUE(static_cast<int64_t>(g.size()) == len, "guesses must all have ", len,
+                            " tokens, got one of ", g.size());
+          flat.insert(flat.end(), g.begin(), g.end());
+        }
+        std::vector<int64_t> tokens(flat.size()), parents(flat.size());
+        const int64_t n =
+            core::build_guess_tree(flat.data(), count, len, max_depth, tokens.data(), parents.data());
+        tokens.resize(static_cast<size_t>(n));
+        parents.resize(static_cast<size_t>(n));
+        return py::make_tuple(tokens, parents);
+      },
+      py::arg("guesses"), py::arg("max_depth"),
+      "Lookahead's guesses merged into one tree (csrc/core/lookahead.h): (tokens, parents), -1 = the root.");
+
+  py::class_<core::LookaheadWindow>(m, "LookaheadWindow", "Lookahead's Jacobi window: (L - 1) levels x W.")
+      .def(py::init<int64_t, int64_t>(), py::arg("ngram_size"), py::arg("window"))
+      .def(
+          "reset",
+          [](core::LookaheadWindow& w, const std::vector<int64_t>& prompt) {
+            w.reset(prompt.data(), static_cast<int64_t>(prompt.size()));
+          },
+          py::arg("prompt"))
+      .def("layout",
+           [](const core::LookaheadWindow& w) {
+             std::vector<int64_t> tokens(static_cast<size_t>(w.num_cells())), parents(tokens.size());
+             w.layout(tokens.data(), parents.data());
+             return py::make_tuple(tokens, parents);
+           })
+      .def(
+          "update",
+          [](core::LookaheadWindow& w, int64_t root, const std::vector<int64_t>& next,
+             core::LookaheadPool& pool) {
+            TORCH_CHECK_VALUE(static_cast<int64_t>(next.size()) == w.window(), "next needs ", w.window(),
+                              " tokens (one per column), got ", next.size());
+            w.update(root, next.data(), pool);
+          },
+          py::arg("root"), py::arg("next"), py::arg("pool"))
+      .def("cell_index", &core::LookaheadWindow::cell_index, py::arg("level"), py::arg("column"))
+      .def_property_readonly("updates", &core::LookaheadWindow::updates)
+      .def_property_readonly("num_cells", &core::LookaheadWindow::num_cells)
+      .def_property_readonly("max_depth", &core::LookaheadWindow::max_depth);
+
+  py::class_<LookaheadDrafter, Drafter, std::shared_ptr<LookaheadDrafter>>(
+      m, "LookaheadDrafter",
+      "Lookahead decoding: a Jacobi window and the verification of its n-grams in one forward.")
+      .def(py::init([](int64_t ngram_size, int64_t window, int64_t guess_set_size, bool pool_from_prompt) {
+             return std::make_shared<LookaheadDrafter>(
+                 LookaheadOptions{ngram_size, window, guess_set_size, pool_from_prompt});
+           }),
+           py::kw_only(), py::arg("ngram_size"), py::arg("window"), py::arg("guess_set_size"),
+           py::arg("pool_from_prompt") = false)
+      .def_property_readonly("block_complexity", &LookaheadDrafter::block_complexity);
 }
 
 }  // namespace mtprobe::bindings

@@ -180,7 +180,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     }
 
     // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
-    BlockInputs in = masks.build(block.parents, prefix_len, block.block_mask, block.depths);
+    BlockInputs in = masks.build(block.parents, prefix_len);
 
     // 3. One forward of the target over all T inputs.
     const auto t_fwd = Clock::now();

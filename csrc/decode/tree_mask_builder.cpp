@@ -8,58 +8,37 @@ namespace mtprobe {
 TreeMaskBuilder::TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental)
     : capacity_(capacity), dtype_(dtype), device_(device), incremental_(incremental) {}
 
-void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents,
-                              const std::optional<at::Tensor>& block_mask,
-                              const std::optional<at::Tensor>& depths) {
+void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents) {
   const int64_t T = static_cast<int64_t>(parents.size());
-  std::vector<uint8_t> anc(static_cast<size_t>(T * T));
+  std::vector<uint8_t> anc(static_cast<size_t>(T * T));  // [T, T] row attends column
   std::vector<int64_t> dep(static_cast<size_t>(T));
-  if (block_mask) {
-    TORCH_CHECK(depths, "a block_mask needs depths");
-    TORCH_CHECK(block_mask->sizes() == at::IntArrayRef({T, T}), "block_mask must be [", T, ", ", T, "], got ",
-                block_mask->sizes());
-    at::Tensor bm = block_mask->to(at::kCPU, at::kByte).contiguous();
-    std::copy(bm.data_ptr<uint8_t>(), bm.data_ptr<uint8_t>() + T * T, anc.begin());
-    std::vector<int64_t> d = ops::to_int64_vector(*depths, "depths");
-    TORCH_CHECK(static_cast<int64_t>(d.size()) == T, "depths must have ", T, " entries, got ", d.size());
-    dep = d;
-  } else {
-    core::ancestor_matrix(parents.data(), T, anc.data());
-    core::tree_depths(parents.data(), T, dep.data());
-  }
+  core::ancestor_matrix(parents.data(), T, anc.data());
+  core::tree_depths(parents.data(), T, dep.data());
   // Host buffer filled by the torch-free core, then moved to the model's device once per shape.
   at::Tensor host = at::empty({T, capacity_ + T}, at::TensorOptions().dtype(dtype_));  // [T, capacity + T]
   ops::fill_mask_rows(anc, T, capacity_, host);
   buffer_ = host.to(device_);
   depths_ = at::tensor(dep, at::kLong).view({1, T}).to(device_);
   parents_ = parents;
-  cached_custom_ = block_mask.has_value();
   ++rebuilds_;
 }
 
-BlockInputs TreeMaskBuilder::build(const std::vector<int64_t>& parents, int64_t prefix_len,
-                                   const std::optional<at::Tensor>& block_mask,
-                                   const std::optional<at::Tensor>& depths) {
+BlockInputs TreeMaskBuilder::build(const std::vector<int64_t>& parents, int64_t prefix_len) {
   const int64_t T = static_cast<int64_t>(parents.size());
   TORCH_CHECK(prefix_len >= 0 && prefix_len <= capacity_, "prefix_len ", prefix_len, " outside [0, ",
               capacity_, "]");
-  if (!block_mask && core::is_chain(parents.data(), T)) {
+  if (core::is_chain(parents.data(), T)) {
     // A chain is plain causal attention: let the model build its own (cheaper) causal mask.
     return {at::arange(prefix_len, prefix_len + T, at::TensorOptions().dtype(at::kLong).device(device_))
                 .view({1, T}),
             std::nullopt};
   }
   if (!incremental_) {
-    if (block_mask) {
-      rebuild(parents, block_mask, depths);
-    } else {
-      at::Tensor par = at::tensor(parents, at::kLong);
-      return {ops::tree_position_ids(par, prefix_len).to(device_),
-              ops::tree_attention_mask(par, prefix_len, dtype_).to(device_)};
-    }
-  } else if (block_mask || cached_custom_ || parents != parents_) {
-    rebuild(parents, block_mask, depths);
+    at::Tensor par = at::tensor(parents, at::kLong);
+    return {ops::tree_position_ids(par, prefix_len).to(device_),
+            ops::tree_attention_mask(par, prefix_len, dtype_).to(device_)};
   }
+  if (parents != parents_) rebuild(parents);
   // The last prefix_len + T columns of the buffer: zeros for the prefix, then the tree pattern.
   const int64_t width = capacity_ + T;
   at::Tensor mask = buffer_.as_strided({1, 1, T, prefix_len + T}, {T * width, T * width, width, 1},

@@ -26,25 +26,20 @@ class TreeMaskBuilder {
   // capacity: the largest prefix length this builder will see.
   TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental);
 
-  // depths/block_mask override the tree pattern for non-tree blocks (lookahead); else from parents.
-  BlockInputs build(const std::vector<int64_t>& parents, int64_t prefix_len,
-                    const std::optional<at::Tensor>& block_mask = std::nullopt,
-                    const std::optional<at::Tensor>& depths = std::nullopt);
+  BlockInputs build(const std::vector<int64_t>& parents, int64_t prefix_len);
 
   int64_t rebuilds() const { return rebuilds_; }
 
  private:
-  void rebuild(const std::vector<int64_t>& parents, const std::optional<at::Tensor>& block_mask,
-               const std::optional<at::Tensor>& depths);
+  void rebuild(const std::vector<int64_t>& parents);
 
   int64_t capacity_;
   at::ScalarType dtype_;
   at::Device device_;
   bool incremental_;
   std::vector<int64_t> parents_;  // shape of the cached pattern
-  bool cached_custom_ = false;
-  at::Tensor buffer_;  // [T, capacity + T]
-  at::Tensor depths_;  // [1, T] int64 on device
+  at::Tensor buffer_;             // [T, capacity + T]
+  at::Tensor depths_;             // [1, T] int64 on device
   int64_t rebuilds_ = 0;
 };
 

@@ -12,15 +12,15 @@
 // Token-valued inputs come first (`tokens`), then embedding-only inputs (`embeds`), so the
 // model sees inputs_embeds = cat(E[tokens], embeds). `parents` spans all T inputs and defines
 // attention and positions (csrc/core/tree.h): input i attends to the prefix, its ancestors and
-// itself, at position prefix_len + depth(i). A drafter whose inputs are not tree-shaped (the
-// Jacobi window of lookahead decoding) sets `block_mask` [T, T] (bool, row attends column) and
-// `depths` [T] instead of relying on parents for attention; parents must still chain the nodes.
+// itself, at position prefix_len + depth(i). Auxiliary inputs are tree nodes too: lookahead's
+// Jacobi window is a comb hanging from the root (csrc/core/lookahead.h).
 //
 // How the drafters of the roadmap fit:
 //   - mask-token probing: drafts from the last step's mask logits, one embedding-only mask input
 //     per node (aux), reads their logits in observe();
 //   - prompt lookup / n-gram / STAND: only draft nodes, built from the token history;
-//   - lookahead: the Jacobi window as aux token inputs with block_mask, reads their logits;
+//   - lookahead: n-gram guesses as draft nodes, the Jacobi window as aux token inputs; reads the
+//     window's logits in observe();
 //   - draft model: runs its own model and KV cache inside propose(), rolls it back in observe();
 //   - Medusa-style or probabilistic-circuit heads: wants_hidden_states() = true, reads the
 //     target's last hidden state of the accepted node in observe().
@@ -37,13 +37,11 @@
 namespace mtprobe {
 
 struct DraftBlock {
-  at::Tensor tokens;                     // [num_token_inputs] int64, on the model's device
-  std::optional<at::Tensor> embeds;      // [num_embed_inputs, hidden] in the model dtype, or none
-  std::vector<int64_t> parents;          // [T] over all inputs, tokens first then embeds
-  int64_t num_committed = 1;             // committed chain length (prompt length at prefill, 1 after)
-  int64_t num_nodes = 1;                 // committed + draft nodes; inputs past this are auxiliary
-  std::optional<at::Tensor> block_mask;  // [T, T] bool, only for non-tree blocks
-  std::optional<at::Tensor> depths;      // [T] int64, with block_mask
+  at::Tensor tokens;                 // [num_token_inputs] int64, on the model's device
+  std::optional<at::Tensor> embeds;  // [num_embed_inputs, hidden] in the model dtype, or none
+  std::vector<int64_t> parents;      // [T] over all inputs, tokens first then embeds
+  int64_t num_committed = 1;         // committed chain length (prompt length at prefill, 1 after)
+  int64_t num_nodes = 1;             // committed + draft nodes; inputs past this are auxiliary
   // [num_nodes - num_committed, vocab] float32: row j is the distribution draft node num_committed + j
   // was drawn from (siblings: independent draws from one distribution). Read only under sampling.
   std::optional<at::Tensor> draft_probs;

@@ -9,11 +9,11 @@ from transformers import PreTrainedModel
 
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter
-from mtprobe.config import DraftModelConfig, ProbeConfig, PromptLookupConfig, StandConfig
+from mtprobe.config import DraftModelConfig, LookaheadConfig, ProbeConfig, PromptLookupConfig, StandConfig
 from mtprobe.draft_model import check_draft_model, layer_truncated
 
-DECODING_CONFIGS = (ProbeConfig, PromptLookupConfig, StandConfig, DraftModelConfig)
-DecodingConfig = ProbeConfig | PromptLookupConfig | StandConfig | DraftModelConfig
+DECODING_CONFIGS = (ProbeConfig, PromptLookupConfig, StandConfig, LookaheadConfig, DraftModelConfig)
+DecodingConfig = ProbeConfig | PromptLookupConfig | StandConfig | LookaheadConfig | DraftModelConfig
 ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _GAUSSIAN_SHIFT = {"gaussian": 0.0, "gaussian_5sigma": 5.0, "gaussian_10sigma": 10.0}
@@ -84,6 +84,13 @@ def make_drafter(
         return mask_probe_drafter(model, config)
     if isinstance(config, PromptLookupConfig):
         return _C.PromptLookupDrafter(num_tokens=config.num_tokens, max_ngram_size=config.max_ngram_size)
+    if isinstance(config, LookaheadConfig):
+        return _C.LookaheadDrafter(
+            ngram_size=config.ngram_size,
+            window=config.window,
+            guess_set_size=config.guess_set_size,
+            pool_from_prompt=config.pool_from_prompt,
+        )
     return _C.StandDrafter(  # StandConfig, the last of DECODING_CONFIGS
         max_depth=config.max_depth,
         max_ngram=config.max_ngram,

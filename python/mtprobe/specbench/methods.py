@@ -2,8 +2,8 @@
 
 A method is one :class:`Method` entry: a frozen dataclass type for its configuration, the CLI options
 that fill it, and a run function ``run(model, input_ids, config, max_new_tokens) -> MethodOutput``.
-Adding a drafter (lookahead, hybrid, heads, ...) is one :func:`register` call, as for ``pld``,
-``stand`` and ``sps`` at the end of this file.
+Adding a drafter (hybrid, heads, ...) is one :func:`register` call, as for ``pld``, ``stand``,
+``lookahead`` and ``sps`` at the end of this file.
 
 ``decoding_steps`` follows Spec-Bench: for ``ar`` it is the number of new tokens (as in Spec-Bench's
 ``inference_baseline.py``, which equals the forwards greedy decoding makes, prefill included); for
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from mtprobe.config import DraftModelConfig, ProbeConfig, PromptLookupConfig, StandConfig
+from mtprobe.config import DraftModelConfig, LookaheadConfig, ProbeConfig, PromptLookupConfig, StandConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -242,7 +242,7 @@ def _parse_bool(text: str) -> bool:
 def _run_mtprobe(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
-    config: ProbeConfig | PromptLookupConfig | StandConfig | DraftModelConfig,
+    config: ProbeConfig | PromptLookupConfig | StandConfig | LookaheadConfig | DraftModelConfig,
     max_new_tokens: int,
 ) -> MethodOutput:
     """Any method that is mtprobe.generate with a decoding configuration."""
@@ -309,6 +309,27 @@ register(
         options=(
             BLOCK_COMPLEXITY_OPTION,
             Option("--max-depth", "max_depth", int, "d", "deepest draft"),
+        ),
+        steps_doc="forward calls, prefill included",
+    )
+)
+
+
+# --- lookahead: lookahead decoding (LADE) --------------------------------------------------------------
+
+
+register(
+    Method(
+        name="lookahead",
+        summary="lookahead decoding: a Jacobi window and the verification of its n-grams in one forward",
+        config_type=LookaheadConfig,
+        run=_run_mtprobe,
+        options=(
+            Option(
+                "--ngram-size", "ngram_size", int, "L", "L, n-gram size (block complexity (L - 1)(W + G))"
+            ),
+            Option("--window", "window", int, "W", "W, Jacobi window width"),
+            Option("--guess-set-size", "guess_set_size", int, "G", "G, n-grams verified per step"),
         ),
         steps_doc="forward calls, prefill included",
     )
