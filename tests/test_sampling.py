@@ -236,7 +236,7 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
 
 @pytest.mark.parametrize(
     "name",
-    ["draft_model_independent", "draft_model_self_1_layer", "prompt_lookup", "stand", "lookahead"],
+    ["draft_model_independent", "draft_model_self_1_layer", "prompt_lookup", "stand", "lookahead", "hybrid"],
 )
 def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
     # The prompt repeats so that PLD and STAND find matches and draft at the first decode step.
@@ -246,6 +246,7 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
         "draft_model_self_1_layer": mtprobe.DraftModelConfig(num_draft_layers=1, num_tokens=3),
         "prompt_lookup": mtprobe.PromptLookupConfig(num_tokens=3),
         "stand": mtprobe.StandConfig(block_complexity=10),
+        "hybrid": mtprobe.HybridConfig(block_complexity=10),
         "lookahead": mtprobe.LookaheadConfig(ngram_size=2, window=3, guess_set_size=4, pool_from_prompt=True),
     }[name]
     exact = exact_pair_distribution(tiny, prompt)

@@ -8,6 +8,7 @@
 #include "core/ngram_store.h"
 #include "drafters/draft_model.h"
 #include "drafters/drafter.h"
+#include "drafters/hybrid.h"
 #include "drafters/lookahead.h"
 #include "drafters/mask_probe.h"
 #include "drafters/prompt_lookup.h"
@@ -65,6 +66,37 @@ void bind_drafters(py::module_& m) {
       py::arg("root_token"), py::arg("cand_tokens"), py::arg("cand_probs"), py::kw_only(), py::arg("dynamic"),
       py::arg("branches") = std::vector<int64_t>{}, py::arg("budget") = 0, py::arg("prune") = true,
       "Draft tree from per-depth candidates [depths, m] (csrc/core/draft_tree.h): (tokens, parents, probs).");
+
+  m.def(
+      "merge_draft_trees",
+      [](const std::vector<int64_t>& a_tokens, const std::vector<int64_t>& a_parents,
+         const std::vector<double>& a_probs, const std::vector<int64_t>& b_tokens,
+         const std::vector<int64_t>& b_parents, const std::vector<double>& b_probs, int64_t budget) {
+        auto nodes = [](const std::vector<int64_t>& t, const std::vector<int64_t>& p,
+                        const std::vector<double>& s) {
+          TORCH_CHECK_VALUE(t.size() == p.size() && t.size() == s.size(),
+                            "tokens, parents and probs of a tree must have one entry per node");
+          std::vector<core::DraftNode> out;
+          for (size_t i = 0; i < t.size(); ++i) {
+            TORCH_CHECK_VALUE(i == 0 ? p[i] == -1 : p[i] >= 0 && p[i] < static_cast<int64_t>(i), "node ", i,
+                              " has parent ", p[i], "; the root comes first and parents before children");
+            out.push_back({t[i], p[i], i == 0 ? 0 : out[static_cast<size_t>(p[i])].depth + 1, s[i]});
+          }
+          return out;
+        };
+        std::vector<int64_t> tokens, parents;
+        std::vector<double> probs;
+        for (const auto& n : core::merge_draft_trees(nodes(a_tokens, a_parents, a_probs),
+                                                     nodes(b_tokens, b_parents, b_probs), budget)) {
+          tokens.push_back(n.token);
+          parents.push_back(n.parent);
+          probs.push_back(n.prob);
+        }
+        return py::make_tuple(tokens, parents, probs);
+      },
+      py::arg("a_tokens"), py::arg("a_parents"), py::arg("a_probs"), py::arg("b_tokens"),
+      py::arg("b_parents"), py::arg("b_probs"), py::arg("budget"),
+      "Two draft trees of one root merged, the best budget - 1 nodes kept (csrc/core/draft_tree.h).");
 
   m.def(
       "prompt_lookup",
@@ -216,6 +248,31 @@ void bind_drafters(py::module_& m) {
            }),
            py::kw_only(), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
            py::arg("logits_top_k"));
+
+  py::class_<HybridDrafter, Drafter, std::shared_ptr<HybridDrafter>>(
+      m, "HybridDrafter", "Mask-token probing and STAND's n-gram store drafting one tree under one budget.")
+      .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool prune,
+                       std::string mask_init, double gaussian_shift, double mask_lambda, int64_t seed,
+                       int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k) {
+             MaskProbeOptions o;
+             o.num_masks = num_masks;
+             o.block_complexity = block_complexity;
+             o.dynamic_tree = true;
+             o.prune = prune;
+             o.mask_init = std::move(mask_init);
+             o.gaussian_shift = gaussian_shift;
+             o.mask_lambda = mask_lambda;
+             o.seed = seed;
+             return std::make_shared<HybridDrafter>(
+                 std::move(embedding), std::move(o),
+                 StandOptions{max_depth, max_ngram, table_size, logits_top_k});
+           }),
+           py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
+           py::arg("prune"), py::arg("mask_init"), py::arg("gaussian_shift"), py::arg("mask_lambda"),
+           py::arg("seed"), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
+           py::arg("logits_top_k"))
+      .def_property_readonly("probe_nodes", &HybridDrafter::probe_nodes)
+      .def_property_readonly("ngram_nodes", &HybridDrafter::ngram_nodes);
 
   // Lookahead's n-gram pool and Jacobi window as host objects, mirroring csrc/core/lookahead.h
   // (tests compare them with mtprobe.reference.lookahead).

@@ -100,3 +100,53 @@ std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* can
 }
 
 }  // namespace mtprobe::core
+
+namespace mtprobe::core {
+
+std::vector<DraftNode> merge_draft_trees(const std::vector<DraftNode>& a, const std::vector<DraftNode>& b,
+                                         int64_t budget) {
+  if (a.empty() && b.empty()) return {};
+  const DraftNode& root = a.empty() ? b[0] : a[0];
+  std::vector<DraftNode> all{{root.token, -1, 0, 1.0}};  // the union, in the order nodes are met
+  for (const auto* tree : {&a, &b}) {
+    std::vector<int64_t> to_union(tree->size(), 0);  // tree index -> union index (root -> 0)
+    for (size_t i = 1; i < tree->size(); ++i) {
+      const DraftNode& n = (*tree)[i];
+      const int64_t parent = to_union[static_cast<size_t>(n.parent)];
+      int64_t found = -1;
+      for (size_t u = 1; u < all.size() && found < 0; ++u) {  // trees hold at most BC nodes
+        if (all[u].parent == parent && all[u].token == n.token) found = static_cast<int64_t>(u);
+      }
+      if (found < 0) {
+        found = static_cast<int64_t>(all.size());
+        all.push_back({n.token, parent, all[static_cast<size_t>(parent)].depth + 1, n.prob});
+      } else {
+        all[static_cast<size_t>(found)].prob = std::max(all[static_cast<size_t>(found)].prob, n.prob);
+      }
+      to_union[i] = found;
+    }
+  }
+  // The best budget - 1 by score, ties to the earlier union index (parents come first).
+  std::vector<int64_t> order(all.size() - 1);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i) + 1;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return all[x].prob > all[y].prob; });
+  const size_t keep =
+      static_cast<size_t>(std::clamp<int64_t>(budget - 1, 0, static_cast<int64_t>(order.size())));
+  std::vector<bool> kept(all.size(), false);
+  kept[0] = true;
+  for (size_t i = 0; i < keep; ++i) kept[static_cast<size_t>(order[i])] = true;
+  std::vector<int64_t> new_index(all.size(), -1);
+  std::vector<DraftNode> out;
+  for (size_t u = 0; u < all.size(); ++u) {
+    // (a parent always outscores or ties and precedes its children; the check only guards that)
+    if (!kept[u] || (u != 0 && new_index[static_cast<size_t>(all[u].parent)] < 0)) continue;
+    DraftNode n = all[u];
+    n.parent = u == 0 ? -1 : new_index[static_cast<size_t>(n.parent)];
+    new_index[u] = static_cast<int64_t>(out.size());
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace mtprobe::core

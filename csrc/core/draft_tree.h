@@ -38,4 +38,17 @@ std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* can
                                           const float* cand_probs, int64_t depths, int64_t m, int64_t budget,
                                           bool prune);
 
+// The hybrid drafter's merge (seed 001, App. C: "fuse token trajectories ... then select top
+// candidates from the combined pool"). a and b are trees of the same root ([root, ...], parents
+// first, prob = cumulative score, at most 1 and never above the parent's). Their union identifies
+// nodes with the same token path and scores each by the higher of its scores; the result keeps the
+// best `budget - 1` nodes (ties: the node met first, a's nodes before b's), in union order. A
+// node's union score never exceeds its parent's, so the kept nodes always form a tree.
+//
+// Example, root 7: a = 7 -> 5 (.6), 7 -> 9 (.3); b = 7 -> 5 (1) -> 4 (1), 7 -> 2 (.2):
+//   union = 5 (1), 9 (.3), 4 (1, child of 5), 2 (.2); budget 4 keeps 5, 4, 9:
+//   nodes = [7, 5, 9, 4], parents = [-1, 0, 0, 1], probs = [1, 1, .3, 1]
+std::vector<DraftNode> merge_draft_trees(const std::vector<DraftNode>& a, const std::vector<DraftNode>& b,
+                                         int64_t budget);
+
 }  // namespace mtprobe::core

@@ -89,7 +89,7 @@ int64_t NgramStore::lookup(const int64_t* context, int64_t len, int64_t* out_tok
 }
 
 int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_t len, int64_t budget,
-                         int64_t max_depth, int64_t* out_tokens, int64_t* out_parents) {
+                         int64_t max_depth, int64_t* out_tokens, int64_t* out_parents, double* out_scores) {
   if (len < 1 || budget < 1 || max_depth < 1) return 0;
   struct Cand {
     double score;
@@ -132,6 +132,7 @@ int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_
     queue.pop();
     out_tokens[count] = c.token;
     out_parents[count] = c.parent;
+    if (out_scores != nullptr) out_scores[count] = c.score;
     depth.push_back(c.parent < 0 ? 1 : depth[c.parent] + 1);
     ++count;
     if (depth.back() < max_depth && count < budget) push_children(count - 1, c.score);

@@ -82,8 +82,10 @@ class NgramStore {
 
 // Writes at most `budget` draft nodes (the root is not one) of depth <= max_depth; out_parents[i]
 // is -1 for a child of the root, else an earlier node's index (nodes in order of selection).
-// Returns the number of nodes (0: nothing matched). out_tokens[budget], out_parents[budget].
+// Returns the number of nodes (0: nothing matched). out_tokens[budget], out_parents[budget], and,
+// when given, out_scores[budget]: each node's cumulative probability.
 int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_t len, int64_t budget,
-                         int64_t max_depth, int64_t* out_tokens, int64_t* out_parents);
+                         int64_t max_depth, int64_t* out_tokens, int64_t* out_parents,
+                         double* out_scores = nullptr);
 
 }  // namespace mtprobe::core

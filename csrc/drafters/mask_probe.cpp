@@ -67,24 +67,35 @@ void MaskProbeDrafter::begin(const at::Tensor& prompt) {
   mask_input_of_node_.clear();
 }
 
+std::vector<core::DraftNode> MaskProbeDrafter::candidate_tree(int64_t root_token,
+                                                              const StepLimits& limits) const {
+  // The draft tree below the root, from the masks on the last accepted node.
+  if (!have_candidates_ || limits.tokens_left < 2) return {};
+  const int64_t k = options_.num_masks;
+  return options_.dynamic_tree
+             ? core::build_dynamic_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
+                                        budget_nodes(), options_.prune)
+             : core::build_static_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
+                                       options_.branches.data(), options_.prune);
+}
+
 DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
                                      const StepLimits& limits) {
+  (void)prefix_len;
+  std::vector<core::DraftNode> tree;
+  if (committed.size(0) == 1 && have_candidates_) {
+    tree = candidate_tree(committed.to(at::kCPU).data_ptr<int64_t>()[0], limits);
+  }
+  return block_with_masks(committed, std::move(tree), limits);
+}
+
+DraftBlock MaskProbeDrafter::block_with_masks(const at::Tensor& committed, std::vector<core::DraftNode> tree,
+                                              const StepLimits& limits) {
   const int64_t k = options_.num_masks;
   const int64_t c = committed.size(0);
   const int64_t root = c - 1;
   DraftBlock b;
   b.num_committed = c;
-
-  // The draft tree below the root, from the masks on the last accepted node.
-  std::vector<core::DraftNode> tree;
-  if (c == 1 && have_candidates_ && limits.tokens_left >= 2) {
-    const int64_t root_token = committed.to(at::kCPU).data_ptr<int64_t>()[0];
-    tree = options_.dynamic_tree
-               ? core::build_dynamic_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
-                                          budget_nodes(), options_.prune)
-               : core::build_static_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
-                                         options_.branches.data(), options_.prune);
-  }
   int64_t tree_depth = 0;
   for (const auto& n : tree) tree_depth = std::max(tree_depth, n.depth);
   // Positions must fit the model: a node at depth d carries masks down to depth d + k.
@@ -119,7 +130,6 @@ DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix
     // Every node's masks share the same k embeddings; position and context make them differ.
     b.embeds = masks_.to(embedding_.scalar_type()).repeat({carriers, 1});  // [carriers * k, hidden]
   }
-  (void)prefix_len;
   return b;
 }
 

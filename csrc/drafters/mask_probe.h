@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/draft_tree.h"
 #include "drafters/drafter.h"
 
 namespace mtprobe {
@@ -40,6 +41,15 @@ class MaskProbeDrafter : public Drafter {
   void begin(const at::Tensor& prompt) override;
   DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
   void observe(const StepOutcome& outcome) override;
+
+  // The two halves of propose(), for drafters that add nodes of their own (the hybrid drafter):
+  // the tree drafted from the last accepted node's masks ([root, ...], empty without candidates),
+  // and the block for a tree ([root, ...] over the last committed token, parents first): its
+  // drafts, then k chained masks on the root and on every draft. observe() reads the masks of
+  // whichever node the step accepted.
+  std::vector<core::DraftNode> candidate_tree(int64_t root_token, const StepLimits& limits) const;
+  DraftBlock block_with_masks(const at::Tensor& committed, std::vector<core::DraftNode> tree,
+                              const StepLimits& limits);
 
   const at::Tensor& mask_embeddings() const { return masks_; }
   const MaskProbeOptions& options() const { return options_; }

@@ -45,6 +45,21 @@ DraftBlock StandDrafter::propose(const at::Tensor& committed, int64_t prefix_len
   return b;
 }
 
+std::vector<core::DraftNode> StandDrafter::tree_nodes(int64_t root_token, int64_t budget,
+                                                      int64_t depth) const {
+  std::vector<core::DraftNode> nodes{{root_token, -1, 0, 1.0}};
+  if (budget < 1 || depth < 1) return nodes;
+  std::vector<int64_t> tokens(static_cast<size_t>(budget)), parents(tokens.size());
+  std::vector<double> scores(tokens.size());
+  const int64_t n = core::build_stand_tree(store_, history_.data(), static_cast<int64_t>(history_.size()),
+                                           budget, depth, tokens.data(), parents.data(), scores.data());
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t parent = parents[j] + 1;  // the store's -1 is the root, node 0 here
+    nodes.push_back({tokens[j], parent, nodes[static_cast<size_t>(parent)].depth + 1, scores[j]});
+  }
+  return nodes;
+}
+
 void StandDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = std::min<int64_t>(options_.logits_top_k, outcome.logits.size(-1));
   size_t appended = 0;  // new tokens already in history_

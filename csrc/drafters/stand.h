@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/draft_tree.h"
 #include "core/ngram_store.h"
 #include "drafters/drafter.h"
 
@@ -33,6 +34,10 @@ class StandDrafter : public Drafter {
   void begin(const at::Tensor& prompt) override;
   DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
   void observe(const StepOutcome& outcome) override;
+
+  // The tree propose() drafts after the history, as [root, ...] nodes with cumulative scores
+  // (the hybrid drafter merges it with probing's tree): at most `budget` drafts, depth <= depth.
+  std::vector<core::DraftNode> tree_nodes(int64_t root_token, int64_t budget, int64_t depth) const;
 
  private:
   StandOptions options_;

@@ -9,7 +9,14 @@ or through HF: ``model.generate(**inputs, custom_generate=mtprobe.custom_generat
 import torch  # noqa: F401  (libtorch must be loaded before the extension)
 
 from mtprobe import _C, ops  # noqa: F401
-from mtprobe.config import DraftModelConfig, LookaheadConfig, ProbeConfig, PromptLookupConfig, StandConfig
+from mtprobe.config import (
+    DraftModelConfig,
+    HybridConfig,
+    LookaheadConfig,
+    ProbeConfig,
+    PromptLookupConfig,
+    StandConfig,
+)
 from mtprobe.generate import GenerateOutput, custom_generate, generate
 
 __version__ = "0.1.0"
@@ -18,6 +25,7 @@ __all__ = [
     "PromptLookupConfig",
     "StandConfig",
     "LookaheadConfig",
+    "HybridConfig",
     "DraftModelConfig",
     "GenerateOutput",
     "generate",

@@ -313,3 +313,62 @@ class LookaheadConfig:
                 "(L - 1)(W + G) <= your budget instead"
             ) from None
         return cls(ngram_size, window, guess_set_size)
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    """The hybrid drafter (seed 001, App. C): mask-token probing and STAND's n-gram store draft one
+    tree under one block-complexity budget. Both trees grow from the root with cumulative
+    probabilities; their union (a shared token path is one node, scored by its higher score) keeps
+    the best B - 1 nodes, B = BC / (k + 1), and every node carries k mask tokens as in probing.
+
+    Args:
+        block_complexity: BC, most inputs of one decode forward (masks included).
+        num_masks, prune, mask_init, mask_lambda, seed: the probing half, as in :class:`ProbeConfig`
+            (its tree is the dynamic one).
+        max_depth, max_ngram, table_size, logits_top_k: the n-gram half, as in :class:`StandConfig`.
+
+    >>> HybridConfig(block_complexity=30).probe
+    ProbeConfig(block_complexity=30, num_masks=1, tree='dynamic', branches=None, prune=True, mask_init='prompt_mean', mask_lambda=0.1, incremental_masks=True, seed=0)
+    >>> HybridConfig(block_complexity=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: block_complexity=3 is too small for 1 mask token(s): BC = (k + 1)(1 + sum K) needs at least 4 to draft one token
+    """
+
+    block_complexity: int = 30
+    num_masks: int = 1
+    prune: bool = True
+    mask_init: str = "prompt_mean"
+    mask_lambda: float = 0.1
+    seed: int = 0
+    max_depth: int = 10
+    max_ngram: int = 3
+    table_size: int = 8
+    logits_top_k: int = 8
+
+    def __post_init__(self) -> None:
+        self.probe  # noqa: B018  (each half validates its own fields)
+        self.stand  # noqa: B018
+
+    @property
+    def probe(self) -> ProbeConfig:
+        return ProbeConfig(
+            block_complexity=self.block_complexity,
+            num_masks=self.num_masks,
+            tree="dynamic",
+            prune=self.prune,
+            mask_init=self.mask_init,
+            mask_lambda=self.mask_lambda,
+            seed=self.seed,
+        )
+
+    @property
+    def stand(self) -> StandConfig:
+        return StandConfig(
+            block_complexity=self.block_complexity,
+            max_depth=self.max_depth,
+            max_ngram=self.max_ngram,
+            table_size=self.table_size,
+            logits_top_k=self.logits_top_k,
+        )

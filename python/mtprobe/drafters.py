@@ -9,30 +9,66 @@ from transformers import PreTrainedModel
 
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter
-from mtprobe.config import DraftModelConfig, LookaheadConfig, ProbeConfig, PromptLookupConfig, StandConfig
+from mtprobe.config import (
+    DraftModelConfig,
+    HybridConfig,
+    LookaheadConfig,
+    ProbeConfig,
+    PromptLookupConfig,
+    StandConfig,
+)
 from mtprobe.draft_model import check_draft_model, layer_truncated
 
-DECODING_CONFIGS = (ProbeConfig, PromptLookupConfig, StandConfig, LookaheadConfig, DraftModelConfig)
-DecodingConfig = ProbeConfig | PromptLookupConfig | StandConfig | LookaheadConfig | DraftModelConfig
+DECODING_CONFIGS = (
+    ProbeConfig,
+    PromptLookupConfig,
+    StandConfig,
+    LookaheadConfig,
+    HybridConfig,
+    DraftModelConfig,
+)
+DecodingConfig = (
+    ProbeConfig | PromptLookupConfig | StandConfig | LookaheadConfig | HybridConfig | DraftModelConfig
+)
 ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 _GAUSSIAN_SHIFT = {"gaussian": 0.0, "gaussian_5sigma": 5.0, "gaussian_10sigma": 10.0}
 
 
-def mask_probe_drafter(model: PreTrainedModel, config: ProbeConfig) -> _C.MaskProbeDrafter:
-    """The mask-token probing drafter of ``config`` over ``model``'s input embedding table."""
+def _mask_options(config: ProbeConfig) -> dict[str, object]:
+    """The probing options both MaskProbeDrafter and HybridDrafter take."""
     init = config.mask_init
-    return _C.MaskProbeDrafter(
-        model.get_input_embeddings().weight,
+    return dict(
         num_masks=config.num_masks,
         block_complexity=config.block_complexity,
-        dynamic_tree=config.tree == "dynamic",
-        branches=list(config.branches or ()),
         prune=config.prune,
         mask_init="gaussian" if init in _GAUSSIAN_SHIFT else init,
         gaussian_shift=_GAUSSIAN_SHIFT.get(init, 0.0),
         mask_lambda=float(config.mask_lambda),
         seed=config.seed,
+    )
+
+
+def mask_probe_drafter(model: PreTrainedModel, config: ProbeConfig) -> _C.MaskProbeDrafter:
+    """The mask-token probing drafter of ``config`` over ``model``'s input embedding table."""
+    return _C.MaskProbeDrafter(
+        model.get_input_embeddings().weight,
+        dynamic_tree=config.tree == "dynamic",
+        branches=list(config.branches or ()),
+        **_mask_options(config),
+    )
+
+
+def hybrid_drafter(model: PreTrainedModel, config: HybridConfig) -> _C.HybridDrafter:
+    """Probing and STAND drafting one tree over ``model``'s input embedding table."""
+    stand = config.stand
+    return _C.HybridDrafter(
+        model.get_input_embeddings().weight,
+        max_depth=stand.max_depth,
+        max_ngram=stand.max_ngram,
+        table_size=stand.table_size,
+        logits_top_k=stand.logits_top_k,
+        **_mask_options(config.probe),
     )
 
 
@@ -82,6 +118,8 @@ def make_drafter(
         return draft_model_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     if isinstance(config, ProbeConfig):
         return mask_probe_drafter(model, config)
+    if isinstance(config, HybridConfig):
+        return hybrid_drafter(model, config)
     if isinstance(config, PromptLookupConfig):
         return _C.PromptLookupDrafter(num_tokens=config.num_tokens, max_ngram_size=config.max_ngram_size)
     if isinstance(config, LookaheadConfig):

@@ -63,8 +63,8 @@ def generate(
     **generate_kwargs: Any,
 ) -> GenerateOutput:
     """Lossless multi-token generation with the drafter ``config`` describes: ``ProbeConfig`` (mask-token
-    probing, the default), ``PromptLookupConfig``, ``StandConfig``, ``LookaheadConfig`` or
-    ``DraftModelConfig``.
+    probing, the default), ``PromptLookupConfig``, ``StandConfig``, ``LookaheadConfig``,
+    ``HybridConfig`` or ``DraftModelConfig``.
 
     Greedy (the default): token-identical to ``model.generate(do_sample=False)``. With
     ``do_sample=True`` (and ``temperature``, ``top_k``, ``top_p``, ... as HF applies them), every

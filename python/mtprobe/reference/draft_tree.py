@@ -108,3 +108,43 @@ def dynamic_tree(
         parents.append(new_index[cand[i][1]])
         probs.append(cand[i][3])
     return tokens, parents, probs
+
+
+def merge_trees(
+    a: tuple[Sequence[int], Sequence[int], Sequence[float]],
+    b: tuple[Sequence[int], Sequence[int], Sequence[float]],
+    budget: int,
+) -> tuple[list[int], list[int], list[float]]:
+    """The hybrid drafter's merge: two trees of one root, each as (tokens, parents, probs) with the
+    root at index 0, united by token path (a node scores the higher of its scores), then the best
+    ``budget - 1`` nodes kept (ties: the node met first, a's before b's), in union order.
+
+    >>> merge_trees(([7, 5, 9], [-1, 0, 0], [1, 0.6, 0.3]), ([7, 5, 4, 2], [-1, 0, 1, 0], [1, 1, 1, 0.2]), 4)
+    ([7, 5, 9, 4], [-1, 0, 0, 1], [1.0, 1.0, 0.3, 1.0])
+    """
+    trees = [t for t in (a, b) if len(t[0]) > 0]
+    if not trees:
+        return [], [], []
+    nodes: list[list] = [[int(trees[0][0][0]), -1, 1.0]]  # [token, parent, score] in union order
+    for tokens, parents, probs in (a, b):
+        to_union = [0] * len(tokens)
+        for i in range(1, len(tokens)):
+            parent = to_union[parents[i]]
+            found = next((u for u in range(1, len(nodes)) if nodes[u][:2] == [tokens[i], parent]), None)
+            if found is None:
+                found = len(nodes)
+                nodes.append([int(tokens[i]), parent, float(probs[i])])
+            else:
+                nodes[found][2] = max(nodes[found][2], float(probs[i]))
+            to_union[i] = found
+    order = sorted(range(1, len(nodes)), key=lambda u: -nodes[u][2])  # stable: ties keep union order
+    kept = {0} | set(order[: max(budget - 1, 0)])
+    new_index: dict[int, int] = {}
+    out_tokens, out_parents, out_probs = [], [], []
+    for u, (token, parent, score) in enumerate(nodes):
+        if u in kept and (u == 0 or parent in new_index):
+            new_index[u] = len(out_tokens)
+            out_tokens.append(token)
+            out_parents.append(-1 if u == 0 else new_index[parent])
+            out_probs.append(score)
+    return out_tokens, out_parents, out_probs

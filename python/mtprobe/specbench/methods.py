@@ -2,8 +2,8 @@
 
 A method is one :class:`Method` entry: a frozen dataclass type for its configuration, the CLI options
 that fill it, and a run function ``run(model, input_ids, config, max_new_tokens) -> MethodOutput``.
-Adding a drafter (hybrid, heads, ...) is one :func:`register` call, as for ``pld``, ``stand``,
-``lookahead`` and ``sps`` at the end of this file.
+Adding a drafter (heads, ...) is one :func:`register` call, as for ``pld``, ``stand``,
+``lookahead``, ``hybrid`` and ``sps`` at the end of this file.
 
 ``decoding_steps`` follows Spec-Bench: for ``ar`` it is the number of new tokens (as in Spec-Bench's
 ``inference_baseline.py``, which equals the forwards greedy decoding makes, prefill included); for
@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from mtprobe.config import DraftModelConfig, LookaheadConfig, ProbeConfig, PromptLookupConfig, StandConfig
+from mtprobe.config import (
+    DraftModelConfig,
+    HybridConfig,
+    LookaheadConfig,
+    ProbeConfig,
+    PromptLookupConfig,
+    StandConfig,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -242,7 +249,12 @@ def _parse_bool(text: str) -> bool:
 def _run_mtprobe(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
-    config: ProbeConfig | PromptLookupConfig | StandConfig | LookaheadConfig | DraftModelConfig,
+    config: ProbeConfig
+    | PromptLookupConfig
+    | StandConfig
+    | LookaheadConfig
+    | HybridConfig
+    | DraftModelConfig,
     max_new_tokens: int,
 ) -> MethodOutput:
     """Any method that is mtprobe.generate with a decoding configuration."""
@@ -330,6 +342,25 @@ register(
             ),
             Option("--window", "window", int, "W", "W, Jacobi window width"),
             Option("--guess-set-size", "guess_set_size", int, "G", "G, n-grams verified per step"),
+        ),
+        steps_doc="forward calls, prefill included",
+    )
+)
+
+
+# --- hybrid: probing and STAND's n-gram store in one tree ----------------------------------------------
+
+
+register(
+    Method(
+        name="hybrid",
+        summary="hybrid: mask-token probing and STAND's n-gram store drafting one tree under one budget",
+        config_type=HybridConfig,
+        run=_run_mtprobe,
+        options=(
+            BLOCK_COMPLEXITY_OPTION,
+            Option("--num-masks", "num_masks", int, "k", "mask tokens per node"),
+            Option("--max-depth", "max_depth", int, "d", "deepest n-gram draft"),
         ),
         steps_doc="forward calls, prefill included",
     )

@@ -1,0 +1,43 @@
+#include "drafters/hybrid.h"
+
+#include <algorithm>
+
+namespace mtprobe {
+
+namespace {
+MaskProbeOptions dynamic(MaskProbeOptions o) {
+  o.dynamic_tree = true;  // the union is selected by score, as probing's dynamic tree
+  o.branches.clear();
+  return o;
+}
+}  // namespace
+
+HybridDrafter::HybridDrafter(at::Tensor embedding, MaskProbeOptions probe, StandOptions stand)
+    : probe_(std::move(embedding), dynamic(std::move(probe))), stand_(stand), stand_depth_(stand.max_depth) {}
+
+void HybridDrafter::begin(const at::Tensor& prompt) {
+  probe_.begin(prompt);
+  stand_.begin(prompt);
+}
+
+DraftBlock HybridDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
+  probe_nodes_ = ngram_nodes_ = 0;
+  if (committed.size(0) != 1) return probe_.propose(committed, prefix_len, limits);  // prefill
+  const int64_t k = probe_.options().num_masks;
+  const int64_t budget = probe_.options().block_complexity / (k + 1);  // B nodes, root included
+  const int64_t root_token = committed.to(at::kCPU).data_ptr<int64_t>()[0];
+  std::vector<core::DraftNode> probed = probe_.candidate_tree(root_token, limits);
+  // The store's tree: no deeper than the tokens still wanted, and room for the masks below it.
+  const int64_t depth = std::min({stand_depth_, limits.tokens_left - 1, limits.max_depth - k});
+  std::vector<core::DraftNode> copied = stand_.tree_nodes(root_token, budget - 1, depth);
+  probe_nodes_ = std::max<int64_t>(0, static_cast<int64_t>(probed.size()) - 1);
+  ngram_nodes_ = static_cast<int64_t>(copied.size()) - 1;
+  return probe_.block_with_masks(committed, core::merge_draft_trees(probed, copied, budget), limits);
+}
+
+void HybridDrafter::observe(const StepOutcome& outcome) {
+  probe_.observe(outcome);
+  stand_.observe(outcome);
+}
+
+}  // namespace mtprobe

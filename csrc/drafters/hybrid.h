@@ -1,0 +1,44 @@
+// The hybrid drafter (seed 001, App. C, future work there): mask-token probing and STAND's n-gram
+// store draft one tree together, under one block-complexity budget.
+//
+// Each decode step both sources draft a tree from the same root: probing's from the masks of the
+// last accepted node (csrc/drafters/mask_probe.h), STAND's from the store after the history
+// (csrc/drafters/stand.h), each node scored by its cumulative probability. The union keeps the best
+// B - 1 nodes, B = BC / (k + 1) (core::merge_draft_trees), and, as in probing, every node carries k
+// mask tokens, so whichever node is accepted yields the next step's probing candidates.
+// n-gram nodes reach deeper than k (copied text, up to STAND's max_depth); probing supplies the
+// breadth where the store knows nothing. Both learn from every step: the masks follow the output,
+// the store takes the logits of every accepted node.
+#pragma once
+
+#include <memory>
+
+#include "drafters/mask_probe.h"
+#include "drafters/stand.h"
+
+namespace mtprobe {
+
+class HybridDrafter : public Drafter {
+ public:
+  // probe: options of the probing half (its dynamic tree and budget BC / (k + 1) are the hybrid's);
+  // stand: options of the n-gram half.
+  HybridDrafter(at::Tensor embedding, MaskProbeOptions probe, StandOptions stand);
+
+  std::string name() const override { return "hybrid"; }
+  void begin(const at::Tensor& prompt) override;
+  DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
+  void observe(const StepOutcome& outcome) override;
+
+  // Drafts of the last decode step that came from each source (a node both drafted counts twice).
+  int64_t probe_nodes() const { return probe_nodes_; }
+  int64_t ngram_nodes() const { return ngram_nodes_; }
+
+ private:
+  MaskProbeDrafter probe_;
+  StandDrafter stand_;
+  int64_t stand_depth_;
+  int64_t probe_nodes_ = 0;
+  int64_t ngram_nodes_ = 0;
+};
+
+}  // namespace mtprobe

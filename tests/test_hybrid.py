@@ -1,0 +1,159 @@
+"""The hybrid drafter: the tree merge (reference by hand, C++ against the reference), lossless
+decoding, the budget, both sources drafting, bad configurations."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import chat_ids, cpu_decode_loop, tiny_llama
+from mtprobe import _C
+from mtprobe.drafters import hybrid_drafter
+from mtprobe.reference.draft_tree import merge_trees
+
+# --- the merge -----------------------------------------------------------------------------------
+
+A = ([7, 5, 9], [-1, 0, 0], [1.0, 0.6, 0.3])
+B = ([7, 5, 4, 2], [-1, 0, 1, 0], [1.0, 1.0, 1.0, 0.2])
+
+
+def test_merge_worked_example():  # csrc/core/draft_tree.h
+    expected = ([7, 5, 9, 4], [-1, 0, 0, 1], [1.0, 1.0, 0.3, 1.0])
+    assert merge_trees(A, B, 4) == expected
+    assert _C.merge_draft_trees(*A, *B, 4) == expected
+
+
+def test_merge_budget_and_empty_sides():
+    assert merge_trees(A, B, 1) == ([7], [-1], [1.0])
+    assert merge_trees(A, B, 100) == ([7, 5, 9, 4, 2], [-1, 0, 0, 1, 0], [1.0, 1.0, 0.3, 1.0, 0.2])
+    empty = ([], [], [])
+    assert merge_trees(empty, B, 3) == ([7, 5, 4], [-1, 0, 1], [1.0, 1.0, 1.0])
+    assert merge_trees(A, empty, 2) == ([7, 5], [-1, 0], [1.0, 0.6])
+    assert merge_trees(empty, empty, 5) == ([], [], [])
+    assert _C.merge_draft_trees(*empty, *B, 3) == merge_trees(empty, B, 3)
+    assert _C.merge_draft_trees(*empty, *empty, 5) == ([], [], [])
+
+
+def test_merge_ties_prefer_the_node_met_first():
+    a = ([1, 2], [-1, 0], [1.0, 0.5])
+    b = ([1, 3], [-1, 0], [1.0, 0.5])
+    assert merge_trees(a, b, 2) == ([1, 2], [-1, 0], [1.0, 0.5])
+    assert merge_trees(b, a, 2) == ([1, 3], [-1, 0], [1.0, 0.5])
+
+
+def _random_tree(rng: random.Random, root: int) -> tuple[list[int], list[int], list[float]]:
+    tokens, parents, probs = [root], [-1], [1.0]
+    for _ in range(rng.randint(0, 12)):
+        parent = rng.randrange(len(tokens))
+        tokens.append(rng.randint(0, 3))  # few tokens: the two trees share paths
+        parents.append(parent)
+        probs.append(probs[parent] * rng.choice([1.0, 0.75, 0.5, 0.25]))  # dyadic: exact ties
+    return tokens, parents, probs
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cpp_merge_matches_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(200):
+        a, b = _random_tree(rng, 9), _random_tree(rng, 9)
+        budget = rng.randint(0, 20)
+        got = _C.merge_draft_trees(*a, *b, budget)
+        assert got == tuple(merge_trees(a, b, budget))
+        tokens, parents, probs = got
+        assert len(tokens) <= max(budget, 1)
+        assert all(parents[i] < i and probs[i] <= probs[parents[i]] for i in range(1, len(tokens)))
+
+
+def test_merge_rejects_a_malformed_tree():
+    with pytest.raises(ValueError, match="parents before children"):
+        _C.merge_draft_trees([1, 2], [-1, 1], [1.0, 0.5], [], [], [], 3)
+
+
+# --- decoding ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_llama(vocab_size=24, eos_token_id=23)
+
+
+@pytest.mark.parametrize("block_complexity, num_masks", [(4, 1), (10, 1), (30, 1), (60, 2), (30, 3)])
+def test_lossless_on_tiny_llama(tiny, block_complexity, num_masks):
+    cfg = mtprobe.HybridConfig(block_complexity=block_complexity, num_masks=num_masks)
+    gen = torch.Generator().manual_seed(block_complexity + num_masks)
+    for length in (1, 9, 50):
+        prompt = torch.randint(0, 6, (1, length), generator=gen)
+        for max_new in (1, 3, 40):
+            ref = tiny.generate(prompt, do_sample=False, max_new_tokens=max_new)
+            out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=max_new)
+            assert torch.equal(out.sequences, ref), (length, max_new)
+
+
+class Recorder(_C.Drafter):
+    """Wraps the hybrid drafter and records, per decode step, how many drafts came from each
+    source and the block's size."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner = inner
+        self.steps: list[tuple[int, int, int, int]] = []  # (probe, ngram, drafts, inputs)
+
+    def name(self):
+        return "recorded_hybrid"
+
+    def begin(self, prompt):
+        self.inner.begin(prompt)
+
+    def propose(self, committed, prefix_len, limits):
+        block = self.inner.propose(committed, prefix_len, limits)
+        if committed.shape[0] == 1:
+            drafts = block.num_nodes - 1
+            self.steps.append((self.inner.probe_nodes, self.inner.ngram_nodes, drafts, block.num_inputs))
+        return block
+
+    def observe(self, outcome):
+        self.inner.observe(outcome)
+
+
+def test_both_sources_draft_within_the_budget(tiny):
+    cfg = mtprobe.HybridConfig(block_complexity=12)  # B = 6 nodes, each with its mask
+    drafter = Recorder(hybrid_drafter(tiny, cfg))
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]])
+    loop = cpu_decode_loop(tiny, drafter, max_new_tokens=40, block_complexity=12, prompt_len=prompt.shape[1])
+    seq = loop.run(prompt[0]).sequence
+    assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()
+    assert all(inputs <= 12 and drafts <= 5 for _, _, drafts, inputs in drafter.steps)
+    assert all(inputs == 2 * (drafts + 1) for _, _, drafts, inputs in drafter.steps if inputs > 2)
+    # Both sources offered drafts on the same step, and the union had to choose.
+    assert any(p > 0 and n > 0 and p + n > d for p, n, d, _ in drafter.steps)
+
+
+def test_smollm2_greedy_equality_and_gain_over_probing(smollm2):
+    model, tok = smollm2
+    text = "Repeat this list twice, exactly: apple, river, candle, mountain, violin, pepper, lantern, meadow."
+    ids = chat_ids(tok, [{"role": "user", "content": text}])
+    ref = model.generate(ids, do_sample=False, max_new_tokens=48)
+    hybrid = mtprobe.generate(model, ids, mtprobe.HybridConfig(block_complexity=30), max_new_tokens=48)
+    probe = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=30), max_new_tokens=48)
+    assert torch.equal(hybrid.sequences, ref)
+    assert torch.equal(probe.sequences, ref)
+    # Text that repeats the prompt: the n-gram half must add what probing alone does not draft.
+    assert hybrid.tau > probe.tau
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(block_complexity=3), "too small for 1 mask token"),
+        (dict(num_masks=5), "num_masks=5 must be between 1 and 4"),
+        (dict(max_depth=0), "max_depth=0 must be >= 1"),
+        (dict(mask_lambda=2.0), "mask_lambda"),
+        (dict(mask_init="zeros"), "mask_init"),
+    ],
+)
+def test_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        mtprobe.HybridConfig(**kwargs)
