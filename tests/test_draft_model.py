@@ -8,8 +8,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import mtprobe
-from conftest import chat_ids, tiny_llama
+from conftest import chat_ids, cpu_decode_loop, tiny_llama
+from mtprobe import _C
 from mtprobe.draft_model import check_draft_model, layer_truncated
+from mtprobe.drafters import make_drafter
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +56,9 @@ def test_truncated_copy_rejects_bad_depth(tiny, bad):
 # --- lossless greedy decoding ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_tokens", [1, 3, 8])
-def test_lossless_with_an_independent_draft(tiny, tiny_draft, num_tokens):
-    cfg = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=num_tokens)
+@pytest.mark.parametrize("num_tokens, top_branches", [(1, 1), (3, 1), (8, 1), (1, 3), (4, 3)])
+def test_lossless_with_an_independent_draft(tiny, tiny_draft, num_tokens, top_branches):
+    cfg = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=num_tokens, top_branches=top_branches)
     gen = torch.Generator().manual_seed(num_tokens)
     for length in (1, 7, 30):
         prompt = torch.randint(0, 47, (1, length), generator=gen)
@@ -79,6 +81,57 @@ def test_lossless_with_the_self_draft(tiny, num_draft_layers):
             a == min(5, r)
             for a, r in zip(out.accept_lengths, _remaining(30, out.accept_lengths), strict=True)
         )
+
+
+class CheckedDraftTree(_C.Drafter):
+    """The draft-model drafter with siblings, checked every step against the draft model itself:
+    the chain must be the draft's greedy continuation of the sequence (so its KV cache was rolled
+    back right, also after a sibling was accepted) and the siblings its next best first tokens."""
+
+    def __init__(self, target, draft, cfg) -> None:
+        super().__init__()
+        self.inner = make_drafter(target, cfg, capacity=256)
+        self.draft, self.cfg = draft, cfg
+        self.through_sibling = 0
+
+    def name(self):
+        return "checked_draft_tree"
+
+    def begin(self, prompt):
+        self.inner.begin(prompt)
+        self.history = prompt.tolist()
+
+    def propose(self, committed, prefix_len, limits):
+        block = self.inner.propose(committed, prefix_len, limits)
+        c = committed.shape[0]
+        self.chain_end = c + min(self.cfg.num_tokens, limits.tokens_left - 1)
+        drafts = block.tokens[c : block.num_nodes].tolist()
+        k = self.chain_end - c
+        if k > 0:
+            ids = torch.tensor([self.history])
+            chain = self.draft.generate(ids, do_sample=False, max_new_tokens=k, eos_token_id=None)[0, -k:]
+            first = self.draft(ids).logits[0, -1].topk(self.cfg.top_branches).indices
+            assert drafts[:k] == chain.tolist()
+            assert drafts[k:] == first[1 : 1 + len(drafts) - k].tolist()
+            assert list(block.parents[self.chain_end : block.num_nodes]) == [c - 1] * (len(drafts) - k)
+        return block
+
+    def observe(self, outcome):
+        self.inner.observe(outcome)
+        self.through_sibling += len(outcome.path) > 1 and outcome.path[1] >= self.chain_end
+        self.history += list(outcome.new_tokens)
+
+
+def test_draft_tree_siblings_and_cache_rollback(tiny, tiny_draft):
+    cfg = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3, top_branches=4)
+    drafter = CheckedDraftTree(tiny, tiny_draft, cfg)
+    prompt = torch.randint(1, 47, (1, 12), generator=torch.Generator().manual_seed(3))
+    loop = cpu_decode_loop(
+        tiny, drafter, max_new_tokens=40, block_complexity=cfg.block_complexity, prompt_len=prompt.shape[1]
+    )
+    seq = loop.run(prompt[0]).sequence
+    assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()
+    assert drafter.through_sibling > 0  # some steps accepted a sibling, not the chain
 
 
 def _remaining(total: int, accept_lengths: list[int]) -> list[int]:
@@ -125,6 +178,8 @@ def test_config_validation():
         mtprobe.DraftModelConfig(num_tokens=0)
     with pytest.raises(ValueError, match="num_draft_layers=0 must be >= 1"):
         mtprobe.DraftModelConfig(num_draft_layers=0)
+    with pytest.raises(ValueError, match="top_branches=0 must be >= 1"):
+        mtprobe.DraftModelConfig(top_branches=0)
     with pytest.raises(TypeError, match="num_tokens must be an int"):
         mtprobe.DraftModelConfig(num_tokens=2.5)
     with pytest.raises(TypeError, match="draft_model must be a HuggingFace causal LM"):

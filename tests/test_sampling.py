@@ -236,13 +236,14 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
 
 @pytest.mark.parametrize(
     "name",
-    ["draft_model_independent", "draft_model_self_1_layer", "prompt_lookup", "stand", "lookahead", "hybrid"],
+    ["draft_model_independent", "draft_model_tree", "draft_model_self_1_layer", "prompt_lookup", "stand", "lookahead", "hybrid"],
 )
 def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
     # The prompt repeats so that PLD and STAND find matches and draft at the first decode step.
     prompt = torch.tensor([LOOKAHEAD_PROMPT if name == "lookahead" else [4, 2, 9, 4, 2, 9, 4, 2]])
     cfg = {
         "draft_model_independent": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3),
+        "draft_model_tree": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=2, top_branches=3),
         "draft_model_self_1_layer": mtprobe.DraftModelConfig(num_draft_layers=1, num_tokens=3),
         "prompt_lookup": mtprobe.PromptLookupConfig(num_tokens=3),
         "stand": mtprobe.StandConfig(block_complexity=10),

@@ -178,12 +178,13 @@ void bind_drafters(py::module_& m) {
       "Draft-model speculative decoding: a chain of num_tokens drafts from a smaller model with its own KV "
       "cache.")
       .def(py::init(
-               [](ForwardFn forward, int64_t num_tokens, bool do_sample, std::optional<ProcessFn> process) {
+               [](ForwardFn forward, int64_t num_tokens, bool do_sample, std::optional<ProcessFn> process,
+                  int64_t top_branches) {
                  return std::make_shared<DraftModelDrafter>(
-                     std::move(forward), DraftModelOptions{num_tokens, do_sample}, std::move(process));
+                     std::move(forward), DraftModelOptions{num_tokens, do_sample, top_branches}, std::move(process));
                }),
            py::arg("forward"), py::kw_only(), py::arg("num_tokens"), py::arg("do_sample") = false,
-           py::arg("process") = py::none())
+           py::arg("process") = py::none(), py::arg("top_branches") = 1)
       .def_property_readonly("draft_forwards", &DraftModelDrafter::draft_forwards);
 
   // The STAND n-gram store as a host object, mirroring csrc/core/ngram_store.h (tests compare it

@@ -10,6 +10,8 @@ DraftModelDrafter::DraftModelDrafter(ForwardFn forward, DraftModelOptions option
   TORCH_CHECK_VALUE(forward_, "DraftModelDrafter needs the draft model's forward callback");
   TORCH_CHECK_VALUE(options_.num_tokens >= 1, "num_tokens (drafts per step) must be >= 1, got ",
                     options_.num_tokens);
+  TORCH_CHECK_VALUE(options_.top_branches >= 1, "top_branches (children of the root) must be >= 1, got ",
+                    options_.top_branches);
 }
 
 void DraftModelDrafter::begin(const at::Tensor& prompt) {
@@ -28,8 +30,11 @@ DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefi
   const int64_t k =
       std::max<int64_t>(0, std::min({options_.num_tokens, limits.tokens_left - 1, limits.max_depth,
                                      c == 1 ? limits.budget - 1 : options_.num_tokens}));
-  std::vector<int64_t> drafts;
-  std::vector<at::Tensor> q_rows;                                         // [vocab] each, under sampling
+  std::vector<int64_t> drafts, siblings;
+  std::vector<at::Tensor> q_rows, sibling_q_rows;                         // [vocab] each, under sampling
+  // Siblings of the chain's first token, within the budget (the prefill's block is not budgeted).
+  const int64_t room = c == 1 ? limits.budget - 1 - k : options_.top_branches - 1;
+  const int64_t extra = k > 0 ? std::max<int64_t>(0, std::min(options_.top_branches - 1, room)) : 0;
   std::vector<int64_t> feed(history_.begin() + cached_, history_.end());  // not yet in the draft cache
   for (int64_t i = 0; i < k; ++i) {
     const int64_t n = static_cast<int64_t>(feed.size());
@@ -51,27 +56,48 @@ DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefi
     int64_t token;
     if (options_.do_sample) {
       at::Tensor q = scores.softmax(-1);  // [1, vocab]
-      token = at::multinomial(q, 1).item<int64_t>();
+      // The chain's token and, at the root, the siblings: 1 + extra independent draws from q_1.
+      at::Tensor draws = at::multinomial(q, i == 0 ? 1 + extra : 1, /*replacement=*/true).to(at::kCPU);
+      token = draws[0][0].item<int64_t>();
       q_rows.push_back(q[0]);
+      for (int64_t s = 1; i == 0 && s <= extra; ++s) {
+        siblings.push_back(draws[0][s].item<int64_t>());
+        sibling_q_rows.push_back(q[0]);
+      }
+    } else if (i == 0 && extra > 0) {
+      at::Tensor top = std::get<1>(scores.topk(std::min<int64_t>(1 + extra, scores.size(-1)), -1)).to(at::kCPU);
+      token = top[0][0].item<int64_t>();
+      for (int64_t s = 1; s < top.size(1); ++s) siblings.push_back(top[0][s].item<int64_t>());
     } else {
       token = scores.argmax(-1).item<int64_t>();
     }
     drafts.push_back(token);
     feed.assign(1, token);
   }
+  chain_len_ = k;
+  const int64_t n_sib = static_cast<int64_t>(siblings.size());
+  drafts.insert(drafts.end(), siblings.begin(), siblings.end());
+  q_rows.insert(q_rows.end(), sibling_q_rows.begin(), sibling_q_rows.end());
   DraftBlock b;
   b.num_committed = c;
-  b.num_nodes = c + k;
+  b.num_nodes = c + k + n_sib;
   b.tokens = k > 0 ? at::cat({committed, at::tensor(drafts, at::kLong).to(device)}) : committed;
-  b.parents.resize(static_cast<size_t>(c + k));
+  b.parents.resize(static_cast<size_t>(c + k + n_sib));
   for (int64_t i = 0; i < c + k; ++i) b.parents[i] = i - 1;  // one chain through the committed tokens
-  if (options_.do_sample && k > 0) b.draft_probs = at::stack(q_rows);  // [k, vocab]
+  for (int64_t i = c + k; i < c + k + n_sib; ++i) b.parents[i] = c - 1;  // siblings of the chain's first
+  if (options_.do_sample && k > 0) b.draft_probs = at::stack(q_rows);  // [k + siblings, vocab]
   return b;
 }
 
 void DraftModelDrafter::observe(const StepOutcome& outcome) {
-  // The cache holds history + drafts[0 : K - 1]; what the target accepted is still valid.
-  const int64_t accepted = static_cast<int64_t>(outcome.path.size()) - 1;
+  // The cache holds history + chain[0 : K - 1]; the accepted part of the chain is still valid (a
+  // path through a sibling keeps none of it).
+  int64_t accepted = 0;
+  const int64_t root = outcome.path.front();
+  while (accepted + 1 < static_cast<int64_t>(outcome.path.size()) && accepted < chain_len_ &&
+         outcome.path[accepted + 1] == root + accepted + 1) {
+    ++accepted;
+  }
   cached_ = std::min(cached_, static_cast<int64_t>(history_.size()) + accepted);
   history_.insert(history_.end(), outcome.new_tokens.begin(), outcome.new_tokens.end());
 }

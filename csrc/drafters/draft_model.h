@@ -1,6 +1,9 @@
 // Draft-model speculative decoding (seed 004; Leviathan et al. 2023, Chen et al. 2023): a smaller
 // model with its own KV cache drafts a chain of K tokens, one forward per token, and the target
-// verifies the chain in one forward. Greedy drafts are the draft model's argmax; under sampling
+// verifies the chain in one forward. With top_branches = b > 1 the draft is a tree: the chain plus
+// b - 1 more children of the root from the first forward's distribution (its next b - 1 best tokens
+// under greedy decoding; b - 1 more independent samples of q_1 under sampling, which SpecInfer's
+// multi-draft rule in verify_rejection keeps exact). The siblings cost no draft forward. Greedy drafts are the draft model's argmax; under sampling
 // the drafts are samples of its processed distribution q, handed to verification as draft_probs
 // so that rejection sampling keeps the output distributed exactly as the target's.
 //
@@ -22,6 +25,7 @@ namespace mtprobe {
 struct DraftModelOptions {
   int64_t num_tokens = 5;  // K, drafts per step (a step feeds the target 1 + K inputs)
   bool do_sample = false;  // sample drafts from q and hand q to verification
+  int64_t top_branches = 1;  // b, children of the root: the chain's first token and b - 1 siblings
 };
 
 class DraftModelDrafter : public Drafter {
@@ -44,6 +48,7 @@ class DraftModelDrafter : public Drafter {
   std::optional<ProcessFn> process_;
   std::vector<int64_t> history_;  // prompt + every generated token (includes the committed chain)
   int64_t cached_ = 0;            // draft KV entries that match history_
+  int64_t chain_len_ = 0;         // K of the step in flight (its siblings follow the chain)
   int64_t draft_forwards_ = 0;
 };
 

@@ -172,10 +172,16 @@ class DraftModelConfig:
             (its first ``num_draft_layers`` layers, final norm and head, sharing the target's
             weights; see ``mtprobe.draft_model.layer_truncated``).
         num_draft_layers: the truncated copy's depth when ``draft_model`` is ``None``.
-        num_tokens: K, drafts per step; a step feeds the target 1 + K inputs.
+        num_tokens: K, the chain's drafts per step.
+        top_branches: b, children of the root: the chain's first token and b - 1 siblings from the
+            same first draft forward (the draft's next best tokens under greedy decoding, more
+            independent samples of its q under sampling, verified by SpecInfer's multi-draft rule).
+            1 drafts a plain chain. A step feeds the target 1 + K + (b - 1) inputs.
 
     >>> DraftModelConfig(num_tokens=4).block_complexity
     5
+    >>> DraftModelConfig(num_tokens=4, top_branches=3).block_complexity
+    7
     >>> DraftModelConfig(num_tokens=0)
     Traceback (most recent call last):
     ...
@@ -185,6 +191,7 @@ class DraftModelConfig:
     draft_model: Any = field(default=None, repr=False)
     num_draft_layers: int = 8
     num_tokens: int = 5
+    top_branches: int = 1
 
     def __post_init__(self) -> None:
         _check_int("num_tokens", self.num_tokens)
@@ -193,6 +200,9 @@ class DraftModelConfig:
             raise ValueError(f"num_tokens={self.num_tokens} must be >= 1 (drafts per step)")
         if self.num_draft_layers < 1:
             raise ValueError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
+        _check_int("top_branches", self.top_branches)
+        if self.top_branches < 1:
+            raise ValueError(f"top_branches={self.top_branches} must be >= 1 (1 drafts a plain chain)")
         if self.draft_model is not None and not hasattr(self.draft_model, "generate"):
             raise TypeError(
                 f"draft_model must be a HuggingFace causal LM (a PreTrainedModel with generate), "
@@ -201,7 +211,7 @@ class DraftModelConfig:
 
     @property
     def block_complexity(self) -> int:
-        return 1 + self.num_tokens
+        return self.num_tokens + self.top_branches
 
 
 @dataclass(frozen=True)

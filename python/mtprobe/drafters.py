@@ -92,7 +92,11 @@ def draft_model_drafter(
     check_draft_model(model, draft)
     adapter = HFAdapter(draft, capacity)  # kept alive by the bound method the drafter holds
     return _C.DraftModelDrafter(
-        adapter.forward, num_tokens=config.num_tokens, do_sample=do_sample, process=process
+        adapter.forward,
+        num_tokens=config.num_tokens,
+        top_branches=config.top_branches,
+        do_sample=do_sample,
+        process=process,
     )
 
 

@@ -377,8 +377,15 @@ register(
         config_type=DraftModelConfig,
         run=_run_mtprobe,
         options=(
-            Option("--num-tokens", "num_tokens", int, "n", "drafts per step (block complexity = 1 + this)"),
+            Option(
+                "--num-tokens",
+                "num_tokens",
+                int,
+                "n",
+                "chain drafts per step (block complexity = this + top branches)",
+            ),
             Option("--draft-layers", "num_draft_layers", int, "l", "layers of the truncated self-draft"),
+            Option("--top-branches", "top_branches", int, "b", "children of the root (1: a chain)"),
         ),
         steps_doc="target forward calls, prefill included (the draft model's forwards are not counted)",
     )
