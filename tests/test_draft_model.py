@@ -180,6 +180,9 @@ def test_config_validation():
         mtprobe.DraftModelConfig(num_draft_layers=0)
     with pytest.raises(ValueError, match="top_branches=0 must be >= 1"):
         mtprobe.DraftModelConfig(top_branches=0)
+    with pytest.raises(ValueError, match="needs block_complexity >= 7 inputs per step, got 6"):
+        mtprobe.DraftModelConfig(num_tokens=4, top_branches=3, block_complexity=6)
+    assert mtprobe.DraftModelConfig(num_tokens=4, block_complexity=9).block_complexity == 9
     with pytest.raises(TypeError, match="num_tokens must be an int"):
         mtprobe.DraftModelConfig(num_tokens=2.5)
     with pytest.raises(TypeError, match="draft_model must be a HuggingFace causal LM"):

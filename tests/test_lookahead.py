@@ -314,6 +314,11 @@ def test_smollm2_greedy_equality(smollm2):
         (dict(guess_set_size=0), ValueError, "guess_set_size=0 must be >= 1"),
         (dict(ngram_size=2.5), TypeError, "ngram_size must be an int"),
         (dict(pool_from_prompt="yes"), TypeError, "pool_from_prompt must be a bool"),
+        (
+            dict(block_complexity=20),
+            ValueError,
+            r"\(L - 1\)\(W \+ G\)\) needs block_complexity >= 30 inputs per step, got 20",
+        ),
     ],
 )
 def test_bad_config(kwargs, error, message):

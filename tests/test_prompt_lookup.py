@@ -65,8 +65,22 @@ def test_same_tokens_as_transformers_prompt_lookup_on_smollm2(smollm2):
 
 
 @pytest.mark.parametrize(
-    "kwargs, match", [(dict(num_tokens=0), "num_tokens=0"), (dict(max_ngram_size=0), "max_ngram_size=0")]
+    "kwargs, match",
+    [
+        (dict(num_tokens=0), "num_tokens=0"),
+        (dict(max_ngram_size=0), "max_ngram_size=0"),
+        (dict(num_tokens=10, block_complexity=8), "needs block_complexity >= 11 inputs per step, got 8"),
+    ],
 )
 def test_bad_configuration_is_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mtprobe.PromptLookupConfig(**kwargs)
+
+
+def test_a_larger_budget_is_a_cap_not_a_target(tiny):
+    cfg = mtprobe.PromptLookupConfig(num_tokens=3, block_complexity=20)
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    ref = tiny.generate(prompt, do_sample=False, max_new_tokens=20)
+    out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=20)
+    assert torch.equal(out.sequences, ref)
+    assert max(out.accept_lengths) <= 4  # still chains of 3

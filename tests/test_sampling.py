@@ -236,7 +236,15 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
 
 @pytest.mark.parametrize(
     "name",
-    ["draft_model_independent", "draft_model_tree", "draft_model_self_1_layer", "prompt_lookup", "stand", "lookahead", "hybrid"],
+    [
+        "draft_model_independent",
+        "draft_model_tree",
+        "draft_model_self_1_layer",
+        "prompt_lookup",
+        "stand",
+        "lookahead",
+        "hybrid",
+    ],
 )
 def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
     # The prompt repeats so that PLD and STAND find matches and draft at the first decode step.

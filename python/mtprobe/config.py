@@ -119,6 +119,17 @@ def _check_int(name: str, value: object) -> None:
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
 
 
+def _resolve_budget(config: object, needed: int, what: str) -> None:
+    """Fill ``config.block_complexity`` with what its drafts need, or check a given budget holds them."""
+    bc = config.block_complexity
+    if bc is None:
+        object.__setattr__(config, "block_complexity", needed)
+        return
+    _check_int("block_complexity", bc)
+    if bc < needed:
+        raise ValueError(f"{what} needs block_complexity >= {needed} inputs per step, got {bc}")
+
+
 def _default_branches(drafts: int, k: int) -> tuple[int, ...]:
     # Most drafts at depth 1, about a fifth at each deeper depth (the paper's [7, 2], [15, 4]).
     deeper = [max(1, round(0.2 * drafts))] * (k - 1)
@@ -137,15 +148,20 @@ class PromptLookupConfig:
     Args:
         num_tokens: chain depth (transformers' ``prompt_lookup_num_tokens``; 10 in the paper).
         max_ngram_size: the longest n-gram matched (transformers' ``max_matching_ngram_size``).
-
-    A step feeds the root and the chain: block complexity ``1 + num_tokens``.
+        block_complexity: the budget of one step; ``None`` (the default): what the chain needs,
+            ``1 + num_tokens`` (the root and the chain). A smaller budget is an error.
 
     >>> PromptLookupConfig().block_complexity
     11
+    >>> PromptLookupConfig(num_tokens=10, block_complexity=5)
+    Traceback (most recent call last):
+    ...
+    ValueError: a chain of num_tokens=10 drafts after the root needs block_complexity >= 11 inputs per step, got 5
     """
 
     num_tokens: int = 10
     max_ngram_size: int = 2
+    block_complexity: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_tokens", self.num_tokens)
@@ -154,10 +170,9 @@ class PromptLookupConfig:
             raise ValueError(f"num_tokens={self.num_tokens} must be >= 1 (the chain depth)")
         if self.max_ngram_size < 1:
             raise ValueError(f"max_ngram_size={self.max_ngram_size} must be >= 1")
-
-    @property
-    def block_complexity(self) -> int:
-        return 1 + self.num_tokens
+        _resolve_budget(
+            self, 1 + self.num_tokens, f"a chain of num_tokens={self.num_tokens} drafts after the root"
+        )
 
 
 @dataclass(frozen=True)
@@ -177,6 +192,8 @@ class DraftModelConfig:
             same first draft forward (the draft's next best tokens under greedy decoding, more
             independent samples of its q under sampling, verified by SpecInfer's multi-draft rule).
             1 drafts a plain chain. A step feeds the target 1 + K + (b - 1) inputs.
+        block_complexity: the budget of one step; ``None`` (the default): what the drafts need,
+            ``num_tokens + top_branches``. A smaller budget is an error.
 
     >>> DraftModelConfig(num_tokens=4).block_complexity
     5
@@ -192,6 +209,7 @@ class DraftModelConfig:
     num_draft_layers: int = 8
     num_tokens: int = 5
     top_branches: int = 1
+    block_complexity: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_tokens", self.num_tokens)
@@ -203,15 +221,17 @@ class DraftModelConfig:
         _check_int("top_branches", self.top_branches)
         if self.top_branches < 1:
             raise ValueError(f"top_branches={self.top_branches} must be >= 1 (1 drafts a plain chain)")
+        _resolve_budget(
+            self,
+            self.num_tokens + self.top_branches,
+            f"a chain of num_tokens={self.num_tokens} drafts and top_branches - 1 = {self.top_branches - 1} "
+            "siblings after the root",
+        )
         if self.draft_model is not None and not hasattr(self.draft_model, "generate"):
             raise TypeError(
                 f"draft_model must be a HuggingFace causal LM (a PreTrainedModel with generate), "
                 f"got {type(self.draft_model).__name__}"
             )
-
-    @property
-    def block_complexity(self) -> int:
-        return self.num_tokens + self.top_branches
 
 
 @dataclass(frozen=True)
@@ -272,13 +292,15 @@ class LookaheadConfig:
         guess_set_size: G, n-grams kept and verified per starting token; at least 1.
         pool_from_prompt: also pool every n-gram of the prompt and of the output (LADE's
             ``POOL_FROM_PROMPT``; off in LADE and in the paper's baseline).
+        block_complexity: the budget of one step; ``None`` (the default): (L - 1)(W + G). A
+            smaller budget is an error.
 
     A step feeds at most (L - 1)(W + G) inputs, the root included: LADE's block complexity.
 
     >>> LookaheadConfig(ngram_size=4, window=5, guess_set_size=5).block_complexity
     30
     >>> LookaheadConfig.for_block_complexity(60)
-    LookaheadConfig(ngram_size=5, window=8, guess_set_size=7, pool_from_prompt=False)
+    LookaheadConfig(ngram_size=5, window=8, guess_set_size=7, pool_from_prompt=False, block_complexity=60)
     >>> LookaheadConfig(ngram_size=1)
     Traceback (most recent call last):
     ...
@@ -289,6 +311,7 @@ class LookaheadConfig:
     window: int = 5
     guess_set_size: int = 5
     pool_from_prompt: bool = False
+    block_complexity: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("ngram_size", "window", "guess_set_size"):
@@ -306,10 +329,8 @@ class LookaheadConfig:
             )
         if not isinstance(self.pool_from_prompt, bool):
             raise TypeError(f"pool_from_prompt must be a bool, got {type(self.pool_from_prompt).__name__}")
-
-    @property
-    def block_complexity(self) -> int:
-        return (self.ngram_size - 1) * (self.window + self.guess_set_size)
+        L, W, G = self.ngram_size, self.window, self.guess_set_size
+        _resolve_budget(self, (L - 1) * (W + G), f"lookahead with L={L}, W={W}, G={G} ((L - 1)(W + G))")
 
     @classmethod
     def for_block_complexity(cls, block_complexity: int) -> LookaheadConfig:
