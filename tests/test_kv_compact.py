@@ -180,3 +180,40 @@ def test_op_rejects_mismatched_sequence_lengths() -> None:
 def test_opcheck_compact_kv(case: str, dtype: torch.dtype) -> None:
     src, dst_start = COMPACTIONS[case]
     opcheck(torch.ops.mtprobe.compact_kv_.default, (_caches(dtype), torch.tensor(src), dst_start))
+
+
+# --- the CUDA kernel (csrc/kernels/kv_compact.cuh) against the reference ------------------------------
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [*FLOAT_DTYPES, torch.int8, torch.float64], ids=dtype_id)
+@pytest.mark.parametrize("case", list(COMPACTIONS.values()), ids=list(COMPACTIONS))
+def test_cuda_op_matches_reference(case: tuple[list[int], int], dtype: torch.dtype) -> None:
+    src, dst_start = case
+    caches = _caches(dtype) if dtype.is_floating_point else [c.to(dtype) for c in _caches(torch.float32)]
+    expected = [c.clone() for c in caches]
+    compact_kv(expected, torch.tensor(src, dtype=torch.long), dst_start)
+    on_gpu = [c.cuda() for c in caches]
+    torch.ops.mtprobe.compact_kv_(on_gpu, torch.tensor(src), dst_start)
+    for c, e in zip(on_gpu, expected, strict=True):
+        assert torch.equal(c.cpu(), e)
+
+
+@requires_cuda
+@pytest.mark.parametrize("seed", range(10))
+def test_cuda_op_on_long_caches(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    seq_len = 8192 + 64
+    dst_start = int(torch.randint(0, 8192, (), generator=g))
+    n = int(torch.randint(1, 33, (), generator=g))
+    # distinct rows at or after dst_start, increasing: dst_start + j <= src[j] holds
+    src = sorted(torch.randperm(seq_len - dst_start, generator=g)[:n].add(dst_start).tolist())
+    caches = [torch.randn(1, 4, seq_len, 64, generator=g).to(torch.bfloat16) for _ in range(2)]
+    expected = [c.clone() for c in caches]
+    compact_kv(expected, torch.tensor(src), dst_start)
+    on_gpu = [c.cuda() for c in caches]
+    torch.ops.mtprobe.compact_kv_(on_gpu, torch.tensor(src), dst_start)
+    for c, e in zip(on_gpu, expected, strict=True):
+        assert torch.equal(c.cpu(), e)

@@ -307,3 +307,39 @@ def test_opcheck_tree_attention_mask(dtype: torch.dtype, sample: tuple[torch.Ten
 @pytest.mark.parametrize("sample", OPCHECK_SAMPLES)
 def test_opcheck_tree_position_ids(sample: tuple[torch.Tensor, int]) -> None:
     opcheck(torch.ops.mtprobe.tree_position_ids.default, sample)
+
+
+# --- the CUDA kernels (csrc/kernels/tree_mask.cuh) against the reference ------------------------------
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("prefix_len", [0, 1, 511, 2048, 8192])
+@tree_params
+def test_cuda_mask_and_positions_match_reference(
+    dtype: torch.dtype, prefix_len: int, parents: list[int]
+) -> None:
+    parents_t = torch.tensor(parents)
+    mask = torch.ops.mtprobe.tree_attention_mask(parents_t.cuda(), prefix_len, dtype)
+    assert mask.is_cuda
+    assert torch.equal(mask.cpu(), tree_attention_mask(parents_t, prefix_len, dtype))
+    positions = torch.ops.mtprobe.tree_position_ids(parents_t.cuda(), prefix_len)
+    assert torch.equal(positions.cpu(), tree_position_ids(parents_t, prefix_len))
+
+
+@requires_cuda
+@pytest.mark.parametrize("prefix_len", [0, 8192])
+def test_cuda_chain_mask_is_causal(prefix_len: int) -> None:
+    n = 64
+    mask = torch.ops.mtprobe.tree_attention_mask(torch.tensor(chain(n)).cuda(), prefix_len, torch.float32)
+    allowed = mask[0, 0, :, prefix_len:] == 0  # [n, n]
+    assert torch.equal(allowed.cpu(), torch.ones(n, n, dtype=torch.bool).tril())
+    assert bool((mask[0, 0, :, :prefix_len] == 0).all())
+
+
+@requires_cuda
+def test_cuda_mask_rejects_bad_parents() -> None:
+    with pytest.raises(RuntimeError, match="invalid draft tree"):
+        torch.ops.mtprobe.tree_attention_mask(torch.tensor([-1, 2, 0]).cuda(), 0, torch.float32)

@@ -284,3 +284,22 @@ def test_rejection_op_rejects_bad_input(args: tuple, message: str) -> None:
 def test_opcheck_verify_rejection(test_util: str) -> None:
     sample = _rejection_case(medusa(num_heads=2, depth=2), torch.Generator().manual_seed(0), vocab=4)
     opcheck(torch.ops.mtprobe.verify_rejection.default, sample, test_utils=test_util)
+
+
+# --- the CUDA kernel (csrc/kernels/verify.cuh) against the reference -----------------------------------
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@requires_cuda
+@pytest.mark.parametrize("seed", range(20))
+def test_cuda_verify_greedy_matches_reference(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 64, (), generator=g))
+    parents = [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)]
+    tokens, target = _random_case(parents, g, vocab=3)
+    root = int(torch.randint(0, n, (), generator=g))
+    expected = verify_greedy(tokens, torch.tensor(parents), target, root)
+    path = torch.ops.mtprobe.verify_greedy(tokens.cuda(), torch.tensor(parents).cuda(), target.cuda(), root)
+    assert path.is_cuda
+    assert torch.equal(path.cpu(), expected)
