@@ -38,4 +38,17 @@ void ancestor_matrix(const int64_t* parents, int64_t n, uint8_t* anc) {
   }
 }
 
+void ancestor_bits(const int64_t* parents, int64_t n, uint64_t* bits) {
+  const int64_t words = ancestor_words(n);
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t* row = bits + i * words;
+    if (parents[i] < 0) {
+      std::memset(row, 0, static_cast<size_t>(words) * sizeof(uint64_t));
+    } else {
+      std::memcpy(row, bits + parents[i] * words, static_cast<size_t>(words) * sizeof(uint64_t));
+    }
+    row[i / 64] |= uint64_t{1} << (i % 64);
+  }
+}
+
 }  // namespace mtprobe::core

@@ -35,6 +35,12 @@ void tree_depths(const int64_t* parents, int64_t n, int64_t* depth_out);
 // Row i copies its parent's row and sets its own bit: O(n^2) bytes, no per-node search.
 void ancestor_matrix(const int64_t* parents, int64_t n, uint8_t* anc);
 
+// The compact form of the same pattern: words = ceil(n / 64) 64-bit words per row; bit (j % 64) of
+// bits[i * words + j / 64] is set when input i attends to input j. [n, words] instead of [n, n].
+// Example, parents [-1 0 0 1]: rows 0b0001, 0b0011, 0b0101, 0b1011.
+inline int64_t ancestor_words(int64_t n) { return (n + 63) / 64; }
+void ancestor_bits(const int64_t* parents, int64_t n, uint64_t* bits);
+
 // Fills an additive mask for one block: rows [n], each of `prefix + n` columns starting at
 // out + i * row_stride. Prefix columns and ancestors get `zero`, the rest `neg`.
 // T is the element type; for half types pass their raw bit patterns through uint16_t.

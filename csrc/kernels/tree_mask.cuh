@@ -38,6 +38,27 @@ __global__ inline void tree_position_ids_kernel(const int64_t* __restrict__ pare
   out[i] = prefix_len + depth;
 }
 
+// The compact pattern of csrc/core/tree.h (ancestor_bits): bits[i, a / 64] has bit a % 64 set when
+// a is i or an ancestor of i. One thread per node walks its chain.
+__global__ inline void tree_ancestor_bits_kernel(const int64_t* __restrict__ parents, int64_t num_nodes,
+                                                 uint64_t* __restrict__ bits) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= num_nodes) return;
+  const int64_t words = (num_nodes + 63) / 64;
+  uint64_t* row = bits + i * words;
+  for (int64_t w = 0; w < words; ++w) row[w] = 0;
+  for (int64_t v = i; v >= 0; v = parents[v]) row[v / 64] |= 1ull << (v % 64);
+}
+
+inline cudaError_t tree_ancestor_bits(const int64_t* parents, int64_t num_nodes, uint64_t* bits,
+                                      cudaStream_t stream) {
+  if (num_nodes == 0) return cudaSuccess;
+  constexpr int kThreads = 128;
+  tree_ancestor_bits_kernel<<<static_cast<unsigned>((num_nodes + kThreads - 1) / kThreads), kThreads, 0,
+                              stream>>>(parents, num_nodes, bits);
+  return cudaGetLastError();
+}
+
 // mask: [num_nodes, prefix_len + num_nodes], row-major. parents must be a valid forest (checked
 // by the caller: parents[i] < i).
 template <typename T>

@@ -31,6 +31,17 @@ std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, co
 // cache[:, :, dst_start + j] = cache[:, :, src[j]] for j in order.
 void compact_kv_(at::TensorList caches, const at::Tensor& src, int64_t dst_start);
 
+// parents: [T].  Returns the compact ancestor pattern [T, ceil(T / 64)] int64 (csrc/core/tree.h).
+at::Tensor tree_ancestor_bits(const at::Tensor& parents);
+
+// Tree attention: q [B, H, T, D] (the tree inputs), k, v [B, Hkv, P + T, D] (the prefix, then the
+// tree inputs), bits from tree_ancestor_bits. Query i attends to the P prefix keys and to the tree
+// keys its row of bits marks. Returns [B, H, T, D].
+at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bits,
+                          double scale);
+void check_tree_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& bits);
+
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);
 void check_parents_or_throw(const std::vector<int64_t>& parents);

@@ -12,6 +12,8 @@ TORCH_LIBRARY(mtprobe, m) {
       "verify_rejection(Tensor tokens, Tensor parents, Tensor p, Tensor q, Tensor uniforms) -> (Tensor, "
       "Tensor)");
   m.def("compact_kv_(Tensor(a!)[] caches, Tensor src, int dst_start) -> ()");
+  m.def("tree_ancestor_bits(Tensor parents) -> Tensor");
+  m.def("tree_attention(Tensor q, Tensor k, Tensor v, Tensor ancestor_bits, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
@@ -20,4 +22,6 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("verify_greedy", &mtprobe::ops::verify_greedy);
   m.impl("verify_rejection", &mtprobe::ops::verify_rejection);
   m.impl("compact_kv_", &mtprobe::ops::compact_kv_);
+  m.impl("tree_ancestor_bits", &mtprobe::ops::tree_ancestor_bits);
+  m.impl("tree_attention", &mtprobe::ops::tree_attention);
 }

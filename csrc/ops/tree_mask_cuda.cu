@@ -1,6 +1,7 @@
-// CUDA launchers of tree_attention_mask and tree_position_ids (kernels: csrc/kernels/tree_mask.cuh).
-// Built only when torch has CUDA (CMakeLists.txt); CI compiles this file with nvcc, compile-only.
-// The parents are checked on the host (one copy of T <= BC indices), as the CPU ops check them.
+// CUDA launchers of tree_attention_mask, tree_position_ids and tree_ancestor_bits (kernels:
+// csrc/kernels/tree_mask.cuh). Built only when torch has CUDA (CMakeLists.txt); CI compiles this file with
+// nvcc, compile-only. The parents are checked on the host (one copy of T <= BC indices), as the CPU ops check
+// them.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -49,9 +50,22 @@ at::Tensor tree_position_ids_cuda(const at::Tensor& parents, int64_t prefix_len)
   return out;
 }
 
+at::Tensor tree_ancestor_bits_cuda(const at::Tensor& parents) {
+  at::Tensor par = checked_parents(parents);
+  const int64_t T = par.numel();
+  c10::cuda::CUDAGuard guard(par.device());
+  at::Tensor bits = at::empty({T, (T + 63) / 64}, par.options());  // [T, W] int64
+  const cudaError_t err = kernels::tree_ancestor_bits(par.data_ptr<int64_t>(), T,
+                                                      reinterpret_cast<uint64_t*>(bits.data_ptr<int64_t>()),
+                                                      c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "tree_ancestor_bits kernel: ", cudaGetErrorString(err));
+  return bits;
+}
+
 }  // namespace mtprobe::ops
 
 TORCH_LIBRARY_IMPL(mtprobe, CUDA, m) {
+  m.impl("tree_ancestor_bits", &mtprobe::ops::tree_ancestor_bits_cuda);
   m.impl("tree_attention_mask", &mtprobe::ops::tree_attention_mask_cuda);
   m.impl("tree_position_ids", &mtprobe::ops::tree_position_ids_cuda);
 }

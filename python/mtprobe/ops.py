@@ -11,7 +11,15 @@ import torch
 
 from mtprobe import _C  # noqa: F401  (registers torch.ops.mtprobe)
 
-__all__ = ["tree_attention_mask", "tree_position_ids", "verify_greedy", "verify_rejection", "compact_kv_"]
+__all__ = [
+    "tree_attention_mask",
+    "tree_position_ids",
+    "tree_ancestor_bits",
+    "tree_attention",
+    "verify_greedy",
+    "verify_rejection",
+    "compact_kv_",
+]
 
 
 @torch.library.register_fake("mtprobe::tree_attention_mask")
@@ -23,6 +31,19 @@ def _tree_attention_mask_fake(parents: torch.Tensor, prefix_len: int, dtype: tor
 @torch.library.register_fake("mtprobe::tree_position_ids")
 def _tree_position_ids_fake(parents: torch.Tensor, prefix_len: int) -> torch.Tensor:
     return parents.new_empty((1, parents.shape[0]), dtype=torch.long)
+
+
+@torch.library.register_fake("mtprobe::tree_ancestor_bits")
+def _tree_ancestor_bits_fake(parents: torch.Tensor) -> torch.Tensor:
+    t = parents.shape[0]
+    return parents.new_empty((t, (t + 63) // 64), dtype=torch.long)
+
+
+@torch.library.register_fake("mtprobe::tree_attention")
+def _tree_attention_fake(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestor_bits: torch.Tensor, scale: float
+) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("mtprobe::verify_greedy")
@@ -76,3 +97,24 @@ def verify_rejection(
 def compact_kv_(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -> None:
     """In place: ``cache[:, :, dst_start + j] = cache[:, :, src[j]]`` for every cache tensor."""
     torch.ops.mtprobe.compact_kv_(caches, src, dst_start)
+
+
+def tree_ancestor_bits(parents: torch.Tensor) -> torch.Tensor:
+    """The block's ancestor pattern, compact: ``[T, ceil(T / 64)]`` int64, bit ``a % 64`` of word
+    ``a // 64`` in row ``i`` set when input ``a`` is ``i`` or an ancestor of ``i``.
+
+    >>> tree_ancestor_bits(torch.tensor([-1, 0, 0, 1])).flatten().tolist()  # 0b0001, 0b0011, 0b0101, 0b1011
+    [1, 3, 5, 11]
+    """
+    return torch.ops.mtprobe.tree_ancestor_bits(parents)
+
+
+def tree_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestor_bits: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Tree attention ``[B, H, T, D]`` over the cached prefix and the tree inputs, the tree given by
+    :func:`tree_ancestor_bits` (no dense mask). ``k``, ``v``: ``[B, Hkv, P + T, D]``, ``Hkv`` dividing
+    ``H``; ``scale`` defaults to ``1 / sqrt(D)``. Reference: ``mtprobe.reference.tree_attention``."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    return torch.ops.mtprobe.tree_attention(q, k, v, ancestor_bits, float(scale))
