@@ -176,3 +176,41 @@ def test_cuda_op_matches_reference(dtype: torch.dtype, prefix_len: int, parents:
     assert torch.equal(bits.cpu(), bits_by_definition(parents))
     out = mtprobe.ops.tree_attention(q.cuda(), k.cuda(), v.cuda(), bits)
     torch.testing.assert_close(out.cpu(), tree_attention(q, k, v, torch.tensor(parents)), **tolerance(dtype))
+
+
+# --- the decode loop on "mtprobe_tree" ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        mtprobe.ProbeConfig(block_complexity=30),
+        mtprobe.ProbeConfig(block_complexity=60),
+        mtprobe.StandConfig(block_complexity=30),
+        mtprobe.LookaheadConfig.for_block_complexity(30),
+        mtprobe.HybridConfig(block_complexity=30),
+    ],
+    ids=["probe30", "probe60", "stand30", "lookahead30", "hybrid30"],
+)
+def test_decode_loop_passes_ancestor_bits_and_stays_lossless(cfg) -> None:
+    mtprobe.tree_attention.register()
+    model = tiny_llama(vocab_size=24, eos_token_id=23)
+    model.set_attn_implementation(mtprobe.tree_attention.NAME)
+    seen = []
+
+    def record(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        seen.append(None if mask is None else mask.dtype)
+
+    handle = model.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for length in (1, 12):
+            prompt = torch.randint(0, 6, (1, length), generator=gen)
+            ref = model.generate(prompt, do_sample=False, max_new_tokens=30)
+            out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30)
+            assert torch.equal(out.sequences, ref), length
+    finally:
+        handle.remove()
+    assert torch.long in seen  # tree blocks went through as ancestor bits, not dense masks
+    assert not any(dtype is not None and dtype.is_floating_point for dtype in seen)

@@ -37,7 +37,7 @@ void bind_decode_loop(py::module_& m) {
                        int64_t block_complexity, int64_t kv_capacity, const std::string& mask_dtype,
                        const std::string& device, bool incremental_masks, bool do_sample,
                        std::optional<ProcessFn> process, std::optional<StopFn> stop,
-                       std::optional<StreamFn> stream) {
+                       std::optional<StreamFn> stream, bool ancestor_bits) {
              DecodeOptions o;
              o.max_new_tokens = max_new_tokens;
              o.eos_token_ids = std::move(eos_token_ids);
@@ -48,6 +48,7 @@ void bind_decode_loop(py::module_& m) {
              o.device = at::Device(device);
              o.incremental_masks = incremental_masks;
              o.do_sample = do_sample;
+             o.ancestor_bits = ancestor_bits;
              return std::make_unique<DecodeLoop>(std::move(drafter), std::move(forward),
                                                  std::move(kv_buffers), std::move(o), std::move(process),
                                                  std::move(stop), std::move(stream));
@@ -56,7 +57,7 @@ void bind_decode_loop(py::module_& m) {
            py::arg("max_new_tokens"), py::arg("eos_token_ids"), py::arg("max_positions"),
            py::arg("block_complexity"), py::arg("kv_capacity"), py::arg("mask_dtype"), py::arg("device"),
            py::arg("incremental_masks") = true, py::arg("do_sample") = false, py::arg("process") = py::none(),
-           py::arg("stop") = py::none(), py::arg("stream") = py::none())
+           py::arg("stop") = py::none(), py::arg("stream") = py::none(), py::arg("ancestor_bits") = false)
       .def("run", &DecodeLoop::run, py::arg("prompt"));
 }
 

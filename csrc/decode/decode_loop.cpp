@@ -149,7 +149,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   prompt_len_ = static_cast<int64_t>(sequence_.size());
   finished_ = false;
   TreeMaskBuilder masks(options_.kv_capacity, options_.mask_dtype, options_.device,
-                        options_.incremental_masks);
+                        options_.incremental_masks, options_.ancestor_bits);
   std::vector<at::Tensor> kv;  // the cache's KV tensors, fetched after the first forward
 
   drafter_->begin(prompt.to(options_.device));

@@ -29,6 +29,9 @@ struct DecodeOptions {
   at::Device device = at::kCPU;
   bool incremental_masks = true;
   bool do_sample = false;  // sample matching instead of greedy matching
+  // Pass a tree block's pattern as ancestor bits [1, 1, T, ceil(T / 64)] int64 instead of a dense
+  // additive mask: for models running the "mtprobe_tree" attention (python/mtprobe/tree_attention.py).
+  bool ancestor_bits = false;
 };
 
 struct DecodeResult {

@@ -5,8 +5,13 @@
 
 namespace mtprobe {
 
-TreeMaskBuilder::TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental)
-    : capacity_(capacity), dtype_(dtype), device_(device), incremental_(incremental) {}
+TreeMaskBuilder::TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental,
+                                 bool ancestor_bits)
+    : capacity_(capacity),
+      dtype_(dtype),
+      device_(device),
+      incremental_(incremental),
+      ancestor_bits_(ancestor_bits) {}
 
 void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents) {
   const int64_t T = static_cast<int64_t>(parents.size());
@@ -32,6 +37,20 @@ BlockInputs TreeMaskBuilder::build(const std::vector<int64_t>& parents, int64_t 
     return {at::arange(prefix_len, prefix_len + T, at::TensorOptions().dtype(at::kLong).device(device_))
                 .view({1, T}),
             std::nullopt};
+  }
+  if (ancestor_bits_) {
+    // The compact pattern does not depend on P: rebuilt only when the tree's shape changes.
+    if (parents != parents_) {
+      std::vector<int64_t> dep(static_cast<size_t>(T));
+      core::tree_depths(parents.data(), T, dep.data());
+      at::Tensor bits = at::empty({1, 1, T, core::ancestor_words(T)}, at::TensorOptions().dtype(at::kLong));
+      core::ancestor_bits(parents.data(), T, reinterpret_cast<uint64_t*>(bits.data_ptr<int64_t>()));
+      buffer_ = bits.to(device_);
+      depths_ = at::tensor(dep, at::kLong).view({1, T}).to(device_);
+      parents_ = parents;
+      ++rebuilds_;
+    }
+    return {depths_ + prefix_len, buffer_};
   }
   if (!incremental_) {
     at::Tensor par = at::tensor(parents, at::kLong);

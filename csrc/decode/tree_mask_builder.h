@@ -17,14 +17,18 @@
 namespace mtprobe {
 
 struct BlockInputs {
-  at::Tensor position_ids;         // [1, T] int64
-  std::optional<at::Tensor> mask;  // [1, 1, T, P + T] additive, or none for a chain (plain causal)
+  at::Tensor position_ids;  // [1, T] int64
+  // [1, 1, T, P + T] additive, or [1, 1, T, ceil(T / 64)] int64 ancestor bits, or none for a chain
+  std::optional<at::Tensor> mask;
 };
 
 class TreeMaskBuilder {
  public:
   // capacity: the largest prefix length this builder will see.
-  TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental);
+  // ancestor_bits: return the tree as ancestor bits [1, 1, T, ceil(T / 64)] int64 (csrc/core/tree.h)
+  // instead of the dense additive mask, for the "mtprobe_tree" attention implementation.
+  TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental,
+                  bool ancestor_bits = false);
 
   BlockInputs build(const std::vector<int64_t>& parents, int64_t prefix_len);
 
@@ -37,6 +41,7 @@ class TreeMaskBuilder {
   at::ScalarType dtype_;
   at::Device device_;
   bool incremental_;
+  bool ancestor_bits_;
   std::vector<int64_t> parents_;  // shape of the cached pattern
   at::Tensor buffer_;             // [T, capacity + T]
   at::Tensor depths_;             // [1, T] int64 on device

@@ -19,6 +19,7 @@ from mtprobe import _C
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions
 from mtprobe.config import ProbeConfig
 from mtprobe.drafters import DecodingConfig, check_decoding_config, make_drafter
+from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 _DTYPE_NAMES = {
     torch.float32: "float32",
@@ -174,6 +175,8 @@ def custom_generate(
         process=process,
         stop=stop,
         stream=stream,
+        # A model running mtprobe's own tree attention takes the tree as ancestor bits.
+        ancestor_bits=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
     )
     result = loop.run(input_ids[0])
     if streamer is not None:

@@ -14,8 +14,8 @@ causal attention. The registered mask function therefore builds nothing.
     out = model(input_ids, attention_mask=bits, position_ids=..., past_key_values=cache)
 
 The op under it is ``torch.ops.mtprobe.tree_attention`` (CPU: ATen SDPA on the unpacked pattern;
-CUDA: csrc/kernels/tree_attention.cuh, compiled but never run so far). The decode loop still
-passes dense masks; switching it to this implementation is the next step of the GPU work.
+CUDA: csrc/kernels/tree_attention.cuh, compiled but never run so far). ``mtprobe.generate`` on a
+model running this implementation passes every tree block as ancestor bits.
 """
 
 from __future__ import annotations
