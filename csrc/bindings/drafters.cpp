@@ -33,6 +33,32 @@ class PyDrafter : public Drafter {
   }
   bool wants_hidden_states() const override { PYBIND11_OVERRIDE(bool, Drafter, wants_hidden_states); }
 };
+
+// A draft tree as Python lists (tokens, parents, probs).
+py::tuple tree_lists(const std::vector<core::DraftNode>& nodes) {
+  std::vector<int64_t> tokens, parents;
+  std::vector<double> probs;
+  for (const auto& n : nodes) {
+    tokens.push_back(n.token);
+    parents.push_back(n.parent);
+    probs.push_back(n.prob);
+  }
+  return py::make_tuple(tokens, parents, probs);
+}
+
+// The probing options MaskProbeDrafter and HybridDrafter take from Python.
+MaskProbeOptions mask_options(int64_t num_masks, int64_t block_complexity, bool prune, std::string mask_init,
+                              double gaussian_shift, double mask_lambda, int64_t seed) {
+  MaskProbeOptions o;
+  o.num_masks = num_masks;
+  o.block_complexity = block_complexity;
+  o.prune = prune;
+  o.mask_init = std::move(mask_init);
+  o.gaussian_shift = gaussian_shift;
+  o.mask_lambda = mask_lambda;
+  o.seed = seed;
+  return o;
+}
 }  // namespace
 
 void bind_drafters(py::module_& m) {
@@ -54,14 +80,7 @@ void bind_drafters(py::module_& m) {
                                                width, budget, prune)
                     : core::build_static_tree(root_token, t.data_ptr<int64_t>(), p.data_ptr<float>(), depths,
                                               width, branches.data(), prune);
-        std::vector<int64_t> tokens, parents;
-        std::vector<double> probs;
-        for (const auto& n : nodes) {
-          tokens.push_back(n.token);
-          parents.push_back(n.parent);
-          probs.push_back(n.prob);
-        }
-        return py::make_tuple(tokens, parents, probs);
+        return tree_lists(nodes);
       },
       py::arg("root_token"), py::arg("cand_tokens"), py::arg("cand_probs"), py::kw_only(), py::arg("dynamic"),
       py::arg("branches") = std::vector<int64_t>{}, py::arg("budget") = 0, py::arg("prune") = true,
@@ -84,15 +103,8 @@ void bind_drafters(py::module_& m) {
           }
           return out;
         };
-        std::vector<int64_t> tokens, parents;
-        std::vector<double> probs;
-        for (const auto& n : core::merge_draft_trees(nodes(a_tokens, a_parents, a_probs),
-                                                     nodes(b_tokens, b_parents, b_probs), budget)) {
-          tokens.push_back(n.token);
-          parents.push_back(n.parent);
-          probs.push_back(n.prob);
-        }
-        return py::make_tuple(tokens, parents, probs);
+        return tree_lists(core::merge_draft_trees(nodes(a_tokens, a_parents, a_probs),
+                                                  nodes(b_tokens, b_parents, b_probs), budget));
       },
       py::arg("a_tokens"), py::arg("a_parents"), py::arg("a_probs"), py::arg("b_tokens"),
       py::arg("b_parents"), py::arg("b_probs"), py::arg("budget"),
@@ -148,16 +160,10 @@ void bind_drafters(py::module_& m) {
       .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
                        std::vector<int64_t> branches, bool prune, std::string mask_init,
                        double gaussian_shift, double mask_lambda, int64_t seed) {
-             MaskProbeOptions o;
-             o.num_masks = num_masks;
-             o.block_complexity = block_complexity;
+             MaskProbeOptions o = mask_options(num_masks, block_complexity, prune, std::move(mask_init),
+                                               gaussian_shift, mask_lambda, seed);
              o.dynamic_tree = dynamic_tree;
              o.branches = std::move(branches);
-             o.prune = prune;
-             o.mask_init = std::move(mask_init);
-             o.gaussian_shift = gaussian_shift;
-             o.mask_lambda = mask_lambda;
-             o.seed = seed;
              return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
            }),
            py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
@@ -177,12 +183,12 @@ void bind_drafters(py::module_& m) {
       m, "DraftModelDrafter",
       "Draft-model speculative decoding: a chain of num_tokens drafts from a smaller model with its own KV "
       "cache.")
-      .def(py::init(
-               [](ForwardFn forward, int64_t num_tokens, bool do_sample, std::optional<ProcessFn> process,
-                  int64_t top_branches) {
-                 return std::make_shared<DraftModelDrafter>(
-                     std::move(forward), DraftModelOptions{num_tokens, do_sample, top_branches}, std::move(process));
-               }),
+      .def(py::init([](ForwardFn forward, int64_t num_tokens, bool do_sample,
+                       std::optional<ProcessFn> process, int64_t top_branches) {
+             return std::make_shared<DraftModelDrafter>(
+                 std::move(forward), DraftModelOptions{num_tokens, do_sample, top_branches},
+                 std::move(process));
+           }),
            py::arg("forward"), py::kw_only(), py::arg("num_tokens"), py::arg("do_sample") = false,
            py::arg("process") = py::none(), py::arg("top_branches") = 1)
       .def_property_readonly("draft_forwards", &DraftModelDrafter::draft_forwards);
@@ -255,17 +261,10 @@ void bind_drafters(py::module_& m) {
       .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool prune,
                        std::string mask_init, double gaussian_shift, double mask_lambda, int64_t seed,
                        int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k) {
-             MaskProbeOptions o;
-             o.num_masks = num_masks;
-             o.block_complexity = block_complexity;
-             o.dynamic_tree = true;
-             o.prune = prune;
-             o.mask_init = std::move(mask_init);
-             o.gaussian_shift = gaussian_shift;
-             o.mask_lambda = mask_lambda;
-             o.seed = seed;
              return std::make_shared<HybridDrafter>(
-                 std::move(embedding), std::move(o),
+                 std::move(embedding),
+                 mask_options(num_masks, block_complexity, prune, std::move(mask_init), gaussian_shift,
+                              mask_lambda, seed),
                  StandOptions{max_depth, max_ngram, table_size, logits_top_k});
            }),
            py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),

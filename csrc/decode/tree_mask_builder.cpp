@@ -15,14 +15,20 @@ TreeMaskBuilder::TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Dev
 
 void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents) {
   const int64_t T = static_cast<int64_t>(parents.size());
-  std::vector<uint8_t> anc(static_cast<size_t>(T * T));  // [T, T] row attends column
   std::vector<int64_t> dep(static_cast<size_t>(T));
-  core::ancestor_matrix(parents.data(), T, anc.data());
   core::tree_depths(parents.data(), T, dep.data());
   // Host buffer filled by the torch-free core, then moved to the model's device once per shape.
-  at::Tensor host = at::empty({T, capacity_ + T}, at::TensorOptions().dtype(dtype_));  // [T, capacity + T]
-  ops::fill_mask_rows(anc, T, capacity_, host);
-  buffer_ = host.to(device_);
+  if (ancestor_bits_) {
+    at::Tensor bits = at::empty({1, 1, T, core::ancestor_words(T)}, at::TensorOptions().dtype(at::kLong));
+    core::ancestor_bits(parents.data(), T, reinterpret_cast<uint64_t*>(bits.data_ptr<int64_t>()));
+    buffer_ = bits.to(device_);  // [1, 1, T, ceil(T / 64)]
+  } else {
+    std::vector<uint8_t> anc(static_cast<size_t>(T * T));  // [T, T] row attends column
+    core::ancestor_matrix(parents.data(), T, anc.data());
+    at::Tensor host = at::empty({T, capacity_ + T}, at::TensorOptions().dtype(dtype_));  // [T, capacity + T]
+    ops::fill_mask_rows(anc, T, capacity_, host);
+    buffer_ = host.to(device_);
+  }
   depths_ = at::tensor(dep, at::kLong).view({1, T}).to(device_);
   parents_ = parents;
   ++rebuilds_;
@@ -38,18 +44,8 @@ BlockInputs TreeMaskBuilder::build(const std::vector<int64_t>& parents, int64_t 
                 .view({1, T}),
             std::nullopt};
   }
-  if (ancestor_bits_) {
-    // The compact pattern does not depend on P: rebuilt only when the tree's shape changes.
-    if (parents != parents_) {
-      std::vector<int64_t> dep(static_cast<size_t>(T));
-      core::tree_depths(parents.data(), T, dep.data());
-      at::Tensor bits = at::empty({1, 1, T, core::ancestor_words(T)}, at::TensorOptions().dtype(at::kLong));
-      core::ancestor_bits(parents.data(), T, reinterpret_cast<uint64_t*>(bits.data_ptr<int64_t>()));
-      buffer_ = bits.to(device_);
-      depths_ = at::tensor(dep, at::kLong).view({1, T}).to(device_);
-      parents_ = parents;
-      ++rebuilds_;
-    }
+  if (ancestor_bits_) {  // the compact pattern does not depend on P: only a new shape rebuilds it
+    if (parents != parents_) rebuild(parents);
     return {depths_ + prefix_len, buffer_};
   }
   if (!incremental_) {

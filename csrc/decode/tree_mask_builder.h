@@ -43,7 +43,7 @@ class TreeMaskBuilder {
   bool incremental_;
   bool ancestor_bits_;
   std::vector<int64_t> parents_;  // shape of the cached pattern
-  at::Tensor buffer_;             // [T, capacity + T]
+  at::Tensor buffer_;             // [T, capacity + T], or the ancestor bits [1, 1, T, ceil(T / 64)]
   at::Tensor depths_;             // [1, T] int64 on device
   int64_t rebuilds_ = 0;
 };

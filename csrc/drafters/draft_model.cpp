@@ -31,7 +31,7 @@ DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefi
       std::max<int64_t>(0, std::min({options_.num_tokens, limits.tokens_left - 1, limits.max_depth,
                                      c == 1 ? limits.budget - 1 : options_.num_tokens}));
   std::vector<int64_t> drafts, siblings;
-  std::vector<at::Tensor> q_rows, sibling_q_rows;                         // [vocab] each, under sampling
+  std::vector<at::Tensor> q_rows;  // [vocab] each, under sampling
   // Siblings of the chain's first token, within the budget (the prefill's block is not budgeted).
   const int64_t room = c == 1 ? limits.budget - 1 - k : options_.top_branches - 1;
   const int64_t extra = k > 0 ? std::max<int64_t>(0, std::min(options_.top_branches - 1, room)) : 0;
@@ -60,12 +60,10 @@ DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefi
       at::Tensor draws = at::multinomial(q, i == 0 ? 1 + extra : 1, /*replacement=*/true).to(at::kCPU);
       token = draws[0][0].item<int64_t>();
       q_rows.push_back(q[0]);
-      for (int64_t s = 1; i == 0 && s <= extra; ++s) {
-        siblings.push_back(draws[0][s].item<int64_t>());
-        sibling_q_rows.push_back(q[0]);
-      }
+      for (int64_t s = 1; i == 0 && s <= extra; ++s) siblings.push_back(draws[0][s].item<int64_t>());
     } else if (i == 0 && extra > 0) {
-      at::Tensor top = std::get<1>(scores.topk(std::min<int64_t>(1 + extra, scores.size(-1)), -1)).to(at::kCPU);
+      at::Tensor top =
+          std::get<1>(scores.topk(std::min<int64_t>(1 + extra, scores.size(-1)), -1)).to(at::kCPU);
       token = top[0][0].item<int64_t>();
       for (int64_t s = 1; s < top.size(1); ++s) siblings.push_back(top[0][s].item<int64_t>());
     } else {
@@ -75,17 +73,16 @@ DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefi
     feed.assign(1, token);
   }
   chain_len_ = k;
-  const int64_t n_sib = static_cast<int64_t>(siblings.size());
+  // The chain below the last committed token, then the siblings of its first token.
+  std::vector<int64_t> parents(static_cast<size_t>(k));
+  for (int64_t j = 0; j < k; ++j) parents[j] = j - 1;
   drafts.insert(drafts.end(), siblings.begin(), siblings.end());
-  q_rows.insert(q_rows.end(), sibling_q_rows.begin(), sibling_q_rows.end());
-  DraftBlock b;
-  b.num_committed = c;
-  b.num_nodes = c + k + n_sib;
-  b.tokens = k > 0 ? at::cat({committed, at::tensor(drafts, at::kLong).to(device)}) : committed;
-  b.parents.resize(static_cast<size_t>(c + k + n_sib));
-  for (int64_t i = 0; i < c + k; ++i) b.parents[i] = i - 1;  // one chain through the committed tokens
-  for (int64_t i = c + k; i < c + k + n_sib; ++i) b.parents[i] = c - 1;  // siblings of the chain's first
-  if (options_.do_sample && k > 0) b.draft_probs = at::stack(q_rows);  // [k + siblings, vocab]
+  parents.resize(drafts.size(), -1);
+  DraftBlock b = token_block(committed, drafts, parents);
+  if (options_.do_sample && k > 0) {
+    q_rows.insert(q_rows.end(), siblings.size(), q_rows[0]);  // siblings: more draws from q_1
+    b.draft_probs = at::stack(q_rows);                        // [k + siblings, vocab]
+  }
   return b;
 }
 

@@ -3,9 +3,10 @@
 // verifies the chain in one forward. With top_branches = b > 1 the draft is a tree: the chain plus
 // b - 1 more children of the root from the first forward's distribution (its next b - 1 best tokens
 // under greedy decoding; b - 1 more independent samples of q_1 under sampling, which SpecInfer's
-// multi-draft rule in verify_rejection keeps exact). The siblings cost no draft forward. Greedy drafts are the draft model's argmax; under sampling
-// the drafts are samples of its processed distribution q, handed to verification as draft_probs
-// so that rejection sampling keeps the output distributed exactly as the target's.
+// multi-draft rule in verify_rejection keeps exact). The siblings cost no draft forward. Greedy drafts are
+// the draft model's argmax; under sampling the drafts are samples of its processed distribution q, handed to
+// verification as draft_probs so that rejection sampling keeps the output distributed exactly as the
+// target's.
 //
 // The draft model is reached through the same forward callback as the target (an HFAdapter over
 // the draft model). Its cache holds a prefix of the sequence: after a step that accepted a of
@@ -23,8 +24,8 @@
 namespace mtprobe {
 
 struct DraftModelOptions {
-  int64_t num_tokens = 5;  // K, drafts per step (a step feeds the target 1 + K inputs)
-  bool do_sample = false;  // sample drafts from q and hand q to verification
+  int64_t num_tokens = 5;    // K, drafts per step (a step feeds the target 1 + K inputs)
+  bool do_sample = false;    // sample drafts from q and hand q to verification
   int64_t top_branches = 1;  // b, children of the root: the chain's first token and b - 1 siblings
 };
 

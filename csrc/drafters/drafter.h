@@ -49,6 +49,22 @@ struct DraftBlock {
   int64_t num_inputs() const { return static_cast<int64_t>(parents.size()); }
 };
 
+// The block [committed chain | drafts | auxiliary inputs] of a drafter whose inputs are all
+// tokens: tokens[i] hangs from input parents[i] of this list, -1 meaning the last committed input;
+// the first num_drafts are draft nodes, the rest auxiliary (-1: all of them are drafts).
+inline DraftBlock token_block(const at::Tensor& committed, const std::vector<int64_t>& tokens,
+                              const std::vector<int64_t>& parents, int64_t num_drafts = -1) {
+  const int64_t c = committed.size(0), n = static_cast<int64_t>(tokens.size());
+  DraftBlock b;
+  b.num_committed = c;
+  b.num_nodes = c + (num_drafts < 0 ? n : num_drafts);
+  b.tokens = n > 0 ? at::cat({committed, at::tensor(tokens, at::kLong).to(committed.device())}) : committed;
+  b.parents.resize(static_cast<size_t>(c + n));
+  for (int64_t i = 0; i < c; ++i) b.parents[i] = i - 1;  // the committed chain
+  for (int64_t j = 0; j < n; ++j) b.parents[c + j] = parents[j] < 0 ? c - 1 : c + parents[j];
+  return b;
+}
+
 // What one step decided, handed back to the drafter.
 struct StepOutcome {
   int64_t prefix_len = 0;            // KV length before the step's forward

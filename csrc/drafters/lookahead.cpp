@@ -42,15 +42,8 @@ DraftBlock LookaheadDrafter::propose(const at::Tensor& committed, int64_t prefix
                                      const StepLimits& limits) {
   (void)prefix_len;
   const int64_t c = committed.size(0);
-  DraftBlock b;
-  b.num_committed = c;
   window_offset_ = -1;
-  if (prefill_) {  // the prompt alone: the window starts at the first decode step
-    b.tokens = committed;
-    b.num_nodes = c;
-    for (int64_t i = 0; i < c; ++i) b.parents.push_back(i - 1);
-    return b;
-  }
+  if (prefill_) return token_block(committed, {}, {});  // the prompt alone: the window starts after it
   TORCH_CHECK_VALUE(limits.budget >= block_complexity(), "lookahead with L=", options_.ngram_size,
                     ", W=", options_.window, ", G=", options_.guess_set_size,
                     " feeds up to (L - 1)(W + G) = ", block_complexity(),
@@ -71,24 +64,21 @@ DraftBlock LookaheadDrafter::propose(const at::Tensor& committed, int64_t prefix
       depth >= 1 ? core::build_guess_tree(guesses.data(), count, L - 1, depth, tokens.data(), parents.data())
                  : 0;
   tokens.resize(static_cast<size_t>(n));
-  b.parents.push_back(-1);  // the root, input 0
-  for (int64_t i = 0; i < n; ++i) b.parents.push_back(parents[i] < 0 ? 0 : 1 + parents[i]);
-  b.num_nodes = 1 + n;
+  parents.resize(static_cast<size_t>(n));
 
-  // 2. The window, unless its deepest cell would pass the model's last position.
+  // 2. The window after the guesses (auxiliary inputs), unless its deepest cell would pass the
+  //    model's last position.
   if (window_.max_depth() <= limits.max_depth) {
     const int64_t m = window_.num_cells();
     std::vector<int64_t> cells(static_cast<size_t>(m)), cell_parents(static_cast<size_t>(m));
     window_.layout(cells.data(), cell_parents.data());
-    window_offset_ = 1 + n;
     for (int64_t i = 0; i < m; ++i) {
-      b.parents.push_back(cell_parents[i] < 0 ? 0 : window_offset_ + cell_parents[i]);
+      tokens.push_back(cells[i]);
+      parents.push_back(cell_parents[i] < 0 ? -1 : n + cell_parents[i]);
     }
-    tokens.insert(tokens.end(), cells.begin(), cells.end());
+    window_offset_ = 1 + n;  // block index of the first cell (the root is input 0)
   }
-  b.tokens =
-      tokens.empty() ? committed : at::cat({committed, at::tensor(tokens, at::kLong).to(committed.device())});
-  return b;
+  return token_block(committed, tokens, parents, n);
 }
 
 void LookaheadDrafter::observe(const StepOutcome& outcome) {

@@ -20,8 +20,6 @@ void PromptLookupDrafter::begin(const at::Tensor& prompt) {
 DraftBlock PromptLookupDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
                                         const StepLimits& limits) {
   const int64_t c = committed.size(0);
-  DraftBlock b;
-  b.num_committed = c;
   // Drafts past the tokens still wanted, the budget or the context are wasted work.
   const int64_t depth = std::min({options_.num_tokens, limits.tokens_left - 1, limits.max_depth,
                                   c == 1 ? limits.budget - 1 : options_.num_tokens});
@@ -30,12 +28,10 @@ DraftBlock PromptLookupDrafter::propose(const at::Tensor& committed, int64_t pre
                                                     options_.max_ngram_size, depth, chain.data())
                               : 0;
   chain.resize(static_cast<size_t>(n));
-  b.tokens = n > 0 ? at::cat({committed, at::tensor(chain, at::kLong).to(committed.device())}) : committed;
-  b.num_nodes = c + n;
-  b.parents.resize(static_cast<size_t>(c + n));
-  for (int64_t i = 0; i < c + n; ++i) b.parents[i] = i - 1;  // one chain through the committed tokens
+  std::vector<int64_t> parents(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) parents[j] = j - 1;  // one chain below the last committed token
   (void)prefix_len;
-  return b;
+  return token_block(committed, chain, parents);
 }
 
 void PromptLookupDrafter::observe(const StepOutcome& outcome) {

@@ -23,8 +23,6 @@ void StandDrafter::begin(const at::Tensor& prompt) {
 DraftBlock StandDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
   (void)prefix_len;
   const int64_t c = committed.size(0);
-  DraftBlock b;
-  b.num_committed = c;
   // Drafts past the tokens still wanted, the budget or the context are wasted work.
   const int64_t depth = std::min({options_.max_depth, limits.tokens_left - 1, limits.max_depth});
   const int64_t budget = c == 1 ? limits.budget - 1 : options_.max_depth;
@@ -36,13 +34,8 @@ DraftBlock StandDrafter::propose(const at::Tensor& committed, int64_t prefix_len
                                tokens.data(), parents.data());
   }
   tokens.resize(static_cast<size_t>(n));
-  b.tokens = n > 0 ? at::cat({committed, at::tensor(tokens, at::kLong).to(committed.device())}) : committed;
-  b.num_nodes = c + n;
-  b.parents.resize(static_cast<size_t>(c + n));
-  for (int64_t i = 0; i < c; ++i) b.parents[i] = i - 1;  // the committed chain
-  // The store's parent -1 is the root, the last committed input c - 1; node j is input c + j.
-  for (int64_t j = 0; j < n; ++j) b.parents[c + j] = parents[j] < 0 ? c - 1 : c + parents[j];
-  return b;
+  parents.resize(static_cast<size_t>(n));
+  return token_block(committed, tokens, parents);  // the store's parent -1 is the root
 }
 
 std::vector<core::DraftNode> StandDrafter::tree_nodes(int64_t root_token, int64_t budget,

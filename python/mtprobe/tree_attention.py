@@ -20,6 +20,7 @@ model running this implementation passes every tree block as ancestor bits.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ def tree_attention_forward(
         raise ValueError(f"{NAME} attention is for inference: dropout must be 0, got {dropout}")
     t = query.shape[2]
     if attention_mask is None:  # a chain: plain causal attention over the prefix and the block
-        bits = ops.tree_ancestor_bits(torch.arange(-1, t - 1, device=query.device))
+        bits = _chain_bits(t, query.device)
     elif attention_mask.dtype == torch.long and attention_mask.dim() == 4:
         bits = attention_mask[0, 0]  # [T, W]
     else:
@@ -56,6 +57,12 @@ def tree_attention_forward(
         )
     out = ops.tree_attention(query, key, value, bits, scaling)  # [B, H, T, D]
     return out.transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_bits(t: int, device: torch.device) -> torch.Tensor:
+    # Every layer of every causal forward asks for the same pattern: built once per (length, device).
+    return ops.tree_ancestor_bits(torch.arange(-1, t - 1, device=device))
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

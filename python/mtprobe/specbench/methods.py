@@ -36,6 +36,8 @@ from mtprobe.config import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from mtprobe.drafters import DecodingConfig
+
 __all__ = [
     "METHODS",
     "GreedyConfig",
@@ -249,12 +251,7 @@ def _parse_bool(text: str) -> bool:
 def _run_mtprobe(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
-    config: ProbeConfig
-    | PromptLookupConfig
-    | StandConfig
-    | LookaheadConfig
-    | HybridConfig
-    | DraftModelConfig,
+    config: DecodingConfig,
     max_new_tokens: int,
 ) -> MethodOutput:
     """Any method that is mtprobe.generate with a decoding configuration."""
