@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CORE_SOURCES = sorted((REPO_ROOT / "csrc" / "core").glob("*.cpp"))
 TEST_SOURCES = sorted((REPO_ROOT / "tests" / "core").glob("test_*.cpp"))
 CXX = shutil.which("g++") or shutil.which("c++")
-CXXFLAGS = ["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"]
+CXXFLAGS = ["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread"]
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler found (neither g++ nor c++ is on PATH)")

@@ -1,12 +1,15 @@
-"""Draft-tree construction: the C++ core (through _C.build_draft_tree) against reference.draft_tree."""
+"""Draft-tree construction: the C++ core (through _C.build_draft_tree) and the expand_draft_tree op (CPU,
+and the CUDA kernel where there is a GPU) against reference.draft_tree."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.library import opcheck
 
-from mtprobe import _C
-from mtprobe.reference import dynamic_tree, static_tree
+from mtprobe import _C, ops
+from mtprobe.reference import dynamic_tree, expand_tree, static_tree
+from tolerances import dtype_id
 
 
 def candidates(gen: torch.Generator, depths: int, m: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,3 +94,134 @@ def test_dynamic_tree_grows_where_the_model_is_unsure():
     deep = run_core(0, t, sure, dynamic=True, budget=5, prune=False)
     wide = run_core(0, t, unsure, dynamic=True, budget=5, prune=False)
     assert sum(1 for p in deep[1] if p > 0) > sum(1 for p in wide[1] if p > 0)
+
+
+# --- expand_draft_tree: the dynamic tree from the masks' logits, on their device --------------------------
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def random_logits(gen: torch.Generator, depths: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    # Peaked rows, rounded to the dtype first: both sides then see the very same logits.
+    return (torch.randn(depths, vocab, generator=gen) * 3).to(dtype)
+
+
+def unpadded(out: tuple) -> tuple[list[int], list[int], list[float]]:
+    tokens, parents, probs, n = out
+    n = int(n)
+    assert tokens[n:].eq(-1).all() and parents[n:].eq(-1).all() and probs[n:].eq(0).all()
+    return tokens[:n].tolist(), parents[:n].tolist(), probs[:n].tolist()
+
+
+def test_expand_docstring_example():
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 0.0]])
+    out = ops.expand_draft_tree(logits, torch.tensor(2), budget=6, width=2)
+    tokens, parents, probs = unpadded(out)
+    # depth 1: 0 (.665), 1 (.245); depth 2: 1 (.909), then 0 and 2 tie at logit 0: 0 (.045) wins.
+    # The pruner drops 0 -> 0 and 1 -> 1.
+    assert (tokens, parents) == ([2, 0, 1, 1, 0], [-1, 0, 0, 1, 2])
+    e = torch.tensor([2.0, 1.0, 0.0]).exp()
+    p1 = (e / e.sum()).tolist()
+    e2 = torch.tensor([0.0, 3.0, 0.0]).exp()
+    p2 = (e2 / e2.sum()).tolist()
+    assert probs == pytest.approx([1.0, p1[0], p1[1], p1[0] * p2[1], p1[1] * p2[0]], rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("depths", [1, 2, 4])
+@pytest.mark.parametrize("budget", [1, 2, 7, 16, 30])
+def test_expand_matches_reference(dtype, depths, budget):
+    gen = torch.Generator().manual_seed(depths * 100 + budget)
+    for trial in range(4):
+        vocab = [5, 64, 1000, 49152][trial]
+        width = min(vocab, [1, budget + 1, 3, budget + 1][trial])
+        logits = random_logits(gen, depths, vocab, dtype)
+        root = int(torch.randint(0, vocab, (1,), generator=gen))
+        for prune in (True, False):
+            out = ops.expand_draft_tree(logits, torch.tensor(root), budget=budget, width=width, prune=prune)
+            assert [t.dtype for t in out] == [torch.long, torch.long, torch.float64, torch.long]
+            assert [tuple(t.shape) for t in out] == [(budget,), (budget,), (budget,), ()]
+            tokens, parents, probs = unpadded(out)
+            ref = expand_tree(logits, root, budget, width, prune)
+            assert (tokens, parents) == (ref[0], ref[1])
+            assert probs == pytest.approx(ref[2], rel=1e-6)
+            check_tree_shape(tokens, parents, probs)
+
+
+def test_expand_ties_go_to_the_lower_token_id():
+    # Every logit equal: the candidates are 0, 1, 2, ... in order, whatever the dtype.
+    for dtype in DTYPES:
+        out = ops.expand_draft_tree(torch.zeros(1, 10, dtype=dtype), torch.tensor(9), budget=4, width=3)
+        assert unpadded(out)[0] == [9, 0, 1, 2]
+
+
+def test_expand_equals_the_drafters_core():
+    # The op's tree is the drafter's: build_dynamic_tree on the same top-m candidates.
+    gen = torch.Generator().manual_seed(3)
+    logits = random_logits(gen, 3, 200, torch.float32)
+    p, t = logits.softmax(-1).topk(9, -1)
+    core = run_core(5, t, p, dynamic=True, budget=8, prune=True)
+    tokens, parents, _ = unpadded(ops.expand_draft_tree(logits, torch.tensor([5]), budget=8, width=9))
+    assert (tokens, parents) == (core[0], core[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((torch.zeros(10), torch.tensor(0), 4, 2, True), r"logits must be \[depths, vocab\]"),
+        ((torch.zeros(0, 10), torch.tensor(0), 4, 2, True), r"logits must be \[depths, vocab\]"),
+        ((torch.zeros(2, 10, dtype=torch.long), torch.tensor(0), 4, 2, True), "floating point"),
+        ((torch.zeros(2, 10), torch.tensor([0, 1]), 4, 2, True), "root_token must be one int32/int64 token"),
+        ((torch.zeros(2, 10), torch.tensor(0.0), 4, 2, True), "root_token must be one int32/int64 token"),
+        ((torch.zeros(2, 10), torch.tensor(0), 0, 2, True), "budget counts the root"),
+        ((torch.zeros(2, 10), torch.tensor(0), 4, 0, True), r"width .* must be in \[1, 10\]"),
+        ((torch.zeros(2, 10), torch.tensor(0), 4, 11, True), r"width .* must be in \[1, 10\]"),
+        ((torch.full((1, 3), float("nan")), torch.tensor(0), 4, 2, True), "NaN"),
+    ],
+)
+def test_expand_rejects_bad_input(args, message):
+    with pytest.raises((RuntimeError, ValueError), match=message):
+        torch.ops.mtprobe.expand_draft_tree(*args)
+
+
+@pytest.mark.parametrize("test_util", ["test_schema", "test_autograd_registration", "test_faketensor"])
+def test_opcheck_expand_draft_tree(test_util):
+    logits = random_logits(torch.Generator().manual_seed(0), 2, 50, torch.float32)
+    sample = (logits, torch.tensor(3), 6, 7, True)
+    opcheck(torch.ops.mtprobe.expand_draft_tree.default, sample, test_utils=test_util)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("budget", [1, 8, 16, 30])
+@pytest.mark.parametrize("depths", [1, 2, 3, 4])
+def test_cuda_expand_matches_cpu(dtype, budget, depths):
+    gen = torch.Generator().manual_seed(budget * 10 + depths)
+    for vocab in (7, 1000, 49152, 151936):  # SmolLM2's vocabulary and Qwen's
+        logits = random_logits(gen, depths, vocab, dtype)
+        width = min(vocab, budget + 1)
+        root = torch.randint(0, vocab, (), generator=gen)
+        cpu = ops.expand_draft_tree(logits, root, budget=budget, width=width)
+        gpu = ops.expand_draft_tree(logits.cuda(), root.cuda(), budget=budget, width=width)
+        assert all(t.is_cuda for t in gpu)
+        # Same logits, same ranking rule: identical tokens and parents; the softmax rounds
+        # differently (block-wide sums), so the probabilities match to float32 precision.
+        assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[1].cpu(), cpu[1])
+        assert int(gpu[3]) == int(cpu[3])
+        torch.testing.assert_close(gpu[2].cpu(), cpu[2], rtol=1e-5, atol=1e-7)
+
+
+@requires_cuda
+def test_cuda_expand_does_not_synchronise():
+    # Everything stays on the device: the op is capturable in a CUDA graph (a host read would fail).
+    logits = torch.randn(3, 49152, device="cuda")
+    root = torch.tensor(5, device="cuda")
+    ops.expand_draft_tree(logits, root, budget=12, width=13)  # warm-up outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.expand_draft_tree(logits, root, budget=12, width=13)
+    logits.copy_(torch.randn(3, 49152, device="cuda"))
+    graph.replay()
+    expected = ops.expand_draft_tree(logits.cpu(), root.cpu(), budget=12, width=13)
+    assert torch.equal(out[0].cpu(), expected[0]) and torch.equal(out[1].cpu(), expected[1])

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/draft_tree_expand.h"
+
 namespace mtprobe::core {
 
 namespace {
@@ -42,59 +44,21 @@ std::vector<DraftNode> build_static_tree(int64_t root_token, const int64_t* cand
 std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* cand_tokens,
                                           const float* cand_probs, int64_t depths, int64_t m, int64_t budget,
                                           bool prune) {
-  std::vector<DraftNode> cand{{root_token, -1, 0, 1.0}};  // index 0 is the root
-  // Rank: higher cumulative probability first; a parent never ranks below its child because
-  // probabilities are <= 1 and ties go to the shallower, earlier candidate.
-  std::vector<char> used(1, 1);  // candidates already picked for expansion (Alg. 1: C <- C \ N)
-  auto ranked = [&cand, &used](bool skip_used) {
-    std::vector<int64_t> order;
-    for (int64_t i = 1; i < static_cast<int64_t>(cand.size()); ++i) {
-      if (!skip_used || !used[i]) order.push_back(i);
-    }
-    std::stable_sort(order.begin(), order.end(), [&cand](int64_t a, int64_t b) {
-      if (cand[a].prob != cand[b].prob) return cand[a].prob > cand[b].prob;
-      return cand[a].depth < cand[b].depth;
-    });
-    return order;
-  };
-  std::vector<int64_t> frontier{0};
-  for (int64_t d = 1; d <= depths && budget - d > 0; ++d) {
-    for (int64_t n : frontier) {
-      const DraftNode parent = cand[n];
-      for_each_child(cand_tokens, cand_probs, m, d, parent.token, root_token, prune, budget - d,
-                     [&](int64_t t, double p) { cand.push_back({t, n, d, parent.prob * p}); });
-    }
-    used.resize(cand.size(), 0);
-    if (d < depths) {
-      // Expand the depth-d nodes among the best budget - d candidates (Alg. 1, line 18).
-      std::vector<int64_t> order = ranked(true);
-      order.resize(std::min<size_t>(order.size(), static_cast<size_t>(budget - d)));
-      frontier.clear();
-      for (int64_t i : order) {
-        used[i] = 1;
-        if (cand[i].depth == d) frontier.push_back(i);
-      }
-    }
-  }
-  // Keep the best budget - 1 candidates whose parent is kept too, then lay them out by depth.
-  std::vector<int64_t> order = ranked(false);
-  std::vector<int64_t> new_index(cand.size(), -1);
-  new_index[0] = 0;
-  std::vector<int64_t> kept;
-  for (int64_t i : order) {
-    if (static_cast<int64_t>(kept.size()) >= budget - 1) break;
-    if (new_index[cand[i].parent] < 0 && cand[i].parent != 0) continue;
-    new_index[i] = 1;  // mark; final indices assigned below
-    kept.push_back(i);
-  }
-  std::stable_sort(kept.begin(), kept.end(),
-                   [&cand](int64_t a, int64_t b) { return cand[a].depth < cand[b].depth; });
-  std::vector<DraftNode> nodes{cand[0]};
-  for (int64_t i : kept) {
-    new_index[i] = static_cast<int64_t>(nodes.size());
-    DraftNode n = cand[i];
-    n.parent = new_index[n.parent];
-    nodes.push_back(n);
+  // One implementation for host and device: draft_tree_expand.h.
+  if (budget < 1) budget = 1;
+  const int64_t capacity = dynamic_tree_capacity(depths, m, budget);
+  std::vector<double> scratch((dynamic_tree_workspace_bytes(capacity, budget) + sizeof(double) - 1) /
+                              sizeof(double));  // doubles keep it 8-byte aligned
+  const DynamicTreeWorkspace w = carve_dynamic_tree_workspace(scratch.data(), capacity, budget);
+  std::vector<int64_t> tokens(static_cast<size_t>(budget)), parents(static_cast<size_t>(budget));
+  std::vector<double> probs(static_cast<size_t>(budget));
+  const int64_t n = expand_dynamic_tree(SerialExec{}, root_token, cand_tokens, cand_probs, depths, m, budget,
+                                        prune, w, tokens.data(), parents.data(), probs.data());
+  std::vector<DraftNode> nodes;
+  nodes.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t parent = parents[i];
+    nodes.push_back({tokens[i], parent, parent < 0 ? 0 : nodes[parent].depth + 1, probs[i]});
   }
   return nodes;
 }

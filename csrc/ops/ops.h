@@ -37,10 +37,23 @@ at::Tensor tree_ancestor_bits(const at::Tensor& parents);
 // Tree attention: q [B, H, T, D] (the tree inputs), k, v [B, Hkv, P + T, D] (the prefix, then the
 // tree inputs), bits from tree_ancestor_bits. Query i attends to the P prefix keys and to the tree
 // keys its row of bits marks. Returns [B, H, T, D].
-at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bits,
-                          double scale);
+at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& bits, double scale);
 void check_tree_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& bits);
+
+// Dynamic tree expansion (seed 001, Alg. 1) from the masks' logits, without leaving the device.
+// logits: [depths, vocab], row d - 1 the d-th mask token's logits; root_token: [] or [1] int.
+// Per row, the top `width` tokens by logit (ties: lower id) with their softmax probabilities are
+// the candidates of that depth; csrc/core/draft_tree_expand.h builds the tree. Returns
+// (tokens [budget] int64, parents [budget] int64, probs [budget] float64 cumulative,
+// num_nodes [] int64): the tree [root, ...] then padding (token -1, parent -1, prob 0).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(const at::Tensor& logits,
+                                                                             const at::Tensor& root_token,
+                                                                             int64_t budget, int64_t width,
+                                                                             bool prune);
+void check_expand_draft_tree_args(const at::Tensor& logits, const at::Tensor& root_token, int64_t budget,
+                                  int64_t width);
 
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);

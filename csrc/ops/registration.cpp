@@ -13,6 +13,9 @@ TORCH_LIBRARY(mtprobe, m) {
       "Tensor)");
   m.def("compact_kv_(Tensor(a!)[] caches, Tensor src, int dst_start) -> ()");
   m.def("tree_ancestor_bits(Tensor parents) -> Tensor");
+  m.def(
+      "expand_draft_tree(Tensor logits, Tensor root_token, int budget, int width, bool prune) -> (Tensor, "
+      "Tensor, Tensor, Tensor)");
   m.def("tree_attention(Tensor q, Tensor k, Tensor v, Tensor ancestor_bits, float scale) -> Tensor");
 }
 
@@ -24,4 +27,5 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("compact_kv_", &mtprobe::ops::compact_kv_);
   m.impl("tree_ancestor_bits", &mtprobe::ops::tree_ancestor_bits);
   m.impl("tree_attention", &mtprobe::ops::tree_attention);
+  m.impl("expand_draft_tree", &mtprobe::ops::expand_draft_tree);
 }

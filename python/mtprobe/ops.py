@@ -16,6 +16,7 @@ __all__ = [
     "tree_position_ids",
     "tree_ancestor_bits",
     "tree_attention",
+    "expand_draft_tree",
     "verify_greedy",
     "verify_rejection",
     "compact_kv_",
@@ -44,6 +45,19 @@ def _tree_attention_fake(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ancestor_bits: torch.Tensor, scale: float
 ) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("mtprobe::expand_draft_tree")
+def _expand_draft_tree_fake(
+    logits: torch.Tensor, root_token: torch.Tensor, budget: int, width: int, prune: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Fixed shapes (padded to the budget), so a step that expands the tree keeps static shapes.
+    return (
+        logits.new_empty((budget,), dtype=torch.long),
+        logits.new_empty((budget,), dtype=torch.long),
+        logits.new_empty((budget,), dtype=torch.float64),
+        logits.new_empty((), dtype=torch.long),
+    )
 
 
 @torch.library.register_fake("mtprobe::verify_greedy")
@@ -78,6 +92,34 @@ def tree_attention_mask(
 def tree_position_ids(parents: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """Position ids ``[1, T]``: ``prefix_len + depth``."""
     return torch.ops.mtprobe.tree_position_ids(parents, prefix_len)
+
+
+def expand_draft_tree(
+    logits: torch.Tensor,
+    root_token: torch.Tensor | int,
+    budget: int,
+    width: int | None = None,
+    prune: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The dynamic draft tree (seed 001, Alg. 1) from the mask tokens' logits, on their device.
+
+    ``logits``: ``[depths, vocab]``, row ``d - 1`` the ``d``-th mask token's logits. Each row's top
+    ``width`` tokens (by logit, ties to the lower id; default ``budget + 1``) and their softmax
+    probabilities are that depth's candidates. Returns ``(tokens, parents, probs, num_nodes)``: the
+    first ``num_nodes`` entries of the ``[budget]`` tensors are the tree (root first, parents before
+    children, ``probs`` the cumulative path probabilities), the rest padding (token -1, parent -1,
+    prob 0). On a GPU nothing is read back to the host. Reference: ``reference.expand_tree``.
+
+    >>> logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 0.0]]).log_softmax(-1)
+    >>> tokens, parents, probs, n = expand_draft_tree(logits, torch.tensor(2), budget=4, width=2)
+    >>> int(n), tokens.tolist(), parents.tolist()
+    (4, [2, 0, 1, 1], [-1, 0, 0, 1])
+    """
+    if not torch.is_tensor(root_token):
+        root_token = torch.tensor(int(root_token), device=logits.device)
+    if width is None:
+        width = min(budget + 1, logits.shape[-1])
+    return torch.ops.mtprobe.expand_draft_tree(logits, root_token, budget, width, prune)
 
 
 def verify_greedy(

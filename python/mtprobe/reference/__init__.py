@@ -3,7 +3,7 @@
 Nothing here imports from mtprobe outside this subpackage, so the definitions stand on their own.
 """
 
-from .draft_tree import dynamic_tree, static_tree
+from .draft_tree import dynamic_tree, expand_tree, merge_trees, static_tree
 from .kv_compact import check_compaction, compact_kv
 from .prompt_lookup import prompt_lookup
 from .stand import NgramStore, build_stand_tree
@@ -24,6 +24,8 @@ __all__ = [
     "check_parents",
     "compact_kv",
     "dynamic_tree",
+    "expand_tree",
+    "merge_trees",
     "prompt_lookup",
     "static_tree",
     "tree_ancestors",

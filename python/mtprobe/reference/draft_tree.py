@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 
 def _children(
     tokens: Sequence[int], probs: Sequence[float], parent_token: int, root_token: int, prune: bool, count: int
@@ -108,6 +110,29 @@ def dynamic_tree(
         parents.append(new_index[cand[i][1]])
         probs.append(cand[i][3])
     return tokens, parents, probs
+
+
+def expand_tree(
+    logits: torch.Tensor,  # [depths, vocab], row d - 1 from the d-th mask token
+    root_token: int,
+    budget: int,
+    width: int,
+    prune: bool = True,
+) -> tuple[list[int], list[int], list[float]]:
+    """The dynamic tree straight from the masks' logits (the ``expand_draft_tree`` op, unpadded):
+    each row's ``width`` best tokens by logit, ties to the lower id, with their softmax probabilities.
+
+    >>> expand_tree(torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 0.0]]), 2, budget=4, width=2)[:2]
+    ([2, 0, 1, 1], [-1, 0, 0, 1])
+    """
+    x = logits.float()
+    probs = x.softmax(-1)
+    cand_tokens, cand_probs = [], []
+    for row, p in zip(x.tolist(), probs.tolist(), strict=True):
+        best = sorted(range(len(row)), key=lambda v: (-row[v], v))[:width]
+        cand_tokens.append(best)
+        cand_probs.append([p[v] for v in best])
+    return dynamic_tree(root_token, cand_tokens, cand_probs, budget, prune)
 
 
 def merge_trees(
