@@ -35,6 +35,7 @@ import transformers
 
 import mtprobe
 import mtprobe.models
+import mtprobe.tree_attention
 from mtprobe.data import load_prompts, prompts_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -143,6 +144,7 @@ class Pooled:
     forward_pct: float
     other_pct: float
     mean_decode_fwd_ms: float
+    other_ms_per_step: float  # decode-loop time outside the model forwards, per decode step
     mismatches: int
     step_count_inconsistent: int
 
@@ -159,7 +161,7 @@ def pool(runs: Sequence[Run], probing: bool) -> Pooled:
         return Pooled(
             new_tokens=new_tokens, wall_s=wall, tok_s=_div(new_tokens, wall), tau=1.0,
             decode_steps=new_tokens - len(runs), fwd_per_token=1.0, forward_pct=math.nan, other_pct=math.nan,
-            mean_decode_fwd_ms=math.nan, mismatches=0, step_count_inconsistent=0,
+            mean_decode_fwd_ms=math.nan, other_ms_per_step=math.nan, mismatches=0, step_count_inconsistent=0,
         )  # fmt: skip
     accepts = [a for r in runs for a in r.accept_lengths]
     total = sum(r.total_s for r in runs)
@@ -178,6 +180,7 @@ def pool(runs: Sequence[Run], probing: bool) -> Pooled:
         forward_pct=100.0 * _div(fwd, total),
         other_pct=100.0 * _div(total - fwd, total),
         mean_decode_fwd_ms=1e3 * _div(decode_fwd, decode_calls),
+        other_ms_per_step=1e3 * _div(total - fwd, len(accepts)),
         mismatches=sum(r.mismatch is not None for r in runs),
         step_count_inconsistent=inconsistent,
     )
@@ -218,6 +221,8 @@ def build_report(
         f"load average at start/end {args.load_start} / {_loadavg()}",
         f"- torch {torch.__version__}, transformers {transformers.__version__}, "
         f"Python {platform.python_version()}",
+        f"- device: {device_name(next(model.parameters()).device)}; attention: "
+        f"`{model.config._attn_implementation}`",
         f"- model: `{args.model}` ({type(model).__name__}, {n_params / 1e6:.1f}M params), dtype {args.dtype}"
         + (f"; {dtype_note}" if dtype_note else ""),
         f"- prompts: {len(prompts)} from `{args.prompts_file or 'mtprobe/data/prompts.jsonl'}`, "
@@ -238,20 +243,24 @@ def build_report(
     base = pool(baseline, probing=False)
     cols = [
         "mode", "new tok", "time s", "tok/s", "speedup", "τ", "decode steps", "fwd calls/tok",
-        "model fwd %", "else %", "mean decode fwd ms", "t(BC)/t(1)", "theor. speedup", "mismatches",
+        "model fwd %", "else %", "else ms/step", "mean decode fwd ms", "t(BC)/t(1)", "theor. speedup",
+        "efficiency", "mismatches",
     ]  # fmt: skip
     rows = [[
         "HF generate (greedy)", str(base.new_tokens), _f(base.wall_s), _f(base.tok_s, ".1f"), "1.00",
-        _f(base.tau), str(base.decode_steps), _f(base.fwd_per_token), "–", "–", "–", "–", "–", "–",
+        _f(base.tau), str(base.decode_steps), _f(base.fwd_per_token), "–", "–", "–", "–", "–", "–", "–",
+        "–",
     ]]  # fmt: skip
     for bc, runs in probes.items():
         p = pool(runs, probing=True)
         ratio = _div(t_fwd[bc], t_fwd[1])
+        speedup, theoretical = _div(p.tok_s, base.tok_s), _div(p.tau, ratio)
         rows.append([
             f"probe BC={bc}", str(p.new_tokens), _f(p.wall_s), _f(p.tok_s, ".1f"),
-            _f(_div(p.tok_s, base.tok_s)), _f(p.tau), str(p.decode_steps), _f(p.fwd_per_token, ".3f"),
-            _f(p.forward_pct, ".1f"), _f(p.other_pct, ".1f"), _f(p.mean_decode_fwd_ms), _f(ratio),
-            _f(_div(p.tau, ratio)), str(p.mismatches),
+            _f(speedup), _f(p.tau), str(p.decode_steps), _f(p.fwd_per_token, ".3f"),
+            _f(p.forward_pct, ".1f"), _f(p.other_pct, ".1f"), _f(p.other_ms_per_step, ".3f"),
+            _f(p.mean_decode_fwd_ms), _f(ratio), _f(theoretical), _f(_div(speedup, theoretical)),
+            str(p.mismatches),
         ])  # fmt: skip
 
     fwd_rows = [[str(t), _f(1e3 * s), _f(_div(s, t_fwd[1]))] for t, s in sorted(t_fwd.items())]
@@ -284,8 +293,11 @@ def build_report(
         "speedup = pooled probing tok/s ÷ pooled baseline tok/s (wall time around each call, "
         "prefill included); "
         "model fwd % / else % split `timings['total_s']` into `forward_s` and the rest; "
+        "else ms/step = (total_s − forward_s) / #decode steps, the decode loop's own cost per step "
+        "(drafting, masks, verification, cache compaction, host work); "
         "mean decode fwd = Σ(forward_s − prefill_s) / Σ(forward_calls − 1); "
-        "theor. speedup = τ × t(1)/t(BC) from the uncached forward timings below. "
+        "theor. speedup = τ × t(1)/t(BC) from the uncached forward timings below; "
+        "efficiency = speedup ÷ theor. speedup. "
         "Baseline τ and fwd calls/tok are 1 by construction of greedy decoding (not measured).",
         "",
     ]
@@ -333,6 +345,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     ap.add_argument("--out", type=Path, default=None, help="markdown report path (also printed to stdout)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument(
+        "--attn",
+        default=None,
+        choices=["eager", "sdpa", "mtprobe_tree"],
+        help="attention implementation for both modes (default: the model's own)",
+    )
     ap.add_argument("--prompts-file", type=Path, default=None, help="jsonl prompts (default: the package's)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--seed", type=int, default=0)
@@ -340,6 +359,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if any(bc < 1 for bc in args.block_complexity):
         ap.error("--block-complexity values must be >= 1")
     return args
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return f"{device.type} ({os.cpu_count()} cores)"
 
 
 def _loadavg() -> str:
@@ -371,8 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     log(f"loading {args.model} ({args.dtype})")
-    model, tokenizer = mtprobe.models.load(args.model, dtype=DTYPES[args.dtype])
+    model, tokenizer = mtprobe.models.load(args.model, dtype=DTYPES[args.dtype], device=args.device)
     model.eval()
+    if args.attn is not None:
+        if args.attn == mtprobe.tree_attention.NAME:
+            mtprobe.tree_attention.register()
+        model.set_attn_implementation(args.attn)
     device = next(model.parameters()).device
     encoded = [encode(tokenizer, p["messages"], device) for p in prompts]
     prompt_lens = {p["id"]: int(ids.shape[1]) for p, ids in zip(prompts, encoded, strict=True)}

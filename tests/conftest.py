@@ -62,3 +62,15 @@ def cpu_decode_loop(model, drafter, *, max_new_tokens: int, block_complexity: in
     )
     options.update(kwargs)
     return _C.DecodeLoop(drafter, adapter.forward, adapter.kv_buffers, **options)
+
+
+def load_benchmark(name: str):
+    """The module of benchmarks/<name>.py (benchmarks/ is scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -8,7 +8,7 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 import mtprobe
-from conftest import chat_ids
+from conftest import chat_ids, load_benchmark
 from mtprobe.data import load_prompts
 
 NEAR_TIE = 1e-5  # fp32 top-2 logit margin below which batched vs single-token arithmetic may flip argmax
@@ -265,3 +265,16 @@ def test_probe_config_block_complexity_accounting():
         29,
         14,
     ]
+
+
+def test_decode_benchmark_script_runs(smollm2, tmp_path):
+    # benchmarks/bench_decode.py end to end on one prompt (it times, so nothing is asserted about
+    # speed): the report has the lossless check and the efficiency / per-step overhead columns.
+    bench = load_benchmark("bench_decode")
+    out = tmp_path / "report.md"
+    argv = ["--model", "smollm2-135m", "--limit", "1", "--max-new-tokens", "6", "--block-complexity", "10"]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+    report = out.read_text()
+    assert "Lossless check: all 1 probing runs are token-identical to the baseline." in report
+    assert "| else ms/step |" in report and "| efficiency |" in report
+    assert "- device: cpu" in report

@@ -12,7 +12,7 @@ from torch.library import opcheck
 
 import mtprobe
 import mtprobe.tree_attention
-from conftest import tiny_llama
+from conftest import load_benchmark, tiny_llama
 from mtprobe.reference import tree_ancestors, tree_attention, tree_attention_mask, tree_position_ids
 from test_tree_mask import TREES, chain, random_tree
 from tolerances import dtype_id, tolerance
@@ -214,3 +214,21 @@ def test_decode_loop_passes_ancestor_bits_and_stays_lossless(cfg) -> None:
         handle.remove()
     assert torch.long in seen  # tree blocks went through as ancestor bits, not dense masks
     assert not any(dtype is not None and dtype.is_floating_point for dtype in seen)
+
+
+def test_benchmark_script_runs(tmp_path):
+    # benchmarks/bench_tree_attention.py end to end on tiny shapes (it times, so nothing is asserted
+    # about speed): every row is reported and both attentions agree.
+    bench = load_benchmark("bench_tree_attention")
+    out = tmp_path / "report.md"
+    args = ["--device", "cpu", "--dtype", "float32", "--prefix", "0", "40", "--tree-tokens", "3", "65"]
+    assert bench.main([*args, "--reps", "1", "--warmup", "0", "--out", str(out)]) == 0
+    rows = [
+        line.split(" | ")
+        for line in out.read_text().splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert [r[0:2] for r in rows[1:]] == [["| 0", "3"], ["| 0", "65"], ["| 40", "3"], ["| 40", "65"]]
+    assert all(float(r[-1].rstrip(" |")) <= 1e-5 for r in rows[1:])
+    with pytest.raises(SystemExit):
+        bench.main(["--heads", "9", "--kv-heads", "2"])

@@ -303,3 +303,43 @@ def test_cuda_verify_greedy_matches_reference(seed: int) -> None:
     path = torch.ops.mtprobe.verify_greedy(tokens.cuda(), torch.tensor(parents).cuda(), target.cuda(), root)
     assert path.is_cuda
     assert torch.equal(path.cpu(), expected)
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", ["single", "chain", "star", "medusa", "random_tree"])
+@pytest.mark.parametrize("vocab", [5, 1000, 49152])
+def test_cuda_verify_rejection_matches_cpu(shape: str, vocab: int) -> None:
+    # The kernel runs the CPU op's code (csrc/core/rejection.h) on 1024 threads, whose sums round in
+    # another order: a draw may differ only when a uniform falls within rounding of a boundary.
+    for seed in range(8):
+        g = torch.Generator().manual_seed(seed)
+        tokens, parents, p, q, u = _rejection_case(TREE_SHAPES[shape], g, vocab=vocab)
+        path, token = torch.ops.mtprobe.verify_rejection(tokens, parents, p, q, u)
+        cuda_path, cuda_token = torch.ops.mtprobe.verify_rejection(
+            tokens.cuda(), parents.cuda(), p.cuda(), q.cuda(), u.cuda()
+        )
+        assert cuda_path.is_cuda and cuda_token.is_cuda
+        assert cuda_path.cpu().tolist() == path.tolist()
+        assert int(cuda_token) == int(token)
+
+
+@requires_cuda
+def test_cuda_verify_rejection_distribution() -> None:
+    # A chain of two drafts: the first output token is distributed as p_0 (verify.h's rule).
+    g = torch.Generator().manual_seed(0)
+    vocab = 6
+    tokens, parents, p, q, _ = _rejection_case([-1, 0, 1], g, vocab=vocab)
+    trials = 4000
+    counts = torch.zeros(vocab)
+    for _ in range(trials):
+        u = torch.rand(4, generator=g, dtype=torch.float64)
+        path, token = torch.ops.mtprobe.verify_rejection(
+            tokens.cuda(), parents.cuda(), p.cuda(), q.cuda(), u.cuda()
+        )
+        first = int(tokens[1]) if len(path) > 1 else int(token)
+        counts[first] += 1
+    expected = p[0] * trials
+    support = expected > 0
+    chi2 = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
+    assert counts[~support].sum() == 0
+    assert chi2 < 25.0  # chi-square, at most 5 degrees of freedom: p-value < 1e-4 to fail

@@ -22,21 +22,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MTPROBE_HD __host__ __device__
-#else
-#define MTPROBE_HD
-#endif
+#include "core/exec.h"
 
 namespace mtprobe::core {
-
-// Runs the algorithm's loops on one host thread.
-struct SerialExec {
-  MTPROBE_HD int64_t first() const { return 0; }
-  MTPROBE_HD int64_t stride() const { return 1; }
-  MTPROBE_HD bool leader() const { return true; }
-  MTPROBE_HD void sync() const {}
-};
 
 // The most candidates the expansion can create: depth d adds at most min(m, budget - d) children
 // to each of at most budget - d + 1 frontier nodes (one, the root, at depth 1).

@@ -16,32 +16,9 @@
 #include <cstdint>
 
 #include "core/draft_tree_expand.h"
+#include "kernels/exec.cuh"
 
 namespace mtprobe::kernels {
-
-// The block's threads as the executor of csrc/core/draft_tree_expand.h.
-struct BlockExec {
-  __host__ __device__ int64_t first() const {
-#ifdef __CUDA_ARCH__
-    return threadIdx.x;
-#else
-    return 0;
-#endif
-  }
-  __host__ __device__ int64_t stride() const {
-#ifdef __CUDA_ARCH__
-    return blockDim.x;
-#else
-    return 1;
-#endif
-  }
-  __host__ __device__ bool leader() const { return first() == 0; }
-  __host__ __device__ void sync() const {
-#ifdef __CUDA_ARCH__
-    __syncthreads();
-#endif
-  }
-};
 
 // (value, index) pairs ordered by value descending, then index ascending; index -1 is "none".
 __device__ inline bool cand_better(float v, int64_t i, float bv, int64_t bi) {

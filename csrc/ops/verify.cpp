@@ -22,9 +22,8 @@ at::Tensor verify_greedy(const at::Tensor& tokens, const at::Tensor& parents, co
   return at::tensor(std::vector<int64_t>(path.begin(), path.begin() + len), at::kLong).to(tokens.device());
 }
 
-std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
-                                                    const at::Tensor& p, const at::Tensor& q,
-                                                    const at::Tensor& uniforms) {
+void check_verify_rejection_args(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& p,
+                                 const at::Tensor& q, const at::Tensor& uniforms) {
   std::vector<int64_t> tok = to_int64_vector(tokens, "tokens");
   std::vector<int64_t> par = to_int64_vector(parents, "parents");
   const int64_t n = static_cast<int64_t>(tok.size());
@@ -42,16 +41,32 @@ std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, co
               ", ", vocab, "], got ", q.sizes());
   TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == n + 1, "uniforms must be [n + 1] = [", n + 1,
               "], got ", uniforms.sizes());
+  if (n > 1) {
+    // q[j - 1, x_j] > 0: read back n - 1 values, not the whole q.
+    at::Tensor drafted = at::tensor(std::vector<int64_t>(tok.begin() + 1, tok.end()), at::kLong);
+    for (int64_t j = 1; j < n; ++j) {
+      TORCH_CHECK(tok[j] >= 0 && tok[j] < vocab, "token ", tok[j], " of node ", j,
+                  " is outside the vocabulary [0, ", vocab, ")");
+    }
+    at::Tensor qx = q.gather(1, drafted.to(q.device()).unsqueeze(1)).squeeze(1).to(at::kCPU, at::kFloat);
+    for (int64_t j = 1; j < n; ++j) {
+      TORCH_CHECK(qx[j - 1].item<float>() > 0, "node ", j, " drafted token ", tok[j],
+                  " with probability 0 under its own q row; draft tokens must be drawn from q");
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
+                                                    const at::Tensor& p, const at::Tensor& q,
+                                                    const at::Tensor& uniforms) {
+  check_verify_rejection_args(tokens, parents, p, q, uniforms);
+  std::vector<int64_t> tok = to_int64_vector(tokens, "tokens");
+  std::vector<int64_t> par = to_int64_vector(parents, "parents");
+  const int64_t n = static_cast<int64_t>(tok.size()), vocab = p.size(1);
   at::Tensor pc = p.to(at::kCPU, at::kFloat).contiguous();
   at::Tensor qc = q.to(at::kCPU, at::kFloat).contiguous();
   at::Tensor uc = uniforms.to(at::kCPU, at::kDouble).contiguous();
   const float* qp = qc.data_ptr<float>();
-  for (int64_t j = 1; j < n; ++j) {
-    TORCH_CHECK(tok[j] >= 0 && tok[j] < vocab, "token ", tok[j], " of node ", j,
-                " is outside the vocabulary [0, ", vocab, ")");
-    TORCH_CHECK(qp[(j - 1) * vocab + tok[j]] > 0, "node ", j, " drafted token ", tok[j],
-                " with probability 0 under its own q row; draft tokens must be drawn from q");
-  }
   std::vector<float> residual(static_cast<size_t>(vocab));
   std::vector<int64_t> path(static_cast<size_t>(n));
   int64_t token = -1;

@@ -1,6 +1,7 @@
-// CUDA launcher of verify_greedy (kernel: csrc/kernels/verify.cuh). The walk runs on the device;
-// the op's result has the path's length, so returning it reads one integer back (the decode loop
-// needs the length then anyway). Built only when torch has CUDA; CI compiles it, compile-only.
+// CUDA launchers of verify_greedy and verify_rejection (kernels: csrc/kernels/verify.cuh). The walks
+// run on the device; the ops' results have the path's length, so returning them reads one integer
+// back (the decode loop needs the length then anyway), after the argument checks have read back the
+// tree. Built only when torch has CUDA; CI compiles them, compile-only. Never run: no GPU was lent.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -32,6 +33,34 @@ at::Tensor verify_greedy_cuda(const at::Tensor& tokens, const at::Tensor& parent
   return path.narrow(0, 0, length.item<int64_t>());
 }
 
+std::tuple<at::Tensor, at::Tensor> verify_rejection_cuda(const at::Tensor& tokens, const at::Tensor& parents,
+                                                         const at::Tensor& p, const at::Tensor& q,
+                                                         const at::Tensor& uniforms) {
+  check_verify_rejection_args(tokens, parents, p, q, uniforms);
+  TORCH_CHECK(tokens.is_cuda() && parents.device() == tokens.device() && p.device() == tokens.device() &&
+                  q.device() == tokens.device() && uniforms.device() == tokens.device(),
+              "verify_rejection: tokens, parents, p, q and uniforms must be on one CUDA device");
+  c10::cuda::CUDAGuard guard(tokens.device());
+  const int64_t n = tokens.numel(), vocab = p.size(1);
+  const auto opts = tokens.options().dtype(at::kLong);
+  at::Tensor tok = tokens.to(opts).contiguous(), par = parents.to(opts).contiguous();
+  at::Tensor pf = p.to(at::kFloat).contiguous(), qf = q.to(at::kFloat).contiguous();
+  at::Tensor u = uniforms.to(at::kDouble).contiguous();
+  at::Tensor workspace =
+      at::empty({static_cast<int64_t>(core::rejection_workspace_bytes(vocab, kernels::kRejectionThreads))},
+                opts.dtype(at::kByte));
+  at::Tensor path = at::empty({n}, opts), length = at::empty({1}, opts), token = at::empty({}, opts);
+  const cudaError_t err = kernels::verify_rejection(
+      tok.data_ptr<int64_t>(), par.data_ptr<int64_t>(), n, pf.data_ptr<float>(), qf.data_ptr<float>(), vocab,
+      u.data_ptr<double>(), workspace.data_ptr(), path.data_ptr<int64_t>(), length.data_ptr<int64_t>(),
+      token.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "verify_rejection kernel: ", cudaGetErrorString(err));
+  return {path.narrow(0, 0, length.item<int64_t>()), token};
+}
+
 }  // namespace mtprobe::ops
 
-TORCH_LIBRARY_IMPL(mtprobe, CUDA, m) { m.impl("verify_greedy", &mtprobe::ops::verify_greedy_cuda); }
+TORCH_LIBRARY_IMPL(mtprobe, CUDA, m) {
+  m.impl("verify_greedy", &mtprobe::ops::verify_greedy_cuda);
+  m.impl("verify_rejection", &mtprobe::ops::verify_rejection_cuda);
+}

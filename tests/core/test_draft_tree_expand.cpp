@@ -2,52 +2,18 @@
 // workspace (as the threads of a CUDA block do) gives exactly the serial result, and never needs
 // more candidates than dynamic_tree_capacity. tests/test_draft_tree.py checks the serial result
 // against the Python reference.
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "core/draft_tree.h"
 #include "core/draft_tree_expand.h"
 #include "harness.h"
+#include "thread_exec.h"
 
 using namespace mtprobe::core;
 
 namespace {
-
-// A reusable barrier for `count` threads (std::barrier is C++20).
-class Barrier {
- public:
-  explicit Barrier(int count) : count_(count) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const int64_t gen = generation_;
-    if (++waiting_ == count_) {
-      waiting_ = 0, ++generation_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return gen != generation_; });
-    }
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int count_, waiting_ = 0;
-  int64_t generation_ = 0;
-};
-
-// Thread `tid` of `threads`, as threadIdx.x of blockDim.x.
-struct ThreadExec {
-  int64_t tid, threads;
-  Barrier* barrier;
-  int64_t first() const { return tid; }
-  int64_t stride() const { return threads; }
-  bool leader() const { return tid == 0; }
-  void sync() const { barrier->wait(); }
-};
 
 struct Tree {
   std::vector<int64_t> tokens, parents;
@@ -66,17 +32,11 @@ Tree expand(int threads, int64_t root, const std::vector<int64_t>& tok, const st
     t.num_nodes = expand_dynamic_tree(SerialExec{}, root, tok.data(), prob.data(), depths, m, budget, prune,
                                       w, t.tokens.data(), t.parents.data(), t.probs.data());
   } else {
-    Barrier barrier(threads);
     std::vector<int64_t> results(threads, -1);
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; ++i) {
-      pool.emplace_back([&, i] {
-        results[i] =
-            expand_dynamic_tree(ThreadExec{i, threads, &barrier}, root, tok.data(), prob.data(), depths, m,
-                                budget, prune, w, t.tokens.data(), t.parents.data(), t.probs.data());
-      });
-    }
-    for (auto& th : pool) th.join();
+    mtprobe_test::run_threads(threads, [&](const mtprobe_test::ThreadExec& ex) {
+      results[ex.tid] = expand_dynamic_tree(ex, root, tok.data(), prob.data(), depths, m, budget, prune, w,
+                                            t.tokens.data(), t.parents.data(), t.probs.data());
+    });
     t.num_nodes = results[0];
     for (int64_t r : results) CHECK(r == t.num_nodes);  // every thread returns the count
   }
