@@ -67,10 +67,12 @@ def cpu_decode_loop(model, drafter, *, max_new_tokens: int, block_complexity: in
 def load_benchmark(name: str):
     """The module of benchmarks/<name>.py (benchmarks/ is scripts, not a package)."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module

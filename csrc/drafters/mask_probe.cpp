@@ -1,6 +1,7 @@
 #include "drafters/mask_probe.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,22 @@
 #include "core/draft_tree.h"
 
 namespace mtprobe {
+
+namespace {
+
+// torch.ops.mtprobe.expand_draft_tree through the dispatcher: its CUDA kernel for logits on a GPU.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(const at::Tensor& logits,
+                                                                             const at::Tensor& root,
+                                                                             int64_t budget, int64_t width,
+                                                                             bool prune) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mtprobe::expand_draft_tree", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool)>();
+  return op.call(logits, root, budget, width, prune);
+}
+
+}  // namespace
 
 MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions options)
     : embedding_(std::move(embedding)), options_(std::move(options)) {
@@ -71,12 +88,23 @@ std::vector<core::DraftNode> MaskProbeDrafter::candidate_tree(int64_t root_token
                                                               const StepLimits& limits) const {
   // The draft tree below the root, from the masks on the last accepted node.
   if (!have_candidates_ || limits.tokens_left < 2) return {};
-  const int64_t k = options_.num_masks;
-  return options_.dynamic_tree
-             ? core::build_dynamic_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
-                                        budget_nodes(), options_.prune)
-             : core::build_static_tree(root_token, cand_tokens_.data(), cand_probs_.data(), k, cand_width_,
-                                       options_.branches.data(), options_.prune);
+  if (options_.dynamic_tree) {
+    // Expanded in observe() (on the logits' device); the one read back of the step's drafting.
+    if (root_token != tree_root_) return {};
+    at::Tensor t = tree_.to(at::kCPU).contiguous();  // [3, budget]: tokens, parents, probs
+    const double* tok = t.data_ptr<double>();
+    const double* par = tok + t.size(1);
+    const double* prob = par + t.size(1);
+    std::vector<core::DraftNode> nodes;
+    for (int64_t i = 0; i < t.size(1) && tok[i] >= 0; ++i) {
+      const auto parent = static_cast<int64_t>(par[i]);
+      nodes.push_back(
+          {static_cast<int64_t>(tok[i]), parent, parent < 0 ? 0 : nodes[parent].depth + 1, prob[i]});
+    }
+    return nodes;
+  }
+  return core::build_static_tree(root_token, cand_tokens_.data(), cand_probs_.data(), options_.num_masks,
+                                 cand_width_, options_.branches.data(), options_.prune);
 }
 
 DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
@@ -139,7 +167,17 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
   const int64_t first =
       last < static_cast<int64_t>(mask_input_of_node_.size()) ? mask_input_of_node_[last] : -1;
   have_candidates_ = false;
-  if (first >= 0 && !outcome.finished) {
+  if (first >= 0 && !outcome.finished && options_.dynamic_tree && !outcome.new_tokens.empty()) {
+    // The accepted node's masks predicted depths 1..k after the bonus token, the next root.
+    // The tree is expanded where the logits are, without reading anything back (a GPU kernel
+    // there); token ids below 2^53 survive the float64 packing exactly.
+    tree_root_ = outcome.new_tokens.back();
+    at::Tensor root = at::scalar_tensor(tree_root_, at::kLong).to(outcome.logits.device());
+    auto [tokens, parents, probs, num_nodes] = expand_draft_tree(outcome.logits.narrow(0, first, k), root,
+                                                                 budget_nodes(), cand_width_, options_.prune);
+    tree_ = at::stack({tokens.to(at::kDouble), parents.to(at::kDouble), probs});  // [3, budget]
+    have_candidates_ = true;
+  } else if (first >= 0 && !outcome.finished) {
     // The accepted node's masks predicted depths 1..k after the bonus token.
     at::Tensor probs = outcome.logits.narrow(0, first, k).to(at::kFloat).softmax(-1);  // [k, vocab]
     auto top = probs.topk(cand_width_, -1);

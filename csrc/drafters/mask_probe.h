@@ -62,8 +62,10 @@ class MaskProbeDrafter : public Drafter {
   at::Generator generator_;
   at::Tensor masks_;                  // [k, hidden] float32 running mask embeddings
   int64_t cand_width_ = 0;            // m: candidates kept per depth
-  std::vector<int64_t> cand_tokens_;  // [k * m] next tree's candidates per depth, best first
+  std::vector<int64_t> cand_tokens_;  // static trees: [k * m] candidates per depth, best first
   std::vector<float> cand_probs_;     // [k * m]
+  at::Tensor tree_;                   // dynamic trees: [3, budget] tokens, parents, probs (float64)
+  int64_t tree_root_ = -1;            // the root tree_ was expanded for
   bool have_candidates_ = false;
   std::vector<int64_t> mask_input_of_node_;  // node -> input index of its m_1, or -1
 };
