@@ -1,8 +1,9 @@
 """The CUDA sources compile (compile-only): every ATen launcher csrc/ops/*_cuda.cu with its kernels
 csrc/kernels/*.cuh, by nvcc against the installed torch's headers.
 
-Nothing here runs a kernel; the GPU tests in test_tree_mask.py, test_kv_compact.py and
-test_verify.py do, on a machine with a CUDA GPU (they skip elsewhere). A CPU-only torch ships the
+Nothing here runs a kernel; the GPU tests in test_tree_mask.py, test_tree_attention.py,
+test_draft_tree.py, test_kv_compact.py and test_verify.py do, on a machine with a CUDA GPU (they
+skip elsewhere; scripts/gpu_check.sh runs them there). A CPU-only torch ships the
 c10/cuda headers but not the one CMake generates for CUDA builds (cuda_cmake_macros.h); this test
 writes that one-line header into a temporary include directory.
 """

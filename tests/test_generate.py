@@ -278,3 +278,24 @@ def test_decode_benchmark_script_runs(smollm2, tmp_path):
     assert "Lossless check: all 1 probing runs are token-identical to the baseline." in report
     assert "| else ms/step |" in report and "| efficiency |" in report
     assert "- device: cpu" in report
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("attn", ["sdpa", "mtprobe_tree"])
+@pytest.mark.parametrize("bc", [30, 60])  # a static tree; a dynamic one (expand_draft_tree on the GPU)
+def test_cuda_token_identical_to_greedy(attn, bc):
+    # SmolLM2 on the GPU in float32: probing equals the model's own greedy generate there (near-ties
+    # of GPU arithmetic are told apart as on the CPU).
+    import mtprobe.models
+    import mtprobe.tree_attention
+
+    model, tok = mtprobe.models.load("smollm2-135m", device="cuda")
+    if attn == mtprobe.tree_attention.NAME:
+        mtprobe.tree_attention.register()
+    model.set_attn_implementation(attn)
+    for prompt in PROMPTS[:4]:
+        ids = chat_ids(tok, prompt["messages"]).cuda()
+        ref = model.generate(ids, do_sample=False, max_new_tokens=40)
+        out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=bc), max_new_tokens=40)
+        assert out.sequences.is_cuda
+        assert_same_as_greedy(model, ids, out.sequences, ref, f"{prompt['id']} BC={bc} {attn}")
