@@ -25,9 +25,17 @@ void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents) {
   } else {
     std::vector<uint8_t> anc(static_cast<size_t>(T * T));  // [T, T] row attends column
     core::ancestor_matrix(parents.data(), T, anc.data());
-    at::Tensor host = at::empty({T, capacity_ + T}, at::TensorOptions().dtype(dtype_));  // [T, capacity + T]
-    ops::fill_mask_rows(anc, T, capacity_, host);
-    buffer_ = host.to(device_);
+    if (buffer_.defined() && buffer_.size(0) == T) {
+      // Same block size: the prefix columns are zeros already; rewrite only the [T, T] pattern.
+      at::Tensor host = at::empty({T, T}, at::TensorOptions().dtype(dtype_));  // [T, T]
+      ops::fill_mask_rows(anc, T, 0, host);
+      buffer_.narrow(1, capacity_, T).copy_(host);
+    } else {
+      at::Tensor host =
+          at::empty({T, capacity_ + T}, at::TensorOptions().dtype(dtype_));  // [T, capacity + T]
+      ops::fill_mask_rows(anc, T, capacity_, host);
+      buffer_ = host.to(device_);
+    }
   }
   depths_ = at::tensor(dep, at::kLong).view({1, T}).to(device_);
   parents_ = parents;

@@ -5,7 +5,8 @@
 // the same tree shape only P changes, so the builder keeps one buffer [T, capacity + T] whose
 // last T columns hold the tree pattern and whose other columns are zero, and returns the view of
 // its last P + T columns: "prepending" P columns costs nothing. Position ids are the cached
-// depths plus P: one add. A new shape rebuilds the pattern once (O(T^2) on the host).
+// depths plus P: one add. A new shape rewrites the pattern (O(T^2) on the host); only a new block
+// size T refills the whole buffer.
 // The naive mode rebuilds both from scratch every step, for comparison.
 #pragma once
 
