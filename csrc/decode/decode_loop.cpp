@@ -5,6 +5,7 @@
 
 #include "core/tree.h"
 #include "core/verify.h"
+#include "ops/dispatch.h"
 #include "ops/ops.h"
 
 namespace mtprobe {
@@ -215,7 +216,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
       //    it. O(accepted) rows per layer; the rest of the block is dropped by the new length.
       std::vector<int64_t> src;
       for (int64_t j = 1; j < path_len; ++j) src.push_back(prefix_len + path[j]);
-      if (!src.empty()) ops::compact_kv_(kv, long_tensor(src), prefix_len + c);
+      if (!src.empty()) ops::dispatch::compact_kv_(kv, long_tensor(src), prefix_len + c);
       prefix_len += c + path_len - 1;
       committed =
           at::full({1}, new_tokens.back(), at::TensorOptions().dtype(at::kLong).device(options_.device));

@@ -1,30 +1,14 @@
 #include "drafters/mask_probe.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/draft_tree.h"
+#include "ops/dispatch.h"
 
 namespace mtprobe {
-
-namespace {
-
-// torch.ops.mtprobe.expand_draft_tree through the dispatcher: its CUDA kernel for logits on a GPU.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(const at::Tensor& logits,
-                                                                             const at::Tensor& root,
-                                                                             int64_t budget, int64_t width,
-                                                                             bool prune) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("mtprobe::expand_draft_tree", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool)>();
-  return op.call(logits, root, budget, width, prune);
-}
-
-}  // namespace
 
 MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions options)
     : embedding_(std::move(embedding)), options_(std::move(options)) {
@@ -173,8 +157,8 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
     // there); token ids below 2^53 survive the float64 packing exactly.
     tree_root_ = outcome.new_tokens.back();
     at::Tensor root = at::scalar_tensor(tree_root_, at::kLong).to(outcome.logits.device());
-    auto [tokens, parents, probs, num_nodes] = expand_draft_tree(outcome.logits.narrow(0, first, k), root,
-                                                                 budget_nodes(), cand_width_, options_.prune);
+    auto [tokens, parents, probs, num_nodes] = ops::dispatch::expand_draft_tree(
+        outcome.logits.narrow(0, first, k), root, budget_nodes(), cand_width_, options_.prune);
     tree_ = at::stack({tokens.to(at::kDouble), parents.to(at::kDouble), probs});  // [3, budget]
     have_candidates_ = true;
   } else if (first >= 0 && !outcome.finished) {
