@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the SmolLM2 prompts of a Spec-Bench question file, the lines
-every report starts with (command, date, machine, model), and writing the report."""
+every report starts with (command, date, machine, model), the device's description, and writing
+the report."""
 
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ def run_lines(model_name: str) -> list[str]:
         f"transformers {transformers.__version__}",
         f"- model: `{model_name}`, float32, CPU{quantised}",
     ]
+
+
+def device_name(device: torch.device) -> str:
+    """The device a benchmark ran on, as a report states it."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return (
+        f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} torch thread(s)"
+    )
 
 
 def write_report(out: str | Path, lines: list[str]) -> None:

@@ -36,6 +36,7 @@ import transformers
 import mtprobe
 import mtprobe.models
 import mtprobe.tree_attention
+from _common import device_name
 from mtprobe.data import load_prompts, prompts_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -359,12 +360,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if any(bc < 1 for bc in args.block_complexity):
         ap.error("--block-complexity values must be >= 1")
     return args
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    return f"{device.type} ({os.cpu_count()} cores)"
 
 
 def _loadavg() -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import platform
 import shlex
 import statistics
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import mtprobe.ops as ops
+from _common import device_name, write_report
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -107,12 +107,6 @@ def bench_row(args: argparse.Namespace, prefix: int, tree_tokens: int, device: t
     ]
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    return f"CPU `{platform.processor() or platform.machine()}`, {os.cpu_count()} cores, torch threads={torch.get_num_threads()}"
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -170,11 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tree's pattern once per decode step (`tree_ancestor_bits` / `tree_attention_mask`). max |diff|: "
         "largest absolute difference between the two outputs.",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+        write_report(args.out, lines)
+    else:
+        print("\n".join(lines))
     return 0
 
 

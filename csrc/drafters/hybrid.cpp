@@ -24,7 +24,7 @@ DraftBlock HybridDrafter::propose(const at::Tensor& committed, int64_t prefix_le
   probe_nodes_ = ngram_nodes_ = 0;
   if (committed.size(0) != 1) return probe_.propose(committed, prefix_len, limits);  // prefill
   const int64_t k = probe_.options().num_masks;
-  const int64_t budget = probe_.options().block_complexity / (k + 1);  // B nodes, root included
+  const int64_t budget = probe_.budget_nodes();  // B nodes, root included
   const int64_t root_token = committed.to(at::kCPU).data_ptr<int64_t>()[0];
   std::vector<core::DraftNode> probed = probe_.candidate_tree(root_token, limits);
   // The store's tree: no deeper than the tokens still wanted, and room for the masks below it.

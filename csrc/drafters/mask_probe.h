@@ -53,10 +53,10 @@ class MaskProbeDrafter : public Drafter {
 
   const at::Tensor& mask_embeddings() const { return masks_; }
   const MaskProbeOptions& options() const { return options_; }
-
- private:
+  // B = BC / (k + 1): the most tree nodes, root included, when every node carries k masks.
   int64_t budget_nodes() const { return options_.block_complexity / (options_.num_masks + 1); }
 
+ private:
   at::Tensor embedding_;  // [vocab, hidden]
   MaskProbeOptions options_;
   at::Generator generator_;

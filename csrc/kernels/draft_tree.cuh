@@ -17,6 +17,7 @@
 
 #include "core/draft_tree_expand.h"
 #include "kernels/exec.cuh"
+#include "kernels/reduce.cuh"
 
 namespace mtprobe::kernels {
 
@@ -53,30 +54,6 @@ __device__ inline void block_best(float& v, int64_t& i) {
   __syncthreads();
   v = sv[0], i = si[0];
   __syncthreads();  // sv / si are reused by the next call
-}
-
-// Block-wide max (is_max) or sum of x, returned on every thread.
-__device__ inline float block_reduce(float x, bool is_max) {
-  __shared__ float s[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int off = 16; off > 0; off /= 2) {
-    const float o = __shfl_xor_sync(0xffffffffu, x, off);
-    x = is_max ? fmaxf(x, o) : x + o;
-  }
-  if (lane == 0) s[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    x = lane < warps ? s[lane] : (is_max ? -INFINITY : 0.f);
-    for (int off = 16; off > 0; off /= 2) {
-      const float o = __shfl_xor_sync(0xffffffffu, x, off);
-      x = is_max ? fmaxf(x, o) : x + o;
-    }
-    if (lane == 0) s[0] = x;
-  }
-  __syncthreads();
-  x = s[0];
-  __syncthreads();
-  return x;
 }
 
 // logits: [depths, vocab]; top_tokens [depths, m], top_probs [depths, m]. Grid: depths blocks.

@@ -21,19 +21,11 @@
 
 #include <cstdint>
 
+#include "kernels/reduce.cuh"
+
 namespace mtprobe::kernels {
 
 constexpr int kTreeAttentionWarps = 4;
-
-__device__ inline float warp_max(float x) {
-  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-
-__device__ inline float warp_sum(float x) {
-  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
 
 // Floats of shared memory per block: K and V chunks (rows padded to D + 1 so that lanes reading
 // different keys hit different banks), one query row and one row of probabilities per warp.

@@ -26,9 +26,10 @@ at::Tensor verify_greedy(const at::Tensor& tokens, const at::Tensor& parents, co
 std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
                                                     const at::Tensor& p, const at::Tensor& q,
                                                     const at::Tensor& uniforms);
-// Shapes, the tree (one root at node 0) and q[j - 1, x_j] > 0; reads back the tree and n - 1 values of q.
-void check_verify_rejection_args(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& p,
-                                 const at::Tensor& q, const at::Tensor& uniforms);
+// Shapes, the tree (tok, par: the tokens and parents, on the host; one root at node 0) and
+// q[j - 1, x_j] > 0, reading back n - 1 values of q.
+void check_verify_rejection_args(const std::vector<int64_t>& tok, const std::vector<int64_t>& par,
+                                 const at::Tensor& p, const at::Tensor& q, const at::Tensor& uniforms);
 
 // caches: tensors [B, H, S, D] (dim 2 = sequence); src: [n] int64.  In place:
 // cache[:, :, dst_start + j] = cache[:, :, src[j]] for j in order.

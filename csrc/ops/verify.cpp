@@ -22,10 +22,8 @@ at::Tensor verify_greedy(const at::Tensor& tokens, const at::Tensor& parents, co
   return at::tensor(std::vector<int64_t>(path.begin(), path.begin() + len), at::kLong).to(tokens.device());
 }
 
-void check_verify_rejection_args(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& p,
-                                 const at::Tensor& q, const at::Tensor& uniforms) {
-  std::vector<int64_t> tok = to_int64_vector(tokens, "tokens");
-  std::vector<int64_t> par = to_int64_vector(parents, "parents");
+void check_verify_rejection_args(const std::vector<int64_t>& tok, const std::vector<int64_t>& par,
+                                 const at::Tensor& p, const at::Tensor& q, const at::Tensor& uniforms) {
   const int64_t n = static_cast<int64_t>(tok.size());
   TORCH_CHECK(n >= 1 && static_cast<int64_t>(par.size()) == n,
               "tokens and parents must have the same length >= 1, got ", n, " and ", par.size());
@@ -48,9 +46,11 @@ void check_verify_rejection_args(const at::Tensor& tokens, const at::Tensor& par
       TORCH_CHECK(tok[j] >= 0 && tok[j] < vocab, "token ", tok[j], " of node ", j,
                   " is outside the vocabulary [0, ", vocab, ")");
     }
-    at::Tensor qx = q.gather(1, drafted.to(q.device()).unsqueeze(1)).squeeze(1).to(at::kCPU, at::kFloat);
+    at::Tensor qx =
+        q.gather(1, drafted.to(q.device()).unsqueeze(1)).squeeze(1).to(at::kCPU, at::kFloat).contiguous();
+    const float* qxp = qx.data_ptr<float>();  // [n - 1]
     for (int64_t j = 1; j < n; ++j) {
-      TORCH_CHECK(qx[j - 1].item<float>() > 0, "node ", j, " drafted token ", tok[j],
+      TORCH_CHECK(qxp[j - 1] > 0, "node ", j, " drafted token ", tok[j],
                   " with probability 0 under its own q row; draft tokens must be drawn from q");
     }
   }
@@ -59,9 +59,9 @@ void check_verify_rejection_args(const at::Tensor& tokens, const at::Tensor& par
 std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
                                                     const at::Tensor& p, const at::Tensor& q,
                                                     const at::Tensor& uniforms) {
-  check_verify_rejection_args(tokens, parents, p, q, uniforms);
   std::vector<int64_t> tok = to_int64_vector(tokens, "tokens");
   std::vector<int64_t> par = to_int64_vector(parents, "parents");
+  check_verify_rejection_args(tok, par, p, q, uniforms);
   const int64_t n = static_cast<int64_t>(tok.size()), vocab = p.size(1);
   at::Tensor pc = p.to(at::kCPU, at::kFloat).contiguous();
   at::Tensor qc = q.to(at::kCPU, at::kFloat).contiguous();

@@ -36,7 +36,8 @@ at::Tensor verify_greedy_cuda(const at::Tensor& tokens, const at::Tensor& parent
 std::tuple<at::Tensor, at::Tensor> verify_rejection_cuda(const at::Tensor& tokens, const at::Tensor& parents,
                                                          const at::Tensor& p, const at::Tensor& q,
                                                          const at::Tensor& uniforms) {
-  check_verify_rejection_args(tokens, parents, p, q, uniforms);
+  check_verify_rejection_args(to_int64_vector(tokens, "tokens"), to_int64_vector(parents, "parents"), p, q,
+                              uniforms);
   TORCH_CHECK(tokens.is_cuda() && parents.device() == tokens.device() && p.device() == tokens.device() &&
                   q.device() == tokens.device() && uniforms.device() == tokens.device(),
               "verify_rejection: tokens, parents, p, q and uniforms must be on one CUDA device");
