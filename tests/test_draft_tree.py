@@ -178,6 +178,9 @@ def test_expand_equals_the_drafters_core():
         ((torch.zeros(2, 10), torch.tensor(0), 4, 0, True), r"width .* must be in \[1, 10\]"),
         ((torch.zeros(2, 10), torch.tensor(0), 4, 11, True), r"width .* must be in \[1, 10\]"),
         ((torch.full((1, 3), float("nan")), torch.tensor(0), 4, 2, True), "NaN"),
+        # Sizes that make no sense: past the int32 node indices, or a workspace above 1 GiB.
+        ((torch.zeros(1, 10), torch.tensor(0), 2**31, 2, True), "int32 indices"),
+        ((torch.zeros(4, 5000), torch.tensor(0), 4000, 4000, True), r"above the limit of 1024 MiB"),
     ],
 )
 def test_expand_rejects_bad_input(args, message):

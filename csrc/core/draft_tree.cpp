@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 #include "core/draft_tree_expand.h"
 
@@ -47,6 +49,12 @@ std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* can
   // One implementation for host and device: draft_tree_expand.h.
   if (budget < 1) budget = 1;
   const int64_t capacity = dynamic_tree_capacity(depths, m, budget);
+  if (capacity > kMaxDynamicTreeCandidates) {
+    throw std::invalid_argument("build_dynamic_tree: budget " + std::to_string(budget) + " with " +
+                                std::to_string(m) + " candidates per depth over " + std::to_string(depths) +
+                                " depths can create more than " + std::to_string(kMaxDynamicTreeCandidates) +
+                                " candidates (the most a tree's workspace indexes); use a smaller budget");
+  }
   std::vector<double> scratch((dynamic_tree_workspace_bytes(capacity, budget) + sizeof(double) - 1) /
                               sizeof(double));  // doubles keep it 8-byte aligned
   const DynamicTreeWorkspace w = carve_dynamic_tree_workspace(scratch.data(), capacity, budget);

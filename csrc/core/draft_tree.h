@@ -33,7 +33,9 @@ std::vector<DraftNode> build_static_tree(int64_t root_token, const int64_t* cand
                                          const float* cand_probs, int64_t depths, int64_t m,
                                          const int64_t* branches, bool prune);
 
-// budget: the most nodes of the tree, root included (B = BC / (k + 1)).
+// budget: the most nodes of the tree, root included (B = BC / (k + 1)). O(C log C) for the
+// C <= 1 + depths * B * min(m, B) candidates it scores (draft_tree_expand.h); throws
+// std::invalid_argument when C could exceed kMaxDynamicTreeCandidates (2^31 - 1).
 std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* cand_tokens,
                                           const float* cand_probs, int64_t depths, int64_t m, int64_t budget,
                                           bool prune);

@@ -8,7 +8,9 @@
 //    tokens strictly after the previous pick in that order. m rounds of O(vocab / threads): simple
 //    and exact; a radix select is the next step if profiling shows this matters.
 // 2. expand_dynamic_tree_kernel, one block: csrc/core/draft_tree_expand.h, the very code the
-//    host runs, with the block's threads sharing its loops.
+//    host runs, with the block's threads sharing its loops. Its ranking sorts with exec.h's
+//    parallel merge sort (each key placed by binary search in the neighbouring run): O(C log^2 C)
+//    work over the block for C candidates, where the host's std::sort does O(C log C).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -106,6 +108,8 @@ inline size_t expand_draft_tree_workspace_bytes(int64_t depths, int64_t width, i
 
 // logits [depths, vocab]; root_token: one int64 on the device; workspace of
 // expand_draft_tree_workspace_bytes(...) bytes, 8-byte aligned; outputs [budget] and one count.
+// width: the candidates per depth, m rounds of the top-m kernel (the op passes
+// core::dynamic_tree_width(width, budget): wider never changes the tree).
 template <typename T>
 inline cudaError_t expand_draft_tree(const T* logits, int64_t depths, int64_t vocab, int64_t width,
                                      const int64_t* root_token, int64_t budget, bool prune, void* workspace,

@@ -1,6 +1,7 @@
 // The threads of one CUDA block as an executor of the host/device code in csrc/core (exec.h):
 // first = threadIdx.x, stride = blockDim.x, sync = __syncthreads. Host-callable too, as one
-// thread, so the shared templates compile for both sides.
+// thread, so the shared templates compile for both sides. exec_sort / exec_merge on a block are
+// exec.h's parallel merge sort and merge.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -11,6 +11,15 @@
 
 namespace mtprobe::ops {
 
+namespace {
+
+// The most memory one expand_draft_tree may need: the tree's workspace (37 bytes per candidate,
+// about depths * budget * min(width, budget) of them), the top candidates and the outputs. A budget
+// of 2000 over 4 depths needs 423 MiB; 3000 over 4 depths, 952 MiB.
+constexpr int64_t kMaxExpandDraftTreeBytes = int64_t{1} << 30;
+
+}  // namespace
+
 void check_expand_draft_tree_args(const at::Tensor& logits, const at::Tensor& root_token, int64_t budget,
                                   int64_t width) {
   TORCH_CHECK(
@@ -29,6 +38,26 @@ void check_expand_draft_tree_args(const at::Tensor& logits, const at::Tensor& ro
   TORCH_CHECK(width >= 1 && width <= logits.size(1),
               "expand_draft_tree: width (candidates per depth) must be in [1, ", logits.size(1),
               "] (the vocabulary), got ", width);
+  // Bound the work up front: the tree scores up to dynamic_tree_capacity candidates, O(C log C).
+  const int64_t depths = logits.size(0), m = core::dynamic_tree_width(width, budget);
+  TORCH_CHECK_VALUE(budget <= core::kMaxDynamicTreeCandidates, "expand_draft_tree: budget ", budget,
+                    " is more nodes than the tree's int32 indices address; it must be at most ",
+                    core::kMaxDynamicTreeCandidates);
+  const int64_t capacity = core::dynamic_tree_capacity(depths, m, budget);
+  TORCH_CHECK_VALUE(capacity <= core::kMaxDynamicTreeCandidates, "expand_draft_tree: budget ", budget,
+                    " over ", depths, " depths with width ", width, " can create more than ",
+                    core::kMaxDynamicTreeCandidates,
+                    " candidates (about depths * budget * min(width, budget)), more than the tree's "
+                    "int32 indices address; use a smaller budget or width");
+  const int64_t bytes = static_cast<int64_t>(core::dynamic_tree_workspace_bytes(capacity, budget)) +
+                        depths * m * static_cast<int64_t>(sizeof(int64_t) + sizeof(float)) +
+                        budget * static_cast<int64_t>(2 * sizeof(int64_t) + sizeof(double));
+  TORCH_CHECK_VALUE(bytes <= kMaxExpandDraftTreeBytes, "expand_draft_tree: budget ", budget, " over ", depths,
+                    " depths with width ", width, " needs ", (bytes + (1 << 20) - 1) >> 20,
+                    " MiB of workspace and output (up to ", capacity,
+                    " candidates, about depths * budget * min(width, budget)), above the limit of ",
+                    kMaxExpandDraftTreeBytes >> 20,
+                    " MiB; use a smaller budget (2000 over 4 depths needs 423 MiB)");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(const at::Tensor& logits,
@@ -36,7 +65,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(con
                                                                              int64_t budget, int64_t width,
                                                                              bool prune) {
   check_expand_draft_tree_args(logits, root_token, budget, width);
-  const int64_t depths = logits.size(0), vocab = logits.size(1), m = width;
+  // Ranks past budget + 1 never make the tree: leave them out (the same tree, less work).
+  const int64_t depths = logits.size(0), vocab = logits.size(1), m = core::dynamic_tree_width(width, budget);
   at::Tensor x = logits.to(at::kFloat).contiguous();  // [depths, vocab]
   // (The CUDA op leaves this out: checking would read back from the device.)
   TORCH_CHECK(!x.isnan().any().item<bool>(),

@@ -1,5 +1,7 @@
 // Host threads as a CUDA block: ThreadExec{tid, threads, &barrier} runs the host/device code of
-// csrc/core (exec.h) the way the kernels do, so the core tests exercise its parallel loops.
+// csrc/core (exec.h) the way the kernels do, so the core tests exercise its parallel loops. Like
+// the block (and unlike SerialExec's std::sort), it sorts with exec.h's exec_parallel_sort /
+// exec_parallel_merge, so the tests check the device's sort against the host's.
 #pragma once
 
 #include <condition_variable>
