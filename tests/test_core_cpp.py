@@ -1,13 +1,21 @@
 """The torch-free C++ core (csrc/core) through its own unit-test programs, tests/core/test_*.cpp.
 
 Each program is compiled with no torch include paths at all, which is what proves the core is torch-free.
+Every program also runs under AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer,
+where the compiler has their runtimes: any report fails the test (-fno-sanitize-recover=all).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import shutil
 import subprocess
+import tempfile
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,19 +25,102 @@ CORE_SOURCES = sorted((REPO_ROOT / "csrc" / "core").glob("*.cpp"))
 TEST_SOURCES = sorted((REPO_ROOT / "tests" / "core").glob("test_*.cpp"))
 CXX = shutil.which("g++") or shutil.which("c++")
 CXXFLAGS = ["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread"]
+SANITIZE = "address,undefined"
+# -O1 -g and frame pointers: reports with usable stack traces; no recovery: the first report aborts.
+SANITIZER_FLAGS = [f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all", "-g"]
+ASAN_OPTIONS = (
+    "detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
+)
+UBSAN_OPTIONS = "print_stacktrace=1:halt_on_error=1"
+
+
+def _flags(sanitize: str | None) -> tuple[str, ...]:
+    return tuple(CXXFLAGS + (SANITIZER_FLAGS if sanitize else []))
+
+
+@functools.cache
+def sanitizer_env() -> tuple[dict[str, str] | None, str]:
+    """(environment for sanitized programs, "") where the sanitizers work here, else (None, why not).
+
+    Probes with a trivial program: the runtimes may be missing (no libasan / libubsan), and LeakSanitizer
+    needs ptrace, which some containers forbid; then leaks go unchecked (detect_leaks=0, with a warning)
+    and the rest still runs.
+    """
+    if CXX is None:
+        return None, "no C++ compiler found"
+    with tempfile.TemporaryDirectory(prefix="mtprobe_sanitizer_probe_") as tmp:
+        src, exe = Path(tmp) / "probe.cpp", Path(tmp) / "probe"
+        src.write_text("#include <vector>\nint main() { std::vector<int> v(4, 1); return v[3] - 1; }\n")
+        cmd = [CXX, *_flags(SANITIZE), str(src), "-o", str(exe)]
+        built = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if built.returncode != 0:
+            return (
+                None,
+                f"{CXX} cannot build with -fsanitize={SANITIZE}: {(built.stderr or built.stdout)[:300]}",
+            )
+        env = {**os.environ, "ASAN_OPTIONS": ASAN_OPTIONS, "UBSAN_OPTIONS": UBSAN_OPTIONS}
+        ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=env)
+        if ran.returncode != 0 and "LeakSanitizer" in ran.stderr:
+            env["ASAN_OPTIONS"] = ASAN_OPTIONS.replace("detect_leaks=1", "detect_leaks=0")
+            ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=env)
+            if ran.returncode == 0:
+                warnings.warn(
+                    f"LeakSanitizer does not work here, leaks go unchecked: {ran.stderr[:200]}", stacklevel=2
+                )
+        if ran.returncode != 0:
+            return None, f"a sanitized trivial program fails here ({ran.returncode}): {ran.stderr[:300]}"
+    return env, ""
+
+
+@pytest.fixture(scope="session")
+def core_objects(tmp_path_factory: pytest.TempPathFactory) -> Callable[[tuple[str, ...]], list[Path]]:
+    """Compiles csrc/core/*.cpp once per set of flags (in parallel), for every test program to link."""
+    built: dict[tuple[str, ...], list[Path] | str] = {}
+
+    def build(flags: tuple[str, ...]) -> list[Path]:
+        if flags not in built:
+            out = tmp_path_factory.mktemp("core_objects")
+
+            def compile_one(src: Path) -> tuple[Path, subprocess.CompletedProcess]:
+                obj = out / f"{src.stem}.o"
+                cmd = [CXX, *flags, "-I", str(REPO_ROOT / "csrc"), "-c", str(src), "-o", str(obj)]
+                return obj, subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                results = list(pool.map(compile_one, CORE_SOURCES))
+            errors = [f"$ {' '.join(r.args)}\n{r.stdout}{r.stderr}" for _, r in results if r.returncode != 0]
+            built[flags] = "\n".join(errors) if errors else [obj for obj, _ in results]
+        result = built[flags]
+        assert not isinstance(result, str), f"compiling csrc/core failed:\n{result}"
+        return result
+
+    return build
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler found (neither g++ nor c++ is on PATH)")
+@pytest.mark.parametrize("sanitize", [None, SANITIZE], ids=["plain", "asan_ubsan"])
 @pytest.mark.parametrize("test_source", TEST_SOURCES, ids=lambda p: p.stem)
-def test_core_cpp(test_source: Path, tmp_path: Path) -> None:
+def test_core_cpp(
+    test_source: Path,
+    sanitize: str | None,
+    tmp_path: Path,
+    core_objects: Callable[[tuple[str, ...]], list[Path]],
+) -> None:
     assert CORE_SOURCES, f"no C++ sources under {REPO_ROOT / 'csrc' / 'core'}"
+    env = None
+    if sanitize:
+        env, why_not = sanitizer_env()
+        if env is None:
+            pytest.skip(f"sanitizers unavailable: {why_not}")
+    flags = _flags(sanitize)
+    objects = core_objects(flags)
     exe = tmp_path / test_source.stem
     compile_cmd = [
         CXX,
-        *CXXFLAGS,
+        *flags,
         "-I",
         str(REPO_ROOT / "csrc"),
-        *map(str, CORE_SOURCES),
+        *map(str, objects),
         str(test_source),
         "-o",
         str(exe),
@@ -40,11 +131,14 @@ def test_core_cpp(test_source: Path, tmp_path: Path) -> None:
         f"{built.stdout}{built.stderr}"
     )
 
-    ran = subprocess.run([str(exe)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    ran = subprocess.run([str(exe)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     output = ran.stdout + ran.stderr
     lines = output.strip().splitlines()
-    last = lines[-1] if lines else ""
     assert ran.returncode == 0, f"{test_source.name} exited with {ran.returncode}:\n{output}"
+    # Sanitizer reports go to stderr; with halt_on_error they also fail the exit code, but a report
+    # from a runtime that recovers anyway must not pass silently.
+    assert re.search(r"ERROR: \w*Sanitizer|runtime error:", output) is None, output
+    last = lines[-1] if lines else ""
     summary = re.fullmatch(r"(\d+) passed, (\d+) failed", last)
     assert summary is not None, f"last line is not `N passed, M failed`: {last!r}\n{output}"
     assert summary.group(2) == "0", f"{last}:\n{output}"
