@@ -36,6 +36,7 @@ from mtprobe.specbench import (
 from mtprobe.specbench.__main__ import main
 from mtprobe.specbench.methods import GreedyConfig
 from mtprobe.specbench.questions import task_of
+from mtprobe.specbench.run import read_answer_file
 
 MINI = Path(__file__).parent / "data" / "specbench_mini.jsonl"
 WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "user", "assistant", ":", "the", "a", "is", "of"]
@@ -316,6 +317,87 @@ def test_mismatched_model_id_is_refused(
     err = capsys.readouterr().err
     assert "'first-id'" in err and "'second-id'" in err
     assert len(_lines(out)) == 1
+
+
+def _resume_args(tiny: Path, out: Path) -> tuple[str, ...]:
+    return (
+        "--model",
+        str(tiny),
+        "--max-new-tokens",
+        "8",
+        "--answer-file",
+        str(out),
+        "--categories",
+        "qa,rag,stem",
+    )
+
+
+def test_resume_after_truncated_last_line(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An interrupted run leaves its last line without the newline: the complete lines are kept, the
+    # cut-off one is dropped from the file and its question answered again.
+    out = tmp_path / "ar.jsonl"
+    args = _resume_args(tiny, out)
+    assert _run_cli(*args, "--limit", "2") == 0
+    first, second = out.read_text().splitlines()
+    out.write_text(first + "\n" + second[: len(second) // 2])
+    kept = json.loads(first)
+    assert read_answer_file(out) == {kept["question_id"]: kept}
+    capsys.readouterr()
+    assert _run_cli(*args) == 0
+    assert "line 2" in capsys.readouterr().err
+    text = out.read_text()
+    assert text.endswith("\n") and second[: len(second) // 2] not in text
+    lines = _lines(out)
+    assert [line["question_id"] for line in lines] == sorted(line["question_id"] for line in lines)
+    after = {line["question_id"]: line for line in lines}
+    assert len(after) == 3
+    assert after[kept["question_id"]] == kept  # the complete line, untouched
+    redone = json.loads(second)["question_id"]
+    assert after[redone]["answer_id"] != json.loads(second)["answer_id"]  # answered again
+    assert after[redone]["choices"][0]["turns"] == json.loads(second)["choices"][0]["turns"]  # greedy
+
+
+def test_resume_after_complete_last_line_without_newline(tiny: Path, tmp_path: Path) -> None:
+    # A complete last line that lacks its newline (an edited file) is kept, and the next answer goes on
+    # a line of its own instead of being glued to it.
+    out = tmp_path / "ar.jsonl"
+    args = _resume_args(tiny, out)
+    assert _run_cli(*args, "--limit", "1") == 0
+    (only,) = out.read_text().splitlines()
+    out.write_text(only)
+    assert _run_cli(*args, "--limit", "2") == 0
+    lines = _lines(out)
+    assert len(lines) == 2 and json.loads(only) in lines
+
+
+@pytest.mark.parametrize("where", ["middle", "last_with_newline"])
+def test_corrupt_answer_line_is_an_error(tiny: Path, tmp_path: Path, where: str) -> None:
+    # Only an unfinished last line is a truncation; a damaged complete line is an error naming the
+    # file and the line, and the file is left as it was.
+    out = tmp_path / "ar.jsonl"
+    args = _resume_args(tiny, out)
+    assert _run_cli(*args, "--limit", "2") == 0
+    first, second = out.read_text().splitlines()
+    if where == "middle":
+        text, lineno = first[: len(first) // 2] + "\n" + second + "\n", 1
+    else:
+        text, lineno = first + "\n" + second[: len(second) // 2] + "\n", 2
+    out.write_text(text)
+    cfg = RunConfig(
+        question_file=MINI,
+        model=str(tiny),
+        max_new_tokens=8,
+        answer_file=out,
+        categories=("qa", "rag", "stem"),
+        warmup=0,
+        progress=False,
+    )
+    with pytest.raises(ValueError, match=f"line {lineno}: not a Spec-Bench answer line") as exc:
+        run(cfg)
+    assert str(out) in str(exc.value)
+    assert out.read_text() == text
 
 
 # --- scoring -------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ discarded before the timed run; one answer line is appended per question::
 Differences from Spec-Bench, on purpose: the chat template is the tokenizer's own rather than a
 FastChat conversation template, answers are decoded with ``skip_special_tokens=True`` and stripped
 (instead of cutting at the template's stop string), and a failing generation stops the run instead
-of writing ``"ERROR"`` (re-running resumes after the questions already answered).
+of writing ``"ERROR"`` (re-running resumes after the questions already answered; a last line that an
+interruption cut off is dropped from the file and its question answered again).
 """
 
 from __future__ import annotations
@@ -146,27 +147,72 @@ def read_answer_file(path: Path, model_id: str | None = None) -> dict[int, dict]
 
     With ``model_id``, a line written for another model_id is refused (ValueError naming both), so
     a resumed run never mixes two configurations in one file.
+
+    A last line without its newline that does not parse is the line an interrupted run was writing:
+    it is left out (``run`` removes it from the file and answers its question again). Any other line
+    that is not an answer line is an error naming the file and the line.
     """
     done: dict[int, dict] = {}
     if not path.exists():
         return done
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                qid = obj["question_id"]
-                found = obj["model_id"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}, line {lineno}: not a Spec-Bench answer line ({e})") from None
-            if model_id is not None and found != model_id:
-                raise ValueError(
-                    f"{path} holds answers of model_id {found!r} (line {lineno}), not of this run's "
-                    f"model_id {model_id!r}; pass another --answer-file (or --model-id {found!r} to resume)"
-                )
-            done[qid] = obj
+    lines = path.read_bytes().split(b"\n")
+    tail = lines.pop()  # what follows the last newline: b"" when the file ends with one
+    for lineno, raw in enumerate(lines, start=1):
+        if raw.strip():
+            obj = _answer_line(path, lineno, raw, model_id)
+            done[obj["question_id"]] = obj
+    if tail.strip():
+        lineno = len(lines) + 1
+        try:
+            json.loads(tail.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return done  # cut off by an interrupted write
+        obj = _answer_line(path, lineno, tail, model_id)
+        done[obj["question_id"]] = obj
     return done
+
+
+def _answer_line(path: Path, lineno: int, raw: bytes, model_id: str | None) -> dict:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+        _, found = obj["question_id"], obj["model_id"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path}, line {lineno}: not a Spec-Bench answer line ({type(e).__name__}: {e}). Resuming drops only "
+            "an unfinished last line (the write an interrupted run left without its newline); a damaged line "
+            "before it is not one: repair or delete that line, or pass another --answer-file"
+        ) from None
+    if model_id is not None and found != model_id:
+        raise ValueError(
+            f"{path} holds answers of model_id {found!r} (line {lineno}), not of this run's "
+            f"model_id {model_id!r}; pass another --answer-file (or --model-id {found!r} to resume)"
+        )
+    return obj
+
+
+def _end_with_complete_line(path: Path) -> int | None:
+    """Make ``path`` end with a complete line before answers are appended to it: drop an unfinished last
+    line (an interrupted write; read_answer_file has left it out) or end a complete one with its newline.
+    Returns the number of the line dropped, or None."""
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1  # start of the last line
+    tail = data[cut:]
+    try:
+        json.loads(tail.decode("utf-8"))
+        complete = True
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        complete = False  # unfinished (or only whitespace)
+    with open(path, "r+b") as f:
+        if complete:
+            f.seek(0, os.SEEK_END)
+            f.write(b"\n")
+            return None
+        f.truncate(cut)
+    return data.count(b"\n", 0, cut) + 1 if tail.strip() else None
 
 
 def encode_conversation(
@@ -300,6 +346,11 @@ def run(
         model, tokenizer = models.load(cfg.model, dtype=cfg.dtype, device=_resolve_device(cfg.device))
     _log(f"{model_id}: {len(pending)} questions -> {answer_file}")
     answer_file.parent.mkdir(parents=True, exist_ok=True)
+    dropped = _end_with_complete_line(answer_file)
+    if dropped is not None:
+        _log(
+            f"line {dropped} of {answer_file} was cut off by an interrupted run: dropped, its question counts as unanswered"
+        )
 
     total_tokens, total_time, pooled = 0, 0.0, []
     with torch.inference_mode():
