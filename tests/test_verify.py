@@ -272,6 +272,36 @@ def test_rejection_chain_example() -> None:
             (_t([0, 5]), _t([-1, 0]), torch.ones(2, 2) / 2, torch.ones(1, 2) / 2, torch.rand(3)),
             "outside the vocab",
         ),
+        (
+            (
+                _t([0, 1]),
+                _t([-1, 0]),
+                torch.tensor([[0.5, 0.5], [float("nan"), 1.0]]),
+                torch.ones(1, 2) / 2,
+                torch.rand(3),
+            ),
+            "p holds a NaN, inf or negative entry",
+        ),
+        (
+            (
+                _t([0, 1]),
+                _t([-1, 0]),
+                torch.ones(2, 2) / 2,
+                torch.tensor([[float("inf"), 0.5]]),
+                torch.rand(3),
+            ),
+            "q holds a NaN, inf or negative entry",
+        ),
+        (
+            (
+                _t([0, 1]),
+                _t([-1, 0]),
+                torch.tensor([[1.5, -0.5], [0.5, 0.5]]),
+                torch.ones(1, 2) / 2,
+                torch.rand(3),
+            ),
+            "p holds a NaN, inf or negative entry",
+        ),
     ],
 )
 def test_rejection_op_rejects_bad_input(args: tuple, message: str) -> None:

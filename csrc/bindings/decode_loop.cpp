@@ -29,6 +29,9 @@ void bind_decode_loop(py::module_& m) {
       .def_readonly("forward_seconds", &DecodeResult::forward_seconds)
       .def_readonly("prefill_seconds", &DecodeResult::prefill_seconds)
       .def_readonly("mask_rebuilds", &DecodeResult::mask_rebuilds)
+      .def_readonly("fallback_steps", &DecodeResult::fallback_steps)
+      .def_readonly("kv_capacity", &DecodeResult::kv_capacity)
+      .def_readonly("mask_capacity", &DecodeResult::mask_capacity)
       .def_readonly("stop_reason", &DecodeResult::stop_reason);
 
   py::class_<DecodeLoop>(m, "DecodeLoop", "Draft, verify and compact until the sequence ends.")
@@ -37,7 +40,7 @@ void bind_decode_loop(py::module_& m) {
                        int64_t block_complexity, int64_t kv_capacity, const std::string& mask_dtype,
                        const std::string& device, bool incremental_masks, bool do_sample,
                        std::optional<ProcessFn> process, std::optional<StopFn> stop,
-                       std::optional<StreamFn> stream, bool ancestor_bits) {
+                       std::optional<StreamFn> stream, bool ancestor_bits, int64_t vocab_size) {
              DecodeOptions o;
              o.max_new_tokens = max_new_tokens;
              o.eos_token_ids = std::move(eos_token_ids);
@@ -49,6 +52,7 @@ void bind_decode_loop(py::module_& m) {
              o.incremental_masks = incremental_masks;
              o.do_sample = do_sample;
              o.ancestor_bits = ancestor_bits;
+             o.vocab_size = vocab_size;
              return std::make_unique<DecodeLoop>(std::move(drafter), std::move(forward),
                                                  std::move(kv_buffers), std::move(o), std::move(process),
                                                  std::move(stop), std::move(stream));
@@ -57,7 +61,10 @@ void bind_decode_loop(py::module_& m) {
            py::arg("max_new_tokens"), py::arg("eos_token_ids"), py::arg("max_positions"),
            py::arg("block_complexity"), py::arg("kv_capacity"), py::arg("mask_dtype"), py::arg("device"),
            py::arg("incremental_masks") = true, py::arg("do_sample") = false, py::arg("process") = py::none(),
-           py::arg("stop") = py::none(), py::arg("stream") = py::none(), py::arg("ancestor_bits") = false)
+           py::arg("stop") = py::none(), py::arg("stream") = py::none(), py::arg("ancestor_bits") = false,
+           py::arg("vocab_size") = 0,
+           // The loop holds the drafter: a Python drafter passed as a temporary must outlive it.
+           py::keep_alive<1, 2>())
       .def("run", &DecodeLoop::run, py::arg("prompt"));
 }
 

@@ -26,7 +26,24 @@ class PyDrafter : public Drafter {
   std::string name() const override { PYBIND11_OVERRIDE_PURE(std::string, Drafter, name); }
   void begin(const at::Tensor& prompt) override { PYBIND11_OVERRIDE_PURE(void, Drafter, begin, prompt); }
   DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override {
-    PYBIND11_OVERRIDE_PURE(DraftBlock, Drafter, propose, committed, prefix_len, limits);
+    // Written out rather than PYBIND11_OVERRIDE_PURE: a wrong return value gets an error that
+    // names the drafter and the expected type, not a bare cast failure.
+    py::gil_scoped_acquire gil;
+    py::function override = py::get_override(static_cast<const Drafter*>(this), "propose");
+    if (!override) {
+      throw py::type_error(
+          "a mtprobe._C.Drafter subclass must implement propose(committed, prefix_len, limits)");
+    }
+    py::object out = override(committed, prefix_len, limits);
+    if (!py::isinstance<DraftBlock>(out)) {
+      const std::string who = py::str(override.attr("__self__").get_type().attr("__qualname__"));
+      throw py::type_error(
+          who + ".propose() returned " +
+          (out.is_none() ? std::string("None") : std::string(py::str(out.get_type().attr("__name__")))) +
+          "; it must return a mtprobe._C.DraftBlock (the committed tokens alone make a valid "
+          "block: mtprobe._C.token_block(committed, [], []))");
+    }
+    return out.cast<DraftBlock>();
   }
   void observe(const StepOutcome& outcome) override {
     PYBIND11_OVERRIDE_PURE(void, Drafter, observe, outcome);
@@ -123,6 +140,28 @@ void bind_drafters(py::module_& m) {
       py::arg("seq"), py::arg("max_ngram_size"), py::arg("max_tokens"),
       "The prompt-lookup draft for a token history (csrc/core/ngram.h).");
 
+  m.def(
+      "token_block",
+      [](const at::Tensor& committed, const std::vector<int64_t>& tokens, const std::vector<int64_t>& parents,
+         int64_t num_drafts) {
+        TORCH_CHECK_VALUE(
+            committed.dim() == 1 && committed.scalar_type() == at::kLong && committed.numel() >= 1,
+            "committed must be a non-empty 1-D int64 tensor, got ", committed.sizes());
+        TORCH_CHECK_VALUE(tokens.size() == parents.size(),
+                          "tokens and parents need one entry per draft, got ", tokens.size(), " and ",
+                          parents.size());
+        for (size_t j = 0; j < parents.size(); ++j) {
+          TORCH_CHECK_VALUE(parents[j] >= -1 && parents[j] < static_cast<int64_t>(j), "draft ", j,
+                            " has parent ", parents[j],
+                            "; a parent is -1 (the last committed token) or an "
+                            "earlier draft");
+        }
+        return token_block(committed, tokens, parents, num_drafts);
+      },
+      py::arg("committed"), py::arg("tokens"), py::arg("parents"), py::arg("num_drafts") = -1,
+      "The block [committed | draft tokens] of a token drafter (csrc/drafters/drafter.h): parents[j] is the "
+      "index of draft j's parent among the drafts, -1 for the last committed token.");
+
   py::class_<DraftBlock>(m, "DraftBlock", "The inputs of one target forward (see csrc/drafters/drafter.h).")
       .def(py::init<>())
       .def_readwrite("tokens", &DraftBlock::tokens)
@@ -139,7 +178,8 @@ void bind_drafters(py::module_& m) {
       .def_readonly("new_tokens", &StepOutcome::new_tokens)
       .def_readonly("logits", &StepOutcome::logits)
       .def_readonly("hidden", &StepOutcome::hidden)
-      .def_readonly("finished", &StepOutcome::finished);
+      .def_readonly("finished", &StepOutcome::finished)
+      .def_readonly("block_replaced", &StepOutcome::block_replaced);
 
   py::class_<StepLimits>(m, "StepLimits", "Limits the loop imposes on one block.")
       .def(py::init<>())

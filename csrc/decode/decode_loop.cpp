@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 
 #include "core/tree.h"
 #include "core/verify.h"
@@ -16,6 +18,9 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 at::Tensor long_tensor(const std::vector<int64_t>& v) { return at::tensor(v, at::kLong); }
+// NaN or +inf: a score no choice can be made from. (-inf is a legitimate score: processors use it to
+// ban tokens.)
+bool unusable(double x) { return std::isnan(x) || x == std::numeric_limits<double>::infinity(); }
 }  // namespace
 
 DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
@@ -32,6 +37,69 @@ DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBu
   TORCH_CHECK(options_.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ", options_.max_new_tokens);
   TORCH_CHECK(options_.block_complexity >= 1, "block_complexity must be >= 1, got ",
               options_.block_complexity);
+}
+
+void DecodeLoop::check_block(const DraftBlock& block, const at::Tensor& committed,
+                             const std::vector<int64_t>& tokens, bool prefill) const {
+  const std::string who = "drafter " + drafter_->name() + ": ";
+  TORCH_CHECK_VALUE(
+      block.tokens.defined() && block.tokens.dim() == 1 && block.tokens.scalar_type() == at::kLong, who,
+      "block.tokens must be a 1-D int64 tensor, got ",
+      block.tokens.defined() ? block.tokens.toString() + " of shape " + c10::str(block.tokens.sizes())
+                             : std::string("an undefined tensor"));
+  TORCH_CHECK_VALUE(block.tokens.device() == options_.device, who, "block.tokens is on ",
+                    block.tokens.device(), " but the model runs on ", options_.device);
+  const int64_t n_tok = block.tokens.size(0), T = block.num_inputs(), c = block.num_committed;
+  int64_t n_emb = 0;
+  if (block.embeds) {
+    const at::Tensor& e = *block.embeds;
+    TORCH_CHECK_VALUE(
+        e.defined() && e.dim() == 2 && at::isFloatingType(e.scalar_type()), who,
+        "block.embeds must be a 2-D floating tensor [num_embed_inputs, hidden], got ",
+        e.defined() ? c10::str(e.scalar_type(), " of shape ", e.sizes()) : "an undefined tensor");
+    TORCH_CHECK_VALUE(e.device() == options_.device, who, "block.embeds is on ", e.device(),
+                      " but the model runs on ", options_.device);
+    n_emb = e.size(0);
+  }
+  TORCH_CHECK_VALUE(n_tok + n_emb == T, who, "block has ", n_tok, " tokens and ", n_emb,
+                    " embeddings but parents lists ", T, " inputs; parents needs one entry per input");
+  TORCH_CHECK_VALUE(c == committed.size(0), who, "block.num_committed is ", c, " but ", committed.size(0),
+                    " committed tokens were handed to propose()");
+  TORCH_CHECK_VALUE(block.num_nodes >= c && block.num_nodes <= n_tok, who, "block.num_nodes is ",
+                    block.num_nodes, "; it must lie in [num_committed, number of tokens] = [", c, ", ", n_tok,
+                    "] (tree nodes are token inputs)");
+  TORCH_CHECK_VALUE(prefill || T <= options_.block_complexity, who, "proposed ", T,
+                    " inputs, over the block complexity ", options_.block_complexity);
+  const std::string tree_error = core::check_parents(block.parents.data(), T);
+  TORCH_CHECK_VALUE(tree_error.empty(), who, "invalid draft tree: ", tree_error);
+  for (int64_t i = 0; i < c; ++i) {
+    TORCH_CHECK_VALUE(block.parents[i] == i - 1, who, "committed input ", i, " must hang from input ", i - 1,
+                      " (the committed chain), got parent ", block.parents[i]);
+    TORCH_CHECK_VALUE(tokens[i] == sequence_[sequence_.size() - c + i], who, "committed input ", i,
+                      " carries token ", tokens[i], " but the sequence has ",
+                      sequence_[sequence_.size() - c + i],
+                      "; the block must start with the committed tokens it was handed");
+  }
+  for (int64_t i = c; i < block.num_nodes; ++i) {
+    TORCH_CHECK_VALUE(block.parents[i] >= c - 1 && block.parents[i] < block.num_nodes, who, "draft node ", i,
+                      " hangs from input ", block.parents[i],
+                      ", but draft nodes must descend from the last committed input ", c - 1,
+                      " through draft nodes");
+  }
+  for (int64_t i = 0; i < n_tok; ++i) {
+    TORCH_CHECK_VALUE(tokens[i] >= 0 && (options_.vocab_size <= 0 || tokens[i] < options_.vocab_size), who,
+                      "input ", i, " carries token id ", tokens[i], ", outside the vocabulary [0, ",
+                      options_.vocab_size, ")");
+  }
+  if (block.draft_probs) {
+    const at::Tensor& q = *block.draft_probs;
+    TORCH_CHECK_VALUE(
+        q.defined() && q.dim() == 2 && q.size(0) == block.num_nodes - c &&
+            at::isFloatingType(q.scalar_type()),
+        who, "block.draft_probs must be a floating [num_nodes - num_committed, vocab] = [",
+        block.num_nodes - c, ", vocab] tensor, got ",
+        q.defined() ? c10::str(q.scalar_type(), " of shape ", q.sizes()) : "an undefined tensor");
+  }
 }
 
 at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock& block,
@@ -77,47 +145,68 @@ at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock&
   return scores;
 }
 
-std::pair<std::vector<int64_t>, int64_t> DecodeLoop::verify(const at::Tensor& logits, const DraftBlock& block,
-                                                            const std::vector<int64_t>& tokens,
-                                                            int64_t root) {
-  at::Tensor scores = target_scores(logits, block, tokens, root);  // [n, vocab], row r = node root + r
+DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBlock& block,
+                                       const std::vector<int64_t>& tokens, int64_t root) {
+  Verdict v;
+  v.scores = target_scores(logits, block, tokens, root);  // [n, vocab], row r = node root + r
+  const at::Tensor& scores = v.scores;
   const int64_t n = block.num_nodes - root;
   std::vector<int64_t> parents(static_cast<size_t>(n));  // the subtree below the root, re-indexed
   for (int64_t r = 0; r < n; ++r) parents[r] = r == 0 ? -1 : block.parents[root + r] - root;
   std::vector<int64_t> path(static_cast<size_t>(n));
-  int64_t token = -1, len = 0;
-  if (options_.do_sample && block.draft_probs && n > 1) {
-    // Rejection sampling against the drafter's q: the output is distributed as the target's
-    // sampling, and a draft is accepted with probability min(1, p/q) instead of p(x) alone.
-    // ops::verify_rejection checks q's shape and that every draft has q > 0.
-    at::Tensor p = scores.softmax(-1);                                         // [n, vocab]
-    at::Tensor u = at::rand({n + 1}, at::TensorOptions().dtype(at::kDouble));  // the global CPU generator
-    auto [path_t, token_t] =
-        ops::verify_rejection(long_tensor(std::vector<int64_t>(tokens.begin() + root, tokens.end())),
-                              long_tensor(parents), p, *block.draft_probs, u);
-    len = path_t.size(0);
-    std::copy(path_t.data_ptr<int64_t>(), path_t.data_ptr<int64_t>() + len, path.begin());
-    token = token_t.item<int64_t>();
+  int64_t len = 0;
+  if (!options_.do_sample) {
+    // Greedy: the target's argmax after every node. Its value comes back with it (one read), and
+    // a NaN or +inf there means the row cannot be trusted: under an additive mask one non-finite
+    // key or value of a draft makes every row of the block NaN, and argmax(NaN) is no token.
+    auto [best, target] = scores.max(-1);  // [n], [n]
+    at::Tensor both = at::stack({target.to(at::kDouble), best.to(at::kDouble)}).to(at::kCPU).contiguous();
+    const double* t = both.data_ptr<double>();  // [2, n]: token ids (exact below 2^53), values
+    for (int64_t r = 0; r < n; ++r) {
+      if (unusable(t[n + r])) return Verdict{false, {}, -1, {}};
+    }
+    std::vector<int64_t> tgt(t, t + n);
+    len = core::verify_greedy(tokens.data() + root, parents.data(), tgt.data(), n, 0, path.data());
+    v.bonus = tgt[path[len - 1]];
   } else {
-    // Greedy: the target's argmax after every node. Sampling without q ("sample matching"): one
-    // sample of the processed distribution per node, as HF samples one position; each output
-    // token is a sample of the target's own conditional whatever the drafts were, so the output
-    // distribution is exactly the target's; the drafts only decide how far one forward gets.
-    at::Tensor target =
-        options_.do_sample ? at::multinomial(scores.softmax(-1), 1).squeeze(-1) : scores.argmax(-1);  // [n]
-    target = target.to(at::kCPU).contiguous();  // the host walks the tree
-    const int64_t* t = target.data_ptr<int64_t>();
-    len = core::verify_greedy(tokens.data() + root, parents.data(), t, n, 0, path.data());
-    token = t[path[len - 1]];
+    at::Tensor best = std::get<0>(scores.max(-1)).to(at::kDouble).to(at::kCPU).contiguous();  // [n]
+    for (int64_t r = 0; r < n; ++r) {
+      if (unusable(best.data_ptr<double>()[r])) return Verdict{false, {}, -1, {}};
+    }
+    at::Tensor p = scores.softmax(-1);  // [n, vocab]
+    if (block.draft_probs && n > 1) {
+      // Rejection sampling against the drafter's q: the output is distributed as the target's
+      // sampling, and a draft is accepted with probability min(1, p/q) instead of p(x) alone.
+      // ops::verify_rejection checks q's shape and that every draft has q > 0.
+      at::Tensor u = at::rand({n + 1}, at::TensorOptions().dtype(at::kDouble));  // the global CPU generator
+      auto [path_t, token_t] =
+          ops::verify_rejection(long_tensor(std::vector<int64_t>(tokens.begin() + root, tokens.end())),
+                                long_tensor(parents), p, *block.draft_probs, u);
+      len = path_t.size(0);
+      std::copy(path_t.data_ptr<int64_t>(), path_t.data_ptr<int64_t>() + len, path.begin());
+      v.bonus = token_t.item<int64_t>();
+    } else {
+      // Sampling without q ("sample matching"): one sample of the processed distribution per
+      // node, as HF samples one position; each output token is a sample of the target's own
+      // conditional whatever the drafts were, so the output distribution is exactly the
+      // target's; the drafts only decide how far one forward gets.
+      at::Tensor target = at::multinomial(p, 1).squeeze(-1).to(at::kCPU).contiguous();  // [n]
+      const int64_t* t = target.data_ptr<int64_t>();
+      len = core::verify_greedy(tokens.data() + root, parents.data(), t, n, 0, path.data());
+      v.bonus = t[path[len - 1]];
+    }
   }
   path.resize(static_cast<size_t>(len));
   for (auto& node : path) node += root;
-  return {path, token};
+  v.path = std::move(path);
+  return v;
 }
 
-int64_t DecodeLoop::append(const std::vector<int64_t>& tokens, DecodeResult& result) {
+int64_t DecodeLoop::append(const std::vector<int64_t>& tokens, const at::Tensor& scores,
+                           const std::vector<int64_t>& rows, DecodeResult& result) {
   int64_t kept = 0;
-  for (int64_t tok : tokens) {
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    const int64_t tok = tokens[j];
     sequence_.push_back(tok);
     ++kept;
     const int64_t generated = static_cast<int64_t>(sequence_.size()) - prompt_len_;
@@ -127,7 +216,7 @@ int64_t DecodeLoop::append(const std::vector<int64_t>& tokens, DecodeResult& res
       result.stop_reason = "eos";
     } else if (generated >= options_.max_new_tokens) {
       result.stop_reason = "max_new_tokens";
-    } else if (stop_ && (*stop_)(long_tensor(sequence_).view({1, -1}))) {
+    } else if (stop_ && (*stop_)(long_tensor(sequence_).view({1, -1}), scores.narrow(0, rows[j], 1))) {
       result.stop_reason = "stopping_criteria";
     }
     if (!result.stop_reason.empty()) {
@@ -164,53 +253,73 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     StepLimits limits{options_.block_complexity, options_.max_positions - 1 - prefix_len, tokens_left};
     // 1. The drafter lays out this forward: committed chain, draft tree, auxiliary inputs.
     DraftBlock block = drafter_->propose(committed, prefix_len, limits);
-    const int64_t T = block.num_inputs();
+    // The block's tokens on the host: checked now, walked by verification later (one read).
+    at::Tensor tok_cpu = block.tokens.defined() ? block.tokens.to(at::kCPU).contiguous() : at::Tensor();
+    std::vector<int64_t> tokens;
+    if (tok_cpu.defined() && tok_cpu.scalar_type() == at::kLong)
+      tokens.assign(tok_cpu.data_ptr<int64_t>(), tok_cpu.data_ptr<int64_t>() + tok_cpu.numel());
+    check_block(block, committed, tokens, prefill);
     const int64_t c = block.num_committed;
-    TORCH_CHECK(c == committed.size(0) && block.num_nodes >= c && block.num_nodes <= T, "drafter ",
-                drafter_->name(), " returned an inconsistent block (committed ", c, ", nodes ",
-                block.num_nodes, ", inputs ", T, ")");
-    TORCH_CHECK(prefill || T <= options_.block_complexity, "drafter ", drafter_->name(), " proposed ", T,
-                " inputs, over the block complexity ", options_.block_complexity);
-    TORCH_CHECK(prefix_len + T <= options_.kv_capacity, "the KV cache holds ", options_.kv_capacity,
-                " entries but this step needs ", prefix_len + T);
-    ops::check_parents_or_throw(block.parents);
-    for (int64_t i = c; i < block.num_nodes; ++i) {
-      TORCH_CHECK(block.parents[i] >= c - 1, "drafter ", drafter_->name(), ": draft node ", i,
-                  " hangs from input ", block.parents[i],
-                  ", but draft nodes must descend from the last committed input ", c - 1);
-    }
 
     // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
-    BlockInputs in = masks.build(block.parents, prefix_len);
-
-    // 3. One forward of the target over all T inputs.
-    const auto t_fwd = Clock::now();
-    auto [logits, hidden] = forward_(block.tokens, block.embeds, in.position_ids, in.mask, prefix_len,
-                                     drafter_->wants_hidden_states());  // logits: [T, vocab]
-    const double fwd = seconds_since(t_fwd);
-    result.forward_seconds += fwd;
-    if (prefill) result.prefill_seconds = fwd;
-    ++result.forward_calls;
-    if (kv.empty()) kv = kv_buffers_fn_();
+    // 3. One forward of the target over all T inputs. The forward may grow the KV cache; the
+    //    buffers are fetched again when they no longer hold the block.
+    auto run_forward = [&](const DraftBlock& b) {
+      BlockInputs in = masks.build(b.parents, prefix_len);
+      const auto t_fwd = Clock::now();
+      auto out = forward_(b.tokens, b.embeds, in.position_ids, in.mask, prefix_len,
+                          drafter_->wants_hidden_states());  // logits: [T, vocab]
+      const double fwd = seconds_since(t_fwd);
+      result.forward_seconds += fwd;
+      if (prefill) result.prefill_seconds += fwd;
+      ++result.forward_calls;
+      if (kv.empty() || kv.front().size(2) < prefix_len + b.num_inputs()) kv = kv_buffers_fn_();
+      return out;
+    };
+    auto [logits, hidden] = run_forward(block);
 
     // 4. Verification: walk the tree from the last committed node while a child is accepted
     //    (equals the target's argmax or sample, or passes rejection sampling against q); the
     //    token after the last accepted node is the bonus.
-    at::Tensor tok_cpu = block.tokens.to(at::kCPU).contiguous();
-    const int64_t* tok_ptr = tok_cpu.data_ptr<int64_t>();
-    const std::vector<int64_t> tokens(tok_ptr, tok_ptr + block.num_nodes);
-    auto [path, bonus] = verify(logits, block, tokens, c - 1);
+    Verdict verdict = verify(logits, block, tokens, c - 1);
+    bool replaced = false;
+    if (!verdict.finite && block.num_inputs() > c) {
+      // Non-finite logits with drafts in the block: a NaN/inf that a draft or an auxiliary input
+      // carried reaches every row through the additive mask (0 * NaN is NaN). The verified tokens
+      // must not depend on drafts, so the committed chain runs again alone, as plain decoding
+      // would run it; its KV entries overwrite the block's.
+      DraftBlock plain;
+      plain.tokens = block.tokens.narrow(0, 0, c);
+      plain.num_committed = plain.num_nodes = c;
+      plain.parents.resize(static_cast<size_t>(c));
+      for (int64_t i = 0; i < c; ++i) plain.parents[i] = i - 1;
+      std::tie(logits, hidden) = run_forward(plain);
+      verdict = verify(logits, plain, tokens, c - 1);
+      block = std::move(plain);
+      replaced = true;
+      ++result.fallback_steps;
+    }
+    TORCH_CHECK(
+        verdict.finite, "the target model's logits are NaN or +inf after the ", sequence_.size(),
+        " tokens of the sequence, with no draft in the forward: greedy decoding (and sampling) has no "
+        "token to choose. HF generate would emit an arbitrary token here; mtprobe stops instead. Check "
+        "the model's weights and dtype (float16 overflow?)");
+    const std::vector<int64_t>& path = verdict.path;
     const int64_t path_len = static_cast<int64_t>(path.size());
-    std::vector<int64_t> new_tokens;
-    for (int64_t j = 1; j < path_len; ++j) new_tokens.push_back(tokens[path[j]]);
-    new_tokens.push_back(bonus);
+    std::vector<int64_t> new_tokens, rows;  // rows: the score row each new token was chosen from
+    for (int64_t j = 1; j < path_len; ++j) {
+      new_tokens.push_back(tokens[path[j]]);
+      rows.push_back(path[j - 1] - (c - 1));
+    }
+    new_tokens.push_back(verdict.bonus);
+    rows.push_back(path.back() - (c - 1));
 
     // 5. Append with EOS / length / stopping checks (they may cut the block short).
-    const int64_t kept = append(new_tokens, result);
+    const int64_t kept = append(new_tokens, verdict.scores, rows, result);
     if (!prefill) result.accept_lengths.push_back(kept);
     new_tokens.resize(static_cast<size_t>(kept));
 
-    StepOutcome outcome{prefix_len, path, new_tokens, logits, hidden, finished_};
+    StepOutcome outcome{prefix_len, path, new_tokens, logits, hidden, finished_, replaced};
     if (!finished_) {
       // 6. KV compaction: the committed chain is in place; move the accepted drafts right after
       //    it. O(accepted) rows per layer; the rest of the block is dropped by the new length.
@@ -227,6 +336,8 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   }
   result.sequence = sequence_;
   result.mask_rebuilds = masks.rebuilds();
+  result.mask_capacity = masks.capacity();
+  result.kv_capacity = kv.empty() ? 0 : kv.front().size(2);
   result.total_seconds = seconds_since(t_start);
   return result;
 }

@@ -24,7 +24,8 @@ struct DecodeOptions {
   std::vector<int64_t> eos_token_ids;
   int64_t max_positions = 0;     // positions must stay below this (the model's context)
   int64_t block_complexity = 0;  // most inputs of one decode forward
-  int64_t kv_capacity = 0;       // KV slots the cache holds
+  int64_t kv_capacity = 0;       // first width of the mask buffer; it doubles when the prefix outgrows it
+  int64_t vocab_size = 0;        // token ids a block may carry: [0, vocab_size); 0 = not checked
   at::ScalarType mask_dtype = at::kFloat;
   at::Device device = at::kCPU;
   bool incremental_masks = true;
@@ -40,7 +41,11 @@ struct DecodeResult {
   int64_t forward_calls = 0;            // prefill included
   double total_seconds = 0, forward_seconds = 0, prefill_seconds = 0;
   int64_t mask_rebuilds = 0;
-  std::string stop_reason;  // "eos", "max_new_tokens" or "stopping_criteria"
+  // Steps whose drafts made the target's logits non-finite and were re-run without them.
+  int64_t fallback_steps = 0;
+  int64_t kv_capacity = 0;    // KV entries per layer the cache held at the end (it grows on demand)
+  int64_t mask_capacity = 0;  // prefix columns the mask buffer held at the end
+  std::string stop_reason;    // "eos", "max_new_tokens" or "stopping_criteria"
 };
 
 class DecodeLoop {
@@ -53,17 +58,31 @@ class DecodeLoop {
   DecodeResult run(const at::Tensor& prompt);
 
  private:
+  // What verification decided: the accepted path [root, ...], the token after it (the bonus) and
+  // the scores every choice was made from. finite = false: some row of the block's logits was NaN
+  // or +inf, and nothing else is set.
+  struct Verdict {
+    bool finite = true;
+    std::vector<int64_t> path;
+    int64_t bonus = -1;
+    at::Tensor scores;  // [num_nodes - root, vocab] float32, row r = node root + r
+  };
+  // Every block the drafter returns is checked before the forward: shapes, dtypes, devices,
+  // token ranges and the tree; a drafter (Python ones included) cannot break the loop's invariants.
+  void check_block(const DraftBlock& block, const at::Tensor& committed, const std::vector<int64_t>& tokens,
+                   bool prefill) const;
   // The target's processed scores [num_nodes - root, vocab] (float32) after every node in
   // [root, num_nodes), each node's logits processors applied on that node's own prefix
   // (sequence + its path below the root).
   // tokens: the block's node tokens on the host.
   at::Tensor target_scores(const at::Tensor& logits, const DraftBlock& block,
                            const std::vector<int64_t>& tokens, int64_t root);
-  // Verification from the root: the accepted path [root, ...] and the token after it (the bonus).
-  std::pair<std::vector<int64_t>, int64_t> verify(const at::Tensor& logits, const DraftBlock& block,
-                                                  const std::vector<int64_t>& tokens, int64_t root);
+  Verdict verify(const at::Tensor& logits, const DraftBlock& block, const std::vector<int64_t>& tokens,
+                 int64_t root);
   // Appends tokens one by one with EOS / length / stopping checks; returns how many were kept.
-  int64_t append(const std::vector<int64_t>& tokens, DecodeResult& result);
+  // scores: the verdict's scores; rows[j] is the row tokens[j] was chosen from.
+  int64_t append(const std::vector<int64_t>& tokens, const at::Tensor& scores,
+                 const std::vector<int64_t>& rows, DecodeResult& result);
 
   std::shared_ptr<Drafter> drafter_;
   ForwardFn forward_;

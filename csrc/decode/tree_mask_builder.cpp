@@ -1,5 +1,7 @@
 #include "decode/tree_mask_builder.h"
 
+#include <algorithm>
+
 #include "core/tree.h"
 #include "ops/ops.h"
 
@@ -44,8 +46,14 @@ void TreeMaskBuilder::rebuild(const std::vector<int64_t>& parents) {
 
 BlockInputs TreeMaskBuilder::build(const std::vector<int64_t>& parents, int64_t prefix_len) {
   const int64_t T = static_cast<int64_t>(parents.size());
-  TORCH_CHECK(prefix_len >= 0 && prefix_len <= capacity_, "prefix_len ", prefix_len, " outside [0, ",
-              capacity_, "]");
+  TORCH_CHECK(prefix_len >= 0, "prefix_len must be >= 0, got ", prefix_len);
+  if (prefix_len > capacity_) {
+    // Memory follows the sequence: double the prefix columns (amortised O(1) per token); the
+    // next tree block refills the buffer at the new width.
+    capacity_ = std::max(prefix_len, 2 * capacity_);
+    buffer_ = at::Tensor();
+    parents_.clear();
+  }
   if (core::is_chain(parents.data(), T)) {
     // A chain is plain causal attention: let the model build its own (cheaper) causal mask.
     return {at::arange(prefix_len, prefix_len + T, at::TensorOptions().dtype(at::kLong).device(device_))

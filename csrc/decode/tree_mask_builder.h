@@ -25,7 +25,7 @@ struct BlockInputs {
 
 class TreeMaskBuilder {
  public:
-  // capacity: the largest prefix length this builder will see.
+  // capacity: the prefix length the mask buffer first holds; a longer prefix doubles it.
   // ancestor_bits: return the tree as ancestor bits [1, 1, T, ceil(T / 64)] int64 (csrc/core/tree.h)
   // instead of the dense additive mask, for the "mtprobe_tree" attention implementation.
   TreeMaskBuilder(int64_t capacity, at::ScalarType dtype, at::Device device, bool incremental,
@@ -34,6 +34,7 @@ class TreeMaskBuilder {
   BlockInputs build(const std::vector<int64_t>& parents, int64_t prefix_len);
 
   int64_t rebuilds() const { return rebuilds_; }
+  int64_t capacity() const { return capacity_; }
 
  private:
   void rebuild(const std::vector<int64_t>& parents);

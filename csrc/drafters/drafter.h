@@ -73,6 +73,10 @@ struct StepOutcome {
   at::Tensor logits;                 // [T, vocab] raw target logits of every input of the block
   std::optional<at::Tensor> hidden;  // [T, hidden] last hidden states, when wants_hidden_states()
   bool finished = false;             // the sequence ended inside this step
+  // The drafter's block was not verified: its drafts or auxiliary inputs made the target's logits
+  // non-finite, so the loop re-ran the committed chain alone. logits (and hidden) then hold only
+  // those c rows; path is [c - 1]; nothing past the committed chain may be read.
+  bool block_replaced = false;
 };
 
 // Limits the loop imposes on a step's block.

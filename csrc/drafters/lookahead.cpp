@@ -83,8 +83,9 @@ DraftBlock LookaheadDrafter::propose(const at::Tensor& committed, int64_t prefix
 
 void LookaheadDrafter::observe(const StepOutcome& outcome) {
   prefill_ = false;
-  if (window_offset_ >= 0) {
-    // One Jacobi iteration: the target's argmax at every cell of the last level.
+  if (window_offset_ >= 0 && !outcome.block_replaced) {
+    // One Jacobi iteration (skipped when the block was replaced: the window did not run): the target's argmax
+    // at every cell of the last level.
     const int64_t W = options_.window, last = options_.ngram_size - 2;
     std::vector<int64_t> rows(static_cast<size_t>(W));
     for (int64_t j = 0; j < W; ++j) {

@@ -148,8 +148,10 @@ DraftBlock MaskProbeDrafter::block_with_masks(const at::Tensor& committed, std::
 void MaskProbeDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = options_.num_masks;
   const int64_t last = outcome.path.back();
-  const int64_t first =
-      last < static_cast<int64_t>(mask_input_of_node_.size()) ? mask_input_of_node_[last] : -1;
+  // A replaced block ran without its masks: no candidates this time.
+  const int64_t first = !outcome.block_replaced && last < static_cast<int64_t>(mask_input_of_node_.size())
+                            ? mask_input_of_node_[last]
+                            : -1;
   have_candidates_ = false;
   if (first >= 0 && !outcome.finished && options_.dynamic_tree && !outcome.new_tokens.empty()) {
     // The accepted node's masks predicted depths 1..k after the bonus token, the next root.

@@ -39,6 +39,16 @@ void check_verify_rejection_args(const std::vector<int64_t>& tok, const std::vec
               ", ", vocab, "], got ", q.sizes());
   TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == n + 1, "uniforms must be [n + 1] = [", n + 1,
               "], got ", uniforms.sizes());
+  // A NaN probability compares false with everything: the walk would accept or reject at random
+  // and the residual would not normalise. One reduction each, read back once.
+  auto probabilities = [](const at::Tensor& t) { return (at::isfinite(t) & (t >= 0)).all(); };
+  at::Tensor ok = at::stack({probabilities(p), probabilities(q)}).to(at::kCPU);
+  TORCH_CHECK_VALUE(ok[0].item<bool>(),
+                    "p holds a NaN, inf or negative entry; verify_rejection needs the target's "
+                    "probabilities: finite and >= 0 (a softmax of finite scores)");
+  TORCH_CHECK_VALUE(ok[1].item<bool>(),
+                    "q holds a NaN, inf or negative entry; verify_rejection needs the drafter's "
+                    "probabilities: finite and >= 0");
   if (n > 1) {
     // q[j - 1, x_j] > 0: read back n - 1 values, not the whole q.
     at::Tensor drafted = at::tensor(std::vector<int64_t>(tok.begin() + 1, tok.end()), at::kLong);

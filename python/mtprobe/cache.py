@@ -1,9 +1,14 @@
-"""A KV cache for tree decoding: preallocated, compacted in place by the C++ loop.
+"""A KV cache for tree decoding: grown geometrically, compacted in place by the C++ loop.
 
 Each layer owns key/value buffers ``[batch, kv_heads, capacity, head_dim]`` and a length. A forward
 writes its block at ``[length, length + T)`` and attends to ``[0, length + T)``. The decode loop
 then moves the accepted path's entries down (``torch.ops.mtprobe.compact_kv_``, O(accepted)) and
-sets the length for the next forward; nothing is ever concatenated or re-gathered.
+sets the length for the next forward; nothing is concatenated or re-gathered per step.
+
+Memory follows the tokens actually generated, not ``max_new_tokens``: ``reserve`` reallocates every
+layer to a larger capacity (copying what it holds) when a block would not fit, and its owner grows
+it by doubling, so the copies cost O(1) amortised per token. The C++ loop notices a reallocation by
+the buffers' new size and fetches them again.
 """
 
 from __future__ import annotations
@@ -53,6 +58,19 @@ class TreeKVLayer(DynamicLayer):
     def get_max_length(self) -> int:
         return self.capacity
 
+    def reserve(self, capacity: int) -> None:
+        """Room for ``capacity`` entries; what the layer holds is kept (a copy when it moves)."""
+        if capacity <= self.capacity:
+            return
+        if self.is_initialized:
+            keys, values = self.keys, self.values
+            b, h, _, dk = keys.shape
+            self.keys = keys.new_zeros((b, h, capacity, dk))  # [B, H_kv, capacity, D]
+            self.values = values.new_zeros((b, h, capacity, values.shape[-1]))  # [B, H_kv, capacity, D]
+            self.keys[:, :, : self.capacity] = keys
+            self.values[:, :, : self.capacity] = values
+        self.capacity = capacity
+
     def crop(self, max_length: int) -> None:
         self.length = min(self.length, max_length) if max_length >= 0 else max(0, self.length + max_length)
 
@@ -61,11 +79,20 @@ class TreeKVLayer(DynamicLayer):
 
 
 class TreeKVCache(Cache):
-    """``num_layers`` preallocated layers of ``capacity`` entries each."""
+    """``num_layers`` layers of ``capacity`` entries each, allocated at the first forward."""
 
     def __init__(self, num_layers: int, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"TreeKVCache capacity must be >= 1 entry, got {capacity}")
         super().__init__(layers=[TreeKVLayer(capacity) for _ in range(num_layers)])
         self.capacity = capacity
+
+    def reserve(self, capacity: int) -> None:
+        """Grow every layer to ``capacity`` entries (no-op if it holds that many already)."""
+        if capacity > self.capacity:
+            for layer in self.layers:
+                layer.reserve(capacity)
+            self.capacity = capacity
 
     def set_length(self, length: int) -> None:
         for layer in self.layers:

@@ -35,7 +35,7 @@ class ProbeConfig:
             initial masks.
         incremental_masks: carry the attention mask and position ids across steps of the same
             tree shape (App. E) instead of rebuilding them every step.
-        seed: seed of the Gaussian mask initialisations.
+        seed: seed of the Gaussian mask initialisations, an int in [0, 2**63 - 1].
 
     >>> ProbeConfig(block_complexity=30).branches
     (14,)
@@ -101,7 +101,7 @@ class ProbeConfig:
         for name in ("prune", "incremental_masks"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        _check_int("seed", self.seed)
+        _check_seed(self.seed)
 
     @property
     def budget_nodes(self) -> int:
@@ -117,6 +117,20 @@ class ProbeConfig:
 def _check_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+
+
+# The C++ drafters take the seed as an int64 and seed a uint64 generator with it (csrc/bindings/drafters.cpp,
+# csrc/drafters/mask_probe.cpp): the seeds both sides carry unchanged are 0 .. 2**63 - 1.
+SEED_MAX = 2**63 - 1
+
+
+def _check_seed(seed: object) -> None:
+    _check_int("seed", seed)
+    if not 0 <= seed <= SEED_MAX:
+        raise ValueError(
+            f"seed={seed} is out of range: a seed must be an int in [0, 2**63 - 1] = [0, {SEED_MAX}] "
+            "(the C++ drafters take it as a signed 64-bit integer)"
+        )
 
 
 def _resolve_budget(config: object, needed: int, what: str) -> None:

@@ -22,7 +22,7 @@ import weakref
 
 from transformers import PreTrainedModel
 
-from mtprobe.adapter import check_causal_lm
+from mtprobe.adapter import check_causal_lm, max_positions
 
 _TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {num_layers: draft}
 
@@ -73,10 +73,22 @@ def _layer_index(name: str) -> int | None:
     return None
 
 
-def check_draft_model(target: PreTrainedModel, draft: PreTrainedModel) -> None:
-    """Raise when ``draft`` cannot draft for ``target``: another vocabulary, other special tokens or
-    another device. (Token ids are compared; a tokenizer with the same size and special tokens but
-    other merges cannot be detected from the models alone.)"""
+def check_draft_model(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    *,
+    prompt_len: int | None = None,
+    max_new_tokens: int | None = None,
+) -> None:
+    """Raise when ``draft`` cannot draft for ``target``: another vocabulary, other special tokens,
+    another device or, given ``prompt_len`` and ``max_new_tokens``, a context shorter than the
+    generation reaches. (Token ids are compared; a tokenizer with the same size and special tokens
+    but other merges cannot be detected from the models alone.)
+
+    The draft's positions stay below ``prompt_len + max_new_tokens``: the C++ drafter drafts no
+    further than the tokens still wanted (``csrc/drafters/draft_model.cpp``), so its context needs
+    what the target's does and no more.
+    """
     check_causal_lm(draft)
     v_t = target.get_output_embeddings().weight.shape[0]
     v_d = draft.get_output_embeddings().weight.shape[0]
@@ -98,3 +110,25 @@ def check_draft_model(target: PreTrainedModel, draft: PreTrainedModel) -> None:
             f"the draft model is on {draft.device} but the target is on {target.device}; move it with "
             f"draft.to({str(target.device)!r})"
         )
+    if prompt_len is not None and max_new_tokens is not None:
+        _check_draft_context(target, draft, prompt_len, max_new_tokens)
+
+
+def _check_draft_context(
+    target: PreTrainedModel, draft: PreTrainedModel, prompt_len: int, max_new_tokens: int
+) -> None:
+    needed = prompt_len + max_new_tokens
+    context, target_context = max_positions(draft), max_positions(target)
+    if needed <= context:
+        return
+    fix = (
+        f"lower max_new_tokens to at most {context - prompt_len}"
+        if context > prompt_len
+        else f"shorten the prompt to at most {context - 1} tokens"
+    )
+    raise ValueError(
+        f"the draft model's context is {context} positions, but this generation needs {needed}: prompt "
+        f"({prompt_len} tokens) + max_new_tokens ({max_new_tokens}); the target's context is {target_context}. "
+        f"A draft must hold every position the target reaches: {fix}, or use a draft model with a longer "
+        "context (max_position_embeddings)"
+    )

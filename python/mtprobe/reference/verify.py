@@ -101,6 +101,11 @@ def verify_rejection(
             f"need p [n, vocab], q [n - 1, vocab], uniforms [n + 1] for n = {n}; got "
             f"{tuple(p.shape)}, {tuple(q.shape)}, {tuple(uniforms.shape)}"
         )
+    for name, probs in (("p", p), ("q", q)):
+        if not bool((torch.isfinite(probs) & (probs >= 0)).all()):
+            raise ValueError(
+                f"{name} holds a NaN, inf or negative entry; probabilities must be finite and >= 0"
+            )
     p, q, u = p.double(), q.double(), uniforms.double().tolist()
     path = [0]
     while True:
