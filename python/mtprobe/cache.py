@@ -18,7 +18,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 
 class TreeKVLayer(DynamicLayer):
-    """One layer's preallocated cache. ``length`` is set by the owner before each forward."""
+    """One layer's cache, grown by ``reserve``. ``length`` is set by the owner before each forward."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()

@@ -81,10 +81,11 @@ def draft_model_drafter(
     process: ProcessFn | None = None,
 ) -> _C.DraftModelDrafter:
     """A draft-model drafter for ``model``: ``config.draft_model`` or the layer-truncated self-draft,
-    with a KV cache of ``capacity`` entries; ``process`` (HF's logits processors) shapes its q."""
+    with a KV cache of ``capacity`` entries at first (it doubles when full); ``process`` (HF's logits
+    processors) shapes its q."""
     if capacity < 1:
         raise ValueError(
-            f"capacity={capacity}: the draft model's KV cache needs prompt + new tokens + K entries"
+            f"capacity={capacity}: the draft model's KV cache needs at least one entry (it grows as needed)"
         )
     draft = config.draft_model
     if draft is None:
