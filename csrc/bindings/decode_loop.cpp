@@ -32,6 +32,8 @@ void bind_decode_loop(py::module_& m) {
       .def_readonly("fallback_steps", &DecodeResult::fallback_steps)
       .def_readonly("kv_capacity", &DecodeResult::kv_capacity)
       .def_readonly("mask_capacity", &DecodeResult::mask_capacity)
+      .def_readonly("drafted_per_depth", &DecodeResult::drafted_per_depth)
+      .def_readonly("accepted_per_depth", &DecodeResult::accepted_per_depth)
       .def_readonly("stop_reason", &DecodeResult::stop_reason);
 
   py::class_<DecodeLoop>(m, "DecodeLoop", "Draft, verify and compact until the sequence ends.")

@@ -21,6 +21,19 @@ at::Tensor long_tensor(const std::vector<int64_t>& v) { return at::tensor(v, at:
 // NaN or +inf: a score no choice can be made from. (-inf is a legitimate score: processors use it to
 // ban tokens.)
 bool unusable(double x) { return std::isnan(x) || x == std::numeric_limits<double>::infinity(); }
+
+// Adds the block's draft nodes to counts[depth - 1], depth counted from the last committed node
+// (input c - 1). check_block has made sure every parent precedes its child.
+void count_drafts(const DraftBlock& block, std::vector<int64_t>& counts) {
+  const int64_t c = block.num_committed;
+  std::vector<int64_t> depth(static_cast<size_t>(block.num_nodes), 0);  // [num_nodes]
+  for (int64_t i = c; i < block.num_nodes; ++i) {
+    const int64_t d = depth[block.parents[i]] + 1;  // committed inputs sit at depth 0
+    depth[i] = d;
+    if (static_cast<int64_t>(counts.size()) < d) counts.resize(d, 0);
+    ++counts[d - 1];
+  }
+}
 }  // namespace
 
 DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
@@ -260,6 +273,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
       tokens.assign(tok_cpu.data_ptr<int64_t>(), tok_cpu.data_ptr<int64_t>() + tok_cpu.numel());
     check_block(block, committed, tokens, prefill);
     const int64_t c = block.num_committed;
+    if (!prefill) count_drafts(block, result.drafted_per_depth);
 
     // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
     // 3. One forward of the target over all T inputs. The forward may grow the KV cache; the
@@ -306,6 +320,11 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
         "the model's weights and dtype (float16 overflow?)");
     const std::vector<int64_t>& path = verdict.path;
     const int64_t path_len = static_cast<int64_t>(path.size());
+    if (!prefill) {
+      auto& accepted = result.accepted_per_depth;  // path[j] sits at depth j
+      if (static_cast<int64_t>(accepted.size()) < path_len - 1) accepted.resize(path_len - 1, 0);
+      for (int64_t j = 1; j < path_len; ++j) ++accepted[j - 1];
+    }
     std::vector<int64_t> new_tokens, rows;  // rows: the score row each new token was chosen from
     for (int64_t j = 1; j < path_len; ++j) {
       new_tokens.push_back(tokens[path[j]]);

@@ -45,7 +45,12 @@ struct DecodeResult {
   int64_t fallback_steps = 0;
   int64_t kv_capacity = 0;    // KV entries per layer the cache held at the end (it grows on demand)
   int64_t mask_capacity = 0;  // prefix columns the mask buffer held at the end
-  std::string stop_reason;    // "eos", "max_new_tokens" or "stopping_criteria"
+  // Decode steps only (prefill excluded), depth d at index d - 1, depth counted from the last
+  // committed node: draft nodes the drafters put at depth d, and steps whose verified path
+  // reached depth d (the bonus token is not a draft and is not counted).
+  std::vector<int64_t> drafted_per_depth;
+  std::vector<int64_t> accepted_per_depth;
+  std::string stop_reason;  // "eos", "max_new_tokens" or "stopping_criteria"
 };
 
 class DecodeLoop {
