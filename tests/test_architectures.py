@@ -19,6 +19,8 @@ import warnings
 import pytest
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -33,7 +35,7 @@ from transformers import (
 
 import mtprobe
 from mtprobe import _C
-from mtprobe.adapter import HFAdapter, max_positions
+from mtprobe.adapter import HFAdapter, SlidingWindow, max_positions, sliding_mask, sliding_window
 from mtprobe.drafters import mask_probe_drafter
 
 VOCAB = 320
@@ -643,3 +645,216 @@ def test_models_are_distinct_and_not_degenerate() -> None:
         assert len(set(cont)) >= 3, (arch, cont)
         seen.add(tuple(cont))
     assert len(seen) == len(ARCHS)
+
+
+# --------------------------------------------------------------------------------------------
+# 6. Sliding-window attention: the tree mask honours the window
+# --------------------------------------------------------------------------------------------
+
+WINDOW = 6
+SLIDING_ARCHS = ("gemma3", "mistral", "qwen2")
+
+
+def _build_sliding(arch: str, attn: str = "sdpa", window: int = WINDOW) -> torch.nn.Module:
+    """Tiny models whose window the tests' sequences outgrow many times over: Gemma 3 (per-layer-type
+    dict mask, sliding and global layers mixed), Mistral (one window on every layer), Qwen 2
+    (``use_sliding_window`` with ``max_window_layers``)."""
+    kw = dict(_LLAMA_LIKE, num_hidden_layers=3)
+    if arch == "gemma3":
+        layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
+        cfg = Gemma3TextConfig(
+            head_dim=16, query_pre_attn_scalar=16, sliding_window=window, layer_types=layer_types, **kw
+        )
+        cls = Gemma3ForCausalLM
+    elif arch == "mistral":
+        cls, cfg = MistralForCausalLM, MistralConfig(sliding_window=window, **kw)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(use_sliding_window=True, sliding_window=window, max_window_layers=1, **kw)
+        cls = Qwen2ForCausalLM
+    else:
+        raise AssertionError(arch)
+    cfg._attn_implementation = attn
+    torch.manual_seed(2000 + SLIDING_ARCHS.index(arch))
+    model = cls(cfg).eval()
+    model.generation_config.pad_token_id = EOS
+    model.generation_config.eos_token_id = EOS
+    return model
+
+
+def _sliding_model(arch: str, attn: str = "sdpa") -> torch.nn.Module:
+    key = (f"sliding-{arch}", attn)
+    if key not in _MODELS:
+        _MODELS[key] = _build_sliding(arch, attn)
+    return _MODELS[key]
+
+
+def _repetitive_prompt(length: int, seed: int) -> torch.Tensor:
+    ids = _prompt(length, seed)
+    return torch.cat([ids, ids[:, : length // 2]], dim=1)  # [1, 1.5 L]: repeats for PLD / STAND to find
+
+
+_SLIDING_METHODS = {
+    "probe-static": mtprobe.ProbeConfig(block_complexity=30),
+    "probe-dynamic": mtprobe.ProbeConfig(block_complexity=30, num_masks=2),
+    "pld": mtprobe.PromptLookupConfig(),
+    "stand": mtprobe.StandConfig(),
+    "lookahead": mtprobe.LookaheadConfig(),
+    "hybrid": mtprobe.HybridConfig(),
+}
+
+
+def test_sliding_window_layouts() -> None:
+    gemma = _sliding_model("gemma3")
+    assert sliding_window(gemma) == SlidingWindow(WINDOW, per_layer_type=True)
+    assert sliding_window(_sliding_model("mistral")) == SlidingWindow(WINDOW, per_layer_type=False)
+    assert sliding_window(_sliding_model("qwen2")) == SlidingWindow(WINDOW, per_layer_type=True)
+    # Configured but off: Qwen 2 without use_sliding_window, Mistral with None, Gemma 3 all global.
+    off = Qwen2Config(use_sliding_window=False, sliding_window=WINDOW, **_LLAMA_LIKE)
+    assert sliding_window(Qwen2ForCausalLM(off)) is None
+    assert sliding_window(_model("mistral")) is None
+    assert sliding_window(_model("llama")) is None
+    all_full = Gemma3TextConfig(
+        head_dim=16, sliding_window=WINDOW, layer_types=["full_attention"] * 2, **_LLAMA_LIKE
+    )
+    assert sliding_window(Gemma3ForCausalLM(all_full)) is None
+    # A layer type the mask does not know is refused, not silently treated as global.
+    odd = Gemma3ForCausalLM(Gemma3TextConfig(head_dim=16, sliding_window=WINDOW, **_LLAMA_LIKE))
+    odd.config.layer_types = ["sliding_attention", "chunked_attention"]
+    with pytest.raises(NotImplementedError, match="chunked_attention"):
+        sliding_window(odd)
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        SlidingWindow(0, per_layer_type=True)
+
+
+@pytest.mark.parametrize("arch", SLIDING_ARCHS)
+def test_sliding_mask_equals_hf_masks_on_a_chain(arch: str) -> None:
+    """For a causal block (a chain) our window over HF's full mask is exactly HF's own sliding mask."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    from mtprobe.cache import TreeKVCache
+
+    model = _sliding_model(arch, "eager")  # eager: HF materialises the additive masks
+    cfg = model.config
+    checked = 0
+    for prefix_len, t in ((0, 9), (3, 1), (5, 4), (17, 6), (40, 12)):
+        cache = TreeKVCache(cfg.num_hidden_layers, prefix_len + t)
+        cache.set_length(prefix_len)
+        x = torch.zeros(1, t, cfg.hidden_size)  # [1, T, hidden]
+        pos = torch.arange(prefix_len, prefix_len + t).unsqueeze(0)  # [1, T]
+        kw = dict(config=cfg, inputs_embeds=x, attention_mask=None, past_key_values=cache, position_ids=pos)
+        full = create_causal_mask(**kw)  # [1, 1, T, P + T]
+        hf_sliding = create_sliding_window_causal_mask(**kw)  # [1, 1, T, P + T]
+        assert full.shape == hf_sliding.shape == (1, 1, t, prefix_len + t)
+        ours = sliding_mask(full, pos, prefix_len, WINDOW)
+        assert torch.equal(ours, hf_sliding), (arch, prefix_len, t)
+        checked += int(not torch.equal(full, hf_sliding))  # the window actually hid something
+    assert checked >= 3
+
+
+def test_sliding_mask_on_a_tree() -> None:
+    """Tree nodes sit at prefix_len + depth; a key is visible iff it is the query's ancestor (or in
+    the prefix) and fewer than ``window`` positions behind it: a brute-force check on random trees."""
+    min_ = torch.finfo(torch.float32).min
+    rng = random.Random(5)
+    for _ in range(20):
+        prefix_len, t, window = rng.randrange(0, 20), rng.randrange(1, 16), rng.randrange(1, 9)
+        parents = [-1] + [rng.randrange(i) for i in range(1, t)]
+        depth = [0] * t
+        for i in range(1, t):
+            depth[i] = depth[parents[i]] + 1
+        pos = [prefix_len + d for d in depth]
+
+        def ancestors(i: int, parents: list[int] = parents) -> set[int]:
+            out = set()
+            while i >= 0:
+                out.add(i)
+                i = parents[i]
+            return out
+
+        full = torch.full((1, 1, t, prefix_len + t), min_)
+        want = torch.full((1, 1, t, prefix_len + t), min_)
+        for q in range(t):
+            for k in range(prefix_len):
+                full[0, 0, q, k] = 0.0
+                if pos[q] - k < window:
+                    want[0, 0, q, k] = 0.0
+            for a in ancestors(q):
+                full[0, 0, q, prefix_len + a] = 0.0
+                if pos[q] - pos[a] < window:
+                    want[0, 0, q, prefix_len + a] = 0.0
+        got = sliding_mask(full, torch.tensor([pos]), prefix_len, window)
+        assert torch.equal(got, want), (prefix_len, t, window, parents)
+    with pytest.raises(ValueError, match="expected prefix_len \\+ T = 3 \\+ 2"):
+        sliding_mask(torch.zeros(1, 1, 2, 4), torch.tensor([[3, 4]]), 3, 2)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("arch", SLIDING_ARCHS)
+def test_sliding_window_matches_greedy(arch: str, attn: str) -> None:
+    model = _sliding_model(arch, attn)
+    for length in (3, 20):  # a prompt inside the window and one past it; 40 new tokens go far past both
+        ids = _repetitive_prompt(length, seed=300 + length)
+        ref = _greedy(model, ids, 40, eos_token_id=None)
+        assert len(set(ref[0, ids.shape[1] :].tolist())) >= 5, "degenerate greedy text tests nothing"
+        for name, cfg in _SLIDING_METHODS.items():
+            out = mtprobe.generate(model, ids, cfg, max_new_tokens=40, eos_token_id=None)
+            _assert_greedy(model, out.sequences, ref, f"{arch} {attn} {name} L={ids.shape[1]}")
+    with torch.no_grad():
+        hf = model.generate(
+            ids,
+            custom_generate=mtprobe.custom_generate,
+            mtprobe_config=mtprobe.ProbeConfig(block_complexity=10),
+            max_new_tokens=40,
+            eos_token_id=None,
+        )
+    _assert_greedy(model, hf, ref, f"{arch} {attn} HF route")
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_sliding_window_oracle_long_accepts(arch: str) -> None:
+    """Depth-4 chains under a window of 4: accepted paths span the whole window, so the window also
+    cuts between tree nodes, not only into the prefix."""
+    model = _build_sliding(arch, window=4)
+    ids = _prompt(9, seed=610)
+    ref = _greedy(model, ids, 40, eos_token_id=None)
+    # The cache is not checked here: HF's own cache for these models keeps only the window.
+    run, truth, _ = _oracle_run(model, ids, max_new_tokens=40, seed=3, check_kv=False)
+    _assert_greedy(model, run.sequences, ref, f"{arch} oracle window 4")
+    _check_oracle_steps(run, truth)
+    assert max(run.result.accept_lengths) == 5
+
+
+def test_ignoring_the_window_would_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control that gives the tests above their teeth: with the window dropped from the tree
+    mask (the adapter told there is none) the same runs stop matching greedy."""
+    import mtprobe.adapter
+
+    monkeypatch.setattr(mtprobe.adapter, "sliding_window", lambda m: None)
+    for arch in SLIDING_ARCHS:
+        model = _sliding_model(arch)
+        ids = _repetitive_prompt(20, seed=320)
+        ref = _greedy(model, ids, 40, eos_token_id=None)
+        wrong = []  # a chain-shaped block goes without a tree mask (the model windows it): trees matter
+        for name, cfg in _SLIDING_METHODS.items():
+            out = mtprobe.generate(model, ids, cfg, max_new_tokens=40, eos_token_id=None)
+            wrong += [name] if not torch.equal(out.sequences, ref) else []
+        assert len(wrong) >= 2, f"{arch}: only {wrong} went wrong without the window"
+    # The oracle's chains under a window of 4 diverge from the true continuation too.
+    model = _build_sliding("gemma3", window=4)
+    ids = _prompt(9, seed=610)
+    with pytest.raises(AssertionError):  # the oracle checks every committed token against greedy
+        _oracle_run(model, ids, max_new_tokens=40, seed=3, check_kv=False)
+
+
+def test_tree_attention_refuses_beyond_the_window() -> None:
+    import mtprobe.tree_attention
+
+    mtprobe.tree_attention.register()
+    model = _build_sliding("gemma3", attn=mtprobe.tree_attention.NAME)
+    ids = _prompt(3, seed=1)
+    # Inside the window the ancestor-bits attention is exact (nothing to hide)...
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=4), max_new_tokens=WINDOW - 3)
+    assert out.sequences.shape[1] == WINDOW
+    # ...past it, a clear refusal that says what would work.
+    with pytest.raises(NotImplementedError, match=r"sliding window \(6\).*'sdpa' or 'eager'"):
+        mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=4), max_new_tokens=WINDOW)

@@ -215,6 +215,8 @@ def test_bad_input_is_named(smollm2):
     with pytest.raises(TypeError, match="PreTrainedModel"):
         mtprobe.generate(torch.nn.Linear(4, 4), ids, cfg, max_new_tokens=4)
     with pytest.raises(TypeError, match="ProbeConfig"):
+        model.generate(ids, custom_generate=mtprobe.custom_generate, mtprobe_config="probe", max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs a 'method' key"):
         model.generate(
             ids, custom_generate=mtprobe.custom_generate, mtprobe_config={"bc": 30}, max_new_tokens=4
         )

@@ -16,6 +16,8 @@ from mtprobe.config import (
     ProbeConfig,
     PromptLookupConfig,
     StandConfig,
+    config_from_dict,
+    config_from_json,
 )
 from mtprobe.generate import GenerateOutput, custom_generate, generate
 
@@ -27,6 +29,8 @@ __all__ = [
     "LookaheadConfig",
     "HybridConfig",
     "DraftModelConfig",
+    "config_from_dict",
+    "config_from_json",
     "GenerateOutput",
     "generate",
     "custom_generate",

@@ -6,14 +6,24 @@ explicit ``position_ids`` and a 4D additive float mask (0 / finfo(dtype).min; a 
 silently wrong on the eager path), writing into a ``TreeKVCache`` that the adapter grows by
 doubling when a block would not fit. Logits come back for every input (the model's own
 ``logits_to_keep`` default of 0 keeps them all).
+
+Sliding-window layers (Gemma 2/3, Cohere 2, Qwen 2/3 with ``use_sliding_window``, Mistral-style
+models) get the window applied to the tree mask: a key at position k is visible to a query at
+position p only if ``p - k < sliding_window`` (transformers' ``sliding_window_overlay``), on top of
+the tree. Models whose config lists ``layer_types`` take ``{"full_attention": m, "sliding_attention":
+m_sw}``; Mistral-style models (one window, every layer) take ``m_sw`` alone.
 """
 
 from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
 
 import torch
 from transformers import GenerationMixin, PreTrainedModel
 
 from mtprobe.cache import TreeKVCache
+from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 
 def check_causal_lm(model: object) -> None:
@@ -96,6 +106,83 @@ def max_positions(model: PreTrainedModel) -> int:
     return 2**31 - 1
 
 
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """How a model applies a sliding attention window (see :func:`sliding_window`)."""
+
+    window: int
+    """Keys at a position ``k`` with ``p - k >= window`` are hidden from a query at position ``p``."""
+    per_layer_type: bool
+    """True: the model reads ``attention_mask`` as a dict keyed by ``config.layer_types`` (only the
+    ``sliding_attention`` layers slide). False: one mask for every layer, all of them sliding."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
+            raise ValueError(f"SlidingWindow.window must be an int >= 1, got {self.window!r}")
+
+
+def sliding_window(model: PreTrainedModel) -> SlidingWindow | None:
+    """The sliding window ``model`` applies in its attention masks, or None when it has none.
+
+    Follows transformers 5's own mask construction: a window exists when ``config.sliding_window``
+    is a positive int and not switched off by ``use_sliding_window=False`` (Qwen 2/3); with
+    ``config.layer_types`` it applies to the ``sliding_attention`` layers only (None if there are
+    none); without, to every layer, provided the model's code builds sliding masks at all
+    (``create_sliding_window_causal_mask``, as Mistral, Mixtral and Phi-3 do). Raises
+    NotImplementedError for a layer type other than full or sliding attention (chunked, linear...).
+    """
+    cfg = model.config.get_text_config(decoder=True)
+    window = getattr(cfg, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        return None
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None:
+        unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
+        if unknown:
+            raise NotImplementedError(
+                f"{type(model).__name__} has attention layer types {unknown}; mtprobe's tree mask handles "
+                f"{' and '.join(_LAYER_TYPES)} layers only"
+            )
+        if "sliding_attention" not in layer_types:
+            return None
+        return SlidingWindow(window, per_layer_type=True)
+    # No layer types: a Mistral-style model slides on every layer if its code builds sliding masks.
+    base = getattr(model, "base_model", model)
+    modules = {type(model).__module__, type(base).__module__}
+    if not any(hasattr(sys.modules.get(m), "create_sliding_window_causal_mask") for m in modules):
+        return None
+    return SlidingWindow(window, per_layer_type=False)
+
+
+def sliding_mask(
+    mask: torch.Tensor,  # [1, 1, T, P + T] additive (0 / finfo.min)
+    position_ids: torch.Tensor,  # [1, T]
+    prefix_len: int,
+    window: int,
+) -> torch.Tensor:  # [1, 1, T, P + T]
+    """``mask`` with every key at ``window`` or more positions behind its query hidden.
+
+    The cache holds the committed tokens at index = position, then the block's inputs, whose
+    positions are ``position_ids`` (the root's position plus the node's depth); the rule is HF's
+    ``sliding_window_overlay`` (visible iff ``p - k < window``) applied to those positions.
+    """
+    t = position_ids.shape[-1]
+    if mask.shape[-1] != prefix_len + t:
+        raise ValueError(
+            f"tree mask has {mask.shape[-1]} key columns; expected prefix_len + T = {prefix_len} + {t}"
+        )
+    q_pos = position_ids.reshape(-1)  # [T]
+    k_pos = torch.cat([torch.arange(prefix_len, device=q_pos.device, dtype=q_pos.dtype), q_pos])  # [P + T]
+    too_far = (q_pos[:, None] - k_pos[None, :]) >= window  # [T, P + T]
+    # Out of place: the loop may reuse ``mask`` (incremental masks) for the full-attention layers.
+    return mask.masked_fill(too_far, torch.finfo(mask.dtype).min)
+
+
 class HFAdapter:
     """Runs one draft block through ``model``; owns the model's KV cache for one sequence.
 
@@ -110,6 +197,8 @@ class HFAdapter:
         num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.cache = TreeKVCache(num_layers, capacity)
         self.max_capacity = max_capacity
+        self.sliding = sliding_window(model)
+        self._tree_attention = getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
@@ -137,7 +226,7 @@ class HFAdapter:
             x = torch.cat([x, embeds.unsqueeze(0).to(x.dtype)], dim=1)  # [1, T, hidden]
         out = self.model(
             inputs_embeds=x,
-            attention_mask=mask,
+            attention_mask=self._attention_mask(mask, position_ids, prefix_len),
             position_ids=position_ids,
             past_key_values=self.cache,
             use_cache=True,
@@ -146,6 +235,30 @@ class HFAdapter:
         )
         hidden = out.hidden_states[-1][0] if want_hidden else None  # [T, hidden]
         return out.logits[0], hidden  # [T, vocab]
+
+    def _attention_mask(
+        self,
+        mask: torch.Tensor | None,  # [1, 1, T, P + T] additive, None for a causal chain
+        position_ids: torch.Tensor,  # [1, T]
+        prefix_len: int,
+    ) -> torch.Tensor | dict[str, torch.Tensor] | None:
+        sw = self.sliding
+        # Positions stay below prefix_len + T, so a block that ends inside the window needs no window.
+        # A chain (mask None) gets its sliding mask from the model itself, as in plain generation.
+        if sw is None or mask is None or prefix_len + position_ids.shape[-1] <= sw.window:
+            return mask
+        if self._tree_attention:
+            if int(position_ids.max()) < sw.window:  # exact check (a sync) only on this refusal path
+                return mask
+            raise NotImplementedError(
+                f"{type(self.model).__name__} has a sliding window of {sw.window} and the sequence outgrew it; "
+                f"the {TREE_ATTENTION!r} attention takes the tree as ancestor bits and cannot apply a window. "
+                "Load the model with attn_implementation='sdpa' or 'eager'"
+            )
+        masked = sliding_mask(mask, position_ids, prefix_len, sw.window)
+        if sw.per_layer_type:
+            return {"full_attention": mask, "sliding_attention": masked}
+        return masked
 
     def kv_buffers(self) -> list[torch.Tensor]:
         return self.cache.buffers()

@@ -2,15 +2,125 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 MASK_INITS = ("prompt_mean", "prompt_last", "gaussian", "gaussian_5sigma", "gaussian_10sigma")
 TREES = ("static", "dynamic")
 
 
+_C = TypeVar("_C", bound="_ConfigData")
+
+# Short method name -> configuration class: the one registry of decoding methods. The Spec-Bench
+# harness (mtprobe.specbench.methods) and config_from_dict use these names; a new drafter registers
+# here with @_method("name").
+METHOD_CONFIGS: dict[str, type[_ConfigData]] = {}
+
+
+def _method(name: str) -> Callable[[type[_C]], type[_C]]:
+    """Register a configuration class under the short method name ``name``."""
+
+    def register(cls: type[_C]) -> type[_C]:
+        if name in METHOD_CONFIGS:
+            raise ValueError(f"method {name!r} is already registered (by {METHOD_CONFIGS[name].__name__})")
+        cls.method = name
+        METHOD_CONFIGS[name] = cls
+        return cls
+
+    return register
+
+
+class _ConfigData:
+    """``to_dict`` / ``from_dict`` / ``to_json`` / ``from_json`` for the decoding configurations.
+
+    The dict holds ``"method"`` (the short name of :data:`METHOD_CONFIGS`) and every field with its
+    resolved value (defaults such as ``num_masks=None`` already filled in), tuples as lists, so it
+    is JSON as it stands and ``from_dict(to_dict(c)) == c``.
+    """
+
+    method: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"method": ..., field: value, ...}`` with JSON types (tuples become lists)."""
+        out: dict[str, Any] = {"method": self.method}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def to_json(self, **dumps_kwargs: Any) -> str:
+        """``to_dict()`` as JSON text (``dumps_kwargs`` go to ``json.dumps``, e.g. ``indent=2``)."""
+        return json.dumps(self.to_dict(), **dumps_kwargs)
+
+    @classmethod
+    def from_dict(cls: type[_C], data: Mapping[str, Any], **overrides: Any) -> _C:
+        """Rebuild a configuration from :meth:`to_dict`'s output (or any subset of its fields; the
+        others keep their defaults). ``overrides`` set fields a dict cannot hold (a live
+        ``draft_model``). Unknown keys and a ``"method"`` of another class are errors; the values are
+        validated as the constructor validates them."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"{cls.__name__}.from_dict takes a dict of its fields, got {type(data).__name__}")
+        method = data.get("method", cls.method)
+        if method != cls.method:
+            raise ValueError(
+                f"{cls.__name__}.from_dict got method={method!r}, but {cls.__name__} is method {cls.method!r}; "
+                f"use mtprobe.config_from_dict to pick the class from the method"
+            )
+        valid = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        values = {k: v for k, v in data.items() if k != "method"}
+        unknown = sorted(set(values) - set(valid), key=str) + sorted(set(overrides) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"{cls.__name__} (method {cls.method!r}) has no field(s) {', '.join(map(repr, unknown))}; "
+                f"valid keys: method, {', '.join(valid)}"
+            )
+        values.update(overrides)
+        # JSON has no tuples: a list stands for a tuple field (ProbeConfig.branches).
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls: type[_C], text: str | bytes, **overrides: Any) -> _C:
+        """Rebuild a configuration from :meth:`to_json`'s output."""
+        return cls.from_dict(json.loads(text), **overrides)
+
+
+def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
+    """The decoding configuration a dict describes, vLLM ``speculative_config`` style: ``"method"``
+    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``: the names the
+    Spec-Bench harness uses) and the other keys are its fields.
+
+    >>> config_from_dict({"method": "pld", "num_tokens": 4})
+    PromptLookupConfig(num_tokens=4, max_ngram_size=2, block_complexity=5)
+    >>> config_from_dict({"method": "medusa"})
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"a configuration dict must be a dict with a 'method' key, got {type(data).__name__}")
+    known = ", ".join(METHOD_CONFIGS)
+    if "method" not in data:
+        raise ValueError(
+            f"a configuration dict needs a 'method' key naming the decoding method (one of {known}); "
+            f"got keys {sorted(map(str, data))}"
+        )
+    name = data["method"]
+    if not isinstance(name, str) or name not in METHOD_CONFIGS:
+        raise ValueError(f"unknown method {name!r}; known methods: {known}")
+    return METHOD_CONFIGS[name].from_dict(data, **overrides)
+
+
+def config_from_json(text: str | bytes, **overrides: Any) -> _ConfigData:
+    """:func:`config_from_dict` of JSON text (what a configuration's ``to_json`` wrote)."""
+    return config_from_dict(json.loads(text), **overrides)
+
+
+@_method("probe")
 @dataclass(frozen=True)
-class ProbeConfig:
+class ProbeConfig(_ConfigData):
     """Mask-token probing (seed 001).
 
     Args:
@@ -154,8 +264,9 @@ def _default_branches(drafts: int, k: int) -> tuple[int, ...]:
     return (first, *deeper)
 
 
+@_method("pld")
 @dataclass(frozen=True)
-class PromptLookupConfig:
+class PromptLookupConfig(_ConfigData):
     """Prompt lookup decoding (PLD, seed 001 App. F): draft the chain that followed an earlier
     occurrence of the context's last n-gram, the rule of transformers' ``prompt_lookup_num_tokens``.
 
@@ -189,8 +300,9 @@ class PromptLookupConfig:
         )
 
 
+@_method("sps")
 @dataclass(frozen=True)
-class DraftModelConfig:
+class DraftModelConfig(_ConfigData):
     """Draft-model speculative decoding (seed 004): a smaller model drafts a chain of ``num_tokens``
     tokens with its own KV cache; the target verifies them in one forward, by exact match under
     greedy decoding and by rejection sampling (Leviathan et al., Chen et al.) under sampling.
@@ -247,9 +359,22 @@ class DraftModelConfig:
                 f"got {type(self.draft_model).__name__}"
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        """As for every configuration; a live ``draft_model`` has no identity a dict can hold, so it
+        is refused (the layer-truncated self-draft, ``draft_model=None``, serialises)."""
+        if self.draft_model is not None:
+            raise ValueError(
+                f"DraftModelConfig.to_dict: draft_model is a live {type(self.draft_model).__name__} object, which "
+                "a dict or JSON cannot hold; serialise dataclasses.replace(cfg, draft_model=None) and record the "
+                "draft model's folder or name yourself, then rebuild with "
+                "DraftModelConfig.from_dict(d, draft_model=model)"
+            )
+        return super().to_dict()
 
+
+@_method("stand")
 @dataclass(frozen=True)
-class StandConfig:
+class StandConfig(_ConfigData):
     """STAND (Song et al. 2025; seed 001, App. F): an n-gram store of the target's own next-token
     distributions (the prompt's text and logits, then the logits of every accepted token) from which
     a draft tree is grown best-first by cumulative probability within the block-complexity budget.
@@ -293,8 +418,9 @@ class StandConfig:
 LOOKAHEAD_PAPER_CONFIGS = {10: (3, 4, 1), 30: (4, 5, 5), 60: (5, 8, 7)}
 
 
+@_method("lookahead")
 @dataclass(frozen=True)
-class LookaheadConfig:
+class LookaheadConfig(_ConfigData):
     """Lookahead decoding (LADE, Fu et al. 2024; seed 001 App. F): each forward runs one Jacobi
     iteration of a window of W future tokens over L - 1 levels, collects the n-grams along the
     window's trajectories into a pool, and verifies the pool's n-grams that start with the current
@@ -360,8 +486,9 @@ class LookaheadConfig:
         return cls(ngram_size, window, guess_set_size)
 
 
+@_method("hybrid")
 @dataclass(frozen=True)
-class HybridConfig:
+class HybridConfig(_ConfigData):
     """The hybrid drafter (seed 001, App. C): mask-token probing and STAND's n-gram store draft one
     tree under one block-complexity budget. Both trees grow from the root with cumulative
     probabilities; their union (a shared token path is one node, scored by its higher score) keeps
@@ -417,3 +544,4 @@ class HybridConfig:
             table_size=self.table_size,
             logits_top_k=self.logits_top_k,
         )
+

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -10,23 +11,19 @@ from transformers import PreTrainedModel
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter
 from mtprobe.config import (
+    METHOD_CONFIGS,
     DraftModelConfig,
     HybridConfig,
     LookaheadConfig,
     ProbeConfig,
     PromptLookupConfig,
     StandConfig,
+    config_from_dict,
 )
 from mtprobe.draft_model import check_draft_model, layer_truncated
 
-DECODING_CONFIGS = (
-    ProbeConfig,
-    PromptLookupConfig,
-    StandConfig,
-    LookaheadConfig,
-    HybridConfig,
-    DraftModelConfig,
-)
+# Every registered method's configuration (mtprobe.config.METHOD_CONFIGS is the one registry).
+DECODING_CONFIGS = tuple(METHOD_CONFIGS.values())
 DecodingConfig = (
     ProbeConfig | PromptLookupConfig | StandConfig | LookaheadConfig | HybridConfig | DraftModelConfig
 )
@@ -105,7 +102,21 @@ def check_decoding_config(config: object) -> None:
     """Raise TypeError unless ``config`` is one of the decoding configurations."""
     if not isinstance(config, DECODING_CONFIGS):
         expected = ", ".join(f"mtprobe.{c.__name__}" for c in DECODING_CONFIGS)
-        raise TypeError(f"unknown decoding configuration {type(config).__name__}; expected one of {expected}")
+        raise TypeError(
+            f"unknown decoding configuration {type(config).__name__}; expected one of {expected}, or a dict "
+            f"with a 'method' key ({', '.join(METHOD_CONFIGS)}) and that configuration's fields"
+        )
+
+
+def as_decoding_config(config: DecodingConfig | Mapping[str, Any] | None) -> DecodingConfig:
+    """``config`` itself, the configuration a ``{"method": ..., ...}`` dict describes
+    (:func:`mtprobe.config_from_dict`), or ``ProbeConfig()`` for ``None``; TypeError for anything else."""
+    if config is None:
+        return ProbeConfig()
+    if isinstance(config, Mapping):
+        return config_from_dict(config)
+    check_decoding_config(config)
+    return config
 
 
 def make_drafter(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +18,9 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from mtprobe import _C
-from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions
-from mtprobe.config import ProbeConfig
-from mtprobe.drafters import DecodingConfig, check_decoding_config, make_drafter
+from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions, sliding_window
+from mtprobe.drafters import DecodingConfig, as_decoding_config, check_decoding_config, make_drafter
+from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,20 @@ class GenerateOutput:
             and that were re-run on the committed token alone, as plain decoding runs it.
         kv_capacity: KV entries per layer the cache held at the end: it grows with the tokens
             generated (doubling), not with ``max_new_tokens``.
+        new_tokens: tokens generated (``sequences.shape[1]`` minus the prompt; the prefill's
+            forward may already verify drafts, so this can exceed ``sum(accept_lengths) + 1``).
+        method: the drafter that ran, by its short name (``"probe"``, ``"pld"``, ...).
+        do_sample: whether this call sampled (``generation_config.do_sample`` after HF merged the
+            model's generation config with the call's arguments) or decoded greedily.
+        drafted_per_depth: decode steps only; index ``d - 1`` counts the draft nodes placed at depth
+            ``d`` below the last committed token, over all steps.
+        accepted_per_depth: index ``d - 1`` counts the steps whose verified path reached depth ``d``
+            (drafts accepted; the bonus token is no draft). An EOS or stopping criterion may cut the
+            last step's tokens short after verification; ``accept_lengths`` counts what was kept.
+
+    A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
+    which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
+    ``accept_lengths == [2, 1]``, ``drafted_per_depth == [3, 1]``, ``accepted_per_depth == [1]``.
     """
 
     sequences: torch.Tensor
@@ -59,17 +74,53 @@ class GenerateOutput:
     stop_reason: str = ""
     fallback_steps: int = 0
     kv_capacity: int = 0
+    method: str = ""
+    do_sample: bool = False
+    new_tokens: int = 0
+    drafted_per_depth: list[int] = field(default_factory=list)
+    accepted_per_depth: list[int] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
         """Mean tokens gained per decode forward (τ)."""
         return sum(self.accept_lengths) / max(1, len(self.accept_lengths))
 
+    @property
+    def steps(self) -> int:
+        """Decode forwards (prefill excluded)."""
+        return len(self.accept_lengths)
+
+    def acceptance_per_depth(self) -> list[float]:
+        """Fraction of decode steps whose verified path reached depth ``d`` (index ``d - 1``): the
+        curve whose sum is ``tau - 1`` when nothing was cut short by EOS or a stopping criterion."""
+        return [n / max(1, self.steps) for n in self.accepted_per_depth]
+
+    def summary(self) -> dict[str, Any]:
+        """The call's statistics in one flat dict (what the log line and the CLI print)."""
+        new_tokens = self.new_tokens
+        total = self.timings.get("total_s", 0.0)
+        drafted, accepted = sum(self.drafted_per_depth), sum(self.accepted_per_depth)
+        return {
+            "method": self.method,
+            "do_sample": self.do_sample,
+            "new_tokens": new_tokens,
+            "steps": self.steps,
+            "forward_calls": self.forward_calls,
+            "tau": self.tau,
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "draft_acceptance": accepted / drafted if drafted else 0.0,
+            "tokens_per_s": new_tokens / total if total > 0 else 0.0,
+            "fallback_steps": self.fallback_steps,
+            "kv_capacity": self.kv_capacity,
+            "stop_reason": self.stop_reason,
+        }
+
 
 def generate(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
-    config: DecodingConfig | None = None,
+    config: DecodingConfig | Mapping[str, Any] | None = None,
     *,
     max_new_tokens: int | None = None,
     streamer: Any = None,
@@ -77,19 +128,32 @@ def generate(
 ) -> GenerateOutput:
     """Lossless multi-token generation with the drafter ``config`` describes: ``ProbeConfig`` (mask-token
     probing, the default), ``PromptLookupConfig``, ``StandConfig``, ``LookaheadConfig``,
-    ``HybridConfig`` or ``DraftModelConfig``.
+    ``HybridConfig`` or ``DraftModelConfig``, or a dict such as ``{"method": "pld", "num_tokens": 10}``
+    (:func:`mtprobe.config_from_dict`).
 
-    Greedy (the default): token-identical to ``model.generate(do_sample=False)``. With
-    ``do_sample=True`` (and ``temperature``, ``top_k``, ``top_p``, ... as HF applies them), every
-    tree node samples the target's processed distribution and verification accepts the child equal
-    to the sample (a draft model's drafts go through rejection sampling against its own q instead),
-    so the output is distributed exactly as ``model.generate(do_sample=True)``;
-    seed with ``torch.manual_seed`` for repeatable text. ``generate_kwargs`` go to
-    ``model.generate`` (eos_token_id, stopping_criteria, logits_processor, repetition_penalty,
-    ...), which prepares them exactly as for its own decoding.
+    The decoding mode is ``model.generate``'s: greedy unless the merged generation config says
+    ``do_sample=True``, and the model's own ``generation_config`` counts (many instruct models ship
+    ``do_sample=True``, and then ``model.generate(ids)`` samples too; mtprobe logs it at INFO).
+    Greedy: token-identical to ``model.generate(ids, do_sample=False)``; pass ``do_sample=False`` to
+    be sure of greedy decoding. Sampling (with ``temperature``, ``top_k``, ``top_p``, ... as HF
+    applies them): every tree node samples the target's processed distribution and verification
+    accepts the child equal to the sample (a draft model's drafts go through rejection sampling
+    against its own q instead), so the output is distributed exactly as
+    ``model.generate(do_sample=True)``; seed with ``torch.manual_seed`` for repeatable text.
+    ``generate_kwargs`` go to ``model.generate`` (eos_token_id, stopping_criteria,
+    logits_processor, repetition_penalty, ...), which prepares them exactly as for its own
+    decoding. transformers' drafter arguments map onto mtprobe's drafters
+    (``prompt_lookup_num_tokens``, ``assistant_model``, ``assistant_early_exit``; they must agree
+    with an explicit ``config``) and the other decoding methods' arguments are refused: see
+    :data:`mtprobe.hf_route.HF_ARGUMENTS`.
     """
     check_causal_lm(model)
     _check_no_inputs_embeds(generate_kwargs)
+    # HF's generate drops these before a custom_generate could see them: check and carry them here.
+    check_call_arguments(generate_kwargs)
+    assistant_model = generate_kwargs.pop("assistant_model", None)
+    if config is not None:
+        config = as_decoding_config(config)  # a bad dict fails here, before model.generate runs
     _check_input_ids(input_ids, model)
     _check_attention_mask(generate_kwargs.get("attention_mask"), input_ids)
     if max_new_tokens is not None:
@@ -99,9 +163,10 @@ def generate(
     return model.generate(
         input_ids,
         custom_generate=custom_generate,
-        mtprobe_config=config if config is not None else ProbeConfig(),
+        mtprobe_config=config,
         mtprobe_return_output=True,
         mtprobe_streamer=streamer,
+        mtprobe_assistant_model=assistant_model,
         max_new_tokens=max_new_tokens,
         **generate_kwargs,
     )
@@ -115,19 +180,32 @@ def custom_generate(
     generation_config: GenerationConfig,
     synced_gpus: bool = False,
     streamer: Any = None,
-    mtprobe_config: DecodingConfig | None = None,
+    mtprobe_config: DecodingConfig | Mapping[str, Any] | None = None,
     mtprobe_return_output: bool = False,
     mtprobe_streamer: Any = None,
+    mtprobe_assistant_model: Any = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | GenerateOutput:
     """The decoding method HF's ``generate`` calls when given ``custom_generate=mtprobe.custom_generate``.
 
-    Returns the sequences tensor (as greedy ``generate`` does), or a ``GenerateOutput`` when
-    ``return_dict_in_generate=True``.
+    ``mtprobe_config``: a decoding configuration or a ``{"method": ...}`` dict; ``None``: the one
+    transformers' drafter arguments describe (``prompt_lookup_num_tokens``, ``assistant_model``,
+    ``assistant_early_exit``), else ``ProbeConfig()``. Returns the sequences tensor (as ``generate``
+    does), or a ``GenerateOutput`` when ``return_dict_in_generate=True``.
     """
-    config = mtprobe_config if mtprobe_config is not None else ProbeConfig()
+    # transformers hands a callable custom_generate neither generate()'s assistant_model nor its
+    # streamer: read them, and the call's own arguments, from generate()'s frame.
+    caller = _hf_caller_locals()
     # The config first: beam search and num_return_sequences expand the batch before we see it.
     _check_generation_config(generation_config, model_kwargs)
+    check_refused(generation_config)
+    check_call_arguments(_call_arguments(caller))
+    assistant_model = mtprobe_assistant_model
+    if assistant_model is None:
+        assistant_model = caller.get("assistant_model")
+    given = None if mtprobe_config is None else as_decoding_config(mtprobe_config)
+    config = as_decoding_config(resolve_config(given, generation_config, assistant_model))
+    _log_decoding_mode(model, generation_config, caller)
     # What mtprobe.generate checks before calling model.generate, again for the HF route.
     check_causal_lm(model)
     _check_no_inputs_embeds(model_kwargs)
@@ -137,10 +215,10 @@ def custom_generate(
         model_kwargs.get("attention_mask"), input_ids, getattr(generation_config, "_mask_length", None)
     )
     _check_draft_context(model, config, input_ids.shape[1], stopping_criteria, generation_config)
-    if synced_gpus:
+    if synced_gpus or caller.get("synced_gpus"):  # HF keeps generate()'s synced_gpus from a callable
         raise NotImplementedError("mtprobe does not support synced_gpus (multi-GPU lockstep generation)")
     if streamer is None and mtprobe_streamer is None:
-        streamer = _streamer_from_hf_caller()
+        streamer = caller.get("streamer")
     streamer = streamer if streamer is not None else mtprobe_streamer
 
     device = input_ids.device
@@ -181,6 +259,17 @@ def custom_generate(
             return _apply_processors(logits_processor, ids, scores)
 
     do_sample = bool(generation_config.do_sample)
+    method = _method_name(config)
+    logger.info(
+        "mtprobe %s (%s), %s, block complexity %d; KV cache and mask for %d positions at first, "
+        "growing by doubling up to %d",
+        method,
+        config,
+        "sampling" if do_sample else "greedy",
+        config.block_complexity,
+        capacity,
+        max_capacity,
+    )
     drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     adapter = HFAdapter(model, capacity, max_capacity=max_capacity)
     stop = None
@@ -226,9 +315,7 @@ def custom_generate(
             result.fallback_steps,
         )
     sequences = torch.tensor(result.sequence, dtype=torch.long, device=device).unsqueeze(0)  # [1, L + new]
-    if not (mtprobe_return_output or generation_config.return_dict_in_generate):
-        return sequences
-    return GenerateOutput(
+    output = GenerateOutput(
         sequences=sequences,
         accept_lengths=list(result.accept_lengths),
         forward_calls=result.forward_calls,
@@ -240,7 +327,32 @@ def custom_generate(
         stop_reason=result.stop_reason,
         fallback_steps=result.fallback_steps,
         kv_capacity=result.kv_capacity,
+        method=method,
+        do_sample=do_sample,
+        new_tokens=len(result.sequence) - prompt_len,
+        drafted_per_depth=list(result.drafted_per_depth),
+        accepted_per_depth=list(result.accepted_per_depth),
     )
+    if logger.isEnabledFor(logging.INFO):
+        stats = output.summary()
+        logger.info(
+            "mtprobe %s: %d new tokens in %d decode steps (tau %.3f), %d of %d drafted tokens accepted, "
+            "%.1f tokens/s, stop: %s, KV capacity %d, mask columns %d, fallback steps %d",
+            method,
+            stats["new_tokens"],
+            stats["steps"],
+            stats["tau"],
+            stats["accepted_tokens"],
+            stats["drafted_tokens"],
+            stats["tokens_per_s"],
+            result.stop_reason,
+            result.kv_capacity,
+            result.mask_capacity,
+            result.fallback_steps,
+        )
+    if not (mtprobe_return_output or generation_config.return_dict_in_generate):
+        return sequences
+    return output
 
 
 def _check_input_ids(input_ids: object, model: PreTrainedModel | None = None) -> None:
@@ -310,29 +422,68 @@ def _split_stopping_criteria(
 
 
 def _check_sliding_window(model: PreTrainedModel, total_len: int) -> None:
-    cfg = model.config.get_text_config(decoder=True)
-    window = getattr(cfg, "sliding_window", None)
-    if (
-        isinstance(window, int)
-        and window > 0
-        and total_len > window
-        and getattr(cfg, "use_sliding_window", True)
-    ):
+    """Sliding-window layers are honoured by the adapter's tree mask (``adapter.sliding_mask``); only
+    mtprobe's own tree attention, which takes ancestor bits and no window, must stay inside it."""
+    sw = sliding_window(model)  # raises NotImplementedError for chunked / linear attention layers
+    if sw is None or total_len <= sw.window:
+        return
+    if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
         raise NotImplementedError(
-            f"sequence of {total_len} tokens exceeds the model's sliding window ({window}); mtprobe's tree mask "
-            "does not apply sliding windows yet"
+            f"sequence of {total_len} tokens exceeds the model's sliding window ({sw.window}) and the model runs "
+            f"the {TREE_ATTENTION!r} attention, which takes the tree as ancestor bits and cannot apply a window; "
+            "load it with attn_implementation='sdpa' or 'eager' (both honour the window), or keep prompt + "
+            f"max_new_tokens <= {sw.window}"
         )
 
 
-def _streamer_from_hf_caller() -> Any:
-    # transformers 5.x hands a callable custom_generate only its own extra kwargs, dropping the
-    # `streamer` argument of generate() (it has already put the prompt into it). Recover it from
-    # generate()'s frame so streaming still works on the HF route.
+def _hf_caller_locals() -> dict[str, Any]:
+    """The local variables of transformers' ``generate`` when it called ``custom_generate`` (else {}).
+
+    transformers 5.x hands a callable custom_generate only its own extra kwargs, dropping
+    generate()'s ``streamer`` (after putting the prompt into it) and ``assistant_model``; its frame
+    still holds them, and ``kwargs``: the call's generation arguments as the caller passed them.
+    """
     frame = inspect.currentframe()
     caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
     if caller is not None and caller.f_code.co_name == "generate":
-        return caller.f_locals.get("streamer")
-    return None
+        return dict(caller.f_locals)
+    return {}
+
+
+def _call_arguments(caller: dict[str, Any]) -> dict[str, Any]:
+    """generate()'s named arguments and keyword arguments as its caller passed them."""
+    kwargs = caller.get("kwargs")
+    args = dict(kwargs) if isinstance(kwargs, dict) else {}
+    for name in ("negative_prompt_ids", "negative_prompt_attention_mask", "assistant_model"):
+        if caller.get(name) is not None:
+            args[name] = caller[name]
+    return args
+
+
+def decoding_mode(generation_config: GenerationConfig) -> str:
+    """``"sample"`` or ``"greedy"``: what a generation with this (merged) generation config does.
+
+    transformers' rule (``GenerationConfig.get_generation_mode``): sampling exactly when
+    ``do_sample is True``; ``None`` and ``False`` decode greedily.
+    """
+    return "sample" if generation_config.do_sample is True else "greedy"
+
+
+def _log_decoding_mode(
+    model: PreTrainedModel, generation_config: GenerationConfig, caller: dict[str, Any]
+) -> None:
+    """INFO when sampling comes from the model's generation_config rather than from the call."""
+    if decoding_mode(generation_config) != "sample":
+        return
+    call = _call_arguments(caller)
+    model_samples = getattr(getattr(model, "generation_config", None), "do_sample", None) is True
+    if model_samples and "do_sample" not in call:
+        logger.info(
+            "sampling (do_sample=True) because %s's generation_config says do_sample=True, as model.generate does "
+            "with it; the output is a sample, not the greedy text. Pass do_sample=False for greedy decoding "
+            "(token-identical to model.generate(do_sample=False))",
+            type(model).__name__,
+        )
 
 
 def _apply_processors(
@@ -458,3 +609,8 @@ def _check_draft_context(
     if max_new_tokens < 1 or max_length > max_positions(model):
         return
     check_draft_model(model, config.draft_model, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+
+
+def _method_name(config: DecodingConfig) -> str:
+    """The short name of the drafter ``config`` selects (its key in ``mtprobe.config.METHOD_CONFIGS``)."""
+    return getattr(type(config), "method", type(config).__name__)
