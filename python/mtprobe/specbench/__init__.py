@@ -7,10 +7,15 @@ Command line (also the console script ``mtprobe-specbench``)::
         --block-complexity 30
     python -m mtprobe.specbench score --baseline ar.jsonl --answers probe.jsonl --model smollm2-135m \\
         --out-dir results/
+    python -m mtprobe.specbench run ... --method probe --repeats 3          # timing spread
+    python -m mtprobe.specbench run ... --method ar --temperature 1        # lossless sampling
+    python -m mtprobe.specbench compare answers/ --tokenizer smollm2-135m --out-dir results/
 
 Modules: :mod:`~mtprobe.specbench.questions` (question files), :mod:`~mtprobe.specbench.methods`
-(registry of decoding methods), :mod:`~mtprobe.specbench.run` (answers),
-:mod:`~mtprobe.specbench.score` (Spec-Bench's speed methodology, losslessness, report and plots).
+(registry of decoding methods), :mod:`~mtprobe.specbench.run` (answers and their metadata),
+:mod:`~mtprobe.specbench.score` (Spec-Bench's speed methodology, losslessness, report and plots),
+:mod:`~mtprobe.specbench.compare` (a folder of answer files side by side),
+:mod:`~mtprobe.specbench.plots` (the figures).
 """
 
 from mtprobe.specbench.methods import METHODS, Method, MethodOutput, Option, get_method, register

@@ -5,6 +5,11 @@ that fill it, and a run function ``run(model, input_ids, config, max_new_tokens)
 Adding a drafter (heads, ...) is one :func:`register` call, as for ``pld``, ``stand``,
 ``lookahead``, ``hybrid`` and ``sps`` at the end of this file.
 
+Every method samples when asked: ``run(..., temperature=T)`` with ``T > 0`` decodes with
+``do_sample=True, temperature=T`` (``ar`` through HF ``model.generate``, the others through
+``mtprobe.generate``, whose sampling is exact in distribution: tests/test_sampling.py); ``top_k`` and
+``top_p`` are what the model's generation config sets, the same for every method.
+
 ``decoding_steps`` follows Spec-Bench: for ``ar`` it is the number of new tokens (as in Spec-Bench's
 ``inference_baseline.py``, which equals the forwards greedy decoding makes, prefill included); for
 the mtprobe methods it is ``GenerateOutput.forward_calls``: target forwards, **prefill included**. Either way
@@ -74,13 +79,19 @@ class Option:
     id_key: str
     """Short key used in the default model_id, e.g. ``"bc"`` -> ``bc30``."""
     help: str
+    """What the field means for this method; name its default in the text when the field's own
+    default is ``None`` (resolved by the configuration), otherwise the help appends it."""
+    always_in_id: bool = False
+    """Part of the default model_id even at its default value (the method's headline setting, e.g. BC);
+    other options appear in the id only when they differ from the method's default."""
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
 
-RunFn = Callable[["PreTrainedModel", torch.Tensor, Any, int], MethodOutput]
+RunFn = Callable[..., MethodOutput]
+"""``run(model, input_ids, config, max_new_tokens, *, temperature=0.0) -> MethodOutput``."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,8 @@ class Method:
     options: tuple[Option, ...] = ()
     steps_doc: str = ""
     """What ``decoding_steps`` counts for this method (shown in --help)."""
-    supports_sampling: bool = False
+    supports_sampling: bool = True
+    """Whether ``temperature > 0`` is implemented (every built-in method: all sample losslessly)."""
 
     def make_config(self, values: Mapping[str, Any] | None = None) -> Any:
         """Build the configuration from ``{field: value}``; missing fields keep their defaults."""
@@ -107,17 +119,40 @@ class Method:
         return self.config_type(**values)
 
     def id_suffix(self, config: Any) -> str:
-        """The option part of a default model_id, e.g. ``bc30-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1``."""
-        return "-".join(f"{o.id_key}{getattr(config, o.field)}" for o in self.options)
+        """The option part of a short default model_id: the headline options (``always_in_id``) and
+        every other option that differs from the method's default given those, e.g. ``bc30`` for
+        ``ProbeConfig(block_complexity=30)`` and ``bc60-k1`` for ``ProbeConfig(60, num_masks=1)``.
+        The full configuration goes into the answer file's metadata, not into the id."""
+        headline = {o.field: getattr(config, o.field) for o in self.options if o.always_in_id}
+        try:
+            reference = self.make_config(headline)
+        except (TypeError, ValueError):
+            reference = None
+        parts = []
+        for o in self.options:
+            value = getattr(config, o.field)
+            if o.always_in_id or reference is None or value != getattr(reference, o.field):
+                parts.append(f"{o.id_key}{_id_value(value)}")
+        return "-".join(parts)
 
     def check_temperature(self, temperature: float) -> None:
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise TypeError(f"temperature must be a float, got {temperature!r}")
+        if not temperature >= 0 or temperature == float("inf"):  # also refuses NaN
+            raise ValueError(
+                f"temperature must be a finite number >= 0 (0: greedy decoding, > 0: sampling), got {temperature}"
+            )
         if temperature != 0 and not self.supports_sampling:
             raise NotImplementedError(
                 f"temperature={temperature}: sampling is not implemented for method {self.name!r} yet; "
                 "use --temperature 0 (greedy decoding)"
             )
+
+
+def _id_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
 
 
 METHODS: dict[str, Method] = {}
@@ -129,6 +164,13 @@ def register(method: Method) -> Method:
         raise ValueError(f"method {method.name!r} is already registered")
     if not (dataclasses.is_dataclass(method.config_type) and method.config_type.__dataclass_params__.frozen):
         raise TypeError(f"method {method.name!r}: config_type must be a frozen dataclass")
+    registered = getattr(method.config_type, "method", method.name)
+    if registered != method.name:
+        # One name per method everywhere: config dicts, --method and answer files agree.
+        raise ValueError(
+            f"method {method.name!r}: {method.config_type.__name__} is registered in mtprobe.config as "
+            f"{registered!r}; use name={registered!r}"
+        )
     METHODS[method.name] = method
     return method
 
@@ -163,19 +205,33 @@ def _field_default(method_name: str, option: Option) -> Any:
     return None
 
 
+def _own_option(method_name: str, flag: str) -> Option:
+    return next(o for o in METHODS[method_name].options if o.flag == flag)
+
+
+def option_help(flag: str) -> str:
+    """The --help text of ``flag``: what it sets for each method that takes it, with that method's default.
+
+    A flag shared by methods whose meaning or default differ (``--num-tokens``: pld's chain depth, 10,
+    and sps's drafts per step, 5) gets one clause per method, so no method is described by another's text.
+    """
+    option, users = _all_options()[flag]
+    clauses = []
+    for name in users:
+        own = _own_option(name, flag)
+        default = _field_default(name, own)
+        text = own.help if default is None else f"{own.help}; default {_id_value(default).lower()}"
+        clauses.append((name, text))
+    if len({text for _, text in clauses}) == 1:
+        return f"{clauses[0][1]} (method{'s' if len(users) > 1 else ''}: {', '.join(users)})"
+    return " | ".join(f"{name}: {text}" for name, text in clauses)
+
+
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every registered method's options to ``parser`` (default None = the method's default)."""
-    group = parser.add_argument_group("method options")
-    for flag, (option, users) in _all_options().items():
-        default = _field_default(users[0], option)
-        group.add_argument(
-            flag,
-            dest=option.dest,
-            type=option.type,
-            default=None,
-            help=f"{option.help} (method{'s' if len(users) > 1 else ''}: {', '.join(users)}; "
-            f"default: {'chosen by the method' if default is None else default})",
-        )
+    group = parser.add_argument_group("method options (each applies only to the methods named in its help)")
+    for flag, (option, _users) in _all_options().items():
+        group.add_argument(flag, dest=option.dest, type=option.type, default=None, help=option_help(flag))
 
 
 def config_from_args(method: Method, args: argparse.Namespace) -> Any:
@@ -196,26 +252,37 @@ def config_from_args(method: Method, args: argparse.Namespace) -> Any:
     return method.make_config(values)
 
 
-# --- ar: plain greedy decoding with HF generate --------------------------------------------------
+# --- ar: plain decoding with HF generate --------------------------------------------------------
+
+
+def _sampling_kwargs(temperature: float) -> dict[str, Any]:
+    # Greedy at 0 (Spec-Bench's inference_baseline.py: do_sample only for temperature > 1e-5).
+    return {"do_sample": True, "temperature": float(temperature)} if temperature > 0 else {"do_sample": False}
 
 
 @dataclass(frozen=True)
 class GreedyConfig:
-    """Plain greedy ``model.generate(do_sample=False)``: nothing to configure."""
+    """Plain ``model.generate``: greedy (``do_sample=False``), or sampling at ``--temperature T > 0``.
+    Nothing to configure."""
 
 
 def _run_ar(
-    model: PreTrainedModel, input_ids: torch.Tensor, config: GreedyConfig, max_new_tokens: int
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,  # [1, L]
+    config: GreedyConfig,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
 ) -> MethodOutput:
     # The all-ones attention mask changes nothing for one unpadded row; it silences HF's warning
     # for models whose pad token is their EOS token.
     out = model.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
-        do_sample=False,
         max_new_tokens=max_new_tokens,
+        **_sampling_kwargs(temperature),
     )
-    new_ids = out[0, input_ids.shape[1] :]
+    new_ids = out[0, input_ids.shape[1] :]  # [new]
     n = int(new_ids.shape[0])
     # As Spec-Bench's inference_baseline.py: one step and one accepted token per new token.
     return MethodOutput(new_ids, n, [1] * n)
@@ -224,7 +291,7 @@ def _run_ar(
 register(
     Method(
         name="ar",
-        summary="autoregressive baseline: HF model.generate(do_sample=False)",
+        summary="autoregressive baseline: HF model.generate (greedy, or sampling at --temperature > 0)",
         config_type=GreedyConfig,
         run=_run_ar,
         steps_doc="new tokens (= forward calls, prefill included)",
@@ -234,9 +301,9 @@ register(
 
 # --- probe: mtprobe's mask-token probing ---------------------------------------------------------
 
-BLOCK_COMPLEXITY_OPTION = Option(
-    "--block-complexity", "block_complexity", int, "bc", "BC: most input tokens per decode forward"
-)
+
+def _bc_option(help_text: str) -> Option:
+    return Option("--block-complexity", "block_complexity", int, "bc", help_text, always_in_id=True)
 
 
 def _parse_bool(text: str) -> bool:
@@ -250,15 +317,22 @@ def _parse_bool(text: str) -> bool:
 
 def _run_mtprobe(
     model: PreTrainedModel,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor,  # [1, L]
     config: DecodingConfig,
     max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
 ) -> MethodOutput:
     """Any method that is mtprobe.generate with a decoding configuration."""
     from mtprobe.generate import generate
 
     out = generate(
-        model, input_ids, config, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids)
+        model,
+        input_ids,
+        config,
+        max_new_tokens=max_new_tokens,
+        attention_mask=torch.ones_like(input_ids),
+        **_sampling_kwargs(temperature),
     )
     return MethodOutput(
         out.sequences[0, input_ids.shape[1] :], int(out.forward_calls), list(out.accept_lengths)
@@ -267,21 +341,49 @@ def _run_mtprobe(
 
 register(
     Method(
-        name="probe",
+        name=ProbeConfig.method,  # the short name mtprobe.config registers
         summary="mask-token probing: mtprobe.generate with a ProbeConfig",
         config_type=ProbeConfig,
         run=_run_mtprobe,
         options=(
-            BLOCK_COMPLEXITY_OPTION,
+            _bc_option("BC, the most input tokens of one decode forward, mask tokens included"),
             Option(
-                "--num-masks", "num_masks", int, "k", "mask tokens per node (default: 1 below BC 60, else 2)"
+                "--num-masks",
+                "num_masks",
+                int,
+                "k",
+                "k, chained mask tokens per tree node, 1 to 4; default 1 below BC 60, else 2",
             ),
             Option(
-                "--tree", "tree", str, "tree-", "static or dynamic (default: static for 1 mask, else dynamic)"
+                "--tree",
+                "tree",
+                str,
+                "tree-",
+                "static (fixed branches, Top-1 expansion) or dynamic (the best candidates by cumulative "
+                "probability); default static for 1 mask, else dynamic",
             ),
-            Option("--prune", "prune", _parse_bool, "prune", "tree pruner on or off (true/false)"),
-            Option("--mask-init", "mask_init", str, "init-", "mask design, e.g. prompt_mean, gaussian"),
-            Option("--mask-lambda", "mask_lambda", float, "lam", "running mask update step lambda"),
+            Option(
+                "--prune",
+                "prune",
+                _parse_bool,
+                "prune-",
+                "true/false: replace a draft that repeats its parent or the last token by the next best",
+            ),
+            Option(
+                "--mask-init",
+                "mask_init",
+                str,
+                "init-",
+                "mask design: prompt_mean, prompt_last, gaussian, gaussian_5sigma or gaussian_10sigma",
+            ),
+            Option(
+                "--mask-lambda",
+                "mask_lambda",
+                float,
+                "lam",
+                "lambda in [0, 1], step of the running mask update m <- m + lambda (e_new - m); 0 keeps "
+                "the initial masks",
+            ),
         ),
         steps_doc="forward calls, prefill included",
     )
@@ -293,13 +395,26 @@ register(
 
 register(
     Method(
-        name="pld",
+        name=PromptLookupConfig.method,  # the short name mtprobe.config registers
         summary="prompt lookup decoding: a chain copied from an earlier occurrence of the last n-gram",
         config_type=PromptLookupConfig,
         run=_run_mtprobe,
         options=(
-            Option("--num-tokens", "num_tokens", int, "n", "chain depth (block complexity = 1 + this)"),
-            Option("--max-ngram-size", "max_ngram_size", int, "g", "longest n-gram matched"),
+            Option(
+                "--num-tokens",
+                "num_tokens",
+                int,
+                "n",
+                "chain depth: drafts copied after the matched n-gram per step (transformers' "
+                "prompt_lookup_num_tokens); a step takes 1 + this inputs",
+            ),
+            Option(
+                "--max-ngram-size",
+                "max_ngram_size",
+                int,
+                "g",
+                "the longest n-gram matched (transformers' max_matching_ngram_size)",
+            ),
         ),
         steps_doc="forward calls, prefill included",
     )
@@ -311,13 +426,13 @@ register(
 
 register(
     Method(
-        name="stand",
+        name=StandConfig.method,  # the short name mtprobe.config registers
         summary="STAND: a draft tree from an n-gram store of the target's own next-token distributions",
         config_type=StandConfig,
         run=_run_mtprobe,
         options=(
-            BLOCK_COMPLEXITY_OPTION,
-            Option("--max-depth", "max_depth", int, "d", "deepest draft"),
+            _bc_option("most inputs of one decode forward: the root and BC - 1 draft nodes"),
+            Option("--max-depth", "max_depth", int, "d", "deepest draft (tokens after the root)"),
         ),
         steps_doc="forward calls, prefill included",
     )
@@ -329,16 +444,28 @@ register(
 
 register(
     Method(
-        name="lookahead",
+        name=LookaheadConfig.method,  # the short name mtprobe.config registers
         summary="lookahead decoding: a Jacobi window and the verification of its n-grams in one forward",
         config_type=LookaheadConfig,
         run=_run_mtprobe,
         options=(
             Option(
-                "--ngram-size", "ngram_size", int, "L", "L, n-gram size (block complexity (L - 1)(W + G))"
+                "--ngram-size",
+                "ngram_size",
+                int,
+                "L",
+                "L, n-gram size, at least 2 (a step takes (L - 1)(W + G) inputs)",
+                always_in_id=True,
             ),
-            Option("--window", "window", int, "W", "W, Jacobi window width"),
-            Option("--guess-set-size", "guess_set_size", int, "G", "G, n-grams verified per step"),
+            Option("--window", "window", int, "W", "W, Jacobi window width", always_in_id=True),
+            Option(
+                "--guess-set-size",
+                "guess_set_size",
+                int,
+                "G",
+                "G, n-grams verified per step",
+                always_in_id=True,
+            ),
         ),
         steps_doc="forward calls, prefill included",
     )
@@ -350,14 +477,14 @@ register(
 
 register(
     Method(
-        name="hybrid",
+        name=HybridConfig.method,  # the short name mtprobe.config registers
         summary="hybrid: mask-token probing and STAND's n-gram store drafting one tree under one budget",
         config_type=HybridConfig,
         run=_run_mtprobe,
         options=(
-            BLOCK_COMPLEXITY_OPTION,
-            Option("--num-masks", "num_masks", int, "k", "mask tokens per node"),
-            Option("--max-depth", "max_depth", int, "d", "deepest n-gram draft"),
+            _bc_option("BC, the most input tokens of one decode forward, mask tokens included"),
+            Option("--num-masks", "num_masks", int, "k", "k, mask tokens per tree node (the probing half)"),
+            Option("--max-depth", "max_depth", int, "d", "deepest draft of the n-gram half"),
         ),
         steps_doc="forward calls, prefill included",
     )
@@ -369,8 +496,9 @@ register(
 
 register(
     Method(
-        name="sps",
-        summary="draft-model speculative decoding with the target's layer-truncated self-draft",
+        name=DraftModelConfig.method,  # the short name mtprobe.config registers
+        summary="draft-model speculative decoding: a draft model (--draft-model; default the target's "
+        "layer-truncated self-draft) proposes a chain, the target verifies it",
         config_type=DraftModelConfig,
         run=_run_mtprobe,
         options=(
@@ -379,10 +507,24 @@ register(
                 "num_tokens",
                 int,
                 "n",
-                "chain drafts per step (block complexity = this + top branches)",
+                "K, tokens the draft model drafts per step in a chain; a step feeds the target "
+                "K + top branches inputs",
+                always_in_id=True,
             ),
-            Option("--draft-layers", "num_draft_layers", int, "l", "layers of the truncated self-draft"),
-            Option("--top-branches", "top_branches", int, "b", "children of the root (1: a chain)"),
+            Option(
+                "--draft-layers",
+                "num_draft_layers",
+                int,
+                "l",
+                "layers of the target's layer-truncated self-draft (used when --draft-model is not given)",
+            ),
+            Option(
+                "--top-branches",
+                "top_branches",
+                int,
+                "b",
+                "children of the root: the chain's first draft and b - 1 siblings (1: a plain chain)",
+            ),
         ),
         steps_doc="target forward calls, prefill included (the draft model's forwards are not counted)",
     )

@@ -8,8 +8,28 @@ discarded before the timed run; one answer line is appended per question::
 
     {"question_id", "category", "answer_id", "model_id",
      "choices": [{"index": 0, "turns": [text per turn], "decoding_steps": [per turn],
-                  "new_tokens": [per turn], "wall_time": [per turn], "accept_lengths": [flat]}],
-     "tstamp"}
+                  "new_tokens": [per turn], "wall_time": [per turn], "accept_lengths": [flat],
+                  "wall_times": [[per turn] per timed run]}],
+     "tstamp", "mtprobe": {metadata}}
+
+Every key Spec-Bench writes is there with its meaning unchanged, so Spec-Bench's own
+``evaluation/speed.py`` reads these files; two keys are added:
+
+* ``choices[0]["wall_times"]``: with ``repeats`` = N > 1 every question is generated N times in a
+  row (each time from the same seed) and every run's per-turn wall times are kept here, the first
+  run's being ``wall_time``. The texts and counts are the first run's; under greedy decoding every
+  repeat must produce the same tokens (:class:`RepeatMismatchError` otherwise), so all timings time
+  the same output. ``score`` and ``compare`` report the mean and spread over the runs.
+* ``"mtprobe"``: the run's full configuration (:func:`run_metadata`): method and its configuration
+  as a dict, model, dtype, device, threads, temperature, seed, max_new_tokens, repeats, draft model,
+  the torch/transformers/mtprobe versions and the machine. It is on every line, so a file stays
+  self-describing when lines are appended by a resumed run, and a resumed run whose settings differ
+  from the file's is refused. The short ``model_id`` (:func:`default_model_id`,
+  e.g. ``smollm2-135m-probe-bc30``) only names the run.
+
+Sampling: with ``temperature`` T > 0 every method decodes with ``do_sample=True, temperature=T``
+(mtprobe's sampling is exact in distribution; ``ar`` is HF ``generate``); the seed is set before every
+question as for greedy decoding.
 
 Differences from Spec-Bench, on purpose: the chat template is the tokenizer's own rather than a
 FastChat conversation template, answers are decoded with ``skip_special_tokens=True`` and stripped
@@ -20,8 +40,10 @@ interruption cut off is dropped from the file and its question answered again).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import platform
 import sys
 import time
 import uuid
@@ -32,13 +54,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mtprobe.specbench.methods import Method, get_method
-from mtprobe.specbench.questions import Question, load_questions, select_questions
+from mtprobe.specbench.questions import Question, first_per_category, load_questions, select_questions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
+    "METADATA_KEY",
+    "RepeatMismatchError",
     "RunConfig",
     "RunSummary",
     "answer_question",
@@ -47,9 +71,28 @@ __all__ = [
     "encode_conversation",
     "read_answer_file",
     "run",
+    "run_metadata",
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 1024  # Spec-Bench's default
+METADATA_KEY = "mtprobe"
+"""Key of the run's configuration on every answer line (Spec-Bench ignores keys it does not know)."""
+# Settings that change the answers: a resumed run must match the file on all of them.
+_ANSWER_SETTINGS = (
+    "method",
+    "method_config",
+    "model",
+    "dtype",
+    "temperature",
+    "seed",
+    "max_new_tokens",
+    "first_turn_only",
+    "draft_model",
+)
+
+
+class RepeatMismatchError(RuntimeError):
+    """A repeated timing run of a question produced other tokens than its first run (greedy decoding)."""
 
 
 @dataclass(frozen=True)
@@ -63,11 +106,12 @@ class RunConfig:
     method_config: Any = None
     """The method's frozen configuration dataclass; None means its defaults."""
     model_id: str | None = None
-    """None derives one from the model, method, options, dtype and temperature."""
+    """None derives a short one from the model, method, headline options, dtype and temperature."""
     answer_file: Path | None = None
     """None derives ``model_answer/<question file stem>/<model_id>.jsonl``."""
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
+    """0: greedy decoding; T > 0: sampling with ``do_sample=True, temperature=T`` for every method."""
     seed: int = 0
     dtype: str = "float32"
     device: str = "auto"
@@ -75,10 +119,29 @@ class RunConfig:
     question_begin: int | None = None
     question_end: int | None = None
     categories: tuple[str, ...] | None = None
+    per_category: int | None = None
+    """Keep only the first N questions of every category (before ``limit``): a small subset that still
+    covers every task and MT-bench sub-category."""
+    first_turn_only: bool = False
+    """Ask only the first turn of every question (MT-bench has two): shorter runs; Spec-Bench asks all."""
     threads: int | None = None
     warmup: int = 3
     """Runs of the first pending question discarded before timing (Spec-Bench: 3)."""
     progress: bool = True
+    repeats: int = 1
+    """Timed runs of every question (all wall times are kept; the first run's answer is written)."""
+    draft_model: str | None = None
+    """For ``sps``: a known model name or local folder loaded as the draft model (same tokenizer as
+    the target). None keeps the method configuration's own draft: the target's layer-truncated copy."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"repeats must be an int >= 1 (timed runs per question), got {self.repeats!r}")
+        if self.draft_model is not None and self.method != "sps":
+            raise ValueError(
+                f"draft_model={self.draft_model!r} is for method 'sps' (draft-model speculative decoding), "
+                f"not {self.method!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -111,20 +174,117 @@ def _model_name(model: str) -> str:
 
 
 def default_model_id(
-    model: str, method: Method, config: Any, dtype: str, temperature: float, max_new_tokens: int
+    model: str,
+    method: Method,
+    config: Any,
+    dtype: str = "float32",
+    temperature: float = 0.0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    draft_model: str | None = None,
 ) -> str:
-    """Spec-Bench-style id, e.g. ``smollm2-135m-probe-bc30-k1-tree-static-pruneTrue-init-prompt_mean-lam0.1-float32-temp-0.0``.
+    """A short readable id: model, method, its headline options and those that differ from its defaults,
+    then the draft model, a dtype other than float32 and a temperature other than 0, e.g.
+    ``smollm2-135m-probe-bc30``, ``smollm2-135m-ar-t1``, ``smollm2-135m-sps-n5-draft-tiny``.
 
-    A non-default ``max_new_tokens`` is part of the id so that resuming never mixes answer lengths.
+    The full configuration (``max_new_tokens`` included) goes into each answer line's ``"mtprobe"``
+    metadata instead; a resumed run that differs from it on any setting that changes the answers is
+    refused, so two runs never mix in one file even where their ids agree.
     """
+    del max_new_tokens  # in the metadata, not in the id
     parts = [_model_name(model), method.name]
     suffix = method.id_suffix(config)
     if suffix:
         parts.append(suffix)
-    parts += [dtype, f"temp-{float(temperature)}"]
-    if max_new_tokens != DEFAULT_MAX_NEW_TOKENS:
-        parts.append(f"max{max_new_tokens}")
+    if draft_model is not None:
+        parts.append(f"draft-{_model_name(draft_model)}")
+    if dtype != "float32":
+        parts.append({"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype))
+    if temperature:
+        parts.append(f"t{float(temperature):g}")
     return "-".join(parts)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    # A model object (DraftModelConfig.draft_model): its class and where it came from.
+    name = getattr(getattr(value, "config", None), "_name_or_path", "") or ""
+    return f"{type(value).__name__}({name})" if name else type(value).__name__
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A method configuration as a JSON-able dict: its ``to_dict()`` where it has one, else its fields."""
+    draft = getattr(config, "draft_model", None)
+    if draft is not None and dataclasses.is_dataclass(config):
+        # a live model object cannot go into JSON: the configuration without it, the model named
+        out = config_dict(dataclasses.replace(config, draft_model=None))
+        out["draft_model"] = _jsonable(draft)
+        return out
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return _jsonable(to_dict())
+    if dataclasses.is_dataclass(config):
+        return {f.name: _jsonable(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    return {"repr": repr(config)}
+
+
+def _machine(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def run_metadata(
+    cfg: RunConfig, method: Method, config: Any, model: PreTrainedModel | None
+) -> dict[str, Any]:
+    """The ``"mtprobe"`` metadata of ``cfg``'s answer lines: everything needed to reproduce the run."""
+    import transformers
+
+    import mtprobe
+
+    device = model.device if model is not None else _resolve_device(cfg.device)
+    meta: dict[str, Any] = {
+        "method": method.name,
+        "method_config": config_dict(config),
+        "model": _model_name(cfg.model),
+        "model_path": str(cfg.model),
+        "dtype": cfg.dtype,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "temperature": float(cfg.temperature),
+        "do_sample": cfg.temperature > 0,
+        "seed": cfg.seed,
+        "max_new_tokens": cfg.max_new_tokens,
+        "first_turn_only": cfg.first_turn_only,
+        "repeats": cfg.repeats,
+        "warmup": cfg.warmup,
+        "draft_model": cfg.draft_model,
+        "versions": {
+            "mtprobe": mtprobe.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "machine": _machine(device),
+    }
+    if cfg.draft_model is not None:
+        meta["method_config"]["draft_model"] = cfg.draft_model  # the name given, not the loaded object
+    gen = getattr(model, "generation_config", None)
+    if cfg.temperature > 0 and gen is not None:
+        # what model.generate(do_sample=True) applies on top of the temperature, for every method alike
+        meta["top_k"], meta["top_p"] = getattr(gen, "top_k", None), getattr(gen, "top_p", None)
+    return meta
 
 
 def default_answer_file(question_file: Path, model_id: str) -> Path:
@@ -142,11 +302,16 @@ def _answer_id() -> str:
         return uuid.uuid4().hex
 
 
-def read_answer_file(path: Path, model_id: str | None = None) -> dict[int, dict]:
+def read_answer_file(
+    path: Path, model_id: str | None = None, settings: dict[str, Any] | None = None
+) -> dict[int, dict]:
     """Answer lines already in ``path`` by question_id ({} if it does not exist).
 
     With ``model_id``, a line written for another model_id is refused (ValueError naming both), so
-    a resumed run never mixes two configurations in one file.
+    a resumed run never mixes two configurations in one file. With ``settings`` (a run's metadata), a
+    line whose ``"mtprobe"`` metadata differs on a setting that changes the answers (method and its
+    configuration, model, dtype, temperature, seed, max_new_tokens, draft model) is refused likewise;
+    lines written before the metadata existed are checked by model_id only.
 
     A last line without its newline that does not parse is the line an interrupted run was writing:
     it is left out (``run`` removes it from the file and answers its question again). Any other line
@@ -159,7 +324,7 @@ def read_answer_file(path: Path, model_id: str | None = None) -> dict[int, dict]
     tail = lines.pop()  # what follows the last newline: b"" when the file ends with one
     for lineno, raw in enumerate(lines, start=1):
         if raw.strip():
-            obj = _answer_line(path, lineno, raw, model_id)
+            obj = _answer_line(path, lineno, raw, model_id, settings)
             done[obj["question_id"]] = obj
     if tail.strip():
         lineno = len(lines) + 1
@@ -167,12 +332,14 @@ def read_answer_file(path: Path, model_id: str | None = None) -> dict[int, dict]
             json.loads(tail.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             return done  # cut off by an interrupted write
-        obj = _answer_line(path, lineno, tail, model_id)
+        obj = _answer_line(path, lineno, tail, model_id, settings)
         done[obj["question_id"]] = obj
     return done
 
 
-def _answer_line(path: Path, lineno: int, raw: bytes, model_id: str | None) -> dict:
+def _answer_line(
+    path: Path, lineno: int, raw: bytes, model_id: str | None, settings: dict[str, Any] | None = None
+) -> dict:
     try:
         obj = json.loads(raw.decode("utf-8"))
         _, found = obj["question_id"], obj["model_id"]
@@ -187,6 +354,15 @@ def _answer_line(path: Path, lineno: int, raw: bytes, model_id: str | None) -> d
             f"{path} holds answers of model_id {found!r} (line {lineno}), not of this run's "
             f"model_id {model_id!r}; pass another --answer-file (or --model-id {found!r} to resume)"
         )
+    meta = obj.get(METADATA_KEY)
+    if settings is not None and isinstance(meta, dict):
+        differ = [k for k in _ANSWER_SETTINGS if k in meta and meta[k] != settings.get(k)]
+        if differ:
+            detail = "; ".join(f"{k}: file {meta[k]!r}, this run {settings.get(k)!r}" for k in differ)
+            raise ValueError(
+                f"{path}, line {lineno}: answers of another configuration ({detail}); resuming would mix "
+                "two runs in one file: pass another --answer-file or --model-id"
+            )
     return obj
 
 
@@ -241,8 +417,11 @@ def answer_question(
     config: Any,
     question: Question,
     max_new_tokens: int,
+    temperature: float = 0.0,
 ) -> dict[str, Any]:
-    """Answer every turn of ``question``; return Spec-Bench's ``choices[0]`` dict."""
+    """Answer every turn of ``question``; return Spec-Bench's ``choices[0]`` dict.
+
+    ``temperature`` > 0 samples (``do_sample=True``); the caller seeds torch before the call."""
     device = model.device
     messages: list[dict[str, str]] = []
     turns: list[str] = []
@@ -255,7 +434,12 @@ def answer_question(
         input_ids = encode_conversation(tokenizer, messages, device)
         _sync(device)
         t0 = time.perf_counter()
-        out = method.run(model, input_ids, config, max_new_tokens)
+        # greedy calls keep run's four-argument form, which every method (and a custom one) takes
+        out = (
+            method.run(model, input_ids, config, max_new_tokens, temperature=temperature)
+            if temperature > 0
+            else method.run(model, input_ids, config, max_new_tokens)
+        )
         _sync(device)
         elapsed = time.perf_counter() - t0
         answer = tokenizer.decode(out.new_ids, skip_special_tokens=True).strip()
@@ -305,6 +489,7 @@ def run(
 
     ``model`` and ``tokenizer`` may be passed already loaded (``cfg.model`` still names them in the
     default model_id); otherwise ``mtprobe.models.load(cfg.model, dtype=cfg.dtype)`` loads them.
+    With ``cfg.draft_model`` (method ``sps``) the draft model is loaded the same way.
     """
     from mtprobe import models
 
@@ -319,22 +504,31 @@ def run(
         raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     if cfg.warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {cfg.warmup}")
+    if cfg.draft_model is not None and getattr(config, "draft_model", None) is not None:
+        raise ValueError(
+            "draft_model is given twice: as RunConfig.draft_model and inside the method configuration; "
+            "give one of them"
+        )
     if cfg.threads is not None:
         if cfg.threads < 1:
             raise ValueError(f"threads must be >= 1, got {cfg.threads}")
         torch.set_num_threads(cfg.threads)
 
     questions = load_questions(cfg.question_file, begin=cfg.question_begin, end=cfg.question_end)
+    if cfg.per_category is not None:
+        questions = first_per_category(questions, cfg.per_category)
     questions = select_questions(questions, categories=cfg.categories, limit=cfg.limit)
+    if cfg.first_turn_only:
+        questions = [dataclasses.replace(q, turns=q.turns[:1]) for q in questions]
     model_id = cfg.model_id or default_model_id(
-        cfg.model, method, config, cfg.dtype, cfg.temperature, cfg.max_new_tokens
+        cfg.model, method, config, cfg.dtype, cfg.temperature, cfg.max_new_tokens, cfg.draft_model
     )
     answer_file = (
         Path(cfg.answer_file)
         if cfg.answer_file is not None
         else default_answer_file(cfg.question_file, model_id)
     )
-    done = read_answer_file(answer_file, model_id)
+    done = read_answer_file(answer_file, model_id, run_metadata(cfg, method, config, model))
     pending = [q for q in questions if q.question_id not in done]
     skipped = len(questions) - len(pending)
     if skipped:
@@ -344,7 +538,11 @@ def run(
 
     if model is None or tokenizer is None:
         model, tokenizer = models.load(cfg.model, dtype=cfg.dtype, device=_resolve_device(cfg.device))
-    _log(f"{model_id}: {len(pending)} questions -> {answer_file}")
+    if cfg.draft_model is not None:
+        draft, _ = models.load(cfg.draft_model, dtype=cfg.dtype, device=model.device)
+        config = dataclasses.replace(config, draft_model=draft)
+    meta = run_metadata(cfg, method, config, model)
+    _log(f"{model_id}: {len(pending)} questions x {cfg.repeats} timed run(s) -> {answer_file}")
     answer_file.parent.mkdir(parents=True, exist_ok=True)
     dropped = _end_with_complete_line(answer_file)
     if dropped is not None:
@@ -352,17 +550,25 @@ def run(
             f"line {dropped} of {answer_file} was cut off by an interrupted run: dropped, its question counts as unanswered"
         )
 
+    def answer(q: Question) -> dict[str, Any]:
+        torch.manual_seed(cfg.seed)  # Spec-Bench seeds every question (with the choice index 0)
+        return answer_question(model, tokenizer, method, config, q, cfg.max_new_tokens, cfg.temperature)
+
     total_tokens, total_time, pooled = 0, 0.0, []
     with torch.inference_mode():
         for i in range(cfg.warmup):  # Spec-Bench: the first question, three times, discarded
-            torch.manual_seed(cfg.seed)
-            answer_question(model, tokenizer, method, config, pending[0], cfg.max_new_tokens)
+            answer(pending[0])
             _log(f"warm-up {i + 1}/{cfg.warmup} done")
 
         bar = _progress(pending, cfg.progress, model_id)
         for q in bar:
-            torch.manual_seed(cfg.seed)  # Spec-Bench seeds every question (with the choice index 0)
-            choice = answer_question(model, tokenizer, method, config, q, cfg.max_new_tokens)
+            choice = answer(q)
+            wall_times = [list(choice["wall_time"])]
+            for r in range(1, cfg.repeats):
+                again = answer(q)
+                _check_repeat(q, choice, again, r, cfg)
+                wall_times.append(list(again["wall_time"]))
+            choice["wall_times"] = wall_times
             line = {
                 "question_id": q.question_id,
                 "category": q.category,
@@ -370,6 +576,7 @@ def run(
                 "model_id": model_id,
                 "choices": [choice],
                 "tstamp": time.time(),
+                METADATA_KEY: meta,
             }
             with open(answer_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps(line) + "\n")  # one write per line: an interrupted run loses at most one
@@ -387,9 +594,36 @@ def run(
     )
     _log(
         f"wrote {summary.written} answers to {answer_file}: tau {summary.tau:.3f}, "
-        f"{summary.tokens_per_second:.2f} tokens/s"
+        f"{summary.tokens_per_second:.2f} tokens/s (first timed runs)"
     )
     return summary
+
+
+def _check_repeat(q: Question, first: dict[str, Any], again: dict[str, Any], r: int, cfg: RunConfig) -> None:
+    """Under greedy decoding a repeat must reproduce the first run's output, or its timing would time
+    another answer; under sampling (same seed) a difference means non-deterministic kernels: logged."""
+    same = first["turns"] == again["turns"] and first["new_tokens"] == again["new_tokens"]
+    if same:
+        return
+    turn = next(
+        (
+            t + 1
+            for t, (a, b) in enumerate(zip(first["turns"], again["turns"], strict=False))
+            if a != b or first["new_tokens"][t] != again["new_tokens"][t]
+        ),
+        len(first["turns"]),
+    )
+    what = (
+        f"question {q.question_id} ({q.category}): timed run {r + 1} of {cfg.repeats} produced other tokens "
+        f"than the first run in turn {turn} ({first['new_tokens']} vs {again['new_tokens']} new tokens)"
+    )
+    if cfg.temperature > 0:
+        _log(f"{what}; sampling with the same seed should repeat itself: non-deterministic kernels?")
+        return
+    raise RepeatMismatchError(
+        f"{what}, under greedy decoding: the method is not deterministic, so the repeated timings would "
+        "time different answers; run with --repeats 1, or fix the method"
+    )
 
 
 def _progress(items: list[Question], enabled: bool, desc: str) -> Any:

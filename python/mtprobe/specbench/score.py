@@ -19,10 +19,23 @@ add_special_tokens=False).input_ids)`` tokens, which equals Spec-Bench's ``- 1``
 that add exactly one BOS and stays right for those that add none (SmolLM2, Qwen); ``literal=True``
 (``--literal-token-count``) restores Spec-Bench's formula exactly.
 
-Added here, not in Spec-Bench: the reduction in forward calls (``sum`` of the baseline's
-``decoding_steps`` ÷ ``sum`` of the method's, pooled over the questions present in both files), the
-losslessness check (answer texts equal to the baseline's, turn by turn, for the same question_id),
-and a list of the questions present in only one of the two files.
+Added here, not in Spec-Bench: the reduction in forward calls per generated token (the baseline's
+``sum(decoding_steps) / sum(new_tokens)`` ÷ the method's, pooled over the questions present in both
+files; for identical outputs that is baseline steps ÷ method steps), the losslessness check (answer
+texts equal to the baseline's, turn by turn, for the same question_id), and a list of the questions
+present in only one of the two files.
+
+Repeated timing runs (``run --repeats N``; the answer lines' extra ``wall_times``): tokens/s is
+Spec-Bench's number computed once per timed run (run r uses every question's r-th wall times), then
+averaged over the runs, with its standard deviation, minimum and maximum; the speedup is the mean
+method tokens/s ÷ the mean baseline tokens/s, and its spread is over every pairing of a method run
+with a baseline run. A file without ``wall_times`` (Spec-Bench's own, or written before they existed)
+has one run, and every number is then exactly Spec-Bench's.
+
+Sampling (answer lines whose ``"mtprobe"`` metadata has ``temperature`` > 0, on either side): the
+texts are samples, so equality with the baseline is not checked; τ and speed are reported as
+Spec-Bench reports them at T > 0, and losslessness is established in distribution by the exactness
+tests (tests/test_sampling.py). Files without metadata count as greedy.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +83,19 @@ class Answer:
     new_tokens: tuple[int, ...]
     wall_time: tuple[float, ...]
     accept_lengths: tuple[int, ...]
+    wall_times: tuple[tuple[float, ...], ...] = ()
+    """Per-turn wall times of every timed run (``run --repeats``); ``(wall_time,)`` when the line has none."""
+    meta: dict[str, Any] | None = None
+    """The line's ``"mtprobe"`` metadata (the run's configuration), None in Spec-Bench's own files."""
+
+    @property
+    def runs(self) -> tuple[tuple[float, ...], ...]:
+        return self.wall_times or (self.wall_time,)
+
+    @property
+    def temperature(self) -> float:
+        t = (self.meta or {}).get("temperature", 0.0)
+        return float(t) if _is_num(t) else 0.0
 
 
 def _is_int(x: object) -> bool:
@@ -108,6 +134,22 @@ def _parse_answer(obj: object, where: str) -> Answer:
         raise ValueError(f"{where}: the wall_time of the question sums to 0; a speed cannot be computed")
     if not all(_is_int(a) and a >= 0 for a in c["accept_lengths"]):
         raise ValueError(f"{where}: choices[0]['accept_lengths'] must hold non-negative ints")
+    runs = c.get("wall_times", None)
+    if runs is not None:
+        if not isinstance(runs, list) or not runs:
+            raise ValueError(f"{where}: choices[0]['wall_times'] must be a non-empty list (one list per run)")
+        for r, w in enumerate(runs):
+            if not isinstance(w, list) or len(w) != n or not all(_is_num(v) and v >= 0 for v in w):
+                raise ValueError(
+                    f"{where}: choices[0]['wall_times'][{r}] must list {n} non-negative wall times, got {w!r}"
+                )
+            if sum(w) <= 0:
+                raise ValueError(
+                    f"{where}: choices[0]['wall_times'][{r}] sums to 0; no speed can be computed"
+                )
+    meta = obj.get("mtprobe")
+    if meta is not None and not isinstance(meta, dict):
+        raise ValueError(f"{where}: 'mtprobe' metadata must be an object, got {type(meta).__name__}")
     return Answer(
         question_id=obj["question_id"],
         category=str(obj["category"]),
@@ -117,6 +159,8 @@ def _parse_answer(obj: object, where: str) -> Answer:
         new_tokens=tuple(c["new_tokens"]),
         wall_time=tuple(float(w) for w in c["wall_time"]),
         accept_lengths=tuple(c["accept_lengths"]),
+        wall_times=tuple(tuple(float(v) for v in w) for w in runs) if runs else (),
+        meta=meta,
     )
 
 
@@ -196,6 +240,16 @@ class GroupStats:
     forward_reduction: float | None
     identical_turns: int
     compared_turns: int
+    repeats: int = 1
+    """Timed runs the speeds are averaged over (the fewest any question of the group has)."""
+    tokens_per_second_std: float | None = None
+    """Standard deviation over the timed runs (None with one run); min and max likewise."""
+    tokens_per_second_min: float | None = None
+    tokens_per_second_max: float | None = None
+    speedup_std: float | None = None
+    """Over every pairing of a method run with a baseline run; min and max likewise."""
+    speedup_min: float | None = None
+    speedup_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +277,10 @@ class MethodReport:
     only_in_method: tuple[int, ...]
     category_conflicts: tuple[int, ...]
     """Question ids whose category differs between the two files (scored under each file's own)."""
+    temperature: float = 0.0
+    """The highest sampling temperature of the method's or the baseline's lines (0: greedy)."""
+    meta: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    """The ``"mtprobe"`` metadata of the file's first line (None for files without it)."""
 
     def group(self, name: str) -> GroupStats:
         for g in self.groups:
@@ -231,8 +289,14 @@ class MethodReport:
         raise KeyError(f"no group {name!r}; groups: {', '.join(g.group for g in self.groups)}")
 
     @property
-    def lossless(self) -> bool:
-        return not self.mismatches
+    def sampled(self) -> bool:
+        """Answers sampled (T > 0): texts are not compared; exactness is tested in distribution."""
+        return self.temperature > 0
+
+    @property
+    def lossless(self) -> bool | None:
+        """Texts identical to the baseline's; None when sampled (not checked by equality)."""
+        return None if self.sampled else not self.mismatches
 
 
 @dataclass(frozen=True)
@@ -247,6 +311,7 @@ class ScoreReport:
     report_path: Path | None = None
     plots: tuple[Path, ...] = ()
     plot_note: str = ""
+    baseline_meta: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def method(self, name: str) -> MethodReport:
         for m in self.methods:
@@ -257,6 +322,22 @@ class ScoreReport:
 
 def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def _std(xs: Sequence[float]) -> float | None:
+    # sample standard deviation; None for fewer than two values
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def _per_run(answers: Sequence[Answer], tokens: Callable[[Answer], float]) -> list[float]:
+    """Spec-Bench's tokens/s (mean over questions of tokens / wall time) once per timed run."""
+    if not answers:
+        return []
+    runs = min(len(a.runs) for a in answers)
+    return [sum(tokens(a) / sum(a.runs[r]) for a in answers) / len(answers) for r in range(runs)]
 
 
 def _first_difference(a: str, b: str) -> int:
@@ -288,22 +369,30 @@ def _group_stats(
     group: str,
     answers: dict[int, Answer],
     baseline: dict[int, Answer],
-    baseline_speed: Callable[[Answer], float],
+    baseline_tokens: Callable[[Answer], float],
+    compare_texts: bool = True,
 ) -> GroupStats:
     mine = [a for a in answers.values() if _in_group(a.category, group)]
     base = [b for b in baseline.values() if _in_group(b.category, group)]
-    # Spec-Bench: per-question speeds, averaged with equal weight per question.
-    speeds = [sum(a.new_tokens) / sum(a.wall_time) for a in mine]
-    base_speeds = [baseline_speed(b) for b in base]
+    # Spec-Bench: per-question speeds, averaged with equal weight per question; once per timed run.
+    runs = _per_run(mine, lambda a: sum(a.new_tokens))
+    base_runs = _per_run(base, baseline_tokens)
     pooled = [x for a in mine for x in a.accept_lengths]
-    tps, base_tps = _mean(speeds), _mean(base_speeds)
+    tps, base_tps = _mean(runs), _mean(base_runs)
     speedup = tps / base_tps if tps is not None and base_tps else None
+    ratios = [t / b for t in runs for b in base_runs if b] if speedup is not None else []
     # Forward calls and texts can only be compared question by question.
     matched = [(baseline[a.question_id], a) for a in mine if a.question_id in baseline]
     steps_base = sum(sum(b.decoding_steps) for b, _ in matched)
     steps_mine = sum(sum(a.decoding_steps) for _, a in matched)
+    tokens_base = sum(sum(b.new_tokens) for b, _ in matched)
+    tokens_mine = sum(sum(a.new_tokens) for _, a in matched)
+    reduction = None
+    if matched and steps_mine and tokens_base and tokens_mine:
+        # forward calls per generated token, baseline over method (sampled outputs differ in length)
+        reduction = (steps_base / tokens_base) / (steps_mine / tokens_mine)
     identical = compared = 0
-    for b, a in matched:
+    for b, a in matched if compare_texts else []:
         bad, n = _mismatches(b, a)
         compared += n
         identical += n - len(bad)
@@ -316,25 +405,38 @@ def _group_stats(
         baseline_tokens_per_second=base_tps,
         speedup=speedup,
         matched=len(matched),
-        forward_reduction=steps_base / steps_mine if matched and steps_mine else None,
+        forward_reduction=reduction,
         identical_turns=identical,
         compared_turns=compared,
+        repeats=len(runs) or 1,
+        tokens_per_second_std=_std(runs),
+        tokens_per_second_min=min(runs) if len(runs) > 1 else None,
+        tokens_per_second_max=max(runs) if len(runs) > 1 else None,
+        speedup_std=_std(ratios),
+        speedup_min=min(ratios) if len(ratios) > 1 else None,
+        speedup_max=max(ratios) if len(ratios) > 1 else None,
     )
 
 
+def _temperature(answers: dict[int, Answer]) -> float:
+    return max((a.temperature for a in answers.values()), default=0.0)
+
+
 def _method_report(
-    name: str, path: Path, answers: dict[int, Answer], baseline: dict[int, Answer], groups: list[str], speed0
+    name: str, path: Path, answers: dict[int, Answer], baseline: dict[int, Answer], groups: list[str], tokens0
 ) -> MethodReport:
+    temperature = max(_temperature(answers), _temperature(baseline))
+    greedy = temperature == 0
     mismatches = []
     for qid, a in answers.items():
-        if qid in baseline:
+        if qid in baseline and greedy:
             mismatches += _mismatches(baseline[qid], a)[0]
     return MethodReport(
         name=name,
         path=path,
         model_ids=tuple(dict.fromkeys(a.model_id for a in answers.values())),
         groups=tuple(
-            _group_stats(g, answers, baseline, speed0)
+            _group_stats(g, answers, baseline, tokens0, compare_texts=greedy)
             for g in groups
             if any(_in_group(a.category, g) for a in answers.values())
             or any(_in_group(b.category, g) for b in baseline.values())
@@ -345,6 +447,8 @@ def _method_report(
         category_conflicts=tuple(
             sorted(q for q, a in answers.items() if q in baseline and baseline[q].category != a.category)
         ),
+        temperature=temperature,
+        meta=next((a.meta for a in answers.values() if a.meta), None),
     )
 
 
@@ -357,6 +461,21 @@ def _method_names(paths: Sequence[Path], files: Sequence[dict[int, Answer]]) -> 
     if len(set(names)) < len(names):
         names = [str(p) for p in paths]
     return names
+
+
+def _as_baseline_row(g: GroupStats, base: dict[int, Answer], tokens: Callable[[Answer], float]) -> GroupStats:
+    runs = _per_run([b for b in base.values() if _in_group(b.category, g.group)], tokens)
+    return replace(
+        g,
+        tokens_per_second=g.baseline_tokens_per_second,
+        speedup=1.0 if g.baseline_tokens_per_second else None,
+        tokens_per_second_std=_std(runs),
+        tokens_per_second_min=min(runs) if len(runs) > 1 else None,
+        tokens_per_second_max=max(runs) if len(runs) > 1 else None,
+        speedup_std=None,
+        speedup_min=None,
+        speedup_max=None,
+    )
 
 
 def score(
@@ -392,30 +511,23 @@ def score(
                 counts[text] = len(tok(text, add_special_tokens=False).input_ids)
         return counts[text]
 
-    def baseline_speed(b: Answer) -> float:
-        return sum(count(t) for t in b.turns) / sum(b.wall_time)
+    def baseline_tokens(b: Answer) -> float:
+        return sum(count(t) for t in b.turns)
 
     categories = {a.category for f in [base, *files] for a in f.values()}
     groups = group_names(categories)
     names = _method_names(paths, files)
     methods = tuple(
-        _method_report(n, p, f, base, groups, baseline_speed)
+        _method_report(n, p, f, base, groups, baseline_tokens)
         for n, p, f in zip(names, paths, files, strict=True)
     )
     baseline_groups = tuple(
-        _group_stats(g, base, base, baseline_speed)
+        _group_stats(g, base, base, baseline_tokens, compare_texts=False)
         for g in groups
         if any(_in_group(b.category, g) for b in base.values())
     )
     # The baseline row uses the baseline's own (re-tokenized) speed on both sides: speedup 1 by definition.
-    baseline_groups = tuple(
-        replace(
-            g,
-            tokens_per_second=g.baseline_tokens_per_second,
-            speedup=1.0 if g.baseline_tokens_per_second else None,
-        )
-        for g in baseline_groups
-    )
+    baseline_groups = tuple(_as_baseline_row(g, base, baseline_tokens) for g in baseline_groups)
     report = ScoreReport(
         baseline_path=base_path,
         baseline_model_ids=tuple(dict.fromkeys(b.model_id for b in base.values())),
@@ -424,6 +536,7 @@ def score(
         tokenizer=tok_name,
         literal_token_count=literal_token_count,
         methods=methods,
+        baseline_meta=next((b.meta for b in base.values() if b.meta), None),
     )
     if out_dir is None:
         return report
@@ -457,15 +570,26 @@ _COLUMNS = (
 )
 
 
-def _row(label: str, g: GroupStats, baseline_row: bool = False) -> str:
-    same = "—" if baseline_row else f"{g.identical_turns}/{g.compared_turns}"
+def _pm(x: float | None, std: float | None, digits: int, suffix: str = "") -> str:
+    # "mean ± std" over repeated timing runs; the plain value with one run
+    if x is None or std is None:
+        return _f(x, digits, suffix)
+    return f"{x:.{digits}f}{suffix} ± {std:.{digits}f}"
+
+
+def _row(label: str, g: GroupStats, baseline_row: bool = False, sampled: bool = False) -> str:
+    same = (
+        "—"
+        if baseline_row
+        else ("not compared (sampled)" if sampled else f"{g.identical_turns}/{g.compared_turns}")
+    )
     cells = [
         label,
         str(g.questions),
         _f(g.tau, 3),
-        _f(g.tokens_per_second, 2),
+        _pm(g.tokens_per_second, g.tokens_per_second_std, 2),
         _f(g.baseline_tokens_per_second, 2),
-        _f(g.speedup, 3, "x"),
+        _pm(g.speedup, g.speedup_std, 3, "x"),
         _f(g.forward_reduction, 3, "x"),
         same,
     ]
@@ -518,20 +642,37 @@ def render_markdown(r: ScoreReport) -> str:
 
     lines += ["## Overall", ""]
     rows = [_row("ar (baseline)", g, True) for g in r.baseline_groups if g.group == "overall"]
-    rows += [_row(m.name, g) for m in r.methods for g in m.groups if g.group == "overall"]
+    rows += [_row(m.name, g, sampled=m.sampled) for m in r.methods for g in m.groups if g.group == "overall"]
     lines += _table("method", rows)
+    runs = sorted({g.repeats for m in r.methods for g in m.groups} | {g.repeats for g in r.baseline_groups})
+    if runs != [1]:
+        lines += [
+            f"Timed runs per question: {', '.join(map(str, runs))}. tokens/s is mean ± standard deviation over "
+            "the runs (Spec-Bench's number once per run); speedup is mean method tokens/s / mean baseline "
+            "tokens/s ± the standard deviation over every pairing of a method run with a baseline run.",
+            "",
+        ]
 
     for m in r.methods:
         lines += [f"## `{m.name}` by task", ""]
-        lines += _table("task", [_row(g.group, g) for g in m.groups if g.group not in subs])
+        lines += _table(
+            "task", [_row(g.group, g, sampled=m.sampled) for g in m.groups if g.group not in subs]
+        )
         mt = [g for g in m.groups if g.group in subs]
         if mt:
             lines += [f"### `{m.name}`: MT-bench sub-categories", ""]
-            lines += _table("category", [_row(g.group, g) for g in mt])
+            lines += _table("category", [_row(g.group, g, sampled=m.sampled) for g in mt])
 
     lines += ["## Losslessness (answer texts identical to the baseline's)", ""]
     for m in r.methods:
         g = m.group("overall")
+        if m.sampled:
+            lines.append(
+                f"- `{m.name}`: sampled at temperature {m.temperature:g}: the texts are samples, so equality "
+                "with the baseline is not checked; exactness in distribution is what tests/test_sampling.py "
+                "tests (every method's samples against model.generate(do_sample=True))"
+            )
+            continue
         verdict = "lossless" if m.lossless else f"{len(m.mismatches)} mismatching turn(s)"
         lines.append(
             f"- `{m.name}`: {g.identical_turns}/{g.compared_turns} turns identical over {g.matched} "
@@ -554,8 +695,9 @@ def render_markdown(r: ScoreReport) -> str:
         "Speed as Spec-Bench's evaluation/speed.py: tokens/s is the mean over questions of "
         "sum(new_tokens) / sum(wall_time); the baseline's tokens are re-counted from its answer texts; "
         "speedup = method tokens/s / baseline tokens/s; τ is the mean of all accept_lengths pooled. "
-        "Forward-call reduction = baseline decoding steps / method decoding steps, pooled over the common "
-        "questions (ar: steps = new tokens; probe: forward calls including prefill).",
+        "Forward-call reduction = baseline decoding steps per new token / method decoding steps per new "
+        "token, pooled over the common questions (ar: steps = new tokens; the others: forward calls "
+        "including prefill); for identical outputs it is baseline steps / method steps.",
         "",
     ]
     return "\n".join(lines)
@@ -579,6 +721,7 @@ def _to_json(r: ScoreReport) -> dict[str, Any]:
                 "path": str(m.path),
                 "model_ids": list(m.model_ids),
                 "lossless": m.lossless,
+                "temperature": m.temperature,
                 "groups": groups(m.groups),
                 "mismatches": [asdict(x) for x in m.mismatches],
                 "only_in_baseline": list(m.only_in_baseline),
@@ -590,37 +733,19 @@ def _to_json(r: ScoreReport) -> dict[str, Any]:
 
 
 def _plot(r: ScoreReport, out: Path) -> tuple[Path, ...]:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    from mtprobe.specbench.plots import Series, common_dash_prefix, plot_panels, short_name, title_from_meta
 
     order = [g.group for g in r.baseline_groups]
     for m in r.methods:
         order += [g.group for g in m.groups if g.group not in order]
+    prefix = common_dash_prefix([*r.baseline_model_ids[:1], *(m.name for m in r.methods)])
+    series = [Series(short_name(m.name, m.meta, prefix), {g.group: g for g in m.groups}) for m in r.methods]
+    metas = [r.baseline_meta, *(m.meta for m in r.methods)]
     written = []
-    for attr, fname, ylabel, ref in (
-        ("tau", "tau_by_category.png", "τ (mean accepted tokens per step)", 1.0),
-        ("speedup", "speedup_by_category.png", "speedup vs ar (Spec-Bench tokens/s ratio)", 1.0),
+    for metric, fname, what in (
+        ("tau", "tau_by_category.png", "Spec-Bench: τ, mean tokens accepted per forward"),
+        ("speedup", "speedup_by_category.png", "Spec-Bench: speedup over ar (tokens/s ratio)"),
     ):
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(order) * max(1, len(r.methods)) ** 0.5 + 2), 4.0))
-        width = 0.8 / len(r.methods)
-        for i, m in enumerate(r.methods):
-            stats = {g.group: getattr(g, attr) for g in m.groups}
-            xs = [j + (i - (len(r.methods) - 1) / 2) * width for j in range(len(order))]
-            ys = [stats.get(g) or 0.0 for g in order]  # a missing value (no answers there) draws no bar
-            bars = ax.bar(xs, ys, width=width, label=m.name)
-            ax.bar_label(bars, labels=[f"{y:.2f}" if y else "" for y in ys], fontsize=6)
-        ax.axhline(ref, color="grey", linewidth=0.8, linestyle="--")
-        if "overall" in order:  # separates the tasks from MT-bench's sub-categories
-            ax.axvline(order.index("overall") + 0.5, color="lightgrey", linewidth=0.8)
-        ax.set_xticks(range(len(order)), order, rotation=45, ha="right")
-        ax.set_ylabel(ylabel)
-        ax.legend(
-            fontsize="small", loc="lower left", bbox_to_anchor=(0.0, 1.02), frameon=False
-        )  # above the axes
-        path = out / fname
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
+        title = title_from_meta(metas, r.baseline_questions, what)
+        written.append(plot_panels(series, [metric], order, title, out / fname))
     return tuple(written)
