@@ -26,8 +26,15 @@ def test_usage_and_hf_route_examples():
     assert sum(out.accept_lengths) + 1 == ref.shape[1] - input_ids.shape[1]
 
 
+def block_with(text: str) -> str:
+    """The one python block of the README that contains ``text``."""
+    found = [b for b in python_blocks() if text in b]
+    assert len(found) == 1, f"{len(found)} README python blocks contain {text!r}"
+    return found[0]
+
+
 def test_other_drafters_example():
-    use, _, others = python_blocks()[:3]
+    use, others = python_blocks()[0], block_with("outs = {name")
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=1"), "README.md (Use)", "exec"), ns)
     exec(compile(others, "README.md (Other drafters)", "exec"), ns)
@@ -35,3 +42,40 @@ def test_other_drafters_example():
     ref = model.generate(input_ids, do_sample=False, max_new_tokens=64)
     for name, out in ns["outs"].items():
         assert torch.equal(out.sequences, ref), name
+
+
+def test_config_dict_and_statistics_examples():
+    import mtprobe
+
+    use, as_data, stats = (
+        python_blocks()[0],
+        block_with('{"method": "pld"'),
+        block_with("out.drafted_per_depth"),
+    )
+    ns: dict = {}
+    exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=8"), "README.md (Use)", "exec"), ns)
+    exec(compile(as_data, "README.md (Configurations as data)", "exec"), ns)
+    model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
+    ref = model.generate(input_ids, do_sample=False, max_new_tokens=64)
+    assert torch.equal(out.sequences, ref) and out.method == "pld"  # the dict ran prompt lookup
+    assert mtprobe.config_from_dict(ns["cfg"].to_dict()) == ns["cfg"]
+    exec(compile(stats, "README.md (Statistics)", "exec"), ns)  # every attribute it names exists
+    assert sum(out.acceptance_per_depth()) >= out.tau - 1 - 1e-9  # equal unless the last step was cut
+
+
+def test_command_line_examples_parse():
+    """Every `mtprobe ...` line of the README's bash blocks is a valid command: its flags exist, its
+    method is registered and its options build that method's configuration (nothing is run)."""
+    import shlex
+
+    from mtprobe import cli
+
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    commands = [line.split("#")[0] for b in blocks for line in b.splitlines() if line.startswith("mtprobe ")]
+    assert len(commands) >= 4  # generate x3, bench
+    parser = cli._build_parser()
+    for line in commands:
+        args = parser.parse_args(shlex.split(line)[1:])
+        method, config = cli._method_and_config(args)
+        assert method.name == args.method, line
+        assert isinstance(config, method.config_type), line
