@@ -47,6 +47,18 @@ NON_DEFAULT = {
         table_size=3,
         logits_top_k=6,
     ),
+    "auto": mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig(block_complexity=12)),
+        # Keyed to the tiny model of the tests below: a profile for another model is refused.
+        profile=mtprobe.ForwardProfile(
+            mtprobe.profile.ProfileKey.of(tiny_llama()),
+            (1, 8, 32),
+            (0, 64),
+            ((1.0, 1.2, 1.5), (1.1, 1.3, 1.7)),
+        ),
+        decay=0.8,
+        explore_every=5,
+    ),
 }
 
 
@@ -174,6 +186,11 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
         ),
         "hybrid": lambda: mtprobe.HybridConfig(
             block_complexity=4 * a, num_masks=1 + c % 2, mask_lambda=lam, seed=seed, max_depth=b
+        ),
+        "auto": lambda: mtprobe.AutoConfig(
+            drafters=(mtprobe.PromptLookupConfig(num_tokens=a), mtprobe.StandConfig(block_complexity=1 + b)),
+            decay=lam,
+            explore_every=c,
         ),
     }
     try:

@@ -244,6 +244,7 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
         "stand",
         "lookahead",
         "hybrid",
+        "auto",
     ],
 )
 def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
@@ -257,6 +258,11 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
         "stand": mtprobe.StandConfig(block_complexity=10),
         "hybrid": mtprobe.HybridConfig(block_complexity=10),
         "lookahead": mtprobe.LookaheadConfig(ngram_size=2, window=3, guess_set_size=4, pool_from_prompt=True),
+        # A flat forward profile: the scheduler verifies the drafts it is offered, so they matter.
+        "auto": mtprobe.AutoConfig(
+            drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.StandConfig(block_complexity=10)),
+            profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)),
+        ),
     }[name]
     exact = exact_pair_distribution(tiny, prompt)
     if name == "lookahead":  # the guesses must matter, or the test would prove nothing

@@ -17,5 +17,6 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   mtprobe::bindings::bind_drafters(m);
+  mtprobe::bindings::bind_schedule(m);  // after the drafters: AutoDrafter is one
   mtprobe::bindings::bind_decode_loop(m);
 }

@@ -73,9 +73,12 @@ struct StepOutcome {
   at::Tensor logits;                 // [T, vocab] raw target logits of every input of the block
   std::optional<at::Tensor> hidden;  // [T, hidden] last hidden states, when wants_hidden_states()
   bool finished = false;             // the sequence ended inside this step
-  // The drafter's block was not verified: its drafts or auxiliary inputs made the target's logits
-  // non-finite, so the loop re-ran the committed chain alone. logits (and hidden) then hold only
-  // those c rows; path is [c - 1]; nothing past the committed chain may be read.
+  // The drafter's block is not what ran. Either its drafts or auxiliary inputs made the target's
+  // logits non-finite and the loop re-ran the committed chain alone (logits then hold only those c
+  // rows, path is [c - 1]), or a scheduling drafter (drafters/auto.h) ran another drafter's block,
+  // a cut of this one, or the committed chain alone. Either way path, new_tokens and the logits
+  // rows the path names belong to the block that ran; this drafter's own inputs past the
+  // committed chain may not have run and must not be read.
   bool block_replaced = false;
 };
 

@@ -10,6 +10,7 @@ import torch  # noqa: F401  (libtorch must be loaded before the extension)
 
 from mtprobe import _C, ops  # noqa: F401
 from mtprobe.config import (
+    AutoConfig,
     DraftModelConfig,
     HybridConfig,
     LookaheadConfig,
@@ -20,6 +21,7 @@ from mtprobe.config import (
     config_from_json,
 )
 from mtprobe.generate import GenerateOutput, custom_generate, generate
+from mtprobe.profile import ForwardProfile, profile_forward
 
 __version__ = "0.1.0"
 __all__ = [
@@ -29,6 +31,9 @@ __all__ = [
     "LookaheadConfig",
     "HybridConfig",
     "DraftModelConfig",
+    "AutoConfig",
+    "ForwardProfile",
+    "profile_forward",
     "config_from_dict",
     "config_from_json",
     "GenerateOutput",

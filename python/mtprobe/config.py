@@ -545,3 +545,127 @@ class HybridConfig(_ConfigData):
             logits_top_k=self.logits_top_k,
         )
 
+
+@_method("auto")
+@dataclass(frozen=True)
+class AutoConfig(_ConfigData):
+    """Per-step scheduling by measured cost (beyond the papers; seed 002's idea of choosing the
+    draft tree per step, priced by this machine's own forward times).
+
+    Every step each of ``drafters`` proposes its block. For each block and each cut of it at a
+    depth n the scheduler estimates the tokens it gains, E[n] = 1 + sum_{d<=n} P(reach depth d),
+    from the run's own per-depth acceptance counts (decayed, so they follow the text), and its
+    cost t(T_n) / t(1) from a :class:`~mtprobe.profile.ForwardProfile` of the model on this
+    machine. The step verifies the block and cut with the most tokens per unit of time, or only the
+    committed token (plain decoding, T = 1) when no draft pays for itself. What it chose is in
+    ``GenerateOutput.choices``. The output is that of plain decoding whatever it chooses.
+
+    Args:
+        drafters: the candidate drafters' configurations (not ``DraftModelConfig``: its draft forwards
+            are not in the profile; not ``AutoConfig``). Blocks made only of draft tokens (prompt
+            lookup, STAND) can be cut at any depth; blocks with auxiliary inputs (probing's mask
+            tokens, lookahead's window) run whole or not at all.
+        profile: a ForwardProfile, the path of one saved with ``ForwardProfile.save``, or ``None``:
+            :func:`mtprobe.profile_forward` measures the model at the first call (seconds; cached on disk).
+        decay: per-step decay of the acceptance counts, in (0, 1].
+        explore_every: a drafter with auxiliary inputs that has not run for this many steps runs once
+            (its masks must run for it to have drafts at all).
+        block_complexity: the most inputs one step may take: the largest of the drafters' (derived).
+
+    >>> AutoConfig().block_complexity
+    11
+    >>> AutoConfig(drafters=())
+    Traceback (most recent call last):
+    ...
+    ValueError: AutoConfig needs at least one drafter to choose from, e.g. drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))
+    """
+
+    drafters: tuple[Any, ...] = field(
+        default_factory=lambda: (PromptLookupConfig(), StandConfig(block_complexity=10))
+    )
+    profile: Any = None
+    decay: float = 0.95
+    explore_every: int = 16
+    block_complexity: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        from mtprobe.profile import ForwardProfile
+
+        drafters = self.drafters
+        if isinstance(drafters, (list, _ConfigData)):
+            drafters = tuple(drafters) if isinstance(drafters, list) else (drafters,)
+            object.__setattr__(self, "drafters", drafters)
+        if not isinstance(drafters, tuple) or not drafters:
+            raise ValueError(
+                "AutoConfig needs at least one drafter to choose from, e.g. "
+                "drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))"
+            )
+        choosable = [c for n, c in METHOD_CONFIGS.items() if n not in ("auto", "sps")]
+        for i, c in enumerate(drafters):
+            if isinstance(c, (AutoConfig, DraftModelConfig)):
+                raise ValueError(
+                    f"drafters[{i}] is a {type(c).__name__}, which AutoConfig cannot schedule"
+                    + (
+                        ": the draft model's own forwards are not in the forward profile; use it on its own"
+                        if isinstance(c, DraftModelConfig)
+                        else ""
+                    )
+                    + f"; choose among {', '.join(k.__name__ for k in choosable)}"
+                )
+            if not isinstance(c, tuple(choosable)):
+                raise TypeError(
+                    f"drafters[{i}] is {type(c).__name__}, not a drafter configuration; use one of "
+                    f"{', '.join(k.__name__ for k in choosable)}"
+                )
+        if self.profile is not None and not isinstance(self.profile, (ForwardProfile, str)):
+            raise TypeError(
+                f"profile must be a ForwardProfile, the path of a saved one, or None (measure it), got "
+                f"{type(self.profile).__name__}"
+            )
+        if (
+            isinstance(self.decay, bool)
+            or not isinstance(self.decay, (int, float))
+            or not 0 < self.decay <= 1
+        ):
+            raise ValueError(f"decay={self.decay!r} must be a number in (0, 1]")
+        _check_int("explore_every", self.explore_every)
+        if self.explore_every < 1:
+            raise ValueError(f"explore_every={self.explore_every} must be >= 1")
+        object.__setattr__(self, "block_complexity", max(c.block_complexity for c in drafters))
+
+    def to_dict(self) -> dict[str, Any]:
+        profile = self.profile.to_dict() if hasattr(self.profile, "to_dict") else self.profile
+        return {
+            "method": self.method,
+            "drafters": [c.to_dict() for c in self.drafters],
+            "profile": profile,
+            "decay": self.decay,
+            "explore_every": self.explore_every,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], **overrides: Any) -> AutoConfig:
+        from mtprobe.profile import ForwardProfile
+
+        if not isinstance(data, Mapping):
+            raise TypeError(f"AutoConfig.from_dict takes a dict of its fields, got {type(data).__name__}")
+        if data.get("method", cls.method) != cls.method:
+            raise ValueError(
+                f"AutoConfig.from_dict got method={data.get('method')!r}; use mtprobe.config_from_dict"
+            )
+        valid = ("drafters", "profile", "decay", "explore_every")
+        values = {k: v for k, v in data.items() if k not in ("method", "block_complexity")}
+        unknown = sorted(set(values) - set(valid), key=str)
+        if unknown:
+            raise ValueError(
+                f"AutoConfig (method 'auto') has no field(s) {', '.join(map(repr, unknown))}; "
+                f"valid keys: method, {', '.join(valid)}"
+            )
+        if "drafters" in values:
+            values["drafters"] = tuple(
+                c if isinstance(c, _ConfigData) else config_from_dict(c) for c in values["drafters"]
+            )
+        if isinstance(values.get("profile"), Mapping):
+            values["profile"] = ForwardProfile.from_dict(dict(values["profile"]))
+        values.update(overrides)
+        return cls(**values)

@@ -12,6 +12,7 @@ from mtprobe import _C
 from mtprobe.adapter import HFAdapter
 from mtprobe.config import (
     METHOD_CONFIGS,
+    AutoConfig,
     DraftModelConfig,
     HybridConfig,
     LookaheadConfig,
@@ -21,11 +22,18 @@ from mtprobe.config import (
     config_from_dict,
 )
 from mtprobe.draft_model import check_draft_model, layer_truncated
+from mtprobe.profile import ForwardProfile, profile_forward
 
 # Every registered method's configuration (mtprobe.config.METHOD_CONFIGS is the one registry).
 DECODING_CONFIGS = tuple(METHOD_CONFIGS.values())
 DecodingConfig = (
-    ProbeConfig | PromptLookupConfig | StandConfig | LookaheadConfig | HybridConfig | DraftModelConfig
+    ProbeConfig
+    | PromptLookupConfig
+    | StandConfig
+    | LookaheadConfig
+    | HybridConfig
+    | DraftModelConfig
+    | AutoConfig
 )
 ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -98,6 +106,28 @@ def draft_model_drafter(
     )
 
 
+def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:
+    """The forward profile ``config`` names, checked against ``model`` (ValueError naming what differs),
+    or the one :func:`~mtprobe.profile.profile_forward` measures (and caches) for ``model``."""
+    profile = config.profile
+    if profile is None:
+        return profile_forward(model)
+    if isinstance(profile, str):
+        profile = ForwardProfile.load(profile)
+    profile.check(model)
+    return profile
+
+
+def auto_drafter(model: PreTrainedModel, config: AutoConfig) -> _C.AutoDrafter:
+    """The scheduling drafter over ``config.drafters``, priced by ``model``'s forward profile."""
+    profile = forward_profile(model, config)
+    cost = _C.CostTable(
+        list(profile.block_sizes), list(profile.context_lengths), [s for row in profile.seconds for s in row]
+    )
+    children = [make_drafter(model, c) for c in config.drafters]
+    return _C.AutoDrafter(children, cost, decay=float(config.decay), explore_every=config.explore_every)
+
+
 def check_decoding_config(config: object) -> None:
     """Raise TypeError unless ``config`` is one of the decoding configurations."""
     if not isinstance(config, DECODING_CONFIGS):
@@ -130,6 +160,8 @@ def make_drafter(
     """The drafter a decoding configuration describes (``capacity``, ``do_sample`` and ``process``
     matter only to drafters that run a model of their own)."""
     check_decoding_config(config)
+    if isinstance(config, AutoConfig):
+        return auto_drafter(model, config)
     if isinstance(config, DraftModelConfig):
         return draft_model_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     if isinstance(config, ProbeConfig):

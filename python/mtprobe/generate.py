@@ -61,6 +61,9 @@ class GenerateOutput:
         accepted_per_depth: index ``d - 1`` counts the steps whose verified path reached depth ``d``
             (drafts accepted; the bonus token is no draft). An EOS or stopping criterion may cut the
             last step's tokens short after verification; ``accept_lengths`` counts what was kept.
+        choices: with :class:`~mtprobe.AutoConfig`, one ``(method, block size T)`` per decode step:
+            the drafter whose block (or cut of it) was verified, or ``("plain", 1)``; ``timings``
+            then also holds ``draft_s`` (the drafters' own work) and ``schedule_s`` (the scheduler's).
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
@@ -79,6 +82,7 @@ class GenerateOutput:
     new_tokens: int = 0
     drafted_per_depth: list[int] = field(default_factory=list)
     accepted_per_depth: list[int] = field(default_factory=list)
+    choices: list[tuple[str, int]] | None = None
 
     @property
     def tau(self) -> float:
@@ -333,6 +337,12 @@ def custom_generate(
         drafted_per_depth=list(result.drafted_per_depth),
         accepted_per_depth=list(result.accepted_per_depth),
     )
+    if isinstance(drafter, _C.AutoDrafter):
+        # What the scheduler chose each step, and its share of the time.
+        names = [c.method for c in config.drafters]
+        output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
+        output.timings["draft_s"] = drafter.draft_seconds
+        output.timings["schedule_s"] = drafter.schedule_seconds
     if logger.isEnabledFor(logging.INFO):
         stats = output.summary()
         logger.info(

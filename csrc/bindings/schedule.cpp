@@ -1,0 +1,68 @@
+// The scheduler (csrc/core/schedule.h) and the scheduling drafter (csrc/drafters/auto.h).
+#include "core/schedule.h"
+
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "drafters/auto.h"
+
+namespace py = pybind11;
+
+namespace mtprobe::bindings {
+
+void bind_schedule(py::module_& m) {
+  py::class_<core::CostTable>(
+      m, "CostTable", "Forward seconds on a grid of block sizes x contexts (mtprobe.profile.ForwardProfile).")
+      .def(py::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<double>>(),
+           py::arg("block_sizes"), py::arg("contexts"), py::arg("seconds"))
+      .def("time", &core::CostTable::time, py::arg("block_size"), py::arg("context"))
+      .def("relative", &core::CostTable::relative, py::arg("block_size"), py::arg("context"));
+
+  py::class_<core::AcceptanceStats>(m, "AcceptanceStats",
+                                    "Decayed per-depth acceptance counts of one drafter.")
+      .def(py::init<double>(), py::arg("decay") = 0.95)
+      .def("record", &core::AcceptanceStats::record, py::arg("tree_depth"), py::arg("reached"),
+           py::arg("known"))
+      .def("rate", &core::AcceptanceStats::rate, py::arg("depth"))
+      .def("reach", &core::AcceptanceStats::reach, py::arg("max_depth"))
+      .def_property_readonly("trials", &core::AcceptanceStats::trials)
+      .def_property_readonly("accepts", &core::AcceptanceStats::accepts);
+
+  m.def(
+      "best_cut",
+      [](const core::AcceptanceStats& stats, const core::CostTable& cost, int64_t committed,
+         const std::vector<int64_t>& nodes_per_depth, int64_t extra, bool cuttable, double context) {
+        const core::Cut c = core::best_cut(stats, cost, committed, nodes_per_depth, extra, cuttable, context);
+        return py::make_tuple(c.depth, c.inputs, c.expected, c.score);
+      },
+      py::arg("stats"), py::arg("cost"), py::arg("committed"), py::arg("nodes_per_depth"), py::arg("extra"),
+      py::arg("cuttable"), py::arg("context"),
+      "(depth, inputs, expected tokens, score) of the best cut of one draft tree (csrc/core/schedule.h).");
+
+  py::class_<AutoDrafter, Drafter, std::shared_ptr<AutoDrafter>>(
+      m, "AutoDrafter",
+      "Several drafters propose; each step verifies the block and cut with the most expected tokens per "
+      "second "
+      "under the measured forward cost, or plain decoding.")
+      .def(py::init([](std::vector<std::shared_ptr<Drafter>> children, core::CostTable cost, double decay,
+                       int64_t explore_every) {
+             return std::make_shared<AutoDrafter>(std::move(children), std::move(cost),
+                                                  AutoOptions{decay, explore_every});
+           }),
+           py::arg("drafters"), py::arg("cost"), py::kw_only(), py::arg("decay") = 0.95,
+           py::arg("explore_every") = 16, py::keep_alive<1, 2>())
+      .def(
+          "choices",
+          [](const AutoDrafter& d) {
+            std::vector<py::tuple> out;
+            for (const ScheduleChoice& c : d.choices())
+              out.push_back(py::make_tuple(c.child, c.inputs, c.depth));
+            return out;
+          },
+          "(drafter index or -1 for plain decoding, block size T, cut depth) of every decode step")
+      .def_property_readonly("stats", &AutoDrafter::stats)
+      .def_property_readonly("draft_seconds", &AutoDrafter::draft_seconds)
+      .def_property_readonly("schedule_seconds", &AutoDrafter::schedule_seconds);
+}
+
+}  // namespace mtprobe::bindings

@@ -1,0 +1,158 @@
+#include "drafters/auto.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace mtprobe {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+DraftBlock plain_block(const at::Tensor& committed) { return token_block(committed, {}, {}); }
+}  // namespace
+
+AutoDrafter::AutoDrafter(std::vector<std::shared_ptr<Drafter>> children, core::CostTable cost,
+                         AutoOptions options)
+    : children_(std::move(children)), cost_(std::move(cost)), options_(options) {
+  TORCH_CHECK_VALUE(!children_.empty(), "the scheduling drafter needs at least one drafter to choose from");
+  for (size_t i = 0; i < children_.size(); ++i)
+    TORCH_CHECK_VALUE(children_[i] != nullptr, "drafter ", i, " of the scheduling drafter is None");
+  TORCH_CHECK_VALUE(!cost_.empty(), "the scheduling drafter needs a forward-cost table");
+  TORCH_CHECK_VALUE(options_.explore_every >= 1, "explore_every must be >= 1, got ", options_.explore_every);
+  stats_.assign(children_.size(), core::AcceptanceStats(options_.decay));  // validates decay
+}
+
+bool AutoDrafter::wants_hidden_states() const {
+  return std::any_of(children_.begin(), children_.end(),
+                     [](const auto& c) { return c->wants_hidden_states(); });
+}
+
+void AutoDrafter::begin(const at::Tensor& prompt) {
+  for (auto& child : children_) child->begin(prompt);
+  stats_.assign(children_.size(), core::AcceptanceStats(options_.decay));
+  idle_.assign(children_.size(), 0);
+  choices_.clear();
+  prefill_ = true;
+  draft_seconds_ = schedule_seconds_ = 0.0;
+}
+
+DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
+  auto t0 = Clock::now();
+  proposals_.assign(children_.size(), Proposal{});
+  for (size_t i = 0; i < children_.size(); ++i)
+    proposals_[i].block = children_[i]->propose(committed, prefix_len, limits);
+  draft_seconds_ += seconds_since(t0);
+
+  t0 = Clock::now();
+  const int64_t c = committed.size(0);
+  current_ = ScheduleChoice{-1, c, 0};
+  whole_ = false;
+  if (prefill_) {  // the prompt runs alone; every child sees a replaced block
+    schedule_seconds_ += seconds_since(t0);
+    return plain_block(committed);
+  }
+  core::Cut best;
+  best.inputs = c;
+  best.score = 1.0 / cost_.relative(static_cast<double>(c), static_cast<double>(prefix_len));
+  int64_t explore = -1;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    Proposal& p = proposals_[i];
+    const DraftBlock& b = p.block;
+    const int64_t n = b.num_nodes, T = b.num_inputs();
+    const std::string who = "drafter " + children_[i]->name() + " (in the scheduling drafter): ";
+    TORCH_CHECK_VALUE(b.num_committed == c && n >= c && n <= T && b.tokens.defined() && b.tokens.dim() == 1 &&
+                          b.tokens.size(0) >= n && b.tokens.scalar_type() == at::kLong,
+                      who, "malformed block (num_committed ", b.num_committed, ", num_nodes ", n, ", inputs ",
+                      T, ")");
+    // Host copies of the draft tree: the cut is made and the counterfactual walked on the host.
+    at::Tensor tok = b.tokens.narrow(0, 0, n).to(at::kCPU).contiguous();
+    p.tokens.assign(tok.data_ptr<int64_t>(), tok.data_ptr<int64_t>() + n);
+    p.depth.assign(static_cast<size_t>(n), 0);
+    std::vector<int64_t> per_depth;  // [tree depth]: draft nodes at depth d + 1
+    for (int64_t k = c; k < n; ++k) {
+      const int64_t parent = b.parents[k];
+      TORCH_CHECK_VALUE(parent >= c - 1 && parent < k, who, "draft node ", k, " has parent ", parent,
+                        "; it must be an earlier node or the last committed input ", c - 1);
+      p.depth[k] = parent == c - 1 ? 1 : p.depth[parent] + 1;
+      if (static_cast<int64_t>(per_depth.size()) < p.depth[k]) per_depth.resize(p.depth[k], 0);
+      ++per_depth[p.depth[k] - 1];
+    }
+    p.tree_depth = static_cast<int64_t>(per_depth.size());
+    const int64_t extra = T - n;
+    if (extra > 0 && idle_[i] >= options_.explore_every && explore < 0) explore = static_cast<int64_t>(i);
+    const core::Cut cut = core::best_cut(stats_[i], cost_, c, per_depth, extra, !b.draft_probs.has_value(),
+                                         static_cast<double>(prefix_len));
+    if (cut.score > best.score) {
+      best = cut;
+      current_ = ScheduleChoice{static_cast<int64_t>(i), cut.inputs, cut.depth};
+    }
+  }
+  if (explore >= 0) {  // its auxiliary inputs must run for it to draft at all
+    const Proposal& p = proposals_[explore];
+    current_ = ScheduleChoice{explore, p.block.num_inputs(), p.tree_depth};
+  }
+  for (size_t i = 0; i < children_.size(); ++i) ++idle_[i];
+
+  DraftBlock out;
+  if (current_.child < 0) {
+    out = plain_block(committed);
+  } else {
+    Proposal& p = proposals_[current_.child];
+    if (current_.depth == p.tree_depth) {
+      out = p.block;  // whole, auxiliary inputs included
+      whole_ = true;
+      idle_[current_.child] = 0;
+    } else {
+      // The cut: the draft nodes at depth <= current_.depth, in their order, parents renumbered.
+      std::vector<int64_t> tokens, parents, index(p.tokens.size(), -1);
+      for (int64_t k = c; k < p.block.num_nodes; ++k) {
+        if (p.depth[k] > current_.depth) continue;
+        const int64_t parent = p.block.parents[k];
+        index[k] = static_cast<int64_t>(tokens.size());
+        tokens.push_back(p.tokens[k]);
+        parents.push_back(parent == c - 1 ? -1 : index[parent]);
+      }
+      out = token_block(committed, tokens, parents);
+    }
+  }
+  schedule_seconds_ += seconds_since(t0);
+  return out;
+}
+
+void AutoDrafter::observe(const StepOutcome& outcome) {
+  auto t0 = Clock::now();
+  if (!prefill_) {
+    // The continuation is known for the step's new tokens: walk every child's tree along it.
+    const int64_t known = static_cast<int64_t>(outcome.new_tokens.size());
+    for (size_t i = 0; i < children_.size(); ++i) {
+      const Proposal& p = proposals_[i];
+      const int64_t c = p.block.num_committed, n = static_cast<int64_t>(p.tokens.size());
+      int64_t node = c - 1, reached = 0;
+      while (reached < known) {
+        int64_t next = -1;
+        for (int64_t k = c; k < n && next < 0; ++k) {
+          if (p.block.parents[k] == node && p.tokens[k] == outcome.new_tokens[reached]) next = k;
+        }
+        if (next < 0) break;
+        node = next;
+        ++reached;
+      }
+      stats_[i].record(p.tree_depth, reached, known);
+    }
+    choices_.push_back(current_);
+  }
+  schedule_seconds_ += seconds_since(t0);
+
+  t0 = Clock::now();
+  for (size_t i = 0; i < children_.size(); ++i) {
+    StepOutcome o = outcome;
+    o.block_replaced = outcome.block_replaced || !(whole_ && current_.child == static_cast<int64_t>(i));
+    children_[i]->observe(o);
+  }
+  draft_seconds_ += seconds_since(t0);
+  prefill_ = false;
+}
+
+}  // namespace mtprobe

@@ -1,0 +1,348 @@
+"""Measured forward costs: what one target forward over T inputs costs on the machine at hand.
+
+Whether a draft pays depends on the hardware. On a GPU a forward over 30 inputs costs about what a
+forward over one costs; on a small CPU it costs twice as much or more. :func:`profile_forward`
+measures t(T, context) for a model, device, dtype and thread count, in wall-clock seconds, and keeps
+the result on disk so that the next call loads it instantly. The scheduler of
+:class:`mtprobe.AutoConfig` divides the tokens a block is expected to gain by its cost
+``profile.relative(T, context)`` = t(T, context) / t(1, context).
+
+A worked example (numbers of the kind measured on a 2-core CPU with SmolLM2-135M, float32)::
+
+    >>> from mtprobe.profile import ForwardProfile, ProfileKey
+    >>> key = ProfileKey(model="LlamaForCausalLM:0123abcd", device="cpu", dtype="float32", threads=2)
+    >>> p = ForwardProfile(key, block_sizes=(1, 8, 32), context_lengths=(64, 512),
+    ...                    seconds=((0.020, 0.030, 0.046), (0.024, 0.036, 0.056)))
+    >>> round(p.time(8, 64), 3)          # a grid point
+    0.03
+    >>> round(p.time(20, 64), 3)         # between block sizes: linear
+    0.038
+    >>> round(p.relative(32, 288), 3)    # between contexts too: t(32, 288) / t(1, 288)
+    2.318
+
+The profile measures the forward mtprobe runs in its decode loop: ``HFAdapter.forward`` with the
+loop's own KV cache, a chain-shaped block of T inputs after ``context`` cached positions and the mask
+format of the model's attention implementation. Median of ``repeats`` timed calls after ``warmup``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROFILE_FORMAT = 1
+DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
+
+# Config entries that name or date a checkpoint without changing its arithmetic.
+_NOT_ARCHITECTURE = {"_name_or_path", "name_or_path", "transformers_version", "_commit_hash", "architectures"}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    if device.type == "cpu":
+        return f"cpu ({_cpu_name()}, {os.cpu_count()} cores)"
+    return device.type
+
+
+def _architecture(model: Any) -> str:
+    """Class name and a hash of the architecture's config: two checkpoints of one architecture cost
+    the same per forward, so they share a profile; any change of shape or attention does not."""
+    cfg = model.config.to_dict()
+    arch = {k: v for k, v in sorted(cfg.items()) if k not in _NOT_ARCHITECTURE}
+    arch["_attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+    digest = hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{type(model).__name__}:{digest}"
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """What a forward's cost depends on. A profile is valid only for a model with the same key."""
+
+    model: str
+    """Model class and a hash of its architecture config (``LlamaForCausalLM:0123abcd...``)."""
+    device: str
+    """``cpu (CPU name, N cores)`` or ``cuda (GPU name)``."""
+    dtype: str
+    """The model's dtype, e.g. ``float32``."""
+    threads: int
+    """torch's CPU threads when measured (0 on a GPU, where it does not matter)."""
+    torch: str = ""
+    """torch version (informative: not compared)."""
+
+    @classmethod
+    def of(cls, model: Any) -> ProfileKey:
+        device = next(model.parameters()).device
+        return cls(
+            model=_architecture(model),
+            device=_device_name(device),
+            dtype=str(model.dtype).removeprefix("torch."),
+            threads=torch.get_num_threads() if device.type == "cpu" else 0,
+            torch=torch.__version__,
+        )
+
+    def mismatches(self, other: ProfileKey) -> list[str]:
+        """The fields (all but ``torch``) on which ``other`` differs, as ``name: this vs other``."""
+        return [
+            f"{f}: profile {getattr(self, f)!r} vs now {getattr(other, f)!r}"
+            for f in ("model", "device", "dtype", "threads")
+            if getattr(self, f) != getattr(other, f)
+        ]
+
+
+@dataclass(frozen=True, repr=False)
+class ForwardProfile:
+    """Median seconds of one forward, ``seconds[i][j]`` = t(block_sizes[j], context_lengths[i]).
+
+    ``block_sizes`` ascend and start at 1 (plain decoding); ``context_lengths`` ascend. Between grid
+    points the time is linear in each coordinate; past the last block size it continues the last
+    segment's slope; outside the context range it is clamped to the nearest measured context.
+    """
+
+    key: ProfileKey
+    block_sizes: tuple[int, ...]  # [B]
+    context_lengths: tuple[int, ...]  # [C]
+    seconds: tuple[tuple[float, ...], ...]  # [C][B]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_sizes", tuple(int(b) for b in self.block_sizes))
+        object.__setattr__(self, "context_lengths", tuple(int(c) for c in self.context_lengths))
+        object.__setattr__(self, "seconds", tuple(tuple(float(s) for s in row) for row in self.seconds))
+        b, c = self.block_sizes, self.context_lengths
+        if not b or b[0] != 1 or any(x >= y for x, y in zip(b, b[1:], strict=False)):
+            raise ValueError(f"block_sizes must ascend strictly and start at 1 (plain decoding), got {b}")
+        if not c or c[0] < 0 or any(x >= y for x, y in zip(c, c[1:], strict=False)):
+            raise ValueError(f"context_lengths must be non-negative and ascend strictly, got {c}")
+        if len(self.seconds) != len(c) or any(len(row) != len(b) for row in self.seconds):
+            raise ValueError(
+                f"seconds must be [len(context_lengths)][len(block_sizes)] = [{len(c)}][{len(b)}], got "
+                f"[{len(self.seconds)}][{', '.join(str(len(r)) for r in self.seconds)}]"
+            )
+        for i, row in enumerate(self.seconds):
+            for j, s in enumerate(row):
+                if not (math.isfinite(s) and s > 0):
+                    raise ValueError(
+                        f"seconds[{i}][{j}] (block size {b[j]}, context {c[i]}) is {s}: every forward time must "
+                        "be a positive finite number of seconds; measure again with profile_forward"
+                    )
+
+    def __repr__(self) -> str:  # the grid of numbers would drown a config's repr and the logs
+        k = self.key
+        return (
+            f"ForwardProfile({k.model}, {k.device}, {k.dtype}, {k.threads} threads, "
+            f"T in {list(self.block_sizes)}, contexts {list(self.context_lengths)}, "
+            f"t(1) = {self.seconds[0][0] * 1e3:.2f} ms, t({self.block_sizes[-1]}) / t(1) = "
+            f"{self.seconds[0][-1] / self.seconds[0][0]:.2f} at context {self.context_lengths[0]})"
+        )
+
+    def _row(self, i: int, block_size: float) -> float:
+        b, s = self.block_sizes, self.seconds[i]
+        if len(b) == 1:
+            return s[0] * block_size
+        j = min(max(1, next((k for k, x in enumerate(b) if x >= block_size), len(b) - 1)), len(b) - 1)
+        x0, x1, y0, y1 = b[j - 1], b[j], s[j - 1], s[j]
+        return max(y0 + (y1 - y0) * (block_size - x0) / (x1 - x0), min(s) * 0.5)
+
+    def time(self, block_size: float, context: float) -> float:
+        """Estimated seconds of one forward over ``block_size`` inputs after ``context`` positions."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        c = self.context_lengths
+        if context <= c[0] or len(c) == 1:
+            return self._row(0, block_size)
+        if context >= c[-1]:
+            return self._row(len(c) - 1, block_size)
+        i = next(k for k, x in enumerate(c) if x >= context)
+        w = (context - c[i - 1]) / (c[i] - c[i - 1])
+        return (1 - w) * self._row(i - 1, block_size) + w * self._row(i, block_size)
+
+    def relative(self, block_size: float, context: float) -> float:
+        """t(block_size, context) / t(1, context): the cost of a block in plain-decoding steps."""
+        return self.time(block_size, context) / self.time(1, context)
+
+    def check(self, model: Any) -> None:
+        """Raise ValueError naming every field on which ``model`` (as loaded now) differs from the
+        profile's key: a profile from another model, device, dtype or thread count misleads."""
+        bad = self.key.mismatches(ProfileKey.of(model))
+        if bad:
+            raise ValueError(
+                "this forward profile was measured for another setting (" + "; ".join(bad) + "); measure one "
+                "for this model with mtprobe.profile_forward(model)"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PROFILE_FORMAT,
+            "key": dataclasses.asdict(self.key),
+            "block_sizes": list(self.block_sizes),
+            "context_lengths": list(self.context_lengths),
+            "seconds": [list(r) for r in self.seconds],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ForwardProfile:
+        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"not a forward profile of format {PROFILE_FORMAT} (format {got!r})")
+        try:
+            return cls(
+                ProfileKey(**data["key"]), data["block_sizes"], data["context_lengths"], data["seconds"]
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed forward profile: {e}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)  # atomic: a reader never sees half a file
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ForwardProfile:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"no forward profile at {path}; measure one with mtprobe.profile_forward"
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path} is not a forward profile (corrupt JSON: {e})") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+
+def profile_dir() -> Path:
+    """Where measured profiles are kept: ``$MTPROBE_CACHE/profiles`` (default ``~/.cache/mtprobe``)."""
+    from mtprobe.models import cache_root
+
+    return cache_root() / "profiles"
+
+
+def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Sequence[int]) -> Path:
+    ident = json.dumps([dataclasses.astuple(key)[:4], list(block_sizes), list(context_lengths)])
+    return profile_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
+
+
+def _chain_mask(model: Any, t: int, context: int, device: torch.device) -> torch.Tensor | None:
+    """The mask the decode loop hands a T-input block after ``context`` positions (None for T = 1)."""
+    from mtprobe import ops
+    from mtprobe.tree_attention import NAME as TREE_ATTENTION
+
+    if t == 1:
+        return None
+    if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
+        return ops.tree_ancestor_bits(torch.arange(-1, t - 1, device=device))[None, None]  # [1, 1, T, W]
+    mask = torch.zeros(t, context + t, dtype=model.dtype, device=device)  # [T, P + T] additive
+    mask[:, context:] = torch.full(
+        (t, t), torch.finfo(model.dtype).min, dtype=model.dtype, device=device
+    ).triu(1)
+    return mask[None, None]
+
+
+def profile_forward(
+    model: Any,
+    *,
+    block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+    context_lengths: Sequence[int] = DEFAULT_CONTEXT_LENGTHS,
+    repeats: int = 5,
+    warmup: int = 2,
+    cache: bool = True,
+    refresh: bool = False,
+) -> ForwardProfile:
+    """Measure t(T, context) of ``model`` where it sits (device, dtype, current torch threads).
+
+    With ``cache`` (default) the result is stored under :func:`profile_dir` keyed by the model's
+    architecture, device, dtype, threads and the grid, and a later call with the same key loads it
+    instead of measuring (``refresh=True`` measures again). Contexts beyond the model's positions are
+    dropped. Takes seconds for a small model: len(block_sizes) x len(context_lengths) x (repeats + warmup)
+    forwards.
+    """
+    from mtprobe.adapter import HFAdapter, max_positions
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    sizes = tuple(int(b) for b in block_sizes)
+    if not sizes or sizes[0] != 1 or any(x >= y for x, y in zip(sizes, sizes[1:], strict=False)):
+        raise ValueError(
+            f"block_sizes must ascend strictly and start at 1 (plain decoding), got {tuple(block_sizes)}"
+        )
+    limit = max_positions(model)
+    contexts = tuple(int(c) for c in context_lengths if 0 <= int(c) <= limit - sizes[-1])
+    if not contexts or any(x >= y for x, y in zip(contexts, contexts[1:], strict=False)):
+        raise ValueError(
+            f"context_lengths must ascend strictly and leave room for the largest block ({sizes[-1]}) in the "
+            f"model's {limit} positions, got {tuple(context_lengths)}"
+        )
+    key = ProfileKey.of(model)
+    path = _cache_path(key, sizes, contexts)
+    if cache and not refresh and path.is_file():
+        try:
+            return ForwardProfile.load(path)
+        except ValueError:
+            pass  # a corrupt cache entry is measured again and overwritten
+
+    device = next(model.parameters()).device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    capacity = contexts[-1] + sizes[-1]
+    adapter = HFAdapter(model, capacity, max_capacity=capacity)
+    ids = torch.randint(0, vocab, (capacity,), generator=gen).to(device)  # [capacity] arbitrary tokens
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    rows: list[tuple[float, ...]] = []
+    with torch.inference_mode():
+        if contexts[-1] > 0:  # the prefix every measured block attends to
+            pos = torch.arange(contexts[-1], device=device)[None]
+            adapter.forward(ids[: contexts[-1]], None, pos, None, 0, False)
+        for context in contexts:
+            row = []
+            for t in sizes:
+                pos = torch.arange(context, context + t, device=device)[None]  # [1, T]: a chain's positions
+                mask = _chain_mask(model, t, context, device)
+                tokens = ids[context : context + t]
+                times = []
+                for r in range(warmup + repeats):
+                    sync()
+                    t0 = time.perf_counter()
+                    adapter.forward(tokens, None, pos, mask, context, False)
+                    sync()
+                    if r >= warmup:
+                        times.append(time.perf_counter() - t0)
+                row.append(statistics.median(times))
+            rows.append(tuple(row))
+    profile = ForwardProfile(key, sizes, contexts, tuple(rows))
+    if cache:
+        profile.save(path)
+    return profile

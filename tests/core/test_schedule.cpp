@@ -1,0 +1,146 @@
+// Unit tests for the scheduler's arithmetic (csrc/core/schedule.h).
+//
+// Build and run (tests/test_core_cpp.py does exactly this):
+//   g++ -std=c++17 -O1 -Wall -Wextra -Werror -I csrc csrc/core/*.cpp tests/core/test_schedule.cpp -o
+//   test_schedule
+//   ./test_schedule
+// The same cost table, statistics and cuts run against the Python reference in tests/test_schedule.py.
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "core/schedule.h"
+#include "harness.h"
+
+namespace {
+
+using mtprobe::core::AcceptanceStats;
+using mtprobe::core::best_cut;
+using mtprobe::core::CostTable;
+using mtprobe::core::Cut;
+
+bool near(double a, double b) { return std::fabs(a - b) < 1e-9; }
+
+// The docstring example of python/mtprobe/profile.py.
+CostTable example_table() {
+  return CostTable({1, 8, 32}, {64, 512}, {0.020, 0.030, 0.046, 0.024, 0.036, 0.056});
+}
+
+void test_cost_table_interpolates() {
+  const CostTable t = example_table();
+  CHECK(near(t.time(8, 64), 0.030));
+  CHECK(near(t.time(20, 64), 0.038));               // linear between block sizes
+  CHECK(near(t.time(1, 288), 0.022));               // halfway between contexts
+  CHECK(near(t.relative(32, 288), 0.051 / 0.022));  // the worked example's 2.318
+  CHECK(near(t.time(8, 0), 0.030));                 // below the grid: clamped to the first context
+  CHECK(near(t.time(8, 4096), 0.036));              // above: the last
+  CHECK(near(t.time(56, 64), 0.046 + 0.016));       // past the last size: the last slope goes on
+  CHECK(near(t.relative(1, 300), 1.0));
+}
+
+void test_cost_table_rejects_bad_grids() {
+  int thrown = 0;
+  auto expect_throw = [&](auto make) {
+    try {
+      make();
+    } catch (const std::invalid_argument&) {
+      ++thrown;
+    }
+  };
+  expect_throw([] { CostTable({2, 4}, {0}, {1.0, 2.0}); });           // does not start at 1
+  expect_throw([] { CostTable({1, 1}, {0}, {1.0, 2.0}); });           // not ascending
+  expect_throw([] { CostTable({1, 2}, {0, 0}, {1, 2, 3, 4}); });      // contexts not ascending
+  expect_throw([] { CostTable({1, 2}, {0}, {1.0}); });                // wrong size
+  expect_throw([] { CostTable({1, 2}, {0}, {1.0, 0.0}); });           // a free forward
+  expect_throw([] { CostTable({1, 2}, {0}, {1.0, -2.0}); });          // negative
+  expect_throw([] { CostTable({1, 2}, {0}, {1.0, std::nan("")}); });  // NaN
+  CHECK(thrown == 7);
+}
+
+void test_stats_count_verdicts() {
+  AcceptanceStats s(1.0);       // no decay: plain counts
+  CHECK(near(s.rate(1), 0.5));  // the prior
+  s.record(3, 1, 10);           // depth 1 accepted, depth 2 rejected, depth 3 untested
+  CHECK(s.trials().size() == 2 && near(s.trials()[0], 1) && near(s.trials()[1], 1));
+  CHECK(near(s.accepts()[0], 1) && near(s.accepts()[1], 0));
+  s.record(3, 3, 10);  // the whole chain accepted: depth 4 is no node of the tree, unknown
+  CHECK(s.trials().size() == 3 && near(s.trials()[2], 1) && near(s.accepts()[2], 1));
+  s.record(5, 2, 2);  // the continuation is known for 2 tokens only: depth 3 unknown
+  CHECK(near(s.trials()[2], 1) && near(s.trials()[1], 3) && near(s.accepts()[1], 2));
+  s.record(0, 0, 4);  // no draft: nothing learnt
+  CHECK(near(s.trials()[0], 3));
+  CHECK(near(s.rate(1), (3.0 + 1) / (3 + 2)) && near(s.rate(2), (2.0 + 1) / (3 + 2)));
+  const std::vector<double> r = s.reach(3);
+  CHECK(r.size() == 3 && near(r[0], 0.8) && near(r[1], 0.8 * 0.6) && near(r[2], 0.8 * 0.6 * (2.0 / 3)));
+}
+
+void test_stats_decay() {
+  AcceptanceStats s(0.5);
+  s.record(1, 1, 5);
+  s.record(1, 0, 5);  // the older acceptance now counts half
+  CHECK(near(s.trials()[0], 1.5) && near(s.accepts()[0], 0.5));
+  int thrown = 0;
+  for (double bad : {0.0, -0.1, 1.5}) {
+    try {
+      AcceptanceStats x(bad);
+    } catch (const std::invalid_argument&) {
+      ++thrown;
+    }
+  }
+  CHECK(thrown == 3);
+}
+
+// The worked example of csrc/core/schedule.h: a_1 = 0.6, a_2 = 0.5 on a chain.
+AcceptanceStats example_stats() {
+  AcceptanceStats s(1.0);
+  // a_1 = (a + 1) / (t + 2) = 0.6 with t = 8, a = 5; a_2 = 0.5 with t = 4 trials, 2 accepted.
+  for (int i = 0; i < 3; ++i) s.record(1, 0, 5);  // 3 rejections at depth 1
+  s.record(1, 1, 5);                              // 1 acceptance at depth 1 only
+  for (int i = 0; i < 2; ++i) s.record(2, 1, 5);  // accepted 1, rejected 2
+  for (int i = 0; i < 2; ++i) s.record(2, 2, 5);  // accepted both
+  return s;
+}
+
+void test_best_cut_worked_example() {
+  const AcceptanceStats s = example_stats();
+  CHECK(near(s.rate(1), 0.6) && near(s.rate(2), 0.5));
+  const CostTable steep({1, 2, 3}, {0}, {1.0, 1.1, 1.3});
+  Cut c = best_cut(s, steep, 1, {1, 1}, 0, true, 0);
+  CHECK(c.depth == 2 && c.inputs == 3 && near(c.expected, 1.9) && near(c.score, 1.9 / 1.3));
+  const CostTable steeper({1, 2, 3}, {0}, {1.0, 1.1, 1.4});
+  c = best_cut(s, steeper, 1, {1, 1}, 0, true, 0);
+  CHECK(c.depth == 1 && c.inputs == 2 && near(c.score, 1.6 / 1.1));
+  // Whole or nothing: with an auxiliary input the cut at depth 1 is not allowed.
+  // The whole block (T = 6, extrapolated: 1.4 + 3 x 0.3 = 2.3) scores 1.9 / 2.3 < 1: plain decoding,
+  // although the cut at depth 1 alone would have paid.
+  c = best_cut(s, steeper, 1, {1, 1}, 3, true, 0);
+  CHECK(c.depth == 0 && c.inputs == 1 && near(c.score, 1.0));
+  // Not cuttable (draft_probs): whole at 1.9 / 1.4, though the cut at depth 1 would score 1.6 / 1.1.
+  c = best_cut(s, steeper, 1, {1, 1}, 0, false, 0);
+  CHECK(c.depth == 2 && c.inputs == 3 && near(c.score, 1.9 / 1.4));
+  // A free forward (a GPU-like profile) verifies everything.
+  const CostTable flat({1, 64}, {0}, {1.0, 1.0});
+  c = best_cut(s, flat, 1, {3, 5}, 4, true, 0);
+  CHECK(c.depth == 2 && c.inputs == 1 + 8 + 4);
+  // A tree too expensive for its expected gain: plain decoding.
+  const CostTable cpu({1, 64}, {0}, {1.0, 4.0});
+  c = best_cut(s, cpu, 1, {30, 30}, 0, true, 0);
+  CHECK(c.depth == 0 && c.inputs == 1);
+  // No draft at all.
+  c = best_cut(s, flat, 1, {}, 0, true, 0);
+  CHECK(c.depth == 0 && c.inputs == 1 && near(c.expected, 1.0));
+}
+
+}  // namespace
+
+int main() {
+  const mtprobe_test::Test tests[] = {
+      {"cost_table_interpolates", test_cost_table_interpolates},
+      {"cost_table_rejects_bad_grids", test_cost_table_rejects_bad_grids},
+      {"stats_count_verdicts", test_stats_count_verdicts},
+      {"stats_decay", test_stats_decay},
+      {"best_cut_worked_example", test_best_cut_worked_example},
+  };
+  return mtprobe_test::run_tests(tests);
+}

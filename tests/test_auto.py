@@ -1,0 +1,182 @@
+"""AutoConfig: the scheduling drafter (csrc/drafters/auto.h) is lossless whatever it chooses, and
+chooses what the forward profile says pays: deep drafts on a flat (GPU-like) profile, plain
+decoding on a steep one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import tiny_llama
+from mtprobe.profile import ForwardProfile, ProfileKey
+
+REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]  # prompt lookup and STAND draft here
+
+
+def _profile(model, *, slope: float) -> ForwardProfile:
+    """A profile for ``model`` where T inputs cost 1 + slope (T - 1) / 63 plain forwards."""
+    return ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01 * (1 + slope)),))
+
+
+def _greedy(model, ids, n=32):
+    return model.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=0)
+
+
+DRAFTER_SETS = {
+    "pld+stand": (mtprobe.PromptLookupConfig(num_tokens=6), mtprobe.StandConfig(block_complexity=10)),
+    "probe+pld": (mtprobe.ProbeConfig(block_complexity=10), mtprobe.PromptLookupConfig(num_tokens=4)),
+    "hybrid+lookahead": (
+        mtprobe.HybridConfig(block_complexity=10),
+        mtprobe.LookaheadConfig(ngram_size=3, window=3, guess_set_size=2),
+    ),
+    "stand": (mtprobe.StandConfig(block_complexity=30),),
+}
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.5, 3.0, 30.0])
+@pytest.mark.parametrize("drafters", list(DRAFTER_SETS))
+def test_auto_is_token_identical_to_greedy(drafters, slope):
+    model = tiny_llama()
+    for prompt in (REPEATING, [7, 3, 81, 44, 12, 60]):
+        ids = torch.tensor([prompt])
+        cfg = mtprobe.AutoConfig(
+            drafters=DRAFTER_SETS[drafters], profile=_profile(model, slope=slope), explore_every=4
+        )
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(out.sequences, _greedy(model, ids)), (drafters, slope, prompt)
+        assert len(out.choices) == out.steps == len(out.accept_lengths)
+        names = {c.method for c in cfg.drafters} | {"plain"}
+        assert {m for m, _ in out.choices} <= names
+        for (method, t), gained in zip(out.choices, out.accept_lengths, strict=True):
+            assert 1 <= t <= cfg.block_complexity
+            if method == "plain":
+                assert t == 1 and gained == 1  # plain decoding gains exactly one token
+
+
+def test_the_profile_decides():
+    """A flat profile (T inputs cost one forward) verifies every chain prompt lookup proposes, so the
+    run takes exactly prompt lookup's own steps; a profile where every extra input costs a whole
+    forward verifies nothing but the committed token."""
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    pld = mtprobe.PromptLookupConfig(num_tokens=6)
+    kw = dict(max_new_tokens=32, eos_token_id=None, pad_token_id=0)
+    ref = _greedy(model, ids)
+    alone = mtprobe.generate(model, ids, pld, **kw)
+    cheap = mtprobe.generate(
+        model, ids, mtprobe.AutoConfig(drafters=(pld,), profile=_profile(model, slope=0.0)), **kw
+    )
+    dear = mtprobe.generate(
+        model, ids, mtprobe.AutoConfig(drafters=(pld,), profile=_profile(model, slope=63.0)), **kw
+    )
+    assert torch.equal(cheap.sequences, ref) and torch.equal(dear.sequences, ref)
+    assert cheap.accept_lengths == alone.accept_lengths and cheap.drafted_per_depth == alone.drafted_per_depth
+    assert any(m == "pld" and t == 7 for m, t in cheap.choices)  # the root and a whole chain
+    assert all(m == "plain" and t == 1 for m, t in dear.choices)  # t(T) = T t(1): no draft can pay
+    assert dear.forward_calls == 32 and dear.tau == 1.0
+    # Prompt lookup proposed chains in 10 steps: the steep profile refused real drafts.
+    assert alone.drafted_per_depth[0] >= 5 and sum(dear.drafted_per_depth) == 0
+
+
+def test_choices_timings_and_summary():
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    out = mtprobe.generate(
+        model,
+        ids,
+        mtprobe.AutoConfig(profile=_profile(model, slope=1.0)),
+        max_new_tokens=16,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert out.method == "auto"
+    assert out.timings["draft_s"] > 0 and 0 < out.timings["schedule_s"] < out.timings["total_s"]
+    assert out.summary()["method"] == "auto"
+
+
+def test_hf_route_and_config_dict():
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    cfg = mtprobe.AutoConfig(profile=_profile(model, slope=1.0))
+    seq = model.generate(
+        ids,
+        custom_generate=mtprobe.custom_generate,
+        mtprobe_config=cfg,
+        max_new_tokens=16,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert torch.equal(seq, _greedy(model, ids, 16))
+    again = mtprobe.config_from_json(json.dumps(cfg.to_dict()))
+    assert again == cfg and isinstance(again.profile, ForwardProfile)
+    out = mtprobe.generate(model, ids, cfg.to_dict(), max_new_tokens=16, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(out.sequences, seq)
+
+
+def test_auto_measures_and_caches_a_profile(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    out = mtprobe.generate(
+        model, ids, mtprobe.AutoConfig(), max_new_tokens=8, eos_token_id=None, pad_token_id=0
+    )
+    assert torch.equal(out.sequences, _greedy(model, ids, 8))
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1  # measured once, kept
+
+
+def test_profile_file_path(tmp_path):
+    model = tiny_llama()
+    path = _profile(model, slope=1.0).save(tmp_path / "p.json")
+    cfg = mtprobe.AutoConfig(profile=str(path))
+    ids = torch.tensor([REPEATING])
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=8, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(out.sequences, _greedy(model, ids, 8))
+
+
+def test_bad_input():
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="needs at least one drafter"):
+        mtprobe.AutoConfig(drafters=())
+    with pytest.raises(ValueError, match="draft model's own forwards are not in the forward profile"):
+        mtprobe.AutoConfig(drafters=(mtprobe.DraftModelConfig(),))
+    with pytest.raises(ValueError, match="which AutoConfig cannot schedule"):
+        mtprobe.AutoConfig(drafters=(mtprobe.AutoConfig(),))
+    with pytest.raises(TypeError, match=r"drafters\[1\] is str, not a drafter configuration"):
+        mtprobe.AutoConfig(drafters=(mtprobe.StandConfig(), "pld"))
+    with pytest.raises(ValueError, match=r"decay=0 must be a number in \(0, 1\]"):
+        mtprobe.AutoConfig(decay=0)
+    with pytest.raises(ValueError, match="explore_every=0 must be >= 1"):
+        mtprobe.AutoConfig(explore_every=0)
+    with pytest.raises(TypeError, match="profile must be a ForwardProfile"):
+        mtprobe.AutoConfig(profile=3)
+    other = tiny_llama(hidden_size=32)  # another architecture: its profile misleads
+    cfg = mtprobe.AutoConfig(profile=_profile(other, slope=1.0))
+    with pytest.raises(ValueError, match="measured for another setting \\(model: profile 'LlamaForCausalLM:"):
+        mtprobe.generate(model, torch.tensor([REPEATING]), cfg, max_new_tokens=4)
+    with pytest.raises(ValueError, match="has no field\\(s\\) 'budget'"):
+        mtprobe.config_from_dict({"method": "auto", "budget": 3})
+
+
+@pytest.mark.parametrize(("slope", "with_probe"), [(0.0, True), (1.2, False)])
+def test_auto_on_the_real_model(smollm2, slope, with_probe):
+    """SmolLM2 on three of the project's prompts: token-identical to greedy under a GPU-like profile
+    (probing among the drafters) and a CPU-like one (t(64) = 2.2 t(1), as measured on the 2-core CPU;
+    the default drafters)."""
+    from conftest import chat_ids
+    from mtprobe.data import load_prompts
+
+    model, tok = smollm2
+    prompts = [p for p in load_prompts() if p["id"].startswith(("long", "code", "repetition"))][:3]
+    drafters = (mtprobe.ProbeConfig(block_complexity=10), mtprobe.PromptLookupConfig())
+    cfg = mtprobe.AutoConfig(
+        profile=_profile(model, slope=slope), **({"drafters": drafters} if with_probe else {})
+    )
+    for p in prompts:
+        ids = chat_ids(tok, p["messages"])
+        ref = model.generate(ids, do_sample=False, max_new_tokens=32)
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=32)
+        assert torch.equal(out.sequences, ref), (p["id"], slope, with_probe)
+        assert any(m != "plain" for m, _ in out.choices) or slope > 0  # a free forward always drafts

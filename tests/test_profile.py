@@ -1,0 +1,103 @@
+"""mtprobe.profile: measured forward costs, their cache on disk, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import tiny_llama
+from mtprobe.profile import ForwardProfile, ProfileKey, profile_forward
+
+KEY = ProfileKey(model="M:0", device="cpu", dtype="float32", threads=1)
+
+
+def test_docstring_example_and_interpolation():
+    p = ForwardProfile(KEY, (1, 8, 32), (64, 512), ((0.020, 0.030, 0.046), (0.024, 0.036, 0.056)))
+    assert p.time(8, 64) == pytest.approx(0.030)
+    assert p.time(20, 64) == pytest.approx(0.038)
+    assert p.relative(32, 288) == pytest.approx(0.051 / 0.022)
+    assert p.time(8, -5) == p.time(8, 64) and p.time(8, 10**6) == p.time(8, 512)  # clamped contexts
+    assert p.time(56, 64) == pytest.approx(0.062)  # the last slope continues
+    assert p.relative(1, 100) == 1.0
+
+
+def test_profile_forward_measures_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))
+    model = tiny_llama()
+    p = profile_forward(model, block_sizes=(1, 4, 16), context_lengths=(8, 64), repeats=2, warmup=1)
+    assert p.block_sizes == (1, 4, 16) and p.context_lengths == (8, 64)
+    assert all(s > 0 for row in p.seconds for s in row)
+    assert p.key == ProfileKey.of(model) and p.key.threads == torch.get_num_threads()
+    files = list((tmp_path / "profiles").glob("*.json"))
+    assert len(files) == 1
+    # The second call loads the file: its (edited) numbers come back, nothing is measured.
+    data = json.loads(files[0].read_text())
+    data["seconds"][0][0] = 123.0
+    files[0].write_text(json.dumps(data))
+    again = profile_forward(model, block_sizes=(1, 4, 16), context_lengths=(8, 64), repeats=2, warmup=1)
+    assert again.seconds[0][0] == 123.0
+    fresh = profile_forward(model, block_sizes=(1, 4, 16), context_lengths=(8, 64), repeats=2, refresh=True)
+    assert fresh.seconds[0][0] != 123.0
+    # Contexts that leave no room for the largest block in the model's 256 positions are dropped.
+    short = profile_forward(model, block_sizes=(1, 4), context_lengths=(8, 252, 1000), repeats=1, cache=False)
+    assert short.context_lengths == (8, 252)
+
+
+def test_profile_save_load_and_check(tmp_path):
+    model = tiny_llama()
+    p = ForwardProfile(ProfileKey.of(model), (1, 2), (0,), ((1.0, 1.5),))
+    path = p.save(tmp_path / "sub" / "p.json")
+    assert ForwardProfile.load(path) == p
+    p.check(model)  # the same model: accepted
+    with pytest.raises(ValueError, match=r"measured for another setting \(model: profile 'LlamaForCausalLM:"):
+        p.check(tiny_llama(num_hidden_layers=3))
+    other_dtype = ForwardProfile(
+        ProfileKey(**{**p.key.__dict__, "dtype": "bfloat16"}), (1, 2), (0,), ((1.0, 1.5),)
+    )
+    with pytest.raises(ValueError, match="dtype: profile 'bfloat16' vs now 'float32'"):
+        other_dtype.check(model)
+    other_device = ForwardProfile(
+        ProfileKey(**{**p.key.__dict__, "device": "cuda (H100)"}), (1,), (0,), ((1.0,),)
+    )
+    with pytest.raises(ValueError, match="device: profile 'cuda \\(H100\\)'"):
+        other_device.check(model)
+
+
+def test_bad_profiles(tmp_path):
+    with pytest.raises(ValueError, match=r"seconds\[0\]\[1\] \(block size 2, context 0\) is 0.0"):
+        ForwardProfile(KEY, (1, 2), (0,), ((1.0, 0.0),))
+    with pytest.raises(ValueError, match="is -1.0"):
+        ForwardProfile(KEY, (1, 2), (0,), ((1.0, -1.0),))
+    with pytest.raises(ValueError, match="is nan"):
+        ForwardProfile(KEY, (1,), (0,), ((float("nan"),),))
+    with pytest.raises(ValueError, match="block_sizes must ascend strictly and start at 1"):
+        ForwardProfile(KEY, (2, 4), (0,), ((1.0, 1.0),))
+    with pytest.raises(ValueError, match="context_lengths must be non-negative and ascend strictly"):
+        ForwardProfile(KEY, (1,), (5, 5), ((1.0,), (1.0,)))
+    with pytest.raises(
+        ValueError, match=r"seconds must be \[len\(context_lengths\)\]\[len\(block_sizes\)\] = \[1\]\[2\]"
+    ):
+        ForwardProfile(KEY, (1, 2), (0,), ((1.0,),))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="is not a forward profile \\(corrupt JSON"):
+        ForwardProfile.load(bad)
+    bad.write_text(json.dumps({"format": 99}))
+    with pytest.raises(ValueError, match="not a forward profile of format 1"):
+        ForwardProfile.load(bad)
+    with pytest.raises(FileNotFoundError, match="no forward profile at"):
+        ForwardProfile.load(tmp_path / "missing.json")
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="block_sizes must ascend strictly and start at 1"):
+        profile_forward(model, block_sizes=(2, 4), cache=False)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        profile_forward(model, repeats=0, cache=False)
+    with pytest.raises(ValueError, match="leave room for the largest block"):
+        profile_forward(model, block_sizes=(1, 64), context_lengths=(300,), cache=False)
+
+
+def test_public_names():
+    assert mtprobe.profile_forward is profile_forward and mtprobe.ForwardProfile is ForwardProfile
