@@ -79,3 +79,19 @@ def test_command_line_examples_parse():
         method, config = cli._method_and_config(args)
         assert method.name == args.method, line
         assert isinstance(config, method.config_type), line
+
+
+def test_auto_config_example(tmp_path, monkeypatch):
+    monkeypatch.setenv(
+        "MTPROBE_CACHE", str(tmp_path)
+    )  # the profile it measures goes here, not to the user's cache
+    use, auto = python_blocks()[0], block_with("cfg = mtprobe.AutoConfig()")
+    ns: dict = {}
+    exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=4"), "README.md (Use)", "exec"), ns)
+    exec(
+        compile(auto.replace("max_new_tokens=128", "max_new_tokens=24"), "README.md (AutoConfig)", "exec"), ns
+    )
+    model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
+    assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=24))
+    assert len(out.choices) == out.steps and out.timings["schedule_s"] >= 0
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1

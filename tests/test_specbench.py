@@ -1042,3 +1042,39 @@ def test_module_entry_point() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "--baseline" in proc.stdout and "--literal-token-count" in proc.stdout
+
+
+def test_hf_prompt_lookup_counts_its_steps_like_mtprobe_prompt_lookup() -> None:
+    """hf-pld (transformers' own prompt lookup, a peer baseline) reports the steps mtprobe's
+    prompt lookup takes: the same rule drafts the same chains, so the accept lengths agree."""
+    import mtprobe
+    from conftest import tiny_llama
+
+    model = tiny_llama()
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]])
+    method = get_method("hf-pld")
+    out = method.run(model, ids, method.make_config({"num_tokens": 4}), 24)
+    ref = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    assert torch.equal(out.new_ids, ref[0, ids.shape[1] :])
+    ours = mtprobe.generate(
+        model, ids, mtprobe.PromptLookupConfig(num_tokens=4), max_new_tokens=24, pad_token_id=0
+    )
+    assert out.accept_lengths == ours.accept_lengths and out.decoding_steps == ours.forward_calls
+    with pytest.raises(NotImplementedError, match="sampling is not implemented for method 'hf-pld'"):
+        method.check_temperature(1.0)
+
+
+def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
+    import mtprobe
+    from conftest import tiny_llama
+    from mtprobe.profile import ForwardProfile, ProfileKey
+
+    model = tiny_llama()
+    path = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)).save(tmp_path / "p.json")
+    method = get_method("auto")
+    cfg = method.make_config({"profile": str(path)})
+    assert isinstance(cfg, mtprobe.AutoConfig) and method.id_suffix(cfg).startswith("p")
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2]])
+    out = method.run(model, ids, cfg, 12)
+    ref = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    assert torch.equal(out.new_ids, ref[0, ids.shape[1] :])

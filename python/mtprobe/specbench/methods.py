@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from mtprobe.config import (
+    AutoConfig,
     DraftModelConfig,
     HybridConfig,
     LookaheadConfig,
@@ -487,6 +488,104 @@ register(
             Option("--max-depth", "max_depth", int, "d", "deepest draft of the n-gram half"),
         ),
         steps_doc="forward calls, prefill included",
+    )
+)
+
+
+# --- auto: per-step scheduling by measured forward cost -------------------------------------------------
+
+
+register(
+    Method(
+        name=AutoConfig.method,  # the short name mtprobe.config registers
+        summary="per-step choice among prompt lookup, STAND and plain decoding by expected tokens per second "
+        "under this machine's measured forward cost (AutoConfig's defaults)",
+        config_type=AutoConfig,
+        run=_run_mtprobe,
+        options=(
+            Option(
+                "--profile",
+                "profile",
+                str,
+                "p",
+                "a forward profile saved with mtprobe.ForwardProfile.save (default: measured once for the "
+                "model, device, dtype and threads, and cached)",
+            ),
+        ),
+        steps_doc="forward calls, prefill included",
+    )
+)
+
+
+# --- hf-pld: transformers' own prompt lookup, a peer baseline -------------------------------------------
+
+
+@dataclass(frozen=True)
+class HFPromptLookupConfig:
+    """transformers' prompt lookup: ``model.generate(prompt_lookup_num_tokens=N)``, as a peer baseline."""
+
+    num_tokens: int = 10
+    max_ngram_size: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("num_tokens", "max_ngram_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+
+
+def _run_hf_pld(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,  # [1, L]
+    config: HFPromptLookupConfig,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+) -> MethodOutput:
+    # Before each target forward the cache holds the committed tokens but the last (HF crops it to
+    # that after every step), so consecutive forwards' cache lengths differ by the tokens a step
+    # gained (accepted drafts + bonus). The first forward is the prefill; its gain is not a step's.
+    starts: list[int] = []
+
+    def hook(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        cache = kwargs.get("past_key_values")
+        starts.append(int(cache.get_seq_length()) if cache is not None else -1)
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            prompt_lookup_num_tokens=config.num_tokens,
+            max_matching_ngram_size=config.max_ngram_size,
+            do_sample=False,
+        )
+    finally:
+        handle.remove()
+    new_ids = out[0, input_ids.shape[1] :]  # [new]
+    n = int(new_ids.shape[0])
+    if any(s < 0 for s in starts):
+        raise RuntimeError(
+            "hf-pld: a target forward got no past_key_values; cannot count the tokens each step gained"
+        )
+    ends = [*starts[2:], input_ids.shape[1] + n - 1]
+    accept = [e - s for s, e in zip(starts[1:], ends, strict=True)]
+    return MethodOutput(new_ids, len(starts), accept)
+
+
+register(
+    Method(
+        name="hf-pld",
+        summary="transformers' own prompt lookup (model.generate(prompt_lookup_num_tokens=N)): a peer baseline",
+        config_type=HFPromptLookupConfig,
+        run=_run_hf_pld,
+        options=(
+            Option("--num-tokens", "num_tokens", int, "n", "prompt_lookup_num_tokens"),
+            Option("--max-ngram-size", "max_ngram_size", int, "g", "max_matching_ngram_size"),
+        ),
+        steps_doc="target forward calls, prefill included",
+        supports_sampling=False,
     )
 )
 

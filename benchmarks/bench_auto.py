@@ -1,0 +1,107 @@
+"""AutoConfig against HF greedy, HF prompt lookup and every mtprobe method, side by side.
+
+Runs the Spec-Bench harness (``python -m mtprobe.specbench run``) once per method on the same
+questions, one after another in fresh processes, then ``compare`` over the answer folder, and writes
+``README.md`` there with the commands, the machine, versions and the load average before and after
+each run. This is a benchmark: nothing here asserts a speed.
+
+    python benchmarks/bench_auto.py --question-file ../shared/specbench/question-dev.jsonl \\
+        --per-category 2 --max-new-tokens 64 --out-dir benchmarks/results/auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+# (answer file stem, method arguments): HF's own baselines, every mtprobe method at a static setting,
+# and the scheduler.
+METHODS = [
+    ("ar", ["--method", "ar"]),
+    ("hf-pld", ["--method", "hf-pld", "--num-tokens", "10"]),
+    ("pld", ["--method", "pld", "--num-tokens", "10"]),
+    ("stand-bc10", ["--method", "stand", "--block-complexity", "10"]),
+    ("probe-bc10", ["--method", "probe", "--block-complexity", "10"]),
+    ("hybrid-bc10", ["--method", "hybrid", "--block-complexity", "10"]),
+    ("auto", ["--method", "auto"]),
+]
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--question-file", type=Path, required=True)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--methods", default=",".join(n for n, _ in METHODS), help="comma list of the stems above"
+    )
+    ap.add_argument("--out-dir", type=Path, required=True)
+    args = ap.parse_args(argv)
+    chosen = [m for m in METHODS if m[0] in args.methods.split(",")]
+    answers = args.out_dir / "answers"
+    answers.mkdir(parents=True, exist_ok=True)
+    common = [
+        "--question-file", str(args.question_file), "--model", args.model,
+        "--per-category", str(args.per_category), "--first-turn-only",
+        "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
+        "--repeats", str(args.repeats), "--warmup", "1", "--no-progress",
+    ]  # fmt: skip
+    log = []
+    for stem, method_args in chosen:
+        cmd = [sys.executable, "-m", "mtprobe.specbench", "run", *common, *method_args,
+               "--answer-file", str(answers / f"{stem}.jsonl")]  # fmt: skip
+        start, load0 = dt.datetime.now(dt.timezone.utc), _load()
+        subprocess.run(cmd, check=True)
+        end, load1 = dt.datetime.now(dt.timezone.utc), _load()
+        log.append(
+            f"| {stem} | `{shlex.join(['python', *cmd[1:]])}` | {start:%H:%M:%S}–{end:%H:%M:%S} | {load0} → {load1} |"
+        )
+        print(f"bench_auto: {stem} done, load {load0} -> {load1}", file=sys.stderr)
+    compare = [sys.executable, "-m", "mtprobe.specbench", "compare", str(answers), "--tokenizer", args.model,
+               "--out-dir", str(args.out_dir)]  # fmt: skip
+    subprocess.run(compare, check=True)
+    readme = [
+        "# AutoConfig beside HF greedy, HF prompt lookup and every mtprobe method",
+        "",
+        f"- command: `{shlex.join(['python', *sys.argv])}`",
+        f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
+        f"{os.cpu_count()} cores, {args.threads} torch threads; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}; model `{args.model}`, float32, CPU",
+        f"- questions: the first {args.per_category} question(s) of every category of `{args.question_file.name}`, "
+        f"first turns, at most {args.max_new_tokens} new tokens, greedy, {args.repeats} timed run(s) each",
+        "- every method ran in its own process, one after another; the load average (1, 5, 15 minutes) at the "
+        "start and end of each run is below",
+        "- the table and figure: `compare.md`, `compare.png` (speedup over `ar`, HF greedy)",
+        "",
+        "| run | command | time (UTC) | load average |",
+        "| --- | --- | --- | --- |",
+        *log,
+        "",
+        f"`{shlex.join(['python', *compare[1:]])}`",
+        "",
+    ]
+    (args.out_dir / "README.md").write_text("\n".join(readme), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
