@@ -89,7 +89,7 @@ class _ConfigData:
 
 def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
     """The decoding configuration a dict describes, vLLM ``speculative_config`` style: ``"method"``
-    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``: the names the
+    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``, ``auto``: the names the
     Spec-Bench harness uses) and the other keys are its fields.
 
     >>> config_from_dict({"method": "pld", "num_tokens": 4})
@@ -97,7 +97,7 @@ def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
     >>> config_from_dict({"method": "medusa"})
     Traceback (most recent call last):
     ...
-    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid
+    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid, auto
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"a configuration dict must be a dict with a 'method' key, got {type(data).__name__}")
