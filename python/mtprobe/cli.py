@@ -374,7 +374,7 @@ def _generate(args: argparse.Namespace) -> int:
     mode = "greedy" if not sampling["do_sample"] else f"sampling at temperature {args.temperature}"
     print(
         f"mtprobe: {method.name} ({mode}): {new_tokens} new tokens, {stats}, "
-        f"{new_tokens / max(elapsed, 1e-9):.1f} tokens/s, {elapsed:.2f} s",
+        f"{new_tokens / max(elapsed, 1e-9):.1f} tokens/s, {elapsed:.4f} s",
         file=sys.stderr,
         flush=True,
     )
