@@ -507,20 +507,20 @@ _HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+)
 
 
 def _from_hub_cache(repo_id: str, revision: str | None, cache: Path) -> tuple[Path | None, str]:
-    """The cached snapshot folder of ``repo_id`` (or None) and, if None, why it was not found."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    """The cached snapshot folder of ``repo_id`` (or None) and, if None, why it was not found.
 
-    try:
-        # local_files_only: resolution reads refs/ and snapshots/ only; no request is ever made.
-        folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True))
-    except LocalEntryNotFoundError:
-        # huggingface_hub's own message suggests going online, which mtprobe never does.
-        where = cache / ("models--" + repo_id.replace("/", "--"))
-        state = "exists but has no snapshot for that revision" if where.is_dir() else "does not exist"
-        return None, f"{where} {state}"
-    except (FileNotFoundError, ValueError) as e:
-        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
+    Reads the standard cache layout only (``models--org--name/refs/<rev>`` holds a commit hash,
+    ``snapshots/<hash>`` the files); no hub client is involved, so nothing can be downloaded.
+    """
+    where = cache / ("models--" + repo_id.replace("/", "--"))
+    if not where.is_dir():
+        return None, f"{where} does not exist"
+    rev = revision or "main"
+    ref = where / "refs" / rev
+    commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else rev  # a commit hash names itself
+    folder = where / "snapshots" / commit
+    if not folder.is_dir():
+        return None, f"{where} exists but has no snapshot for that revision"
     if not (folder / "config.json").is_file():
         return None, f"its snapshot {folder} has no config.json"
     return folder, ""
