@@ -1,12 +1,17 @@
-"""AutoConfig against HF greedy, HF prompt lookup and every mtprobe method, side by side.
+"""AutoConfig and EntMTP's policies against HF greedy, HF prompt lookup and every mtprobe method, side by side.
 
 Runs the Spec-Bench harness (``python -m mtprobe.specbench run``) once per method on the same
 questions, one after another in fresh processes, then ``compare`` over the answer folder, and writes
 ``README.md`` there with the commands, the machine, versions and the load average before and after
 each run. This is a benchmark: nothing here asserts a speed.
 
+    python -m mtprobe.topology --model smollm2-135m --num-prompts 12 --max-new-tokens 64 \\
+        --debias-sizes 1,2,4,8,14 --out benchmarks/results/auto/bank-smollm2-135m.json
     python benchmarks/bench_auto.py --question-file ../shared/specbench/question-dev.jsonl \\
         --per-category 2 --max-new-tokens 64 --out-dir benchmarks/results/auto
+
+The EntMTP rows use the topology bank ``--bank`` (built by the first command on mtprobe's own
+prompts, not on Spec-Bench's questions).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ METHODS = [
     ("probe-bc10", ["--method", "probe", "--block-complexity", "10"]),
     ("hybrid-bc10", ["--method", "hybrid", "--block-complexity", "10"]),
     ("auto", ["--method", "auto"]),
+    ("entmtp-static", ["--method", "entmtp", "--policy", "static"]),
+    ("entmtp-ladder", ["--method", "entmtp", "--policy", "ladder"]),
+    ("entmtp-hysteretic", ["--method", "entmtp", "--policy", "hysteretic"]),
 ]
 
 
@@ -55,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", default=",".join(n for n, _ in METHODS), help="comma list of the stems above"
     )
     ap.add_argument("--out-dir", type=Path, required=True)
+    ap.add_argument(
+        "--bank",
+        type=Path,
+        default=Path("benchmarks/results/auto/bank-smollm2-135m.json"),
+        help="the topology bank of the entmtp rows (default %(default)s)",
+    )
     args = ap.parse_args(argv)
     chosen = [m for m in METHODS if m[0] in args.methods.split(",")]
     answers = args.out_dir / "answers"
@@ -67,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     log = []
     for stem, method_args in chosen:
+        if stem.startswith("entmtp"):
+            method_args = [*method_args, "--bank", str(args.bank)]
         cmd = [sys.executable, "-m", "mtprobe.specbench", "run", *common, *method_args,
                "--answer-file", str(answers / f"{stem}.jsonl")]  # fmt: skip
         start, load0 = dt.datetime.now(dt.timezone.utc), _load()
@@ -80,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                "--out-dir", str(args.out_dir)]  # fmt: skip
     subprocess.run(compare, check=True)
     readme = [
-        "# AutoConfig beside HF greedy, HF prompt lookup and every mtprobe method",
+        "# AutoConfig and EntMTP beside HF greedy, HF prompt lookup and every mtprobe method",
         "",
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
@@ -91,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "- every method ran in its own process, one after another; the load average (1, 5, 15 minutes) at the "
         "start and end of each run is below",
         "- the table and figure: `compare.md`, `compare.png` (speedup over `ar`, HF greedy)",
+        f"- EntMTP rows: the topology bank `{args.bank}` (trees, thresholds and how it was built are in the file)",
         "",
         "| run | command | time (UTC) | load average |",
         "| --- | --- | --- | --- |",

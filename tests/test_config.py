@@ -59,6 +59,16 @@ NON_DEFAULT = {
         decay=0.8,
         explore_every=5,
     ),
+    "entmtp": mtprobe.EntMTPConfig(
+        bank=mtprobe.TopologyBank(trees=((), ((0,),), ((0,), (1,), (0, 0))), num_masks=2, mask_lambda=0.2),
+        policy="ladder",
+        trees=(0, 2),
+        thresholds=(0.4,),
+        feature="entropy",
+        ema=0.25,
+        record_steps=True,
+        incremental_masks=False,
+    ),
 }
 
 
@@ -191,6 +201,13 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
             drafters=(mtprobe.PromptLookupConfig(num_tokens=a), mtprobe.StandConfig(block_complexity=1 + b)),
             decay=lam,
             explore_every=c,
+        ),
+        "entmtp": lambda: mtprobe.EntMTPConfig(
+            policy=("static", "ladder", "hysteretic")[c % 3],
+            thresholds=(() if c % 3 == 0 else (lam,) * (5 if c % 3 == 1 else 2)),
+            trees=((a % 6,) if c % 3 == 0 else None),
+            ema=max(lam, 0.01),
+            record_steps=flag,
         ),
     }
     try:

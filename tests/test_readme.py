@@ -95,3 +95,16 @@ def test_auto_config_example(tmp_path, monkeypatch):
     assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=24))
     assert len(out.choices) == out.steps and out.timings["schedule_s"] >= 0
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
+
+
+def test_entmtp_example():
+    use, entmtp = python_blocks()[0], block_with("cfg = mtprobe.EntMTPConfig(")
+    ns: dict = {}
+    exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=4"), "README.md (Use)", "exec"), ns)
+    exec(compile(entmtp.replace("max_new_tokens=128", "max_new_tokens=32"), "README.md (EntMTP)", "exec"), ns)
+    model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
+    assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=32))
+    assert len(out.choices) == out.steps
+    bank = ns["cfg"].resolved_bank
+    for name, t in out.choices:  # ("tree<i>", T) with T the tree's inputs, as the comment says
+        assert name == "none" or t == bank.block_size(int(name.removeprefix("tree")))

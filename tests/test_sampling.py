@@ -245,6 +245,8 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
         "lookahead",
         "hybrid",
         "auto",
+        "entmtp_ladder",
+        "entmtp_hysteretic",
     ],
 )
 def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
@@ -263,6 +265,11 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
             drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.StandConfig(block_complexity=10)),
             profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)),
         ),
+        # Thresholds that switch trees on the tiny model's scores, so several shapes are verified.
+        "entmtp_ladder": mtprobe.EntMTPConfig(
+            policy="ladder", feature="top1", thresholds=(0.05, 0.1, 0.15, 0.2, 0.3)
+        ),
+        "entmtp_hysteretic": mtprobe.EntMTPConfig(policy="hysteretic", feature="top1", thresholds=(0.1, 0.2)),
     }[name]
     exact = exact_pair_distribution(tiny, prompt)
     if name == "lookahead":  # the guesses must matter, or the test would prove nothing

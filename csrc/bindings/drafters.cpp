@@ -1,11 +1,14 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "bindings/bindings.h"
 #include "core/draft_tree.h"
 #include "core/lookahead.h"
 #include "core/ngram.h"
 #include "core/ngram_store.h"
+#include "core/topology.h"
 #include "drafters/draft_model.h"
 #include "drafters/drafter.h"
 #include "drafters/hybrid.h"
@@ -199,17 +202,50 @@ void bind_drafters(py::module_& m) {
       m, "MaskProbeDrafter", "Mask-token probing: k chained mask tokens per node (seed 001).")
       .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
                        std::vector<int64_t> branches, bool prune, std::string mask_init,
-                       double gaussian_shift, double mask_lambda, int64_t seed) {
+                       double gaussian_shift, double mask_lambda, int64_t seed,
+                       std::vector<core::Topology> bank, std::optional<core::TopologyPolicy> policy,
+                       std::string feature, double ema, bool record) {
              MaskProbeOptions o = mask_options(num_masks, block_complexity, prune, std::move(mask_init),
                                                gaussian_shift, mask_lambda, seed);
              o.dynamic_tree = dynamic_tree;
              o.branches = std::move(branches);
+             TORCH_CHECK_VALUE(
+                 bank.empty() == !policy.has_value(),
+                 "a topology bank and its policy come together (bank=[...], policy=TopologyPolicy(...))");
+             o.bank = std::move(bank);
+             if (policy) o.policy = *policy;
+             o.feature = std::move(feature);
+             o.ema = ema;
+             o.record = record;
              return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
            }),
            py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
            py::arg("dynamic_tree"), py::arg("branches"), py::arg("prune"), py::arg("mask_init"),
-           py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0)
-      .def_property_readonly("mask_embeddings", &MaskProbeDrafter::mask_embeddings);
+           py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0,
+           py::arg("bank") = std::vector<core::Topology>{}, py::arg("policy") = std::nullopt,
+           py::arg("feature") = "path_value", py::arg("ema") = 0.5, py::arg("record") = false)
+      .def_property_readonly("mask_embeddings", &MaskProbeDrafter::mask_embeddings)
+      .def_property_readonly("candidate_width", &MaskProbeDrafter::candidate_width)
+      .def("tree_choices", &MaskProbeDrafter::tree_choices,
+           "EntMTP: the bank tree each decode step drafted (-1: none).")
+      .def(
+          "step_log",
+          [](const MaskProbeDrafter& d) {
+            const auto& f = d.log_features();
+            std::vector<std::vector<double>> features;
+            for (const auto& x : f) features.push_back({x.top1, x.path_value, x.entropy_ema, x.accept_ema});
+            const auto n = static_cast<int64_t>(d.log_positions().size());
+            at::Tensor tokens = at::tensor(d.log_tokens(), at::kLong)
+                                    .view({n, d.options().num_masks, d.candidate_width()});  // [n, k, m]
+            py::dict out;
+            out["positions"] = d.log_positions();
+            out["candidates"] = tokens;
+            out["features"] = features;  // [n, 4]: top1, path_value, entropy_ema, accept_ema
+            out["trees"] = d.log_trees();
+            return out;
+          },
+          "EntMTP with record=True: per step with candidates, the next root's position, the candidates "
+          "[n, k, m], the features [top1, path_value, entropy_ema, accept_ema] and the tree chosen next.");
 
   py::class_<PromptLookupDrafter, Drafter, std::shared_ptr<PromptLookupDrafter>>(
       m, "PromptLookupDrafter",

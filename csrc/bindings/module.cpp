@@ -16,6 +16,7 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }
   });
+  mtprobe::bindings::bind_topology(m);  // before the drafters: MaskProbeDrafter takes a bank
   mtprobe::bindings::bind_drafters(m);
   mtprobe::bindings::bind_schedule(m);  // after the drafters: AutoDrafter is one
   mtprobe::bindings::bind_decode_loop(m);

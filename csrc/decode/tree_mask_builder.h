@@ -5,8 +5,10 @@
 // the same tree shape only P changes, so the builder keeps one buffer [T, capacity + T] whose
 // last T columns hold the tree pattern and whose other columns are zero, and returns the view of
 // its last P + T columns: "prepending" P columns costs nothing. Position ids are the cached
-// depths plus P: one add. A new shape rewrites the pattern (O(T^2) on the host); only a new block
-// size T refills the whole buffer.
+// depths plus P: one add. The builder keeps the patterns of the last few shapes it met (EntMTP's
+// bank switches among a handful of static trees: switching back to one is a lookup, not a rebuild);
+// a new shape rewrites the least recently used pattern (O(T^2) on the host), and only a new block
+// size T refills a whole buffer.
 // The naive mode rebuilds both from scratch every step, for comparison.
 #pragma once
 
@@ -36,17 +38,26 @@ class TreeMaskBuilder {
   int64_t rebuilds() const { return rebuilds_; }
   int64_t capacity() const { return capacity_; }
 
+  static constexpr size_t kMaxPatterns = 8;  // shapes kept at once
+
  private:
-  void rebuild(const std::vector<int64_t>& parents);
+  struct Pattern {
+    std::vector<int64_t> parents;  // the shape
+    at::Tensor buffer;             // [T, capacity + T], or the ancestor bits [1, 1, T, ceil(T / 64)]
+    at::Tensor depths;             // [1, T] int64 on device
+    int64_t last_used = 0;
+  };
+  // The pattern of this shape: the cached one, or the least recently used one rebuilt for it.
+  Pattern& pattern(const std::vector<int64_t>& parents);
+  void rebuild(Pattern& p, const std::vector<int64_t>& parents);
 
   int64_t capacity_;
   at::ScalarType dtype_;
   at::Device device_;
   bool incremental_;
   bool ancestor_bits_;
-  std::vector<int64_t> parents_;  // shape of the cached pattern
-  at::Tensor buffer_;             // [T, capacity + T], or the ancestor bits [1, 1, T, ceil(T / 64)]
-  at::Tensor depths_;             // [1, T] int64 on device
+  std::vector<Pattern> patterns_;  // at most kMaxPatterns
+  int64_t clock_ = 0;
   int64_t rebuilds_ = 0;
 };
 

@@ -21,7 +21,27 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
                     o.mask_lambda);
   TORCH_CHECK_VALUE(o.mask_init == "prompt_mean" || o.mask_init == "prompt_last" || o.mask_init == "gaussian",
                     "unknown mask_init '", o.mask_init, "' (prompt_mean, prompt_last or gaussian)");
-  if (!o.dynamic_tree) {
+  if (!o.bank.empty()) {
+    TORCH_CHECK_VALUE(!o.dynamic_tree,
+                      "a topology bank holds static trees: it cannot drive the dynamic tree");
+    for (size_t i = 0; i < o.bank.size(); ++i) {
+      const core::Topology& t = o.bank[i];
+      TORCH_CHECK_VALUE(t.max_depth <= o.num_masks, "bank topology ", i, " reaches depth ", t.max_depth,
+                        " but ", o.num_masks, " mask token(s) draft depths 1..", o.num_masks, " only");
+      TORCH_CHECK_VALUE((o.num_masks + 1) * t.num_nodes() <= o.block_complexity, "bank topology ", i, " has ",
+                        t.num_nodes(), " nodes: (k + 1) * nodes = ", (o.num_masks + 1) * t.num_nodes(),
+                        " exceeds block_complexity ", o.block_complexity);
+    }
+    try {
+      o.policy.validate(static_cast<int64_t>(o.bank.size()));
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    TORCH_CHECK_VALUE(
+        o.feature == "path_value" || o.feature == "top1" || o.feature == "entropy" || o.feature == "accept",
+        "unknown policy feature '", o.feature, "' (path_value, top1, entropy or accept)");
+    TORCH_CHECK_VALUE(o.ema > 0.0 && o.ema <= 1.0, "ema must be in (0, 1], got ", o.ema);
+  } else if (!o.dynamic_tree) {
     TORCH_CHECK_VALUE(static_cast<int64_t>(o.branches.size()) == o.num_masks,
                       "a static tree needs one branch "
                       "count per mask token: got ",
@@ -35,8 +55,14 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
                       " drafts: (k + 1)(1 + sum K) = ", (o.num_masks + 1) * nodes,
                       " exceeds block_complexity ", o.block_complexity);
   }
-  const int64_t widest =
-      o.dynamic_tree ? budget_nodes() - 1 : *std::max_element(o.branches.begin(), o.branches.end());
+  int64_t widest = 1;
+  if (o.dynamic_tree) {
+    widest = budget_nodes() - 1;
+  } else if (!o.bank.empty()) {
+    for (const auto& t : o.bank) widest = std::max(widest, t.max_rank + 1);
+  } else {
+    widest = *std::max_element(o.branches.begin(), o.branches.end());
+  }
   // Room for the pruner to skip the parent and the root.
   cand_width_ = std::min<int64_t>(widest + 2, embedding_.size(0));
   generator_ = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.seed));
@@ -66,6 +92,14 @@ void MaskProbeDrafter::begin(const at::Tensor& prompt) {
   }
   have_candidates_ = false;
   mask_input_of_node_.clear();
+  if (uses_bank()) current_tree_ = options_.policy.initial();
+  features_ = TopologyFeatures{};
+  features_seen_ = false;
+  tree_choices_.clear();
+  log_positions_.clear();
+  log_tokens_.clear();
+  log_features_.clear();
+  log_trees_.clear();
 }
 
 std::vector<core::DraftNode> MaskProbeDrafter::candidate_tree(int64_t root_token,
@@ -87,17 +121,31 @@ std::vector<core::DraftNode> MaskProbeDrafter::candidate_tree(int64_t root_token
     }
     return nodes;
   }
+  if (uses_bank()) {
+    // The policy's topology, filled with this step's candidates: same shape every time it is chosen.
+    const core::Topology& t = options_.bank[static_cast<size_t>(current_tree_)];
+    const int64_t n = t.num_nodes();
+    std::vector<int64_t> tokens(static_cast<size_t>(n));
+    std::vector<double> probs(static_cast<size_t>(n));
+    if (!core::fill_topology(t, root_token, cand_tokens_.data(), cand_probs_.data(), options_.num_masks,
+                             cand_width_, options_.prune, tokens.data(), probs.data())) {
+      return {};
+    }
+    std::vector<core::DraftNode> nodes(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) nodes[i] = {tokens[i], t.parents[i], t.depths[i], probs[i]};
+    return nodes;
+  }
   return core::build_static_tree(root_token, cand_tokens_.data(), cand_probs_.data(), options_.num_masks,
                                  cand_width_, options_.branches.data(), options_.prune);
 }
 
 DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
                                      const StepLimits& limits) {
-  (void)prefix_len;
   std::vector<core::DraftNode> tree;
   if (committed.size(0) == 1 && have_candidates_) {
     tree = candidate_tree(committed.to(at::kCPU).data_ptr<int64_t>()[0], limits);
   }
+  if (uses_bank() && prefix_len > 0) tree_choices_.push_back(tree.empty() ? -1 : current_tree_);
   return block_with_masks(committed, std::move(tree), limits);
 }
 
@@ -167,11 +215,20 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
     // The accepted node's masks predicted depths 1..k after the bonus token.
     at::Tensor probs = outcome.logits.narrow(0, first, k).to(at::kFloat).softmax(-1);  // [k, vocab]
     auto top = probs.topk(cand_width_, -1);
-    at::Tensor p = std::get<0>(top).cpu().contiguous();  // [k, m]
+    at::Tensor p = std::get<0>(top).reshape({-1});  // [k * m]
+    if (uses_bank()) {
+      // The target's distribution at the accepted node (the one the next root came from): its
+      // top-1 probability and entropy ride along with the candidates in the same read.
+      at::Tensor base = outcome.logits[last].to(at::kFloat).softmax(-1);                     // [vocab]
+      p = at::cat({p, base.max().unsqueeze(0), at::special_entr(base).sum().unsqueeze(0)});  // [k * m + 2]
+    }
+    p = p.cpu().contiguous();
     at::Tensor t = std::get<1>(top).cpu().contiguous();  // [k, m]
-    cand_probs_.assign(p.data_ptr<float>(), p.data_ptr<float>() + p.numel());
-    cand_tokens_.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+    const int64_t km = t.numel();
+    cand_probs_.assign(p.data_ptr<float>(), p.data_ptr<float>() + km);
+    cand_tokens_.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + km);
     have_candidates_ = true;
+    if (uses_bank()) update_features(outcome, p.data_ptr<float>()[km], p.data_ptr<float>()[km + 1]);
   }
   // m <- m + lambda (E[t] - m), once per generated token, in generation order.
   const float lam = static_cast<float>(options_.mask_lambda);
@@ -179,6 +236,37 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
     at::Tensor ids = at::tensor(outcome.new_tokens, at::kLong).to(embedding_.device());
     at::Tensor e = embedding_.index_select(0, ids).to(at::kFloat);  // [n_new, hidden]
     for (int64_t i = 0; i < e.size(0); ++i) masks_.add_(e[i].unsqueeze(0) - masks_, lam);
+  }
+}
+
+double MaskProbeDrafter::score() const {
+  const std::string& f = options_.feature;
+  if (f == "top1") return features_.top1;
+  if (f == "entropy") return std::exp(-features_.entropy_ema);  // higher: more confident
+  if (f == "accept") return features_.accept_ema;
+  return features_.path_value;
+}
+
+void MaskProbeDrafter::update_features(const StepOutcome& outcome, double top1, double entropy) {
+  const int64_t k = options_.num_masks;
+  // EAGLE-2's path value down the drafter's greedy chain: p_target(top-1) * prod_d q_d(top-1).
+  double path_value = top1;
+  for (int64_t d = 0; d < k; ++d) path_value *= static_cast<double>(cand_probs_[d * cand_width_]);
+  const double accepted = static_cast<double>(outcome.path.size()) - 1.0;
+  const double a = features_seen_ ? options_.ema : 1.0;
+  features_seen_ = true;
+  features_.top1 = top1;
+  features_.path_value = path_value;
+  features_.entropy_ema = a * entropy + (1.0 - a) * features_.entropy_ema;
+  features_.accept_ema = a * accepted + (1.0 - a) * features_.accept_ema;
+  current_tree_ = options_.policy.choose(score(), current_tree_);
+  if (options_.record) {
+    // The next root sits right after the accepted path: prefix + committed chain + accepted drafts.
+    log_positions_.push_back(outcome.prefix_len + outcome.path.front() +
+                             static_cast<int64_t>(outcome.path.size()));
+    log_tokens_.insert(log_tokens_.end(), cand_tokens_.begin(), cand_tokens_.end());
+    log_features_.push_back(features_);
+    log_trees_.push_back(current_tree_);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/draft_tree.h"
+#include "core/topology.h"
 #include "drafters/drafter.h"
 
 namespace mtprobe {
@@ -30,6 +31,22 @@ struct MaskProbeOptions {
   double gaussian_shift = 0.0;            // gaussian mean = mu + shift * sigma (OOD stress: 5, 10)
   double mask_lambda = 0.1;               // in [0, 1]; 0 keeps the initial masks
   int64_t seed = 0;                       // for gaussian masks
+  // EntMTP (seed 002): static trees by child rank (core/topology.h), one chosen per step by the
+  // policy from a confidence score. A non-empty bank replaces `branches`.
+  std::vector<core::Topology> bank;
+  core::TopologyPolicy policy;
+  std::string feature = "path_value";  // path_value | top1 | entropy | accept (see TopologyFeatures)
+  double ema = 0.5;                    // weight of the newest step in the entropy and accept EMAs
+  bool record = false;                 // keep every step's candidates and features (frontier building)
+};
+
+// The per-step features an EntMTP policy reads, from the logits the step already has.
+struct TopologyFeatures {
+  double top1 = 0.0;  // the target's top-1 probability at the accepted node (the root's distribution)
+  double path_value =
+      0.0;  // top1 times the drafter's top-1 probability at every depth (EAGLE-2's path value)
+  double entropy_ema = 0.0;  // EMA of the target's entropy (nats) at the accepted node
+  double accept_ema = 0.0;   // EMA of the drafts accepted per step
 };
 
 class MaskProbeDrafter : public Drafter {
@@ -56,6 +73,17 @@ class MaskProbeDrafter : public Drafter {
   // B = BC / (k + 1): the most tree nodes, root included, when every node carries k masks.
   int64_t budget_nodes() const { return options_.block_complexity / (options_.num_masks + 1); }
 
+  // EntMTP mode: the bank tree each decode step drafted (-1: none, e.g. no candidates yet), and with
+  // `record`, per step that produced candidates: the next root's position in the sequence, the
+  // candidates [k * m], the features, and the tree the policy chose from them.
+  bool uses_bank() const { return !options_.bank.empty(); }
+  const std::vector<int64_t>& tree_choices() const { return tree_choices_; }
+  int64_t candidate_width() const { return cand_width_; }
+  const std::vector<int64_t>& log_positions() const { return log_positions_; }
+  const std::vector<int64_t>& log_tokens() const { return log_tokens_; }
+  const std::vector<TopologyFeatures>& log_features() const { return log_features_; }
+  const std::vector<int64_t>& log_trees() const { return log_trees_; }
+
  private:
   at::Tensor embedding_;  // [vocab, hidden]
   MaskProbeOptions options_;
@@ -68,6 +96,16 @@ class MaskProbeDrafter : public Drafter {
   int64_t tree_root_ = -1;            // the root tree_ was expanded for
   bool have_candidates_ = false;
   std::vector<int64_t> mask_input_of_node_;  // node -> input index of its m_1, or -1
+  // EntMTP state.
+  int64_t current_tree_ = 0;
+  TopologyFeatures features_;
+  bool features_seen_ = false;  // the EMAs start at the first step's values
+  std::vector<int64_t> tree_choices_;
+  std::vector<int64_t> log_positions_, log_tokens_, log_trees_;
+  std::vector<TopologyFeatures> log_features_;
+
+  double score() const;
+  void update_features(const StepOutcome& outcome, double top1, double entropy);
 };
 
 }  // namespace mtprobe

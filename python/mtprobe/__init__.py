@@ -12,6 +12,7 @@ from mtprobe import _C, ops  # noqa: F401
 from mtprobe.config import (
     AutoConfig,
     DraftModelConfig,
+    EntMTPConfig,
     HybridConfig,
     LookaheadConfig,
     ProbeConfig,
@@ -31,7 +32,9 @@ __all__ = [
     "LookaheadConfig",
     "HybridConfig",
     "DraftModelConfig",
+    "EntMTPConfig",
     "AutoConfig",
+    "TopologyBank",
     "ForwardProfile",
     "profile_forward",
     "config_from_dict",
@@ -46,9 +49,12 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # models pulls in the GGUF conversion path; load it on first use.
-    if name == "models":
-        import importlib
+    import importlib
 
+    # models pulls in the GGUF conversion path; load it on first use. mtprobe.topology also runs as
+    # `python -m mtprobe.topology`, which must find it not yet imported.
+    if name == "models":
         return importlib.import_module("mtprobe.models")
+    if name == "TopologyBank":
+        return importlib.import_module("mtprobe.topology").TopologyBank
     raise AttributeError(f"module 'mtprobe' has no attribute {name!r}")

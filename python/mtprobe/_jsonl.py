@@ -1,4 +1,4 @@
-"""JSON-lines reading with errors that name the file and line."""
+"""JSON files and JSON lines, read with errors that name the file (and line), written atomically."""
 
 from __future__ import annotations
 
@@ -24,3 +24,25 @@ def iter_jsonl(text: str, name: str | Path) -> Iterator[tuple[str, int, Any]]:
 def read_jsonl(path: str | Path) -> Iterator[tuple[str, int, Any]]:
     path = Path(path)
     return iter_jsonl(path.read_text(encoding="utf-8"), path)
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as indented JSON, atomically: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_json(path: str | Path, what: str, how_to_make: str) -> Any:
+    """The JSON at ``path``; FileNotFoundError ``no {what} at {path}; {how_to_make}`` when it is
+    missing, ValueError naming the file when it is not JSON."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {what} at {path}; {how_to_make}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a {what} (corrupt JSON: {e})") from None

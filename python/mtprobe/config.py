@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
@@ -47,6 +48,10 @@ class _ConfigData:
         out: dict[str, Any] = {"method": self.method}
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
+            if hasattr(value, "to_dict"):  # a nested object that serialises itself (a TopologyBank)
+                value = value.to_dict()
+            elif isinstance(value, os.PathLike):
+                value = os.fspath(value)
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -69,7 +74,9 @@ class _ConfigData:
                 f"use mtprobe.config_from_dict to pick the class from the method"
             )
         valid = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-        values = {k: v for k, v in data.items() if k != "method"}
+        derived = {f.name for f in fields(cls) if not f.init}  # type: ignore[arg-type]
+        # Derived fields (to_dict writes them) are recomputed by the constructor, not passed to it.
+        values = {k: v for k, v in data.items() if k != "method" and k not in derived}
         unknown = sorted(set(values) - set(valid), key=str) + sorted(set(overrides) - set(valid))
         if unknown:
             raise ValueError(
@@ -89,7 +96,7 @@ class _ConfigData:
 
 def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
     """The decoding configuration a dict describes, vLLM ``speculative_config`` style: ``"method"``
-    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``, ``auto``: the names the
+    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``, ``entmtp``, ``auto``: the names the
     Spec-Bench harness uses) and the other keys are its fields.
 
     >>> config_from_dict({"method": "pld", "num_tokens": 4})
@@ -97,7 +104,7 @@ def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
     >>> config_from_dict({"method": "medusa"})
     Traceback (most recent call last):
     ...
-    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid, auto
+    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid, entmtp, auto
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"a configuration dict must be a dict with a 'method' key, got {type(data).__name__}")
@@ -544,6 +551,122 @@ class HybridConfig(_ConfigData):
             table_size=self.table_size,
             logits_top_k=self.logits_top_k,
         )
+
+
+@_method("entmtp")
+@dataclass(frozen=True)
+class EntMTPConfig(_ConfigData):
+    """EntMTP (seed 002): mask-token probing over a bank of static draft trees, one chosen per step.
+
+    The bank (:class:`mtprobe.topology.TopologyBank`) holds trees by child rank and the probing
+    settings they were built with; a policy maps a per-step confidence score to one of them. The
+    score is computed from the logits the step already has: ``"path_value"`` (the target's top-1
+    probability at the accepted node times the drafter's top-1 probability at every depth, EAGLE-2's
+    path value), ``"top1"`` (the target's alone), ``"entropy"`` (exp of minus an EMA of the target's
+    entropy) or ``"accept"`` (an EMA of drafts accepted per step).
+
+    Args:
+        bank: a TopologyBank, the path of one saved with ``TopologyBank.save`` (built for this
+            model by ``python -m mtprobe.topology``), or ``None``: :func:`mtprobe.topology.default_bank`,
+            uncalibrated shapes that fit any model.
+        policy: ``"static"`` (one tree every step: EntMTP*), ``"ladder"`` (trees by cost, score
+            thresholds between them) or ``"hysteretic"`` (a conservative and an aggressive tree,
+            switch up above ``up``, down below ``down``: EntMTP-tau).
+        trees: bank indices the policy uses (static: one; ladder: n; hysteretic: conservative,
+            aggressive). ``None``: the bank's calibrated choice, else the defaults below.
+        thresholds: ladder: n - 1 ascending; hysteretic: ``(down, up)`` with down <= up. ``None``: the
+            bank's calibrated ones, else uncalibrated defaults on the path value.
+        feature: the score the policy reads (``None``: the bank's calibrated one, else ``"path_value"``).
+        ema: weight of the newest step in the entropy and accept EMAs, in (0, 1].
+        record_steps: keep every step's candidates and features in ``GenerateOutput.topology_log``
+            (what :func:`mtprobe.topology.build_bank` reads).
+        incremental_masks: as for :class:`ProbeConfig`.
+        block_complexity: the largest bank tree's (k + 1) × nodes (derived).
+
+    Without a calibrated bank: static uses the largest tree; hysteretic the trees of 1 and of the
+    most drafts with thresholds (0.3, 0.5); the ladder every tree with thresholds evenly in [0.1, 0.7].
+
+    >>> cfg = EntMTPConfig()
+    >>> cfg.policy, cfg.trees, cfg.thresholds, cfg.block_complexity
+    ('hysteretic', (1, 5), (0.3, 0.5), 30)
+    >>> EntMTPConfig(thresholds=(0.6, 0.4))
+    Traceback (most recent call last):
+    ...
+    ValueError: hysteretic thresholds: switch-down 0.600000 is above switch-up 0.400000; down must be <= up, or the policy flips every step
+    """
+
+    bank: Any = None
+    policy: str = "hysteretic"
+    trees: tuple[int, ...] | None = None
+    thresholds: tuple[float, ...] | None = None
+    feature: str | None = None
+    ema: float = 0.5
+    record_steps: bool = False
+    incremental_masks: bool = True
+    block_complexity: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        from mtprobe.topology import FEATURES, POLICIES, TopologyBank, check_policy, default_bank
+
+        bank = self.bank
+        if bank is None:
+            resolved = default_bank()
+        elif isinstance(bank, TopologyBank):
+            resolved = bank
+        elif isinstance(bank, (str, os.PathLike)):
+            resolved = TopologyBank.load(bank)
+        elif isinstance(bank, Mapping):
+            resolved = TopologyBank.from_dict(bank)
+            object.__setattr__(self, "bank", resolved)
+        else:
+            raise TypeError(
+                f"bank must be a TopologyBank, the path of a saved one, or None (the default bank), got "
+                f"{type(bank).__name__}"
+            )
+        object.__setattr__(self, "_bank", resolved)
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r} must be one of {', '.join(POLICIES)}")
+        n = len(resolved.trees)
+        calibrated = resolved.policies.get(self.policy, {})
+        trees = self.trees
+        if trees is None:
+            trees = calibrated.get("trees")
+        if trees is None:
+            if self.policy == "static":
+                trees = [resolved.best if resolved.best is not None else n - 1]
+            elif self.policy == "hysteretic":
+                trees = [min(1, n - 1), n - 1] if n > 1 else [0, 0]
+            else:
+                trees = list(range(n))
+        thresholds = self.thresholds
+        if thresholds is None:
+            thresholds = calibrated.get("thresholds")
+        if thresholds is None:
+            if self.policy == "hysteretic":
+                thresholds = [0.3, 0.5]
+            elif self.policy == "ladder":
+                thresholds = [0.1 + 0.6 * j / max(1, len(trees) - 2) for j in range(len(trees) - 1)]
+            else:
+                thresholds = []
+        object.__setattr__(self, "trees", tuple(trees))
+        object.__setattr__(self, "thresholds", tuple(thresholds))
+        check_policy(self.policy, self.trees, self.thresholds, n)
+        object.__setattr__(self, "thresholds", tuple(float(h) for h in self.thresholds))
+        feature = self.feature if self.feature is not None else calibrated.get("feature", "path_value")
+        if feature not in FEATURES:
+            raise ValueError(f"feature={feature!r} must be one of {', '.join(FEATURES)}")
+        object.__setattr__(self, "feature", feature)
+        if isinstance(self.ema, bool) or not isinstance(self.ema, (int, float)) or not 0 < self.ema <= 1:
+            raise ValueError(f"ema={self.ema!r} must be a number in (0, 1]")
+        for name in ("record_steps", "incremental_masks"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        object.__setattr__(self, "block_complexity", resolved.block_complexity)
+
+    @property
+    def resolved_bank(self) -> Any:
+        """The TopologyBank in use (loaded from ``bank`` when it is a path; the default bank for ``None``)."""
+        return self._bank  # type: ignore[attr-defined]
 
 
 @_method("auto")

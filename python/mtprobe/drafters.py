@@ -14,6 +14,7 @@ from mtprobe.config import (
     METHOD_CONFIGS,
     AutoConfig,
     DraftModelConfig,
+    EntMTPConfig,
     HybridConfig,
     LookaheadConfig,
     ProbeConfig,
@@ -33,6 +34,7 @@ DecodingConfig = (
     | LookaheadConfig
     | HybridConfig
     | DraftModelConfig
+    | EntMTPConfig
     | AutoConfig
 )
 ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -61,6 +63,32 @@ def mask_probe_drafter(model: PreTrainedModel, config: ProbeConfig) -> _C.MaskPr
         dynamic_tree=config.tree == "dynamic",
         branches=list(config.branches or ()),
         **_mask_options(config),
+    )
+
+
+def entmtp_drafter(model: PreTrainedModel, config: EntMTPConfig) -> _C.MaskProbeDrafter:
+    """Mask-token probing over ``config``'s topology bank, one tree per step by its policy; the bank is
+    checked against ``model`` (ValueError when it was built for another model, device or dtype)."""
+    bank = config.resolved_bank
+    bank.check(model)
+    init = bank.mask_init
+    return _C.MaskProbeDrafter(
+        model.get_input_embeddings().weight,
+        num_masks=bank.num_masks,
+        block_complexity=bank.block_complexity,
+        dynamic_tree=False,
+        branches=[],
+        prune=bank.prune,
+        mask_init="gaussian" if init in _GAUSSIAN_SHIFT else init,
+        gaussian_shift=_GAUSSIAN_SHIFT.get(init, 0.0),
+        mask_lambda=float(bank.mask_lambda),
+        bank=[bank.topology(i) for i in range(len(bank.trees))],
+        policy=_C.TopologyPolicy(
+            config.policy, list(config.trees), list(config.thresholds), bank_size=len(bank.trees)
+        ),
+        feature=config.feature,
+        ema=float(config.ema),
+        record=config.record_steps,
     )
 
 
@@ -166,6 +194,8 @@ def make_drafter(
         return draft_model_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     if isinstance(config, ProbeConfig):
         return mask_probe_drafter(model, config)
+    if isinstance(config, EntMTPConfig):
+        return entmtp_drafter(model, config)
     if isinstance(config, HybridConfig):
         return hybrid_drafter(model, config)
     if isinstance(config, PromptLookupConfig):

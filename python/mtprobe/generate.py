@@ -19,6 +19,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions, sliding_window
+from mtprobe.config import EntMTPConfig
 from mtprobe.drafters import DecodingConfig, as_decoding_config, check_decoding_config, make_drafter
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
@@ -64,6 +65,11 @@ class GenerateOutput:
         choices: with :class:`~mtprobe.AutoConfig`, one ``(method, block size T)`` per decode step:
             the drafter whose block (or cut of it) was verified, or ``("plain", 1)``; ``timings``
             then also holds ``draft_s`` (the drafters' own work) and ``schedule_s`` (the scheduler's).
+            With :class:`~mtprobe.EntMTPConfig`: ``("tree<i>", T)``, the bank tree the policy chose,
+            or ``("none", 1 + k)`` for a step without candidates (the root and its masks).
+        topology_log: with ``EntMTPConfig(record_steps=True)``: per step with candidates, ``positions``
+            (the next root's index in ``sequences[0]``), ``candidates`` ``[n, k, m]``, ``features``
+            ``[n, 4]`` (top1, path_value, entropy_ema, accept_ema) and ``trees`` (the tree chosen next).
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
@@ -83,6 +89,7 @@ class GenerateOutput:
     drafted_per_depth: list[int] = field(default_factory=list)
     accepted_per_depth: list[int] = field(default_factory=list)
     choices: list[tuple[str, int]] | None = None
+    topology_log: dict[str, Any] | None = None
 
     @property
     def tau(self) -> float:
@@ -343,6 +350,14 @@ def custom_generate(
         output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
         output.timings["draft_s"] = drafter.draft_seconds
         output.timings["schedule_s"] = drafter.schedule_seconds
+    if isinstance(config, EntMTPConfig):
+        bank = config.resolved_bank
+        output.choices = [
+            (f"tree{i}", bank.block_size(i)) if i >= 0 else ("none", 1 + bank.num_masks)
+            for i in drafter.tree_choices()
+        ]
+        if config.record_steps:
+            output.topology_log = drafter.step_log()
     if logger.isEnabledFor(logging.INFO):
         stats = output.summary()
         logger.info(

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from mtprobe._jsonl import read_json, write_json
+
 PROFILE_FORMAT = 1
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
@@ -216,24 +218,11 @@ class ForwardProfile:
             raise ValueError(f"malformed forward profile: {e}") from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)  # atomic: a reader never sees half a file
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> ForwardProfile:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"no forward profile at {path}; measure one with mtprobe.profile_forward"
-            ) from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not a forward profile (corrupt JSON: {e})") from None
+        data = read_json(path, "forward profile", "measure one with mtprobe.profile_forward")
         try:
             return cls.from_dict(data)
         except ValueError as e:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -32,6 +34,7 @@ import torch
 from mtprobe.config import (
     AutoConfig,
     DraftModelConfig,
+    EntMTPConfig,
     HybridConfig,
     LookaheadConfig,
     ProbeConfig,
@@ -153,6 +156,8 @@ class Method:
 def _id_value(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
+    if isinstance(value, str) and ("/" in value or os.sep in value or value.endswith(".json")):
+        return Path(value).stem  # a file (a profile, a bank): its name, not its folders
     return str(value)
 
 
@@ -267,6 +272,18 @@ class GreedyConfig:
     Nothing to configure."""
 
 
+def _hf_generate(
+    model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int, **kwargs: Any
+) -> torch.Tensor:
+    """HF ``model.generate`` of one prompt ``[1, L]``: the new tokens ``[new]``."""
+    # The all-ones attention mask changes nothing for one unpadded row; it silences HF's warning
+    # for models whose pad token is their EOS token.
+    out = model.generate(
+        input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, **kwargs
+    )
+    return out[0, input_ids.shape[1] :]
+
+
 def _run_ar(
     model: PreTrainedModel,
     input_ids: torch.Tensor,  # [1, L]
@@ -275,15 +292,7 @@ def _run_ar(
     *,
     temperature: float = 0.0,
 ) -> MethodOutput:
-    # The all-ones attention mask changes nothing for one unpadded row; it silences HF's warning
-    # for models whose pad token is their EOS token.
-    out = model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=max_new_tokens,
-        **_sampling_kwargs(temperature),
-    )
-    new_ids = out[0, input_ids.shape[1] :]  # [new]
+    new_ids = _hf_generate(model, input_ids, max_new_tokens, **_sampling_kwargs(temperature))  # [new]
     n = int(new_ids.shape[0])
     # As Spec-Bench's inference_baseline.py: one step and one accepted token per new token.
     return MethodOutput(new_ids, n, [1] * n)
@@ -517,6 +526,40 @@ register(
 )
 
 
+# --- entmtp: a bank of static probing trees, one per step by a policy (seed 002) ---------------------------
+
+
+register(
+    Method(
+        name=EntMTPConfig.method,  # the short name mtprobe.config registers
+        summary="EntMTP: mask-token probing over a topology bank of static trees, the tree chosen every step by "
+        "a static, ladder or hysteretic policy (seed 002)",
+        config_type=EntMTPConfig,
+        run=_run_mtprobe,
+        options=(
+            Option("--policy", "policy", str, "", "static, ladder or hysteretic", always_in_id=True),
+            Option(
+                "--bank",
+                "bank",
+                str,
+                "bank-",
+                "a topology bank built with `python -m mtprobe.topology` (default: the uncalibrated default "
+                "bank, which fits any model)",
+            ),
+            Option(
+                "--feature",
+                "feature",
+                str,
+                "f-",
+                "the policy's score: path_value, top1, entropy or accept (default: the bank's calibrated "
+                "one, else path_value)",
+            ),
+        ),
+        steps_doc="forward calls, prefill included",
+    )
+)
+
+
 # --- hf-pld: transformers' own prompt lookup, a peer baseline -------------------------------------------
 
 
@@ -553,17 +596,16 @@ def _run_hf_pld(
 
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        out = model.generate(
+        new_ids = _hf_generate(  # [new]
+            model,
             input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
+            max_new_tokens,
             prompt_lookup_num_tokens=config.num_tokens,
             max_matching_ngram_size=config.max_ngram_size,
             do_sample=False,
         )
     finally:
         handle.remove()
-    new_ids = out[0, input_ids.shape[1] :]  # [new]
     n = int(new_ids.shape[0])
     if any(s < 0 for s in starts):
         raise RuntimeError(

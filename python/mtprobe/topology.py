@@ -1,0 +1,620 @@
+"""EntMTP (seed 002) for mask-token probing: a bank of static draft trees, the offline frontiers
+that choose it, and the policies that switch between its trees every step.
+
+A tree is a tuple of rank paths (the root is implicit): ``(0,)`` is the best depth-1 candidate,
+``(1,)`` the second, ``(0, 0)`` the best depth-2 candidate below the best depth-1 one
+(csrc/core/topology.h; the reference is :mod:`mtprobe.reference.topology`).
+
+Building a bank for a model (:func:`build_bank`, ``python -m mtprobe.topology``):
+
+1. **Self-rollouts.** Greedy generation on calibration prompts with probing, recording at every
+   step the candidates of each depth and the features the policies read. Under greedy decoding the
+   accepted path is the true continuation, so the candidates at a root position do not depend on
+   the tree that ran; the rollout's tree only decides which positions are step starts.
+2. **Acceptance frontier** (seed 002, section 3.1): from the root alone, add one node at a time,
+   the one-node augmentation with the highest mean accepted length over the recorded steps (ties:
+   smaller rank sum, then shallower): a nested sequence of trees, one per size.
+3. **Debiasing** (App. B): the one-step estimate scores every tree on the step starts of the
+   rollout's tree; each kept tree is re-run with its own topology and its τ measured.
+4. **Throughput frontier** (section 3.2): predicted tokens/s = τ / t(T) with t from the measured
+   forward profile (:func:`mtprobe.profile_forward`) and T = (k + 1) × nodes; the bank keeps the
+   trees that raise τ over every cheaper tree, and ``best`` is the throughput-optimal one (EntMTP*).
+5. **Policy calibration** (section 4): thresholds for the ladder and the hysteretic rule from a
+   sweep that replays the recorded steps (which tree the policy would choose, what it would accept,
+   what it would cost), per feature.
+
+The banks are JSON files that record the model they were built for and refuse another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtprobe._jsonl import read_json, write_json
+
+BANK_FORMAT = 1
+POLICIES = ("static", "ladder", "hysteretic")
+FEATURES = ("path_value", "top1", "entropy", "accept")
+_FEATURE_COLUMN = {"top1": 0, "path_value": 1, "entropy": 2, "accept": 3}  # of the drafter's step log
+
+Tree = tuple[tuple[int, ...], ...]
+
+
+def chain_tree(branches: Sequence[int]) -> Tree:
+    """The static tree ``[K_1, ..., K_k]`` with Top-1 expansion (seed 001, App. D) as rank paths.
+
+    >>> chain_tree([3, 1])
+    ((0,), (1,), (2,), (0, 0))
+    """
+    paths: list[tuple[int, ...]] = []
+    for d, k in enumerate(branches):
+        paths += [(0,) * d + (r,) for r in range(k)]
+    return tuple(paths)
+
+
+def model_fingerprint(model: Any) -> str:
+    """Architecture hash and a hash of the input embedding table's first rows: acceptance depends on
+    the weights, so a bank belongs to one checkpoint (``LlamaForCausalLM:0123...:abcd...``)."""
+    from mtprobe.profile import _architecture
+
+    rows = model.get_input_embeddings().weight[:64].detach().to("cpu", torch.float32).contiguous()
+    return f"{_architecture(model)}:{hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class TopologyBank:
+    """Static draft trees for mask-token probing, the probing settings they were built with, and
+    what was measured when they were built.
+
+    Attributes:
+        trees: each tree's non-root nodes as rank paths, cheapest tree first.
+        num_masks, prune, mask_init, mask_lambda: the probing drafter the trees are for (k mask
+            tokens draft depths 1..k; every node carries k masks, so a tree of N nodes costs a
+            forward over T = (k + 1) N inputs).
+        model: :func:`model_fingerprint` of the model it was built for, ``None`` for a bank that
+            fits any model (the uncalibrated :func:`default_bank`).
+        device, dtype: where its throughput frontier was measured (``None`` for the default bank).
+        best: EntMTP*: the index of the throughput-optimal tree, or ``None`` (not measured).
+        policies: calibrated settings per policy name: ``{"trees": [...], "thresholds": [...],
+            "feature": ...}``.
+        stats: how the bank was built (prompts, one-step and debiased τ per tree, predicted rates).
+
+    >>> bank = TopologyBank(trees=((), ((0,),), chain_tree([4])))
+    >>> [bank.block_size(i) for i in range(len(bank.trees))]
+    [2, 4, 10]
+    >>> TopologyBank(trees=((), ((0, 0),)))
+    Traceback (most recent call last):
+    ...
+    ValueError: tree 1 of the bank: topology: path (0, 0) has no parent node (0,); every prefix of a path must be a node too
+    """
+
+    trees: tuple[Tree, ...]
+    num_masks: int = 1
+    prune: bool = True
+    mask_init: str = "prompt_mean"
+    mask_lambda: float = 0.1
+    drafter: str = "probe"
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    best: int | None = None
+    policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from mtprobe import _C
+
+        trees = tuple(tuple(tuple(int(r) for r in p) for p in t) for t in self.trees)
+        object.__setattr__(self, "trees", trees)
+        if not trees:
+            raise ValueError("the topology bank is empty: give at least one tree (a tuple of rank paths)")
+        if (
+            isinstance(self.num_masks, bool)
+            or not isinstance(self.num_masks, int)
+            or not 1 <= self.num_masks <= 4
+        ):
+            raise ValueError(f"num_masks={self.num_masks!r} must be an int in [1, 4]")
+        if self.drafter != "probe":
+            raise ValueError(
+                f"drafter={self.drafter!r}: this bank format holds mask-probing trees ('probe') only"
+            )
+        compiled = []
+        for i, t in enumerate(trees):
+            try:
+                compiled.append(_C.Topology([list(p) for p in t]))
+            except ValueError as e:
+                raise ValueError(f"tree {i} of the bank: {e}") from None
+            if compiled[-1].max_depth > self.num_masks:
+                raise ValueError(
+                    f"tree {i} of the bank reaches depth {compiled[-1].max_depth}, but {self.num_masks} mask "
+                    f"token(s) draft depths 1..{self.num_masks} only"
+                )
+        object.__setattr__(self, "_compiled", tuple(compiled))
+        if self.best is not None and not 0 <= self.best < len(trees):
+            raise ValueError(f"best={self.best} is not a tree of the bank (0..{len(trees) - 1})")
+        for name, p in self.policies.items():
+            if name not in POLICIES:
+                raise ValueError(f"unknown policy {name!r} in the bank (one of {', '.join(POLICIES)})")
+            check_policy(name, tuple(p.get("trees", ())), tuple(p.get("thresholds", ())), len(trees))
+
+    def topology(self, i: int) -> Any:
+        """Tree ``i`` compiled (``mtprobe._C.Topology``: parents, depths, ranks)."""
+        return self._compiled[i]  # type: ignore[attr-defined]
+
+    def nodes(self, i: int) -> int:
+        """Nodes of tree ``i``, root included."""
+        return len(self.trees[i]) + 1
+
+    def block_size(self, i: int) -> int:
+        """T = (k + 1) × nodes: the inputs of one forward with tree ``i``."""
+        return (self.num_masks + 1) * self.nodes(i)
+
+    @property
+    def block_complexity(self) -> int:
+        """The largest tree's T: the budget a bank needs."""
+        return max(self.block_size(i) for i in range(len(self.trees)))
+
+    def check(self, model: Any) -> None:
+        """Raise ValueError when the bank was built for another model, device or dtype than ``model``'s."""
+        if self.model is None:
+            return
+        from mtprobe.profile import ProfileKey
+
+        key = ProfileKey.of(model)
+        bad = []
+        if self.model != model_fingerprint(model):
+            bad.append(f"model: bank {self.model!r} vs now {model_fingerprint(model)!r}")
+        if self.device is not None and self.device != key.device:
+            bad.append(f"device: bank {self.device!r} vs now {key.device!r}")
+        if self.dtype is not None and self.dtype != key.dtype:
+            bad.append(f"dtype: bank {self.dtype!r} vs now {key.dtype!r}")
+        if bad:
+            raise ValueError(
+                "this topology bank was built for another setting ("
+                + "; ".join(bad)
+                + "); build one for this "
+                "model with `python -m mtprobe.topology --model ... --out FILE` or mtprobe.topology.build_bank"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": BANK_FORMAT,
+            "trees": [[list(p) for p in t] for t in self.trees],
+            "num_masks": self.num_masks,
+            "prune": self.prune,
+            "mask_init": self.mask_init,
+            "mask_lambda": self.mask_lambda,
+            "drafter": self.drafter,
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "best": self.best,
+            "policies": {k: dict(v) for k, v in self.policies.items()},
+            "stats": dict(self.stats),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TopologyBank:
+        if not isinstance(data, Mapping) or data.get("format") != BANK_FORMAT:
+            got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(f"not a topology bank of format {BANK_FORMAT} (format {got!r})")
+        values = {k: v for k, v in data.items() if k != "format"}
+        try:
+            return cls(**values)
+        except TypeError as e:
+            raise ValueError(f"malformed topology bank: {e}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        return write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TopologyBank:
+        data = read_json(
+            path, "topology bank", f"build one with `python -m mtprobe.topology --model ... --out {path}`"
+        )
+        try:
+            return cls.from_dict(data)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+
+def check_policy(policy: str, trees: Sequence[int], thresholds: Sequence[float], bank_size: int) -> None:
+    """ValueError naming what is wrong with a policy's trees and thresholds for a bank of ``bank_size``."""
+    from mtprobe import _C
+
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r} must be one of {', '.join(POLICIES)}")
+    if any(isinstance(t, bool) or not isinstance(t, int) for t in trees):
+        raise TypeError(f"trees={list(trees)} must be bank indices (ints)")
+    if any(isinstance(h, bool) or not isinstance(h, (int, float)) for h in thresholds):
+        raise TypeError(f"thresholds={list(thresholds)} must be numbers")
+    _C.TopologyPolicy(policy, list(trees), [float(h) for h in thresholds], bank_size=bank_size)
+
+
+def default_bank(num_masks: int = 1, block_complexity: int = 30) -> TopologyBank:
+    """An uncalibrated bank that fits any model: Top-1-expansion trees of about 0, 1, 2, 4, 8 and
+    the most drafts ``block_complexity`` allows (seed 001's static shapes). Build a calibrated bank
+    for your model with :func:`build_bank` for the frontier and the thresholds.
+
+    >>> [len(t) for t in default_bank().trees]
+    [0, 1, 2, 4, 8, 14]
+    """
+    from mtprobe.config import _default_branches
+
+    most = block_complexity // (num_masks + 1) - 1
+    if most < 1:
+        raise ValueError(f"block_complexity={block_complexity} leaves no draft for {num_masks} mask token(s)")
+    sizes = sorted({0, *(n for n in (1, 2, 4, 8) if n < most), most})
+    trees = [
+        chain_tree(_default_branches(n, num_masks)) if n >= num_masks else chain_tree([n]) for n in sizes
+    ]
+    return TopologyBank(trees=tuple(trees), num_masks=num_masks)
+
+
+# --- Offline: rollouts, frontiers, calibration ---------------------------------------------------------
+
+
+@dataclass
+class StepRecord:
+    """One recorded decode step of a rollout: the true tokens' child ranks per depth (-1: absent or
+    past the end), the features the policy read, and the rollout it belongs to."""
+
+    rollout: int
+    ranks: tuple[int, ...]  # [k]
+    features: tuple[float, float, float, float]  # top1, path_value, entropy_ema, accept_ema
+
+
+def true_ranks(
+    candidates: Sequence[Sequence[int]], sequence: Sequence[int], pos: int, prune: bool
+) -> list[int]:
+    """Child ranks of the true continuation below root ``sequence[pos]``: at depth d, the rank of
+    ``sequence[pos + d]`` among depth d's candidates without its parent's and the root's token
+    (-1 when it is not a candidate, or past the end of the sequence, or below a miss).
+
+    >>> true_ranks([[5, 7, 9], [4, 5, 8]], [7, 9, 4], pos=0, prune=True)
+    [1, 0]
+    """
+    out = []
+    for d, cands in enumerate(candidates, start=1):
+        if pos + d >= len(sequence) or (out and out[-1] < 0):
+            out.append(-1)
+            continue
+        parent, root, want = sequence[pos + d - 1], sequence[pos], sequence[pos + d]
+        allowed = [t for t in cands if not (prune and t in (parent, root))]
+        out.append(allowed.index(want) if want in allowed else -1)
+    return out
+
+
+def rollout(
+    model: Any,
+    prompts: Sequence[torch.Tensor],
+    bank: TopologyBank,
+    tree: int,
+    max_new_tokens: int,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[StepRecord], float, int]:
+    """Greedy generation of every prompt with bank tree ``tree`` every step: (step records, tau, context
+    length at the middle of the generations)."""
+    import mtprobe
+
+    config = mtprobe.EntMTPConfig(bank=bank, policy="static", trees=(tree,), record_steps=True)
+    records: list[StepRecord] = []
+    gained = steps = 0
+    contexts = []
+    for r, ids in enumerate(prompts):
+        out = mtprobe.generate(model, ids, config, max_new_tokens=max_new_tokens, do_sample=False)
+        seq = out.sequences[0].tolist()
+        log = out.topology_log
+        for pos, cands, feats in zip(
+            log["positions"], log["candidates"].tolist(), log["features"], strict=True
+        ):
+            if pos < len(seq):
+                records.append(StepRecord(r, tuple(true_ranks(cands, seq, pos, bank.prune)), tuple(feats)))
+        gained += sum(out.accept_lengths)
+        steps += out.steps
+        contexts.append(ids.shape[-1] + out.new_tokens // 2)
+        if progress:
+            progress(f"tree {tree}: prompt {r + 1}/{len(prompts)}, tau so far {gained / max(1, steps):.3f}")
+    return records, gained / max(1, steps), int(sorted(contexts)[len(contexts) // 2]) if contexts else 0
+
+
+def acceptance_frontier(
+    records: Sequence[StepRecord], num_masks: int, max_nodes: int, max_rank: int = 15
+) -> list[Tree]:
+    """Seed 002's greedy acceptance frontier: trees of 1, 2, ..., ``max_nodes`` - 1 drafts, each the
+    previous plus the one node that raises the mean accepted depth over ``records`` most (ties:
+    smaller rank sum, then shallower). A node is reached by exactly the steps whose true ranks start
+    with its path, so its gain is the share of such steps.
+
+    >>> recs = [StepRecord(0, (0, 0), (0, 0, 0, 0))] * 3 + [StepRecord(0, (1, -1), (0, 0, 0, 0))]
+    >>> acceptance_frontier(recs, num_masks=2, max_nodes=4)
+    [((0,),), ((0,), (0, 0)), ((0,), (0, 0), (1,))]
+    """
+    reach: dict[tuple[int, ...], int] = {}
+    for rec in records:
+        for d in range(1, num_masks + 1):
+            if rec.ranks[d - 1] < 0:
+                break
+            reach[rec.ranks[:d]] = reach.get(rec.ranks[:d], 0) + 1
+    tree: list[tuple[int, ...]] = []
+    frontier: list[Tree] = []
+    children: dict[tuple[int, ...], int] = {(): 0}  # node -> children so far (the next child's rank)
+    while len(tree) + 1 < max_nodes:
+        options = [node + (n,) for node, n in children.items() if len(node) < num_masks and n <= max_rank]
+        if not options:
+            break
+        best = max(options, key=lambda c: (reach.get(c, 0), -sum(c), -len(c)))
+        tree.append(best)
+        children[best[:-1]] += 1
+        children[best] = 0
+        frontier.append(tuple(tree))
+    return frontier
+
+
+def simulate_policy(
+    records: Sequence[StepRecord],
+    accepted: Sequence[Sequence[int]],
+    costs: Sequence[float],
+    policy: str,
+    trees: Sequence[int],
+    thresholds: Sequence[float],
+    feature: str,
+    ema: float = 0.5,
+) -> float:
+    """Tokens per second a policy would reach replaying ``records`` (``accepted[s][i]``: drafts tree
+    ``i`` accepts at step ``s``; ``costs[i]``: seconds of its forward). The accept feature is
+    re-derived from the replayed choices; the other features are as recorded."""
+    from mtprobe.reference.topology import choose
+
+    col = _FEATURE_COLUMN[feature]
+    tokens = seconds = 0.0
+    current, rollout_id, accept_ema, seen = trees[0], -1, 0.0, False
+    for s, rec in enumerate(records):
+        if rec.rollout != rollout_id:  # a new generation: the policy starts over
+            rollout_id, current, accept_ema, seen = rec.rollout, trees[0], 0.0, False
+        got = accepted[s][current]
+        tokens += got + 1
+        seconds += costs[current]
+        if feature == "accept":
+            accept_ema = got if not seen else ema * got + (1 - ema) * accept_ema
+            score = accept_ema
+        elif feature == "entropy":
+            score = math.exp(-rec.features[col])
+        else:
+            score = rec.features[col]
+        seen = True
+        current = choose(policy, trees, thresholds, score, current)
+    return tokens / seconds if seconds else 0.0
+
+
+def _scores(records: Sequence[StepRecord], feature: str) -> list[float]:
+    col = _FEATURE_COLUMN[feature]
+    if feature == "entropy":
+        return [math.exp(-r.features[col]) for r in records]
+    return [r.features[col] for r in records]
+
+
+def _quantiles(values: Sequence[float], qs: Iterable[float]) -> list[float]:
+    v = sorted(values)
+    return [v[min(len(v) - 1, max(0, int(q * len(v))))] for q in qs] if v else []
+
+
+def calibrate_policies(
+    records: Sequence[StepRecord], bank: TopologyBank, costs: Sequence[float]
+) -> dict[str, dict[str, Any]]:
+    """Seed 002's one-dimensional sweeps, replayed on ``records``: for each policy the trees,
+    thresholds and feature with the most simulated tokens per second."""
+    n = len(bank.trees)
+    topo = [bank.topology(i) for i in range(n)]
+    accepted = [[t.accepted_depth(list(r.ranks)) for t in topo] for r in records]
+    grid = [q / 20 for q in range(1, 20)]
+    best: dict[str, dict[str, Any]] = {}
+
+    def keep(name: str, rate: float, **settings: Any) -> None:
+        if name not in best or rate > best[name]["simulated_tokens_per_s"]:
+            best[name] = {**settings, "simulated_tokens_per_s": rate}
+
+    for i in range(n):
+        keep(
+            "static",
+            simulate_policy(records, accepted, costs, "static", [i], [], "path_value"),
+            trees=[i],
+            thresholds=[],
+            feature="path_value",
+        )
+    for feature in FEATURES:
+        qs = _quantiles(_scores(records, feature), grid)
+        if feature == "accept":
+            qs = sorted(set(qs) | {0.25, 0.5, 1.0, 1.5, 2.0})
+        for lo in range(n):
+            for hi in range(lo + 1, n):
+                for a in range(len(qs)):
+                    for b in range(a, len(qs)):
+                        th = [qs[a], qs[b]]
+                        rate = simulate_policy(records, accepted, costs, "hysteretic", [lo, hi], th, feature)
+                        keep("hysteretic", rate, trees=[lo, hi], thresholds=th, feature=feature)
+        # The ladder over the whole bank: thresholds at evenly spaced quantiles, shifted by the sweep.
+        for shift in [s / 20 for s in range(-8, 9)]:
+            cuts = [min(0.99, max(0.01, j / n + shift)) for j in range(1, n)]
+            th = sorted(_quantiles(_scores(records, feature), cuts))
+            rate = simulate_policy(records, accepted, costs, "ladder", list(range(n)), th, feature)
+            keep("ladder", rate, trees=list(range(n)), thresholds=th, feature=feature)
+    return best
+
+
+def build_bank(
+    model: Any,
+    prompts: Sequence[torch.Tensor],
+    *,
+    num_masks: int = 1,
+    max_nodes: int = 15,
+    debias_sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 11, 14),
+    max_new_tokens: int = 64,
+    profile: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> TopologyBank:
+    """The calibrated bank for ``model`` on ``prompts`` (token tensors ``[1, L]``): the five steps of
+    the module docstring. ``debias_sizes``: drafts counts of the frontier trees re-run on their own
+    (each one rollout over all prompts); ``profile``: the forward profile (measured if ``None``)."""
+    from mtprobe.profile import ProfileKey, profile_forward
+
+    if not prompts:
+        raise ValueError("build_bank needs at least one calibration prompt")
+    if max_nodes < 2:
+        raise ValueError(f"max_nodes={max_nodes} must be >= 2 (the root and one draft)")
+    started = time.perf_counter()
+    profile = profile_forward(model) if profile is None else profile
+    profile.check(model)
+    key = ProfileKey.of(model)
+    k = num_masks
+    # 1. Self-rollouts with the widest tree of the seed-001 shape (its rank lists are long enough to
+    # score every augmentation up to max_nodes).
+    scout = TopologyBank(
+        trees=(chain_tree([max_nodes - 1] + [1] * (k - 1)) if k > 1 else chain_tree([max_nodes - 1]),),
+        num_masks=k,
+    )
+    records, scout_tau, context = rollout(model, prompts, scout, 0, max_new_tokens, progress)
+    # 2. Acceptance frontier.
+    frontier = acceptance_frontier(records, k, max_nodes)
+    one_step = {
+        len(t): 1
+        + sum(
+            TopologyBank(trees=(t,), num_masks=k).topology(0).accepted_depth(list(r.ranks)) for r in records
+        )
+        / max(1, len(records))
+        for t in frontier
+    }
+    # 3. Debiasing: the chosen sizes re-run with their own tree.
+    chosen = [t for t in frontier if len(t) in set(debias_sizes)]
+    candidates: list[Tree] = [(), *chosen]
+    debiased = {0: 1.0}
+    for t in chosen:
+        _, tau, _ = rollout(
+            model, prompts, TopologyBank(trees=(t,), num_masks=k), 0, max_new_tokens, progress
+        )
+        debiased[len(t)] = tau
+    # 4. Throughput frontier: keep the trees that raise tau over every cheaper one.
+    kept: list[Tree] = []
+    for t in candidates:
+        if not kept or debiased[len(t)] > debiased[len(kept[-1])]:
+            kept.append(t)
+    rates = [debiased[len(t)] / profile.time((k + 1) * (len(t) + 1), context) for t in kept]
+    bank = TopologyBank(trees=tuple(kept), num_masks=k)
+    costs = [profile.time(bank.block_size(i), context) for i in range(len(kept))]
+    # 5. Policy thresholds.
+    policies = calibrate_policies(records, bank, costs)
+    return TopologyBank(
+        trees=tuple(kept),
+        num_masks=k,
+        model=model_fingerprint(model),
+        device=key.device,
+        dtype=key.dtype,
+        best=max(range(len(kept)), key=lambda i: rates[i]),
+        policies=policies,
+        stats={
+            "prompts": len(prompts),
+            "max_new_tokens": max_new_tokens,
+            "recorded_steps": len(records),
+            "scout_tau": scout_tau,
+            "context": context,
+            "one_step_tau": {str(n): v for n, v in sorted(one_step.items())},
+            "debiased_tau": {str(n): v for n, v in sorted(debiased.items())},
+            "predicted_tokens_per_s": rates,
+            "plain_tokens_per_s": 1.0 / profile.time(1, context),
+            "build_seconds": time.perf_counter() - started,
+        },
+    )
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mtprobe.topology",
+        description="Build an EntMTP topology bank for mask-token probing on a model (seed 002): "
+        "self-rollouts on calibration prompts, the acceptance and throughput frontiers, policy thresholds.",
+    )
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="a known name, a local folder or a cached hub id"
+    )
+    parser.add_argument("--out", required=True, help="where to write the bank (JSON)")
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="calibration prompts: a JSONL file in the format of mtprobe's prompt set ({'id', 'kind', 'messages'} per line) "
+        "(default: mtprobe's 24 built-in prompts, not Spec-Bench's questions)",
+    )
+    parser.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    parser.add_argument("--num-masks", type=int, default=1, help="k, mask tokens per node (1..4)")
+    parser.add_argument(
+        "--max-nodes", type=int, default=15, help="largest tree, root included (BC = (k+1) nodes)"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--debias-sizes",
+        default="1,2,3,4,6,8,11,14",
+        help="draft counts of the frontier trees re-run on their own (one rollout each; default %(default)s)",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="a forward profile saved with mtprobe.ForwardProfile.save (default: measured once and cached)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        debias = tuple(int(x) for x in args.debias_sizes.split(","))
+    except ValueError:
+        parser.error(f"--debias-sizes must be comma-separated integers, got {args.debias_sizes!r}")
+    from mtprobe import models
+    from mtprobe.data import load_prompts
+    from mtprobe.profile import ForwardProfile
+    from mtprobe.specbench.run import encode_conversation
+
+    model, tokenizer = models.load(args.model)
+    prompts = load_prompts(args.prompts)
+    if args.num_prompts is not None:
+        prompts = prompts[: args.num_prompts]
+    ids = [encode_conversation(tokenizer, p["messages"], "cpu") for p in prompts]
+
+    def progress(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    bank = build_bank(
+        model,
+        ids,
+        num_masks=args.num_masks,
+        max_nodes=args.max_nodes,
+        max_new_tokens=args.max_new_tokens,
+        debias_sizes=debias,
+        profile=None if args.profile is None else ForwardProfile.load(args.profile),
+        progress=progress,
+    )
+    bank.save(args.out)
+    s = bank.stats
+    print(
+        f"bank for {args.model}: {len(bank.trees)} trees, sizes {[len(t) for t in bank.trees]} drafts, "
+        f"EntMTP* = tree {bank.best}; debiased tau {s['debiased_tau']}; built in {s['build_seconds']:.0f} s"
+    )
+    for name, p in bank.policies.items():
+        print(
+            f"  {name}: trees {p['trees']}, thresholds {[round(h, 4) for h in p['thresholds']]}, feature "
+            f"{p['feature']}, simulated {p['simulated_tokens_per_s']:.2f} tok/s"
+        )
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module's entry point: the configurations check banks against its classes.
+    from mtprobe.topology import _main as main
+
+    raise SystemExit(main())

@@ -1,0 +1,347 @@
+"""EntMTP (seed 002): the topology bank's trees (csrc/core/topology.h) against their reference, the
+policies, the offline frontier and calibration arithmetic on hand-computed cases, the bank's
+refusals, and lossless generation whatever tree the policy picks."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mtprobe
+from conftest import chat_ids, cpu_decode_loop, tiny_llama
+from mtprobe import _C
+from mtprobe.drafters import entmtp_drafter
+from mtprobe.profile import ForwardProfile, ProfileKey
+from mtprobe.reference import topology as ref
+from mtprobe.topology import (
+    StepRecord,
+    TopologyBank,
+    acceptance_frontier,
+    build_bank,
+    calibrate_policies,
+    chain_tree,
+    default_bank,
+    simulate_policy,
+    true_ranks,
+)
+
+REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]
+
+
+def _random_tree(rng: random.Random, nodes: int, depth: int, width: int) -> list[tuple[int, ...]]:
+    """A prefix-closed set of rank paths (ranks may skip: (0,) and (2,) without (1,))."""
+    paths: set[tuple[int, ...]] = set()
+    for _ in range(50 * nodes):  # tries, not nodes: a shallow narrow tree holds only so many
+        if len(paths) == nodes:
+            break
+        parent = rng.choice([(), *sorted(p for p in paths if len(p) < depth)])
+        paths.add(parent + (rng.randrange(width),))
+    return list(paths)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), nodes=st.integers(0, 12), depth=st.integers(1, 4), prune=st.booleans())
+def test_cpp_matches_reference(seed, nodes, depth, prune):
+    rng = random.Random(seed)
+    paths = _random_tree(rng, nodes, depth, width=4)
+    t = _C.Topology([list(p) for p in paths])
+    order, parents, depths, ranks = ref.compile_topology(paths)
+    assert [tuple(p) for p in t.paths] == order
+    assert (t.parents, t.depths, t.ranks) == (parents, depths, ranks)
+    # Candidates drawn from a small vocabulary repeat the root and parents often: pruning matters.
+    m = rng.randint(1, 7)
+    cand = torch.tensor([[rng.randrange(6) for _ in range(m)] for _ in range(depth)])  # [depth, m]
+    probs = (
+        torch.rand(depth, m, generator=torch.Generator().manual_seed(seed)).sort(-1, descending=True).values
+    )
+    root = rng.randrange(6)
+    got = t.fill(root, cand, probs, prune=prune)
+    want = ref.fill_topology(paths, root, cand.tolist(), probs.tolist(), prune=prune)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got[0] == want[0]  # tokens: exact
+        torch.testing.assert_close(torch.tensor(got[1]), torch.tensor(want[1]), rtol=1e-6, atol=0)
+    true = [rng.randrange(-1, 4) for _ in range(depth)]
+    assert t.accepted_depth(true) == ref.accepted_depth(paths, true)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.sampled_from(["static", "ladder", "hysteretic"]),
+    n=st.integers(1, 5),
+    scores=st.lists(st.floats(0, 1), min_size=1, max_size=20),
+    cuts=st.lists(st.floats(0, 1), min_size=4, max_size=4),
+)
+def test_policy_matches_reference(kind, n, scores, cuts):
+    trees = {"static": [n - 1], "ladder": list(range(n)), "hysteretic": [0, n]}[kind]
+    thresholds = {"static": [], "ladder": sorted(cuts[: n - 1]), "hysteretic": sorted(cuts[:2])}[kind]
+    p = _C.TopologyPolicy(kind, trees, thresholds, bank_size=n + 1)
+    current = p.initial()
+    for s in scores:
+        nxt = p.choose(s, current)
+        assert nxt == ref.choose(kind, trees, thresholds, s, current)
+        current = nxt
+
+
+def test_hysteresis_holds_between_the_thresholds():
+    p = _C.TopologyPolicy("hysteretic", [0, 2], [0.3, 0.5], bank_size=3)
+    seq, cur = [], p.initial()
+    for s in [0.4, 0.6, 0.4, 0.35, 0.2, 0.4, 0.51]:
+        cur = p.choose(s, cur)
+        seq.append(cur)
+    assert seq == [0, 2, 2, 2, 0, 0, 2]
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="topology bank is empty"):
+        TopologyBank(trees=())
+    with pytest.raises(ValueError, match="switch-down 0.600000 is above switch-up 0.400000"):
+        mtprobe.EntMTPConfig(policy="hysteretic", thresholds=(0.6, 0.4))
+    with pytest.raises(ValueError, match="ladder's thresholds must be ascending"):
+        mtprobe.EntMTPConfig(policy="ladder", trees=(0, 1, 2), thresholds=(0.5, 0.2))
+    with pytest.raises(ValueError, match=r"topology id 9 is outside the bank \[0, 6\)"):
+        mtprobe.EntMTPConfig(policy="static", trees=(9,))
+    with pytest.raises(ValueError, match="has no parent node"):
+        TopologyBank(trees=(((1, 0),),))
+    with pytest.raises(ValueError, match="reaches depth 2, but 1 mask token"):
+        TopologyBank(trees=(((0,), (0, 0)),))
+    with pytest.raises(ValueError, match="appears twice"):
+        _C.Topology([[0], [0]])
+    with pytest.raises(ValueError, match="is negative"):
+        _C.Topology([[-1]])
+    with pytest.raises(ValueError, match="feature='logits' must be one of"):
+        mtprobe.EntMTPConfig(feature="logits")
+    with pytest.raises(ValueError, match="ema=0 must be a number in"):
+        mtprobe.EntMTPConfig(ema=0)
+    with pytest.raises(ValueError, match="unknown policy 'greedy'"):
+        TopologyBank(trees=((),), policies={"greedy": {}})
+    with pytest.raises(TypeError, match="bank must be a TopologyBank"):
+        mtprobe.EntMTPConfig(bank=3)
+    with pytest.raises(ValueError, match="a topology bank and its policy come together"):
+        _C.MaskProbeDrafter(
+            torch.zeros(8, 4),
+            num_masks=1,
+            block_complexity=10,
+            dynamic_tree=False,
+            branches=[1],
+            prune=True,
+            mask_init="prompt_mean",
+            gaussian_shift=0.0,
+            mask_lambda=0.1,
+            bank=[_C.Topology([[0]])],
+        )
+
+
+def test_bank_files_and_refusals(tmp_path):
+    model, other = tiny_llama(seed=0), tiny_llama(seed=1)
+    bank = TopologyBank(
+        trees=((), chain_tree([2])),
+        model=mtprobe.topology.model_fingerprint(model),
+        device=ProfileKey.of(model).device,
+        dtype="float32",
+        best=1,
+        policies={"static": {"trees": [1], "thresholds": [], "feature": "top1"}},
+    )
+    path = bank.save(tmp_path / "bank.json")
+    assert TopologyBank.load(path) == bank
+    cfg = mtprobe.EntMTPConfig(bank=str(path), policy="static")
+    assert cfg.trees == (1,) and cfg.feature == "top1" and cfg.block_complexity == 6
+    ids = torch.tensor([REPEATING])
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=12))
+    with pytest.raises(ValueError, match="this topology bank was built for another setting \\(model: bank"):
+        mtprobe.generate(other, ids, cfg, max_new_tokens=4)
+    with pytest.raises(ValueError, match="dtype: bank 'float32' vs now 'bfloat16'"):
+        mtprobe.generate(model.to(torch.bfloat16), ids, cfg, max_new_tokens=4)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json is not a topology bank \\(corrupt JSON"):
+        TopologyBank.load(tmp_path / "bad.json")
+    (tmp_path / "old.json").write_text(json.dumps({"format": 0, "trees": []}))
+    with pytest.raises(ValueError, match="not a topology bank of format 1"):
+        TopologyBank.load(tmp_path / "old.json")
+    with pytest.raises(FileNotFoundError, match="build one with `python -m mtprobe.topology"):
+        mtprobe.EntMTPConfig(bank=str(tmp_path / "missing.json"))
+
+
+POLICIES = [
+    ("static", "path_value", None),
+    ("ladder", "top1", (0.05, 0.1, 0.2, 0.3, 0.5)),
+    ("ladder", "accept", (0.2, 0.5, 0.8, 1.2, 2.0)),
+    ("hysteretic", "path_value", (0.01, 0.05)),
+    ("hysteretic", "entropy", (0.05, 0.1)),
+    ("hysteretic", "accept", (0.3, 0.6)),
+]
+
+
+@pytest.mark.parametrize(("policy", "feature", "thresholds"), POLICIES)
+def test_greedy_is_token_identical_on_a_tiny_model(policy, feature, thresholds):
+    model = tiny_llama()
+    for prompt in (REPEATING, [7, 3, 81, 44, 12, 60]):
+        ids = torch.tensor([prompt])
+        cfg = mtprobe.EntMTPConfig(policy=policy, feature=feature, thresholds=thresholds)
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=40, do_sample=False)
+        assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=40))
+        assert len(out.choices) == out.steps
+        bank = cfg.resolved_bank
+        for (name, t), gained in zip(out.choices, out.accept_lengths, strict=True):
+            if name != "none":
+                i = int(name.removeprefix("tree"))
+                assert i in cfg.trees and t == bank.block_size(i)
+                assert gained <= bank.topology(i).max_depth + 1
+
+
+def test_greedy_is_token_identical_on_smollm2(smollm2):
+    model, tok = smollm2
+    for content in ("List three uses of copper.", "Write a Python function that reverses a string."):
+        ids = chat_ids(tok, [{"role": "user", "content": content}])
+        greedy = model.generate(ids, do_sample=False, max_new_tokens=40)
+        used = set()
+        for policy, feature, thresholds in POLICIES:
+            if policy != "static":  # the tiny model's thresholds: re-centred on SmolLM2's scores
+                thresholds = None if feature == "path_value" else thresholds
+            cfg = mtprobe.EntMTPConfig(policy=policy, feature=feature, thresholds=thresholds)
+            out = mtprobe.generate(model, ids, cfg, max_new_tokens=40, do_sample=False)
+            assert torch.equal(out.sequences, greedy), (policy, feature)
+            used |= {c for c, _ in out.choices}
+        assert len(used - {"none"}) >= 3  # the policies did switch between trees
+
+
+def test_the_log_explains_every_step(smollm2):
+    """The recorded candidates and the true continuation reproduce what verification accepted: the
+    frontier's one-step estimates rest on this."""
+    model, tok = smollm2
+    ids = chat_ids(tok, [{"role": "user", "content": "Name the planets of the solar system in order."}])
+    bank = TopologyBank(trees=(chain_tree([3]), chain_tree([8])))
+    cfg = mtprobe.EntMTPConfig(
+        bank=bank, policy="hysteretic", feature="top1", thresholds=(0.5, 0.8), record_steps=True
+    )
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=48, do_sample=False)
+    seq = out.sequences[0].tolist()
+    log = out.topology_log
+    n = len(log["positions"])
+    assert n >= out.steps - 1 and log["candidates"].shape[1:] == (1, out.topology_log["candidates"].shape[2])
+    root = ids.shape[1]
+    checked = 0
+    for j, (name, _) in enumerate(out.choices):
+        assert log["positions"][j] == root  # step j's root: the first token after step j - 1's
+        if name != "none" and root + 1 < len(seq):
+            i = int(name.removeprefix("tree"))
+            ranks = true_ranks(log["candidates"][j].tolist(), seq, root, bank.prune)
+            assert bank.topology(i).accepted_depth(ranks) == out.accept_lengths[j] - 1
+            checked += 1
+            if j > 0:
+                assert log["trees"][j - 1] == i  # the tree chosen at step j - 1's observe ran at step j
+        root += out.accept_lengths[j]
+    assert checked >= out.steps - 2 and max(out.accept_lengths) > 1
+
+
+def test_switching_trees_reuses_their_mask_patterns():
+    model = tiny_llama()
+    bank = TopologyBank(trees=(chain_tree([1]), chain_tree([3]), chain_tree([6])))
+    cfg = mtprobe.EntMTPConfig(bank=bank, policy="ladder", feature="top1", thresholds=(0.08, 0.12))
+    drafter = entmtp_drafter(model, cfg)
+    ids = torch.tensor(REPEATING)
+    loop = cpu_decode_loop(
+        model, drafter, max_new_tokens=60, block_complexity=cfg.block_complexity, prompt_len=len(ids)
+    )
+    result = loop.run(ids)
+    used = [c for c in drafter.tree_choices() if c >= 0]
+    switches = sum(a != b for a, b in zip(used, used[1:], strict=False))
+    assert len(set(used)) >= 2 and switches >= 4
+    # One pattern per shape: every later switch back is a lookup, not a rebuild.
+    assert result.mask_rebuilds <= len(set(used)) + 1  # + the prefill's block
+
+
+def test_true_ranks_follow_pruning():
+    # Depth 1: 7 is the root, so 9 has rank 0 (7 skipped); depth 2: 9 is the parent, 4 has rank 0.
+    assert true_ranks([[7, 9, 3], [9, 4, 8]], [7, 9, 4], pos=0, prune=True) == [0, 0]
+    assert true_ranks([[7, 9, 3], [9, 4, 8]], [7, 9, 4], pos=0, prune=False) == [1, 1]
+    assert true_ranks([[7, 9, 3], [9, 4, 8]], [7, 5, 4], pos=0, prune=True) == [-1, -1]  # below a miss
+    assert true_ranks([[7, 9, 3], [9, 4, 8]], [7, 9], pos=0, prune=True) == [0, -1]  # past the end
+
+
+def _records(ranks_list, rollout=0, features=(0.5, 0.5, 1.0, 0.0)):
+    return [StepRecord(rollout, tuple(r), features) for r in ranks_list]
+
+
+def test_acceptance_frontier_by_hand():
+    # 10 steps, k = 2: ranks (0, 0) x4, (0, 1) x1, (1, 0) x3, (2, -1) x2.
+    recs = _records([(0, 0)] * 4 + [(0, 1)] + [(1, 0)] * 3 + [(2, -1)] * 2)
+    frontier = acceptance_frontier(recs, num_masks=2, max_nodes=6)
+    # (0,) reaches 5 steps; then (0, 0) 4 and (1,) 3 -> (0, 0); then (1,) 3; then (1, 0) 3 vs (2,) 2.
+    assert frontier == [
+        ((0,),),
+        ((0,), (0, 0)),
+        ((0,), (0, 0), (1,)),
+        ((0,), (0, 0), (1,), (1, 0)),
+        ((0,), (0, 0), (1,), (1, 0), (2,)),
+    ]
+    # Ties go to the smaller rank sum, then the shallower node: (0, 1) reaches 1 step like (2,) does
+    # not exist here, so with max_rank = 0 only depth can grow.
+    assert acceptance_frontier(recs, num_masks=2, max_nodes=3, max_rank=0) == [((0,),), ((0,), (0, 0))]
+
+
+def test_simulated_policies_by_hand():
+    # Two trees: a root alone (accepts nothing, costs 1 s) and one draft (costs 2 s).
+    recs = _records([(0,), (0,), (-1,), (0,)], features=(0.9, 0.9, 0.0, 0.0))
+    bank = TopologyBank(trees=((), ((0,),)))
+    accepted = [[bank.topology(i).accepted_depth(list(r.ranks)) for i in range(2)] for r in recs]
+    assert accepted == [[0, 1], [0, 1], [0, 0], [0, 1]]
+    costs = [1.0, 2.0]
+    # Static on tree 1: 4 steps, 3 + 4 = 7 tokens in 8 s.
+    assert simulate_policy(recs, accepted, costs, "static", [1], [], "path_value") == pytest.approx(7 / 8)
+    # Static on tree 0: 4 tokens in 4 s.
+    assert simulate_policy(recs, accepted, costs, "static", [0], [], "path_value") == pytest.approx(1.0)
+    # Hysteretic on path value 0.9 > up: step 1 on tree 0 (1 token, 1 s), then tree 1: 2 + 1 + 2 in 6 s.
+    rate = simulate_policy(recs, accepted, costs, "hysteretic", [0, 1], [0.5, 0.8], "path_value")
+    assert rate == pytest.approx(6 / 7)
+    # The accept feature is replayed: on tree 0 nothing is ever accepted, so the ladder never climbs.
+    assert simulate_policy(recs, accepted, costs, "ladder", [0, 1], [0.5], "accept") == pytest.approx(1.0)
+    best = calibrate_policies(recs, bank, costs)
+    assert best["static"]["trees"] == [0] and best["static"]["simulated_tokens_per_s"] == pytest.approx(1.0)
+    assert set(best) == {"static", "ladder", "hysteretic"}
+
+
+def test_build_bank_end_to_end(tmp_path):
+    model = tiny_llama()
+    # A flat profile (GPU-like): bigger trees cost nothing extra, so the largest useful tree is best.
+    profile = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01),))
+    prompts = [torch.tensor([REPEATING]), torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2, 11, 3]])]
+    messages = []
+    bank = build_bank(
+        model,
+        prompts,
+        max_nodes=5,
+        debias_sizes=(1, 2, 4),
+        max_new_tokens=24,
+        profile=profile,
+        progress=messages.append,
+    )
+    assert messages and bank.trees[0] == () and bank.model == mtprobe.topology.model_fingerprint(model)
+    taus = [bank.stats["debiased_tau"][str(len(t))] for t in bank.trees]
+    assert taus == sorted(taus) and len(set(taus)) == len(taus)  # each kept tree raises tau
+    assert bank.best == len(bank.trees) - 1  # flat cost: the highest tau wins
+    assert set(bank.policies) == {"static", "ladder", "hysteretic"}
+    path = bank.save(tmp_path / "b.json")
+    for policy in ("static", "ladder", "hysteretic"):
+        cfg = mtprobe.EntMTPConfig(bank=str(path), policy=policy)
+        out = mtprobe.generate(model, prompts[0], cfg, max_new_tokens=24, do_sample=False)
+        assert torch.equal(out.sequences, model.generate(prompts[0], do_sample=False, max_new_tokens=24))
+    with pytest.raises(ValueError, match="another setting"):
+        mtprobe.generate(
+            tiny_llama(seed=3), prompts[0], mtprobe.EntMTPConfig(bank=str(path)), max_new_tokens=4
+        )
+
+
+def test_default_bank_shapes():
+    assert [len(t) for t in default_bank(1, 10).trees] == [0, 1, 2, 4]
+    b2 = default_bank(2, 60)
+    assert [len(t) for t in b2.trees] == [0, 1, 2, 4, 8, 19] and b2.block_complexity == 60
+    assert all(b2.topology(i).max_depth <= 2 for i in range(len(b2.trees)))
+    with pytest.raises(ValueError, match="leaves no draft"):
+        default_bank(2, 5)
