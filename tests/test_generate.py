@@ -301,3 +301,35 @@ def test_cuda_token_identical_to_greedy(attn, bc):
         out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=bc), max_new_tokens=40)
         assert out.sequences.is_cuda
         assert_same_as_greedy(model, ids, out.sequences, ref, f"{prompt['id']} BC={bc} {attn}")
+
+
+@pytest.mark.parametrize(
+    ("config", "reads_prompt"),
+    [
+        (mtprobe.PromptLookupConfig(num_tokens=4), False),
+        (mtprobe.ProbeConfig(block_complexity=10), False),
+        (mtprobe.StandConfig(block_complexity=10), True),
+        (mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(),)), False),
+    ],
+)
+def test_prefill_computes_the_logits_the_drafter_reads(config, reads_prompt):
+    """The LM head runs over the prompt's own positions only for drafters that read them (STAND seeds
+    its store from them); the others get logits from the last prompt token on, as HF's generate."""
+    from conftest import tiny_llama
+    from mtprobe.profile import ForwardProfile, ProfileKey
+
+    model = tiny_llama()
+    if isinstance(config, mtprobe.AutoConfig):
+        flat = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01),))
+        config = mtprobe.AutoConfig(drafters=config.drafters, profile=flat)
+    rows: list[int] = []
+    handle = model.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[1]))
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2]])
+    try:
+        out = mtprobe.generate(model, ids, config, max_new_tokens=12, do_sample=False)
+    finally:
+        handle.remove()
+    assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=12))
+    prefill_rows = rows[0]
+    assert config.reads_prompt_logits == reads_prompt
+    assert (prefill_rows >= ids.shape[1]) == reads_prompt, prefill_rows

@@ -4,8 +4,8 @@ One call per decode step: token inputs are embedded with the model's own input e
 embedding-only inputs (mask tokens) are appended, and the model runs on ``inputs_embeds`` with
 explicit ``position_ids`` and a 4D additive float mask (0 / finfo(dtype).min; a boolean mask is
 silently wrong on the eager path), writing into a ``TreeKVCache`` that the adapter grows by
-doubling when a block would not fit. Logits come back for every input (the model's own
-``logits_to_keep`` default of 0 keeps them all).
+doubling when a block would not fit. Logits come back for every input, except the prompt's own
+positions at prefill when the drafter does not read them (``prefill_logits_from``, zeros there).
 
 Sliding-window layers (Gemma 2/3, Cohere 2, Qwen 2/3 with ``use_sliding_window``, Mistral-style
 models) get the window applied to the tree mask: a key at position k is visible to a query at
@@ -16,6 +16,7 @@ m_sw}``; Mistral-style models (one window, every layer) take ``m_sw`` alone.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
 
@@ -199,6 +200,12 @@ class HFAdapter:
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
         self._tree_attention = getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION
+        # The prefill's first input whose logits anyone reads: 0 keeps all; the owner sets it to the
+        # last prompt token when its drafter does not read the prompt's own distributions (only the
+        # n-gram stores of STAND and the hybrid do). The LM head over a long prompt is a large share
+        # of the prefill (49152 x 576 per token for SmolLM2), and HF's generate skips it too.
+        self.prefill_logits_from = 0
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
@@ -224,6 +231,9 @@ class HFAdapter:
         x = self.embed(tokens.unsqueeze(0))  # [1, n_tok, hidden]
         if embeds is not None:
             x = torch.cat([x, embeds.unsqueeze(0).to(x.dtype)], dim=1)  # [1, T, hidden]
+        T = position_ids.shape[-1]
+        skip = self.prefill_logits_from if prefix_len == 0 and self._logits_to_keep else 0
+        kwargs = {"logits_to_keep": T - skip} if skip > 0 else {}
         out = self.model(
             inputs_embeds=x,
             attention_mask=self._attention_mask(mask, position_ids, prefix_len),
@@ -232,9 +242,16 @@ class HFAdapter:
             use_cache=True,
             output_hidden_states=want_hidden,
             return_dict=True,
+            **kwargs,
         )
         hidden = out.hidden_states[-1][0] if want_hidden else None  # [T, hidden]
-        return out.logits[0], hidden  # [T, vocab]
+        logits = out.logits[0]  # [T - skip, vocab]
+        if skip > 0:
+            # Rows the loop indexes by input keep their places; the skipped ones are zeros nobody reads.
+            full = logits.new_zeros((T, logits.shape[-1]))  # [T, vocab]
+            full[skip:] = logits
+            logits = full
+        return logits, hidden  # [T, vocab]
 
     def _attention_mask(
         self,

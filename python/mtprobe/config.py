@@ -42,6 +42,10 @@ class _ConfigData:
     """
 
     method: ClassVar[str]
+    # Whether the drafter reads the target's distributions at the prompt's own positions (the
+    # n-gram stores seed themselves from them); otherwise the prefill computes logits only from the
+    # last prompt token on (mtprobe.adapter.HFAdapter.prefill_logits_from).
+    reads_prompt_logits: ClassVar[bool] = False
 
     def to_dict(self) -> dict[str, Any]:
         """``{"method": ..., field: value, ...}`` with JSON types (tuples become lists)."""
@@ -408,6 +412,8 @@ class StandConfig(_ConfigData):
     table_size: int = 8
     logits_top_k: int = 8
 
+    reads_prompt_logits: ClassVar[bool] = True  # the store starts from the prompt's distributions
+
     def __post_init__(self) -> None:
         for name in ("block_complexity", "max_depth", "max_ngram", "table_size", "logits_top_k"):
             _check_int(name, getattr(self, name))
@@ -459,6 +465,8 @@ class LookaheadConfig(_ConfigData):
     guess_set_size: int = 5
     pool_from_prompt: bool = False
     block_complexity: int | None = None
+
+    reads_prompt_logits: ClassVar[bool] = True  # not audited for the prefill: kept as it was
 
     def __post_init__(self) -> None:
         for name in ("ngram_size", "window", "guess_set_size"):
@@ -525,6 +533,8 @@ class HybridConfig(_ConfigData):
     max_ngram: int = 3
     table_size: int = 8
     logits_top_k: int = 8
+
+    reads_prompt_logits: ClassVar[bool] = True  # its STAND half
 
     def __post_init__(self) -> None:
         self.probe  # noqa: B018  (each half validates its own fields)
@@ -755,6 +765,10 @@ class AutoConfig(_ConfigData):
         if self.explore_every < 1:
             raise ValueError(f"explore_every={self.explore_every} must be >= 1")
         object.__setattr__(self, "block_complexity", max(c.block_complexity for c in drafters))
+
+    @property
+    def reads_prompt_logits(self) -> bool:  # type: ignore[override]
+        return any(c.reads_prompt_logits for c in self.drafters)
 
     def to_dict(self) -> dict[str, Any]:
         profile = self.profile.to_dict() if hasattr(self.profile, "to_dict") else self.profile

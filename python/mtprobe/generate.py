@@ -283,6 +283,8 @@ def custom_generate(
     )
     drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     adapter = HFAdapter(model, capacity, max_capacity=max_capacity)
+    if not config.reads_prompt_logits:
+        adapter.prefill_logits_from = prompt_len - 1
     stop = None
     if other_criteria:
 
