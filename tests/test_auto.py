@@ -33,6 +33,10 @@ DRAFTER_SETS = {
         mtprobe.LookaheadConfig(ngram_size=3, window=3, guess_set_size=2),
     ),
     "stand": (mtprobe.StandConfig(block_complexity=30),),
+    "entmtp+pld": (
+        mtprobe.EntMTPConfig(policy="ladder", feature="top1", thresholds=(0.05, 0.1, 0.15, 0.2, 0.3)),
+        mtprobe.PromptLookupConfig(num_tokens=4),
+    ),
 }
 
 
