@@ -467,6 +467,7 @@ def build_bank(
     """The calibrated bank for ``model`` on ``prompts`` (token tensors ``[1, L]``): the five steps of
     the module docstring. ``debias_sizes``: drafts counts of the frontier trees re-run on their own
     (each one rollout over all prompts); ``profile``: the forward profile (measured if ``None``)."""
+    from mtprobe import _C
     from mtprobe.profile import ProfileKey, profile_forward
 
     if not prompts:
@@ -487,14 +488,10 @@ def build_bank(
     records, scout_tau, context = rollout(model, prompts, scout, 0, max_new_tokens, progress)
     # 2. Acceptance frontier.
     frontier = acceptance_frontier(records, k, max_nodes)
-    one_step = {
-        len(t): 1
-        + sum(
-            TopologyBank(trees=(t,), num_masks=k).topology(0).accepted_depth(list(r.ranks)) for r in records
-        )
-        / max(1, len(records))
-        for t in frontier
-    }
+    one_step = {}
+    for t in frontier:
+        topo = _C.Topology([list(p) for p in t])  # compiled once per tree, not per step
+        one_step[len(t)] = 1 + sum(topo.accepted_depth(list(r.ranks)) for r in records) / max(1, len(records))
     # 3. Debiasing: the chosen sizes re-run with their own tree.
     chosen = [t for t in frontier if len(t) in set(debias_sizes)]
     candidates: list[Tree] = [(), *chosen]
