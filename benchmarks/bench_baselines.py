@@ -27,10 +27,10 @@ from mtprobe import models
 from mtprobe.config import LOOKAHEAD_PAPER_CONFIGS
 from mtprobe.specbench.questions import first_per_category, load_questions
 
-OURS = ("probe", "hybrid")  # the rest are the training-free baselines
+OURS = ("probe", "hybrid", "probe-cal", "probe-cal-lam0", "hybrid-cal")  # the rest are the baselines
 
 
-def configs(bc: int) -> dict[str, object]:
+def configs(bc: int, mask_path: str | None = None) -> dict[str, object]:
     out: dict[str, object] = {
         "probe": mtprobe.ProbeConfig(block_complexity=bc),
         "stand": mtprobe.StandConfig(block_complexity=bc),
@@ -39,6 +39,13 @@ def configs(bc: int) -> dict[str, object]:
     out["hybrid"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=2 if bc >= 60 else 1)
     if bc in LOOKAHEAD_PAPER_CONFIGS:  # the paper's (L, W, G), (L - 1)(W + G) = BC
         out["lade"] = mtprobe.LookaheadConfig.for_block_complexity(bc)
+    if (
+        mask_path is not None
+    ):  # learned masks (python -m mtprobe.calibrate), with and without the running update
+        cal = dict(mask_init="calibrated", mask_path=mask_path)
+        out["probe-cal"] = mtprobe.ProbeConfig(block_complexity=bc, **cal)
+        out["probe-cal-lam0"] = mtprobe.ProbeConfig(block_complexity=bc, mask_lambda=0.0, **cal)
+        out["hybrid-cal"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=2 if bc >= 60 else 1, **cal)
     return out
 
 
@@ -54,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/bench_baselines.md")
+    ap.add_argument(
+        "--mask-path",
+        default=None,
+        help="a mask calibration (python -m mtprobe.calibrate): adds probe-cal (lambda 0.1), probe-cal-lam0 "
+        "(lambda 0, the learned masks kept) and hybrid-cal rows",
+    )
+    ap.add_argument("--methods", nargs="+", default=None, help="only these rows (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -76,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     new_tokens = sum(r.shape[1] - ids.shape[1] for r, (_, ids) in zip(refs, prompts, strict=True))
     results = []  # (bc, method, tau, {task: tau}, mismatches, tokens/s)
     for bc in args.block_complexity:
-        for method, cfg in configs(bc).items():
+        for method, cfg in configs(bc, args.mask_path).items():
+            if args.methods is not None and method not in args.methods:
+                continue
             t0 = time.perf_counter()
             per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
             bad = 0
@@ -113,7 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         "pld = PromptLookupConfig(num_tokens=min(10, BC - 1)), "
         "lade = LookaheadConfig.for_block_complexity(BC) (L3 W4 G1, L4 W5 G5, L5 W8 G7), "
         "hybrid = HybridConfig(block_complexity=BC) (one mask below BC 60, two from 60, as probe); "
-        "the ratio column is probe's (and hybrid's) τ over the best baseline's",
+        + (
+            f"probe-cal / probe-cal-lam0 / hybrid-cal: the same with mask_init='calibrated', "
+            f"mask_path=`{Path(args.mask_path).name}` (probe-cal-lam0: mask_lambda=0, the learned masks kept); "
+            if args.mask_path
+            else ""
+        )
+        + "the ratio column is probe's (and hybrid's) τ over the best baseline's",
         "",
         "| BC | method | τ | " + " | ".join(tasks) + " | ÷ best baseline | tok/s | mismatches |",
         "|---|---|---|" + "---|" * len(tasks) + "---|---|---|",

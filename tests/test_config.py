@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +17,10 @@ from hypothesis import strategies as st
 import mtprobe
 from conftest import tiny_llama
 from mtprobe.config import METHOD_CONFIGS, config_from_dict, config_from_json
-from mtprobe.drafters import DECODING_CONFIGS
+from mtprobe.drafters import DECODING_CONFIGS, ngram_memories
+
+# Learned masks for tiny_llama() (written by the `tiny` fixture below, before any test decodes).
+MASKS = Path(tempfile.gettempdir()) / f"mtprobe-test-config-masks-{os.getpid()}.safetensors"
 
 # One configuration per method, every field away from its default.
 NON_DEFAULT = {
@@ -24,14 +30,17 @@ NON_DEFAULT = {
         tree="static",
         branches=(12, 3),
         prune=False,
-        mask_init="gaussian_5sigma",
+        mask_init="calibrated",
+        mask_path=str(MASKS),
         mask_lambda=0.25,
         incremental_masks=False,
         seed=2**63 - 1,
     ),
     "pld": mtprobe.PromptLookupConfig(num_tokens=7, max_ngram_size=4, block_complexity=12),
     "sps": mtprobe.DraftModelConfig(num_draft_layers=3, num_tokens=4, top_branches=2, block_complexity=9),
-    "stand": mtprobe.StandConfig(block_complexity=17, max_depth=6, max_ngram=2, table_size=5, logits_top_k=4),
+    "stand": mtprobe.StandConfig(
+        block_complexity=17, max_depth=6, max_ngram=2, table_size=5, logits_top_k=4, memory_size=50
+    ),
     "lookahead": mtprobe.LookaheadConfig(
         ngram_size=3, window=6, guess_set_size=2, pool_from_prompt=True, block_complexity=20
     ),
@@ -39,13 +48,15 @@ NON_DEFAULT = {
         block_complexity=45,
         num_masks=2,
         prune=False,
-        mask_init="prompt_last",
+        mask_init="calibrated",
+        mask_path=str(MASKS),
         mask_lambda=0.0,
         seed=7,
         max_depth=4,
         max_ngram=2,
         table_size=3,
         logits_top_k=6,
+        memory_size=33,
     ),
     "auto": mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig(block_complexity=12)),
@@ -117,6 +128,7 @@ def test_resolved_fields_are_written():
         "branches": [14],
         "prune": True,
         "mask_init": "prompt_mean",
+        "mask_path": None,
         "mask_lambda": 0.1,
         "incremental_masks": True,
         "seed": 0,
@@ -190,7 +202,13 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
         ),
         "pld": lambda: mtprobe.PromptLookupConfig(num_tokens=a, max_ngram_size=b),
         "sps": lambda: mtprobe.DraftModelConfig(num_draft_layers=a, num_tokens=b, top_branches=1 + c % 3),
-        "stand": lambda: mtprobe.StandConfig(block_complexity=1 + a, max_depth=b, max_ngram=c, table_size=a),
+        "stand": lambda: mtprobe.StandConfig(
+            block_complexity=1 + a,
+            max_depth=b,
+            max_ngram=c,
+            table_size=a,
+            memory_size=a * b if flag else None,
+        ),
         "lookahead": lambda: mtprobe.LookaheadConfig(
             ngram_size=1 + a, window=b, guess_set_size=c, pool_from_prompt=flag
         ),
@@ -223,7 +241,14 @@ IDS = torch.tensor([[3, 7, 11, 5, 3, 7, 11, 5, 3, 7]])
 
 @pytest.fixture(scope="module")
 def tiny():
-    return tiny_llama()
+    from mtprobe.calibrate import calibrate_masks
+
+    model = tiny_llama()
+    calibrate_masks(model, [IDS[:, :6], IDS[:, 2:]], num_masks=2, max_new_tokens=6, epochs=1, holdout=0).save(
+        MASKS
+    )
+    yield model
+    MASKS.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))
@@ -232,9 +257,17 @@ def test_dict_route_equals_config_route(tiny, name):
     if name == "sps":
         cfg = dataclasses.replace(cfg, num_draft_layers=1)  # the tiny target has 2 layers
     d = cfg.to_dict()
+
+    def forget() -> None:  # a cross-request n-gram memory would carry one call's text into the next
+        for memory in ngram_memories(tiny, cfg):
+            memory.clear()
+
     greedy = tiny.generate(IDS, do_sample=False, max_new_tokens=10)
+    forget()
     by_config = mtprobe.generate(tiny, IDS, cfg, max_new_tokens=10)
+    forget()
     by_dict = mtprobe.generate(tiny, IDS, d, max_new_tokens=10)
+    forget()
     assert torch.equal(by_dict.sequences, greedy)
     assert torch.equal(by_config.sequences, greedy)
     assert by_dict.accept_lengths == by_config.accept_lengths

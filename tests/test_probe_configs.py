@@ -26,6 +26,18 @@ def tiny():
     return tiny_llama(eos_token_id=95)
 
 
+@pytest.fixture(scope="module")
+def masks_file(tiny, tmp_path_factory) -> str:
+    """Four masks learned for ``tiny`` (mask_init='calibrated' takes the first k)."""
+    from mtprobe.calibrate import calibrate_masks
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 95, (1, 8), generator=gen) for _ in range(3)]
+    path = tmp_path_factory.mktemp("masks") / "tiny.safetensors"
+    calibrate_masks(tiny, prompts, num_masks=4, max_new_tokens=12, epochs=1, holdout=0).save(path)
+    return str(path)
+
+
 def config_space() -> list[dict]:
     """Each dimension swept with the others at defaults, plus a seeded sample of the product."""
     base = dict(block_complexity=30)
@@ -70,7 +82,9 @@ def record_block_sizes(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("kwargs", CONFIGS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
-def test_lossless_and_within_budget_on_tiny_llama(tiny, kwargs, monkeypatch):
+def test_lossless_and_within_budget_on_tiny_llama(tiny, masks_file, kwargs, monkeypatch):
+    if kwargs.get("mask_init") == "calibrated":
+        kwargs = dict(kwargs, mask_path=masks_file)
     cfg = mtprobe.ProbeConfig(**kwargs)
     sizes = record_block_sizes(monkeypatch)
     gen = torch.Generator().manual_seed(len(sizes) + 7)

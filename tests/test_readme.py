@@ -108,3 +108,18 @@ def test_entmtp_example():
     bank = ns["cfg"].resolved_bank
     for name, t in out.choices:  # ("tree<i>", T) with T the tree's inputs, as the comment says
         assert name == "none" or t == bank.block_size(int(name.removeprefix("tree")))
+
+
+def test_ngram_memory_example():
+    use, memory = python_blocks()[0], block_with("memory_size=1 << 18")
+    ns: dict = {}
+    exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=1"), "README.md (Use)", "exec"), ns)
+    clear = "mtprobe.ngram_memory(model, cfg).clear()"
+    assert clear in memory
+    exec(compile(memory.replace(clear, ""), "README.md (n-gram memory)", "exec"), ns)
+    model, input_ids, first, again = ns["model"], ns["input_ids"], ns["first"], ns["again"]
+    assert torch.equal(first.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=64))
+    assert torch.equal(again.sequences, first.sequences)
+    assert again.forward_calls < first.forward_calls  # "True"
+    exec(compile(clear, "README.md (n-gram memory)", "exec"), ns)
+    assert len(ns["mtprobe"].ngram_memory(model, ns["cfg"])) == 0

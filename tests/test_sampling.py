@@ -151,17 +151,48 @@ def test_full_tree_drafter_sampling_is_exact(tiny):
     assert p > ALPHA, f"sampled pairs differ from the target distribution (chi-square p = {p:.2e})"
 
 
-def test_mask_probe_sampling_is_exact(tiny):
+def exact_triple_distribution(model, prompt: torch.Tensor) -> torch.Tensor:
+    """P(x1, x2, x3) under the processed target distribution: [V, V, V]."""
+    proc = processors()
+    p12 = exact_pair_distribution(model, prompt)  # [V, V]
+    pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # [V * V, 2]
+    ext = torch.cat([prompt.repeat(V * V, 1), pairs], dim=1)  # [V * V, L + 2]
+    p3 = proc(ext, model(ext).logits[:, -1].float()).softmax(-1).view(V, V, V)
+    return p12[:, :, None] * p3
+
+
+def _calibrated_masks(model, path) -> str:
+    from mtprobe.calibrate import calibrate_masks
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, V, (1, 5), generator=g) for _ in range(3)]
+    calibrate_masks(model, prompts, max_new_tokens=8, epochs=2, holdout=0, lr=0.2).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("masks", ["prompt_mean", "calibrated"])
+def test_mask_probe_sampling_is_exact(tiny, tmp_path, masks):
+    # Three tokens: the prefill samples x1 and appends the masks; the first decode step drafts from
+    # them, so (x2, x3) is an accepted draft and its bonus, or a rejection's resample. (Two tokens
+    # would leave no room to draft: the prefill has no candidates yet.)
     prompt = torch.tensor([[2, 7, 1, 8]])
-    exact = exact_pair_distribution(tiny, prompt)
-    counts = torch.zeros(V, V, dtype=torch.long)
+    with torch.no_grad():
+        exact = exact_triple_distribution(tiny, prompt).reshape(-1)  # [V^3]
+    extra = {}
+    if masks == "calibrated":  # masks learned for the tiny model (python/mtprobe/calibrate.py)
+        extra = dict(mask_init="calibrated", mask_path=_calibrated_masks(tiny, tmp_path / "tiny.safetensors"))
+    cfg = mtprobe.ProbeConfig(block_complexity=10, **extra)
+    counts = torch.zeros(V**3, dtype=torch.long)
     torch.manual_seed(2)
-    cfg = mtprobe.ProbeConfig(block_complexity=10)
+    accepted = 0
     for _ in range(N_SAMPLES):
-        seq = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=2, do_sample=True, **SAMPLE_KW).sequences[0]
-        counts[seq[-2], seq[-1]] += 1
+        out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=3, do_sample=True, **SAMPLE_KW)
+        x1, x2, x3 = out.sequences[0, -3:].tolist()
+        counts[(x1 * V + x2) * V + x3] += 1
+        accepted += sum(out.accepted_per_depth)
+    assert accepted > N_SAMPLES // 20, accepted  # drafts were verified and kept, or this proves little
     p = chi_square_pvalue(counts, exact)
-    assert p > ALPHA, f"sampled pairs differ from the target distribution (chi-square p = {p:.2e})"
+    assert p > ALPHA, f"sampled triples differ from the target distribution (chi-square p = {p:.2e})"
 
 
 @pytest.mark.parametrize("bug", ["bonus_from_root", "temperature_1.3"])
@@ -242,6 +273,7 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
         "draft_model_self_1_layer",
         "prompt_lookup",
         "stand",
+        "stand_memory",
         "lookahead",
         "hybrid",
         "auto",
@@ -258,6 +290,8 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
         "draft_model_self_1_layer": mtprobe.DraftModelConfig(num_draft_layers=1, num_tokens=3),
         "prompt_lookup": mtprobe.PromptLookupConfig(num_tokens=3),
         "stand": mtprobe.StandConfig(block_complexity=10),
+        # A cross-request memory filled by the earlier samples' text, which later samples draft from.
+        "stand_memory": mtprobe.StandConfig(block_complexity=10, memory_size=64),
         "hybrid": mtprobe.HybridConfig(block_complexity=10),
         "lookahead": mtprobe.LookaheadConfig(ngram_size=2, window=3, guess_set_size=4, pool_from_prompt=True),
         # A flat forward profile: the scheduler verifies the drafts it is offered, so they matter.
@@ -278,7 +312,11 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
             pool.add(LOOKAHEAD_PROMPT[i - 1 : i + 1])
         covered = sum(float(exact[t, g]) for t in range(V) for (g,) in pool.lookup(t))
         assert covered > 0.3, covered
+    if name == "stand_memory":
+        mtprobe.ngram_memory(tiny, cfg).clear()
     counts = sample_pairs(tiny, prompt, cfg, seed=7)
+    if name == "stand_memory":  # the memory drafted, or the case would prove nothing beyond "stand"
+        assert mtprobe.ngram_memory(tiny, cfg).hits > N_SAMPLES // 2
     p = chi_square_pvalue(counts, exact)
     assert p > ALPHA, f"{name}: sampled pairs differ from the target distribution (chi-square p = {p:.2e})"
 

@@ -1078,3 +1078,63 @@ def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
     out = method.run(model, ids, cfg, 12)
     ref = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
     assert torch.equal(out.new_ids, ref[0, ids.shape[1] :])
+
+
+def test_shared_ngram_memory_across_questions(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mtprobe import StandConfig, models, ngram_memory
+
+    def cli(out: Path, *args: str) -> int:
+        return _run_cli("--model", str(tiny), "--max-new-tokens", "12", "--answer-file", str(out), *args)
+
+    # the flag alone: the default size; the id and the metadata say the memory was on
+    out = tmp_path / "stand.jsonl"
+    assert cli(out, "--method", "stand", "--shared-ngram-memory", "--limit", "2") == 0
+    for line in _lines(out):
+        assert line["model_id"].endswith("-stand-bc30-mem262144")
+        assert line["mtprobe"]["method_config"]["memory_size"] == 262144
+    out = tmp_path / "hybrid.jsonl"
+    assert cli(out, "--method", "hybrid", "--shared-ngram-memory", "64", "--limit", "1") == 0
+    assert _lines(out)[0]["mtprobe"]["method_config"]["memory_size"] == 64
+    assert "-hybrid-bc30-mem64" in _lines(out)[0]["model_id"]
+    capsys.readouterr()
+    # bad input
+    assert cli(tmp_path / "x.jsonl", "--method", "stand", "--shared-ngram-memory", "0") == 1
+    assert "memory_size=0 must be >= 1" in capsys.readouterr().err
+    assert cli(tmp_path / "x.jsonl", "--method", "stand", "--shared-ngram-memory", "--repeats", "2") == 1
+    assert "use repeats 1 (--repeats 1) with --shared-ngram-memory" in capsys.readouterr().err
+    assert cli(tmp_path / "x.jsonl", "--method", "ar", "--shared-ngram-memory") == 1
+    assert "--shared-ngram-memory does not apply to method 'ar'" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()
+
+    # One memory for all the run's questions, emptied at the start and after the warm-up.
+    model, tok = models.load(tiny)
+    config = StandConfig(memory_size=100_000)
+    memory = ngram_memory(model, config)
+
+    def answers(name: str, **kwargs) -> list[dict]:
+        cfg = RunConfig(
+            question_file=MINI,
+            model=str(tiny),
+            method="stand",
+            method_config=config,
+            max_new_tokens=12,
+            first_turn_only=True,
+            progress=False,
+            answer_file=tmp_path / f"{name}.jsonl",
+            **kwargs,
+        )
+        run(cfg, model=model, tokenizer=tok)
+        return _lines(tmp_path / f"{name}.jsonl")
+
+    answers("one", limit=1, warmup=0)
+    keys_one = len(memory)
+    assert keys_one > 0  # the last (only) answer is in it
+    answers("three", limit=3, warmup=0)
+    assert len(memory) > keys_one  # all three answers, and only this run's
+    warm = answers("warm", limit=1, warmup=2)
+    cold = answers("cold", limit=1, warmup=0)
+    # the warm-up's answers to the same question were forgotten before the timed run
+    assert warm[0]["choices"][0]["accept_lengths"] == cold[0]["choices"][0]["accept_lengths"]
+    assert warm[0]["choices"][0]["turns"] == cold[0]["choices"][0]["turns"]

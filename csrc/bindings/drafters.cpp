@@ -68,7 +68,8 @@ py::tuple tree_lists(const std::vector<core::DraftNode>& nodes) {
 
 // The probing options MaskProbeDrafter and HybridDrafter take from Python.
 MaskProbeOptions mask_options(int64_t num_masks, int64_t block_complexity, bool prune, std::string mask_init,
-                              double gaussian_shift, double mask_lambda, int64_t seed) {
+                              double gaussian_shift, double mask_lambda, int64_t seed,
+                              const std::optional<at::Tensor>& initial_masks) {
   MaskProbeOptions o;
   o.num_masks = num_masks;
   o.block_complexity = block_complexity;
@@ -77,6 +78,7 @@ MaskProbeOptions mask_options(int64_t num_masks, int64_t block_complexity, bool 
   o.gaussian_shift = gaussian_shift;
   o.mask_lambda = mask_lambda;
   o.seed = seed;
+  if (initial_masks) o.initial_masks = *initial_masks;
   return o;
 }
 }  // namespace
@@ -200,30 +202,32 @@ void bind_drafters(py::module_& m) {
 
   py::class_<MaskProbeDrafter, Drafter, std::shared_ptr<MaskProbeDrafter>>(
       m, "MaskProbeDrafter", "Mask-token probing: k chained mask tokens per node (seed 001).")
-      .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
-                       std::vector<int64_t> branches, bool prune, std::string mask_init,
-                       double gaussian_shift, double mask_lambda, int64_t seed,
-                       std::vector<core::Topology> bank, std::optional<core::TopologyPolicy> policy,
-                       std::string feature, double ema, bool record) {
-             MaskProbeOptions o = mask_options(num_masks, block_complexity, prune, std::move(mask_init),
-                                               gaussian_shift, mask_lambda, seed);
-             o.dynamic_tree = dynamic_tree;
-             o.branches = std::move(branches);
-             TORCH_CHECK_VALUE(
-                 bank.empty() == !policy.has_value(),
-                 "a topology bank and its policy come together (bank=[...], policy=TopologyPolicy(...))");
-             o.bank = std::move(bank);
-             if (policy) o.policy = *policy;
-             o.feature = std::move(feature);
-             o.ema = ema;
-             o.record = record;
-             return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
-           }),
-           py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
-           py::arg("dynamic_tree"), py::arg("branches"), py::arg("prune"), py::arg("mask_init"),
-           py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0,
-           py::arg("bank") = std::vector<core::Topology>{}, py::arg("policy") = std::nullopt,
-           py::arg("feature") = "path_value", py::arg("ema") = 0.5, py::arg("record") = false)
+      .def(
+          py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
+                      std::vector<int64_t> branches, bool prune, std::string mask_init, double gaussian_shift,
+                      double mask_lambda, int64_t seed, std::vector<core::Topology> bank,
+                      std::optional<core::TopologyPolicy> policy, std::string feature, double ema,
+                      bool record, std::optional<at::Tensor> initial_masks) {
+            MaskProbeOptions o = mask_options(num_masks, block_complexity, prune, std::move(mask_init),
+                                              gaussian_shift, mask_lambda, seed, initial_masks);
+            o.dynamic_tree = dynamic_tree;
+            o.branches = std::move(branches);
+            TORCH_CHECK_VALUE(
+                bank.empty() == !policy.has_value(),
+                "a topology bank and its policy come together (bank=[...], policy=TopologyPolicy(...))");
+            o.bank = std::move(bank);
+            if (policy) o.policy = *policy;
+            o.feature = std::move(feature);
+            o.ema = ema;
+            o.record = record;
+            return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
+          }),
+          py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
+          py::arg("dynamic_tree"), py::arg("branches"), py::arg("prune"), py::arg("mask_init"),
+          py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0,
+          py::arg("bank") = std::vector<core::Topology>{}, py::arg("policy") = std::nullopt,
+          py::arg("feature") = "path_value", py::arg("ema") = 0.5, py::arg("record") = false,
+          py::arg("initial_masks") = std::nullopt)
       .def_property_readonly("mask_embeddings", &MaskProbeDrafter::mask_embeddings)
       .def_property_readonly("candidate_width", &MaskProbeDrafter::candidate_width)
       .def("tree_choices", &MaskProbeDrafter::tree_choices,
@@ -308,45 +312,95 @@ void bind_drafters(py::module_& m) {
           py::arg("context"), py::arg("cap") = 64)
       .def_property_readonly("num_keys", &core::NgramStore::num_keys);
 
+  // The cross-request memory of STAND and the hybrid (csrc/core/ngram_store.h): held by shared_ptr,
+  // so any number of drafters share one.
+  py::class_<core::NgramMemory, std::shared_ptr<core::NgramMemory>>(
+      m, "NgramMemory",
+      "A bounded n-gram memory shared across generations (least recently used keys evicted): STAND and "
+      "the hybrid draft from it where their per-request store has no key, and fold every finished "
+      "generation's text (prompt + output) into it.")
+      .def(py::init([](int64_t capacity, int64_t max_ngram, int64_t top_k) {
+             return std::make_shared<core::NgramMemory>(capacity, max_ngram, top_k);
+           }),
+           py::arg("capacity"), py::arg("max_ngram") = 3, py::arg("top_k") = 8)
+      .def(
+          "fold",
+          [](core::NgramMemory& mem, const std::vector<int64_t>& text) {
+            mem.fold(text.data(), static_cast<int64_t>(text.size()));
+          },
+          py::arg("text"), "Fold one generation's committed text (prompt + output) in.")
+      .def(
+          "lookup",
+          [](core::NgramMemory& mem, const std::vector<int64_t>& context, int64_t cap) {
+            std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(cap, 0)));
+            std::vector<double> probs(tokens.size());
+            const int64_t n = mem.lookup(context.data(), static_cast<int64_t>(context.size()), tokens.data(),
+                                         probs.data(), cap);
+            tokens.resize(static_cast<size_t>(n));
+            probs.resize(static_cast<size_t>(n));
+            return py::make_tuple(tokens, probs);
+          },
+          py::arg("context"), py::arg("cap") = 64,
+          "The longest matching key's table (tokens, probs); marks the key used.")
+      .def("keys", &core::NgramMemory::keys, "Every key, least recently used first.")
+      .def("clear", &core::NgramMemory::clear)
+      .def("__len__", &core::NgramMemory::size)
+      .def_property_readonly("size", &core::NgramMemory::size)
+      .def_property_readonly("capacity", &core::NgramMemory::capacity)
+      .def_property_readonly("max_ngram", &core::NgramMemory::max_ngram)
+      .def_property_readonly("top_k", &core::NgramMemory::top_k)
+      .def_property_readonly("hits", &core::NgramMemory::hits,
+                             "Lookups that returned a table since the last clear().")
+      .def("__repr__", [](const core::NgramMemory& mem) {
+        return "NgramMemory(capacity=" + std::to_string(mem.capacity()) +
+               ", max_ngram=" + std::to_string(mem.max_ngram()) + ", top_k=" + std::to_string(mem.top_k()) +
+               "; " + std::to_string(mem.size()) + " keys)";
+      });
+
   m.def(
       "build_stand_tree",
       [](const core::NgramStore& store, const std::vector<int64_t>& context, int64_t budget,
-         int64_t max_depth) {
+         int64_t max_depth, std::shared_ptr<core::NgramMemory> memory) {
         std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(budget, 0)));
         std::vector<int64_t> parents(tokens.size());
-        const int64_t n = core::build_stand_tree(store, context.data(), static_cast<int64_t>(context.size()),
-                                                 budget, max_depth, tokens.data(), parents.data());
+        const int64_t n =
+            core::build_stand_tree(store, context.data(), static_cast<int64_t>(context.size()), budget,
+                                   max_depth, tokens.data(), parents.data(), nullptr, memory.get());
         tokens.resize(static_cast<size_t>(n));
         parents.resize(static_cast<size_t>(n));
         return py::make_tuple(tokens, parents);
       },
       py::arg("store"), py::arg("context"), py::arg("budget"), py::arg("max_depth"),
-      "The STAND draft tree (csrc/core/ngram_store.h): (tokens, parents), parent -1 = the root.");
+      py::arg("memory") = py::none(),
+      "The STAND draft tree (csrc/core/ngram_store.h): (tokens, parents), parent -1 = the root; with a "
+      "memory, lookups fall back to it where the store has no key of that length.");
 
   py::class_<StandDrafter, Drafter, std::shared_ptr<StandDrafter>>(
       m, "StandDrafter", "STAND: a draft tree from an n-gram store of the target's own distributions.")
-      .def(py::init([](int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k) {
+      .def(py::init([](int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k,
+                       std::shared_ptr<core::NgramMemory> memory) {
              return std::make_shared<StandDrafter>(
-                 StandOptions{max_depth, max_ngram, table_size, logits_top_k});
+                 StandOptions{max_depth, max_ngram, table_size, logits_top_k, std::move(memory)});
            }),
            py::kw_only(), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
-           py::arg("logits_top_k"));
+           py::arg("logits_top_k"), py::arg("memory") = py::none());
 
   py::class_<HybridDrafter, Drafter, std::shared_ptr<HybridDrafter>>(
       m, "HybridDrafter", "Mask-token probing and STAND's n-gram store drafting one tree under one budget.")
       .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool prune,
                        std::string mask_init, double gaussian_shift, double mask_lambda, int64_t seed,
-                       int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k) {
+                       int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k,
+                       std::shared_ptr<core::NgramMemory> memory, std::optional<at::Tensor> initial_masks) {
              return std::make_shared<HybridDrafter>(
                  std::move(embedding),
                  mask_options(num_masks, block_complexity, prune, std::move(mask_init), gaussian_shift,
-                              mask_lambda, seed),
-                 StandOptions{max_depth, max_ngram, table_size, logits_top_k});
+                              mask_lambda, seed, initial_masks),
+                 StandOptions{max_depth, max_ngram, table_size, logits_top_k, std::move(memory)});
            }),
            py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
            py::arg("prune"), py::arg("mask_init"), py::arg("gaussian_shift"), py::arg("mask_lambda"),
            py::arg("seed"), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
-           py::arg("logits_top_k"))
+           py::arg("logits_top_k"), py::arg("memory") = py::none(), py::arg("initial_masks") = std::nullopt)
       .def_property_readonly("probe_nodes", &HybridDrafter::probe_nodes)
       .def_property_readonly("ngram_nodes", &HybridDrafter::ngram_nodes);
 

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <unordered_map>
 #include <vector>
 
@@ -58,6 +59,10 @@ class NgramStore {
   // The same in double precision (build_stand_tree scores with it).
   int64_t lookup(const int64_t* context, int64_t len, int64_t* out_tokens, double* out_probs,
                  int64_t cap) const;
+  // The table of exactly the key context[len-n : len], as lookup() writes it (0: no such key, or
+  // n outside 1..min(max_ngram, len)).
+  int64_t lookup_ngram(const int64_t* context, int64_t len, int64_t n, int64_t* out_tokens, double* out_probs,
+                       int64_t cap) const;
 
   int64_t max_ngram() const { return max_ngram_; }
   int64_t top_k() const { return top_k_; }
@@ -80,12 +85,95 @@ class NgramStore {
   std::unordered_map<std::vector<int64_t>, Table, KeyHash> tables_;
 };
 
+// NgramMemory: a bounded n-gram store shared across generations (the cross-request memory of
+// STAND and the hybrid; SuffixDecoding's global tree, as n-gram tables). The per-request
+// NgramStore starts empty with every generation; the memory keeps what earlier generations wrote,
+// so text that recurs across prompts (a repeated question, a chat template's answer opening,
+// boilerplate code) is drafted from the first step on.
+//
+// What it holds: fold(text) takes one finished generation's committed text (prompt + output) and,
+// for every position i >= 1 and n = 1..max_ngram, adds mass 1 for text[i] to the key
+// text[i-n : i] (NgramStore::add_token's rule; tables keep their top_k tokens by mass, ties: lower
+// token id). Only tokens, not the target's distributions: the text is what the target committed,
+// and counts of committed continuations are what a suffix tree of earlier outputs holds.
+//
+// Bound and eviction: at most `capacity` keys (one key = one n-gram with its table of <= top_k
+// entries). A key is used when fold() writes it or a lookup returns its table; when a fold needs a
+// new key and the memory is full, the least recently used key is evicted first (LRU). Keys are
+// touched in text order, n = 1..max_ngram at each position, so the result is deterministic.
+//
+// Example, capacity 3, max_ngram 1 (keys least recently used first):
+//   fold([1 2 3 1 4])   -> [1]{2:1}, [2]{3:1}, [3]{1:1}, then [1] again: {2:1, 4:1}
+//                          order [2] [3] [1]
+//   fold([5 2])         -> [5] is new and the memory is full: [2] (least recently used) goes
+//                          order [3] [1] [5]
+//   lookup([3])         -> {1: 1}, and [3] becomes the most recent: order [1] [5] [3]
+//   fold([6 1])         -> [6] is new: [1] goes; order [5] [3] [6]
+//
+// How drafting reads it (build_stand_tree with a memory): for n = max_ngram down to 1 (the larger
+// of the two stores' max_ngram), the per-request store's key of n tokens if it has one, else the
+// memory's key of n tokens: the longest match wins, whichever store holds it, and at equal length
+// the per-request store (this prompt's own text and the target's distributions) goes first. The
+// two tables are not merged: their masses are on different scales (probabilities vs counts), and
+// the longer context is the better predictor.
+//
+// Not thread-safe on its own: calls must not overlap (from Python they hold the GIL).
+class NgramMemory {
+ public:
+  // Throws std::invalid_argument naming the value unless capacity, max_ngram and top_k are >= 1.
+  explicit NgramMemory(int64_t capacity, int64_t max_ngram = 3, int64_t top_k = 8);
+
+  // Folds one generation's committed text, text[len] (prompt + output), in as stated above.
+  void fold(const int64_t* text, int64_t len);
+
+  // The table of exactly the key context[len-n : len], normalised over the whole table, by
+  // count descending (ties: lower token id), at most cap entries; marks the key used and counts a
+  // hit. Returns how many (0: no such key, or n outside 1..min(max_ngram, len)).
+  int64_t lookup_ngram(const int64_t* context, int64_t len, int64_t n, int64_t* out_tokens, double* out_probs,
+                       int64_t cap);
+  // The longest matching key's table (n = max_ngram down to 1), as lookup_ngram.
+  int64_t lookup(const int64_t* context, int64_t len, int64_t* out_tokens, double* out_probs, int64_t cap);
+
+  // Every key, least recently used first.
+  std::vector<std::vector<int64_t>> keys() const;
+  void clear();  // forgets every key (the hit count too)
+
+  int64_t capacity() const { return capacity_; }
+  int64_t max_ngram() const { return max_ngram_; }
+  int64_t top_k() const { return top_k_; }
+  int64_t size() const { return static_cast<int64_t>(index_.size()); }
+  int64_t hits() const { return hits_; }  // lookups that returned a table since the last clear()
+
+ private:
+  struct Entry {
+    int64_t token;
+    double mass;
+  };
+  struct Slot {
+    std::vector<int64_t> key;
+    std::vector<Entry> table;  // sorted: mass descending, then token ascending
+  };
+  struct KeyHash {
+    std::size_t operator()(const std::vector<int64_t>& key) const;
+  };
+
+  std::list<Slot>::iterator touch(std::list<Slot>::iterator it);  // moves it to the most recent end
+
+  int64_t capacity_;
+  int64_t max_ngram_;
+  int64_t top_k_;
+  int64_t hits_ = 0;
+  std::list<Slot> order_;  // least recently used first
+  std::unordered_map<std::vector<int64_t>, std::list<Slot>::iterator, KeyHash> index_;
+};
+
 // Writes at most `budget` draft nodes (the root is not one) of depth <= max_depth; out_parents[i]
 // is -1 for a child of the root, else an earlier node's index (nodes in order of selection).
 // Returns the number of nodes (0: nothing matched). out_tokens[budget], out_parents[budget], and,
-// when given, out_scores[budget]: each node's cumulative probability.
+// when given, out_scores[budget]: each node's cumulative probability. With a `memory`, lookups fall
+// back to it where the store has no key of that length (NgramMemory above).
 int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_t len, int64_t budget,
                          int64_t max_depth, int64_t* out_tokens, int64_t* out_parents,
-                         double* out_scores = nullptr);
+                         double* out_scores = nullptr, NgramMemory* memory = nullptr);
 
 }  // namespace mtprobe::core

@@ -8,7 +8,8 @@
 // mask tokens, so whichever node is accepted yields the next step's probing candidates.
 // n-gram nodes reach deeper than k (copied text, up to STAND's max_depth); probing supplies the
 // breadth where the store knows nothing. Both learn from every step: the masks follow the output,
-// the store takes the logits of every accepted node.
+// the store takes the logits of every accepted node. A cross-request memory (StandOptions::memory)
+// works as in STAND: read where the store has no key, fed each finished generation's text.
 #pragma once
 
 #include <memory>

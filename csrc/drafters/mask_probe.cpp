@@ -19,8 +19,22 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
                     o.num_masks, " mask tokens");
   TORCH_CHECK_VALUE(o.mask_lambda >= 0.0 && o.mask_lambda <= 1.0, "mask_lambda must be in [0, 1], got ",
                     o.mask_lambda);
-  TORCH_CHECK_VALUE(o.mask_init == "prompt_mean" || o.mask_init == "prompt_last" || o.mask_init == "gaussian",
-                    "unknown mask_init '", o.mask_init, "' (prompt_mean, prompt_last or gaussian)");
+  TORCH_CHECK_VALUE(o.mask_init == "prompt_mean" || o.mask_init == "prompt_last" ||
+                        o.mask_init == "gaussian" || o.mask_init == "calibrated",
+                    "unknown mask_init '", o.mask_init,
+                    "' (prompt_mean, prompt_last, gaussian or calibrated)");
+  if (o.mask_init == "calibrated") {
+    const at::Tensor& m = o.initial_masks;
+    TORCH_CHECK_VALUE(m.defined(), "mask_init 'calibrated' needs initial_masks [num_masks, hidden]");
+    TORCH_CHECK_VALUE(m.dim() == 2 && m.size(0) >= o.num_masks && m.size(1) == embedding_.size(1),
+                      "initial_masks must be [>= ", o.num_masks, ", ", embedding_.size(1),
+                      "] (num_masks rows of the embedding's hidden size), got ", m.sizes());
+    TORCH_CHECK_VALUE(m.is_floating_point() && at::isfinite(m).all().item<bool>(),
+                      "initial_masks must hold finite floating-point values");
+  } else {
+    TORCH_CHECK_VALUE(!o.initial_masks.defined(), "initial_masks are for mask_init 'calibrated', not '",
+                      o.mask_init, "'");
+  }
   if (!o.bank.empty()) {
     TORCH_CHECK_VALUE(!o.dynamic_tree,
                       "a topology bank holds static trees: it cannot drive the dynamic tree");
@@ -80,6 +94,9 @@ void MaskProbeDrafter::begin(const at::Tensor& prompt) {
     // Hard: the last k prompt embeddings (the first repeated if the prompt is shorter).
     at::Tensor idx = at::arange(L - k, L, at::kLong).clamp_min(0).to(e.device());
     masks_ = e.index_select(0, idx);
+  } else if (options_.mask_init == "calibrated") {
+    // Learned once per model; the same start for every prompt.
+    masks_ = options_.initial_masks.narrow(0, 0, k).to(e.device(), at::kFloat).clone();  // [k, hidden]
   } else {
     // N(mu + shift sigma, sigma^2 I) fitted to the table. sigma is the per-coordinate RMS
     // deviation, so samples sit at the typical distance of real embeddings from their mean.

@@ -6,9 +6,10 @@
 // verification accepts, its masks already hold the next step's k next-token distributions: depth
 // d of the next draft tree draws from m_d. Block complexity BC = (k + 1)(1 + sum K_i) (Eq. 6).
 //
-// Masks start from the prompt (mean of its embeddings, or its last k embeddings) or from a
-// Gaussian fitted to the embedding table, optionally shifted out of distribution, and follow the
-// generated tokens: m <- m + lambda (E[t] - m) after every new token t (Eq. 4).
+// Masks start from the prompt (mean of its embeddings, or its last k embeddings), from a Gaussian
+// fitted to the embedding table, optionally shifted out of distribution, or from masks learned once
+// per model (calibrated, python/mtprobe/calibrate.py: the first k rows), and follow the generated
+// tokens: m <- m + lambda (E[t] - m) after every new token t (Eq. 4).
 #pragma once
 
 #include <cstdint>
@@ -27,8 +28,9 @@ struct MaskProbeOptions {
   bool dynamic_tree = false;              // Alg. 1 instead of static branches
   std::vector<int64_t> branches;          // static [K_1..K_k], Top-1 expansion
   bool prune = true;                      // skip children equal to their parent or the root (section 3.5)
-  std::string mask_init = "prompt_mean";  // prompt_mean | prompt_last | gaussian
+  std::string mask_init = "prompt_mean";  // prompt_mean | prompt_last | gaussian | calibrated
   double gaussian_shift = 0.0;            // gaussian mean = mu + shift * sigma (OOD stress: 5, 10)
+  at::Tensor initial_masks;               // calibrated: [>= k, hidden] learned masks (mtprobe.calibrate)
   double mask_lambda = 0.1;               // in [0, 1]; 0 keeps the initial masks
   int64_t seed = 0;                       // for gaussian masks
   // EntMTP (seed 002): static trees by child rank (core/topology.h), one chosen per step by the

@@ -31,7 +31,7 @@ DraftBlock StandDrafter::propose(const at::Tensor& committed, int64_t prefix_len
   std::vector<int64_t> parents(tokens.size());
   if (depth >= 1 && budget >= 1) {
     n = core::build_stand_tree(store_, history_.data(), static_cast<int64_t>(history_.size()), budget, depth,
-                               tokens.data(), parents.data());
+                               tokens.data(), parents.data(), nullptr, options_.memory.get());
   }
   tokens.resize(static_cast<size_t>(n));
   parents.resize(static_cast<size_t>(n));
@@ -44,8 +44,9 @@ std::vector<core::DraftNode> StandDrafter::tree_nodes(int64_t root_token, int64_
   if (budget < 1 || depth < 1) return nodes;
   std::vector<int64_t> tokens(static_cast<size_t>(budget)), parents(tokens.size());
   std::vector<double> scores(tokens.size());
-  const int64_t n = core::build_stand_tree(store_, history_.data(), static_cast<int64_t>(history_.size()),
-                                           budget, depth, tokens.data(), parents.data(), scores.data());
+  const int64_t n =
+      core::build_stand_tree(store_, history_.data(), static_cast<int64_t>(history_.size()), budget, depth,
+                             tokens.data(), parents.data(), scores.data(), options_.memory.get());
   for (int64_t j = 0; j < n; ++j) {
     const int64_t parent = parents[j] + 1;  // the store's -1 is the root, node 0 here
     nodes.push_back({tokens[j], parent, nodes[static_cast<size_t>(parent)].depth + 1, scores[j]});
@@ -86,6 +87,10 @@ void StandDrafter::observe(const StepOutcome& outcome) {
     appended = static_cast<size_t>(m);
   }
   history_.insert(history_.end(), outcome.new_tokens.begin() + appended, outcome.new_tokens.end());
+  // The generation is over: history_ is its committed text (new_tokens stop at EOS or the limit).
+  if (outcome.finished && options_.memory) {
+    options_.memory->fold(history_.data(), static_cast<int64_t>(history_.size()));
+  }
 }
 
 }  // namespace mtprobe

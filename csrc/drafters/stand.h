@@ -8,9 +8,16 @@
 //     distribution after prompt[0 : i + 1] (its logits at input i);
 //   - after every decode step, the target's top-k distribution after each accepted node (the
 //     logits at the root and at every accepted draft).
+//
+// With a cross-request memory (StandOptions::memory, core::NgramMemory, shared by any number of
+// drafters): the tree reads the memory where the per-request store has no key of the length
+// looked up, and the step that ends a generation (StepOutcome::finished) folds its committed text,
+// prompt + output, into the memory. A generation that never reaches its last step (an exception)
+// is not folded.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/draft_tree.h"
@@ -24,6 +31,9 @@ struct StandOptions {
   int64_t max_ngram = 3;     // longest n-gram key
   int64_t table_size = 8;    // next tokens kept per key
   int64_t logits_top_k = 8;  // tokens of each stored distribution
+
+  // The cross-request memory (shared with other drafters), or none.
+  std::shared_ptr<core::NgramMemory> memory;
 };
 
 class StandDrafter : public Drafter {

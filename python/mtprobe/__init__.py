@@ -21,9 +21,11 @@ from mtprobe.config import (
     config_from_dict,
     config_from_json,
 )
+from mtprobe.drafters import ngram_memory
 from mtprobe.generate import GenerateOutput, custom_generate, generate
 from mtprobe.profile import ForwardProfile, profile_forward
 
+NgramMemory = _C.NgramMemory  # the cross-request n-gram memory of STAND and the hybrid
 __version__ = "0.1.0"
 __all__ = [
     "ProbeConfig",
@@ -42,6 +44,8 @@ __all__ = [
     "GenerateOutput",
     "generate",
     "custom_generate",
+    "NgramMemory",
+    "ngram_memory",
     "models",
     "ops",
     "__version__",

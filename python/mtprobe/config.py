@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-MASK_INITS = ("prompt_mean", "prompt_last", "gaussian", "gaussian_5sigma", "gaussian_10sigma")
+MASK_INITS = ("prompt_mean", "prompt_last", "gaussian", "gaussian_5sigma", "gaussian_10sigma", "calibrated")
 TREES = ("static", "dynamic")
 
 
@@ -151,7 +151,11 @@ class ProbeConfig(_ConfigData):
         mask_init: ``"prompt_mean"`` (soft: mean of the prompt embeddings), ``"prompt_last"``
             (hard: the last k prompt embeddings), ``"gaussian"`` (N(mu, sigma^2 I) fitted to the
             embedding table) or its out-of-distribution stress settings ``"gaussian_5sigma"`` and
-            ``"gaussian_10sigma"`` (mean mu + 5 sigma, mu + 10 sigma). Re-initialised per prompt.
+            ``"gaussian_10sigma"`` (mean mu + 5 sigma, mu + 10 sigma), re-initialised per prompt; or
+            ``"calibrated"``: masks learned once for the model (``python -m mtprobe.calibrate``), read
+            from ``mask_path`` (beyond seed 001).
+        mask_path: the calibration file of ``mask_init="calibrated"`` (checked against the model when
+            the drafter is built); ``None`` for every other initialisation.
         mask_lambda: step of the running update m <- m + lambda (e_new - m), in [0, 1]; 0 keeps the
             initial masks.
         incremental_masks: carry the attention mask and position ids across steps of the same
@@ -175,6 +179,7 @@ class ProbeConfig(_ConfigData):
     branches: tuple[int, ...] | None = None
     prune: bool = True
     mask_init: str = "prompt_mean"
+    mask_path: str | None = None
     mask_lambda: float = 0.1
     incremental_masks: bool = True
     seed: int = 0
@@ -215,6 +220,9 @@ class ProbeConfig(_ConfigData):
             object.__setattr__(self, "branches", branches)
         if self.mask_init not in MASK_INITS:
             raise ValueError(f"mask_init={self.mask_init!r} must be one of {MASK_INITS}")
+        _check_mask_path(self.mask_init, self.mask_path)
+        if self.mask_path is not None:
+            object.__setattr__(self, "mask_path", os.fspath(self.mask_path))  # str: serialisable, hashable
         if isinstance(self.mask_lambda, bool) or not isinstance(self.mask_lambda, (int, float)):
             raise TypeError(f"mask_lambda must be a float, got {self.mask_lambda!r}")
         if not 0.0 <= float(self.mask_lambda) <= 1.0:
@@ -233,6 +241,22 @@ class ProbeConfig(_ConfigData):
     def num_branches(self) -> int:
         """K_1, the root's draft children (static trees); B - 1 for the dynamic tree."""
         return self.branches[0] if self.branches else self.budget_nodes - 1
+
+
+def _check_mask_path(mask_init: str, mask_path: object) -> None:
+    if mask_init == "calibrated":
+        if mask_path is None:
+            raise ValueError(
+                "mask_init='calibrated' needs mask_path=FILE, a calibration made by python -m mtprobe.calibrate "
+                "--model ... --out FILE"
+            )
+        if not isinstance(mask_path, (str, os.PathLike)):
+            raise TypeError(f"mask_path must be a str or path, got {mask_path!r}")
+    elif mask_path is not None:
+        raise ValueError(
+            f"mask_path is for mask_init='calibrated', not {mask_init!r}: drop mask_path or set "
+            "mask_init='calibrated'"
+        )
 
 
 def _check_int(name: str, value: object) -> None:
@@ -397,6 +421,15 @@ class StandConfig(_ConfigData):
         max_ngram: longest n-gram key matched.
         table_size: next tokens kept per key.
         logits_top_k: tokens of each stored distribution.
+        memory_size: ``None`` (the default): every generation starts from an empty store. An int
+            N >= 1: a cross-request n-gram memory of at most N keys (least recently used keys
+            evicted; csrc/core/ngram_store.h, ``NgramMemory``), shared by every
+            :func:`mtprobe.generate` call in the process with the same model and the same
+            ``memory_size``, ``max_ngram`` and ``table_size`` (STAND and the hybrid alike). Each
+            finished generation folds its text (prompt + output) into it, and drafting reads it
+            where this generation's own store has no key, so text that recurs across prompts is
+            drafted. ``mtprobe.ngram_memory(model, config)`` returns that memory (to inspect or
+            ``clear()`` it). Output is unchanged: every draft is verified.
 
     >>> StandConfig(block_complexity=30).block_complexity
     30
@@ -404,6 +437,28 @@ class StandConfig(_ConfigData):
     Traceback (most recent call last):
     ...
     ValueError: block_complexity=1 leaves no room for a draft: STAND needs at least 2 (the root and one draft)
+    >>> StandConfig(memory_size=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: memory_size=0 must be >= 1 (the most n-gram keys the shared memory keeps), or None for no memory
+
+    The memory across calls, on a tiny random Llama (the second call drafts the first one's text):
+
+    >>> import torch, transformers, mtprobe
+    >>> _ = torch.manual_seed(0)
+    >>> model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+    ...     vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    ...     num_attention_heads=2, num_key_value_heads=1)).eval()
+    >>> cfg = StandConfig(block_complexity=10, memory_size=4096)
+    >>> ids = torch.tensor([[5, 6, 7, 8, 9]])
+    >>> first = mtprobe.generate(model, ids, cfg, max_new_tokens=30, eos_token_id=None)
+    >>> memory = mtprobe.ngram_memory(model, cfg)
+    >>> memory.capacity, len(memory) > 0  # the first call's text is in it
+    (4096, True)
+    >>> again = mtprobe.generate(model, ids, cfg, max_new_tokens=30, eos_token_id=None)
+    >>> torch.equal(again.sequences, first.sequences), again.forward_calls < first.forward_calls
+    (True, True)
+    >>> memory.clear()
     """
 
     block_complexity: int = 30
@@ -411,6 +466,7 @@ class StandConfig(_ConfigData):
     max_ngram: int = 3
     table_size: int = 8
     logits_top_k: int = 8
+    memory_size: int | None = None
 
     reads_prompt_logits: ClassVar[bool] = True  # the store starts from the prompt's distributions
 
@@ -425,6 +481,22 @@ class StandConfig(_ConfigData):
         for name in ("max_depth", "max_ngram", "table_size", "logits_top_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        _check_memory_size(self.memory_size)
+
+
+def _check_memory_size(memory_size: object) -> None:
+    if memory_size is None:
+        return
+    if isinstance(memory_size, bool) or not isinstance(memory_size, int):
+        raise TypeError(
+            f"memory_size must be an int >= 1 (the most n-gram keys the shared memory keeps) or None, got "
+            f"{memory_size!r} ({type(memory_size).__name__})"
+        )
+    if memory_size < 1:
+        raise ValueError(
+            f"memory_size={memory_size} must be >= 1 (the most n-gram keys the shared memory keeps), or None "
+            "for no memory"
+        )
 
 
 # The paper's LADE configurations per block complexity (seed 001, App. F): (L, W, G).
@@ -511,12 +583,13 @@ class HybridConfig(_ConfigData):
 
     Args:
         block_complexity: BC, most inputs of one decode forward (masks included).
-        num_masks, prune, mask_init, mask_lambda, seed: the probing half, as in :class:`ProbeConfig`
+        num_masks, prune, mask_init, mask_path, mask_lambda, seed: the probing half, as in :class:`ProbeConfig`
             (its tree is the dynamic one).
-        max_depth, max_ngram, table_size, logits_top_k: the n-gram half, as in :class:`StandConfig`.
+        max_depth, max_ngram, table_size, logits_top_k, memory_size: the n-gram half, as in
+            :class:`StandConfig` (``memory_size``: the cross-request memory, off by default).
 
     >>> HybridConfig(block_complexity=30).probe
-    ProbeConfig(block_complexity=30, num_masks=1, tree='dynamic', branches=None, prune=True, mask_init='prompt_mean', mask_lambda=0.1, incremental_masks=True, seed=0)
+    ProbeConfig(block_complexity=30, num_masks=1, tree='dynamic', branches=None, prune=True, mask_init='prompt_mean', mask_path=None, mask_lambda=0.1, incremental_masks=True, seed=0)
     >>> HybridConfig(block_complexity=3)
     Traceback (most recent call last):
     ...
@@ -527,18 +600,22 @@ class HybridConfig(_ConfigData):
     num_masks: int = 1
     prune: bool = True
     mask_init: str = "prompt_mean"
+    mask_path: str | None = None
     mask_lambda: float = 0.1
     seed: int = 0
     max_depth: int = 10
     max_ngram: int = 3
     table_size: int = 8
     logits_top_k: int = 8
+    memory_size: int | None = None
 
     reads_prompt_logits: ClassVar[bool] = True  # its STAND half
 
     def __post_init__(self) -> None:
         self.probe  # noqa: B018  (each half validates its own fields)
         self.stand  # noqa: B018
+        if self.mask_path is not None:
+            object.__setattr__(self, "mask_path", os.fspath(self.mask_path))
 
     @property
     def probe(self) -> ProbeConfig:
@@ -548,6 +625,7 @@ class HybridConfig(_ConfigData):
             tree="dynamic",
             prune=self.prune,
             mask_init=self.mask_init,
+            mask_path=self.mask_path,
             mask_lambda=self.mask_lambda,
             seed=self.seed,
         )
@@ -560,6 +638,7 @@ class HybridConfig(_ConfigData):
             max_ngram=self.max_ngram,
             table_size=self.table_size,
             logits_top_k=self.logits_top_k,
+            memory_size=self.memory_size,
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,9 +43,17 @@ ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _GAUSSIAN_SHIFT = {"gaussian": 0.0, "gaussian_5sigma": 5.0, "gaussian_10sigma": 10.0}
 
 
-def _mask_options(config: ProbeConfig) -> dict[str, object]:
-    """The probing options both MaskProbeDrafter and HybridDrafter take."""
+def _mask_options(model: PreTrainedModel, config: ProbeConfig) -> dict[str, object]:
+    """The probing options both MaskProbeDrafter and HybridDrafter take; a calibration file is loaded
+    and checked against ``model`` here (ValueError when it was learned for another model)."""
     init = config.mask_init
+    initial_masks = None
+    if init == "calibrated":
+        from mtprobe.calibrate import load_calibration
+
+        cal = load_calibration(config.mask_path)
+        cal.check(model, config.num_masks)
+        initial_masks = cal.masks  # [>= k, hidden] float32; the drafter takes the first k
     return dict(
         num_masks=config.num_masks,
         block_complexity=config.block_complexity,
@@ -53,6 +62,7 @@ def _mask_options(config: ProbeConfig) -> dict[str, object]:
         gaussian_shift=_GAUSSIAN_SHIFT.get(init, 0.0),
         mask_lambda=float(config.mask_lambda),
         seed=config.seed,
+        initial_masks=initial_masks,
     )
 
 
@@ -62,7 +72,7 @@ def mask_probe_drafter(model: PreTrainedModel, config: ProbeConfig) -> _C.MaskPr
         model.get_input_embeddings().weight,
         dynamic_tree=config.tree == "dynamic",
         branches=list(config.branches or ()),
-        **_mask_options(config),
+        **_mask_options(model, config),
     )
 
 
@@ -92,6 +102,44 @@ def entmtp_drafter(model: PreTrainedModel, config: EntMTPConfig) -> _C.MaskProbe
     )
 
 
+# model -> {(memory_size, max_ngram, table_size): memory}: the cross-request n-gram memories, one per
+# model and memory settings, dropped with the model.
+_NGRAM_MEMORIES: weakref.WeakKeyDictionary[Any, dict[tuple[int, int, int], _C.NgramMemory]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def ngram_memory(model: PreTrainedModel, config: StandConfig | HybridConfig) -> _C.NgramMemory | None:
+    """The cross-request n-gram memory ``config`` (``memory_size`` set) uses with ``model``: one per
+    model and (``memory_size``, ``max_ngram``, ``table_size``), created on first use and shared by every
+    STAND or hybrid drafter built with those settings, so that repeated :func:`mtprobe.generate` calls
+    draft from each other's text. ``None`` when ``config.memory_size`` is ``None``."""
+    if not isinstance(config, (StandConfig, HybridConfig)):
+        raise TypeError(
+            f"ngram_memory takes a StandConfig or HybridConfig (the drafters with a cross-request memory), "
+            f"got {type(config).__name__}"
+        )
+    if config.memory_size is None:
+        return None
+    key = (config.memory_size, config.max_ngram, config.table_size)
+    memories = _NGRAM_MEMORIES.setdefault(model, {})
+    if key not in memories:
+        memories[key] = _C.NgramMemory(
+            config.memory_size, max_ngram=config.max_ngram, top_k=config.table_size
+        )
+    return memories[key]
+
+
+def ngram_memories(model: PreTrainedModel, config: object) -> list[_C.NgramMemory]:
+    """Every cross-request memory ``config`` drafts with on ``model`` (an AutoConfig's drafters included):
+    what a benchmark clears between runs."""
+    if isinstance(config, AutoConfig):
+        return [m for c in config.drafters for m in ngram_memories(model, c)]
+    if isinstance(config, (StandConfig, HybridConfig)) and config.memory_size is not None:
+        return [ngram_memory(model, config)]
+    return []
+
+
 def hybrid_drafter(model: PreTrainedModel, config: HybridConfig) -> _C.HybridDrafter:
     """Probing and STAND drafting one tree over ``model``'s input embedding table."""
     stand = config.stand
@@ -101,7 +149,8 @@ def hybrid_drafter(model: PreTrainedModel, config: HybridConfig) -> _C.HybridDra
         max_ngram=stand.max_ngram,
         table_size=stand.table_size,
         logits_top_k=stand.logits_top_k,
-        **_mask_options(config.probe),
+        memory=ngram_memory(model, config),
+        **_mask_options(model, config.probe),
     )
 
 
@@ -212,4 +261,5 @@ def make_drafter(
         max_ngram=config.max_ngram,
         table_size=config.table_size,
         logits_top_k=config.logits_top_k,
+        memory=ngram_memory(model, config),
     )

@@ -540,17 +540,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         description="Build an EntMTP topology bank for mask-token probing on a model (seed 002): "
         "self-rollouts on calibration prompts, the acceptance and throughput frontiers, policy thresholds.",
     )
-    parser.add_argument(
-        "--model", default="smollm2-135m", help="a known name, a local folder or a cached hub id"
-    )
-    parser.add_argument("--out", required=True, help="where to write the bank (JSON)")
-    parser.add_argument(
-        "--prompts",
-        default=None,
-        help="calibration prompts: a JSONL file in the format of mtprobe's prompt set ({'id', 'kind', 'messages'} per line) "
-        "(default: mtprobe's 24 built-in prompts, not Spec-Bench's questions)",
-    )
-    parser.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+    from mtprobe.data import add_calibration_arguments
+
+    add_calibration_arguments(parser)
     parser.add_argument("--num-masks", type=int, default=1, help="k, mask tokens per node (1..4)")
     parser.add_argument(
         "--max-nodes", type=int, default=15, help="largest tree, root included (BC = (k+1) nodes)"
@@ -571,16 +563,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         debias = tuple(int(x) for x in args.debias_sizes.split(","))
     except ValueError:
         parser.error(f"--debias-sizes must be comma-separated integers, got {args.debias_sizes!r}")
-    from mtprobe import models
-    from mtprobe.data import load_prompts
+    from mtprobe.data import calibration_prompts
     from mtprobe.profile import ForwardProfile
-    from mtprobe.specbench.run import encode_conversation
 
-    model, tokenizer = models.load(args.model)
-    prompts = load_prompts(args.prompts)
-    if args.num_prompts is not None:
-        prompts = prompts[: args.num_prompts]
-    ids = [encode_conversation(tokenizer, p["messages"], "cpu") for p in prompts]
+    model, ids = calibration_prompts(args)
 
     def progress(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

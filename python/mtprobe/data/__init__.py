@@ -80,3 +80,32 @@ def load_prompts(path: str | Path | None = None) -> list[dict[str, Any]]:
         text = Path(path).read_text(encoding="utf-8")
         name = str(path)
     return [_validate(obj, where) for where, _, obj in iter_jsonl(text, name)]
+
+
+def add_calibration_arguments(parser: Any) -> None:
+    """``--model``, ``--out``, ``--prompts`` and ``--num-prompts``: what every offline calibration
+    command (``python -m mtprobe.topology``, ``python -m mtprobe.calibrate``) takes."""
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="a known name, a local folder or a cached hub id"
+    )
+    parser.add_argument("--out", required=True, help="where to write the result")
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="calibration prompts: a JSONL file in the format of mtprobe's prompt set ({'id', 'kind', "
+        "'messages'} per line) (default: mtprobe's 24 built-in prompts, not Spec-Bench's questions)",
+    )
+    parser.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
+
+
+def calibration_prompts(args: Any) -> tuple[Any, list[Any]]:
+    """(model, token tensors ``[1, L]``) from :func:`add_calibration_arguments`' options: the model
+    loaded by name and each prompt under its tokenizer's chat template."""
+    from mtprobe import models
+    from mtprobe.specbench.run import encode_conversation
+
+    model, tokenizer = models.load(args.model)
+    prompts = load_prompts(args.prompts)
+    if args.num_prompts is not None:
+        prompts = prompts[: args.num_prompts]
+    return model, [encode_conversation(tokenizer, p["messages"], "cpu") for p in prompts]

@@ -17,11 +17,25 @@ the higher probability, then the lower token id. ``parents[i] == -1`` marks a ch
 ([7, 8], [0.75, 0.25])
 >>> build_stand_tree(store, [5, 6], budget=4, max_depth=3)  # 7 (.75) -> 9 (.75); 8 (.25) -> 7 (.125)
 ([7, 9, 8, 7], [-1, 0, -1, 2])
+
+``NgramMemory`` is the cross-request memory: ``fold(text)`` adds count 1 for ``text[i]`` to every key
+``text[i-n:i]``, n = 1..max_ngram; at most ``capacity`` keys, the least recently used (written by a
+fold or returned by a lookup) evicted first. The tree reads it where the store has no key of the
+length looked up (the longest key of either store; at equal length the store's).
+
+>>> memory = NgramMemory(capacity=3, max_ngram=1)
+>>> memory.fold([1, 2, 3, 1, 4]); memory.keys()
+[(2,), (3,), (1,)]
+>>> memory.fold([5, 2]); memory.keys()  # [2] was the least recently used
+[(3,), (1,), (5,)]
+>>> memory.lookup([3]), memory.keys()
+(([1], [1.0]), [(1,), (5,), (3,)])
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Sequence
 
 
@@ -61,10 +75,76 @@ class NgramStore:
         return [], []
 
 
+class NgramMemory:
+    def __init__(self, capacity: int, max_ngram: int = 3, top_k: int = 8) -> None:
+        if capacity < 1:
+            raise ValueError(
+                f"NgramMemory: capacity must be >= 1 (the most n-gram keys it keeps), got {capacity}"
+            )
+        self.capacity, self.max_ngram, self.top_k = capacity, max_ngram, top_k
+        self.tables: OrderedDict[tuple[int, ...], dict[int, float]] = OrderedDict()  # LRU first
+
+    def fold(self, text: Sequence[int]) -> None:
+        text = list(text)
+        for i in range(1, len(text)):
+            for n in range(1, min(self.max_ngram, i) + 1):
+                key = tuple(text[i - n : i])
+                if key in self.tables:
+                    self.tables.move_to_end(key)
+                else:
+                    if len(self.tables) >= self.capacity:
+                        self.tables.popitem(last=False)
+                    self.tables[key] = {}
+                table = self.tables[key]
+                table[text[i]] = table.get(text[i], 0.0) + 1.0
+                self.tables[key] = dict(sorted(table.items(), key=lambda e: (-e[1], e[0]))[: self.top_k])
+
+    def lookup_ngram(
+        self, context: Sequence[int], n: int, cap: int | None = None
+    ) -> tuple[list[int], list[float]]:
+        context = list(context)
+        if not 1 <= n <= min(self.max_ngram, len(context)):
+            return [], []
+        key = tuple(context[-n:])
+        table = self.tables.get(key)
+        if not table:
+            return [], []
+        self.tables.move_to_end(key)
+        total = sum(table.values())
+        kept = list(table.items())[:cap]
+        return [t for t, _ in kept], [m / total for _, m in kept]
+
+    def lookup(self, context: Sequence[int], cap: int | None = None) -> tuple[list[int], list[float]]:
+        for n in range(min(self.max_ngram, len(context)), 0, -1):
+            found = self.lookup_ngram(context, n, cap)
+            if found[0]:
+                return found
+        return [], []
+
+    def keys(self) -> list[tuple[int, ...]]:
+        return list(self.tables)
+
+
+def _store_lookup_ngram(store: NgramStore, context: list[int], n: int) -> tuple[list[int], list[float]]:
+    if not 1 <= n <= min(store.max_ngram, len(context)):
+        return [], []
+    table = store.tables.get(tuple(context[-n:]))
+    if not table:
+        return [], []
+    total = sum(table.values())
+    return list(table), [m / total for m in table.values()]
+
+
 def build_stand_tree(
-    store: NgramStore, context: Sequence[int], budget: int, max_depth: int
+    store: NgramStore,
+    context: Sequence[int],
+    budget: int,
+    max_depth: int,
+    memory: NgramMemory | None = None,
 ) -> tuple[list[int], list[int]]:
-    tail = list(context)[-store.max_ngram :]  # lookups read only the last max_ngram tokens
+    # lookups read only the last max_ngram tokens (of either store)
+    longest = max(store.max_ngram, memory.max_ngram if memory is not None else 0)
+    tail = list(context)[-longest:]
     tokens: list[int] = []
     parents: list[int] = []
     depths: list[int] = []
@@ -72,10 +152,17 @@ def build_stand_tree(
 
     def push_children(node: int, score: float) -> None:
         path, v = [], node
-        while v >= 0 and len(path) < store.max_ngram:
+        while v >= 0 and len(path) < longest:
             path.append(tokens[v])
             v = parents[v]
-        toks, probs = store.lookup(tail + path[::-1])
+        ctx = (tail + path[::-1])[-longest:]
+        toks, probs = [], []
+        for n in range(len(ctx), 0, -1):  # the longest key of either store; at equal length the store's
+            toks, probs = _store_lookup_ngram(store, ctx, n)
+            if not toks and memory is not None:
+                toks, probs = memory.lookup_ngram(ctx, n)
+            if toks:
+                break
         for t, p in zip(toks, probs, strict=True):
             heapq.heappush(heap, (-(score * p), node, -p, t))
 

@@ -88,6 +88,9 @@ class Option:
     always_in_id: bool = False
     """Part of the default model_id even at its default value (the method's headline setting, e.g. BC);
     other options appear in the id only when they differ from the method's default."""
+    const: Any = None
+    """With a value, the flag may also be given alone and then means this value
+    (``--shared-ngram-memory`` alone: a memory of the default size)."""
 
     @property
     def dest(self) -> str:
@@ -237,7 +240,10 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every registered method's options to ``parser`` (default None = the method's default)."""
     group = parser.add_argument_group("method options (each applies only to the methods named in its help)")
     for flag, (option, _users) in _all_options().items():
-        group.add_argument(flag, dest=option.dest, type=option.type, default=None, help=option_help(flag))
+        optional = {"nargs": "?", "const": option.const} if option.const is not None else {}
+        group.add_argument(
+            flag, dest=option.dest, type=option.type, default=None, help=option_help(flag), **optional
+        )
 
 
 def config_from_args(method: Method, args: argparse.Namespace) -> Any:
@@ -349,6 +355,26 @@ def _run_mtprobe(
     )
 
 
+# The mask tokens' start, shared by probing and the hybrid's probing half.
+_MASK_OPTIONS = (
+    Option(
+        "--mask-init",
+        "mask_init",
+        str,
+        "init-",
+        "mask design: prompt_mean, prompt_last, gaussian, gaussian_5sigma, gaussian_10sigma or "
+        "calibrated (with --mask-path)",
+    ),
+    Option(
+        "--mask-path",
+        "mask_path",
+        str,
+        "masks-",
+        "the mask calibration file of --mask-init calibrated (python -m mtprobe.calibrate)",
+    ),
+)
+
+
 register(
     Method(
         name=ProbeConfig.method,  # the short name mtprobe.config registers
@@ -379,13 +405,7 @@ register(
                 "prune-",
                 "true/false: replace a draft that repeats its parent or the last token by the next best",
             ),
-            Option(
-                "--mask-init",
-                "mask_init",
-                str,
-                "init-",
-                "mask design: prompt_mean, prompt_last, gaussian, gaussian_5sigma or gaussian_10sigma",
-            ),
+            *_MASK_OPTIONS,
             Option(
                 "--mask-lambda",
                 "mask_lambda",
@@ -433,6 +453,23 @@ register(
 
 # --- stand: STAND's n-gram store of the target's own distributions ----------------------------------
 
+SHARED_NGRAM_MEMORY_SIZE = 1 << 18
+"""Keys of the cross-request n-gram memory that ``--shared-ngram-memory`` alone asks for."""
+
+
+def _memory_option() -> Option:
+    return Option(
+        "--shared-ngram-memory",
+        "memory_size",
+        int,
+        "mem",
+        "one cross-request n-gram memory of at most this many keys (least recently used evicted; "
+        f"{SHARED_NGRAM_MEMORY_SIZE} when the flag is given alone) shared by every question of the run: each "
+        "finished answer's text is folded in and drafted from where the question's own store has no "
+        "key (emptied after the warm-up; refuses --repeats above 1); default off",
+        const=SHARED_NGRAM_MEMORY_SIZE,
+    )
+
 
 register(
     Method(
@@ -443,6 +480,7 @@ register(
         options=(
             _bc_option("most inputs of one decode forward: the root and BC - 1 draft nodes"),
             Option("--max-depth", "max_depth", int, "d", "deepest draft (tokens after the root)"),
+            _memory_option(),
         ),
         steps_doc="forward calls, prefill included",
     )
@@ -495,6 +533,8 @@ register(
             _bc_option("BC, the most input tokens of one decode forward, mask tokens included"),
             Option("--num-masks", "num_masks", int, "k", "k, mask tokens per tree node (the probing half)"),
             Option("--max-depth", "max_depth", int, "d", "deepest draft of the n-gram half"),
+            *_MASK_OPTIONS,
+            _memory_option(),
         ),
         steps_doc="forward calls, prefill included",
     )

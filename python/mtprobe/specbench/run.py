@@ -27,6 +27,12 @@ Every key Spec-Bench writes is there with its meaning unchanged, so Spec-Bench's
   from the file's is refused. The short ``model_id`` (:func:`default_model_id`,
   e.g. ``smollm2-135m-probe-bc30``) only names the run.
 
+A shared n-gram memory (``--shared-ngram-memory [SIZE]``, methods ``stand`` and ``hybrid``;
+``memory_size`` of their configuration) is one memory for all the run's questions: it starts empty,
+is emptied again after the warm-up, and each question drafts from the answers of the questions
+before it (a resumed run starts it empty at the first unanswered question). Repeats above 1 are
+refused with it, since a repeat would draft its own earlier answer.
+
 Sampling: with ``temperature`` T > 0 every method decodes with ``do_sample=True, temperature=T``
 (mtprobe's sampling is exact in distribution; ``ar`` is HF ``generate``); the seed is set before every
 question as for greedy decoding.
@@ -492,6 +498,7 @@ def run(
     With ``cfg.draft_model`` (method ``sps``) the draft model is loaded the same way.
     """
     from mtprobe import models
+    from mtprobe.drafters import ngram_memories
 
     method = get_method(cfg.method)
     method.check_temperature(cfg.temperature)
@@ -508,6 +515,13 @@ def run(
         raise ValueError(
             "draft_model is given twice: as RunConfig.draft_model and inside the method configuration; "
             "give one of them"
+        )
+    if cfg.repeats > 1 and _shares_ngram_memory(config):
+        raise ValueError(
+            f"repeats={cfg.repeats} with a shared n-gram memory (memory_size={_shares_ngram_memory(config)}): "
+            "every repeat of a question would draft the previous run's answer from the memory, so the "
+            "timed runs would not time the same decoding; use repeats 1 (--repeats 1) with "
+            "--shared-ngram-memory"
         )
     if cfg.threads is not None:
         if cfg.threads < 1:
@@ -543,6 +557,8 @@ def run(
         config = dataclasses.replace(config, draft_model=draft)
     meta = run_metadata(cfg, method, config, model)
     _log(f"{model_id}: {len(pending)} questions x {cfg.repeats} timed run(s) -> {answer_file}")
+    if _shares_ngram_memory(config) is not None:
+        _log(f"one shared n-gram memory of {_shares_ngram_memory(config)} keys across the run's questions")
     answer_file.parent.mkdir(parents=True, exist_ok=True)
     dropped = _end_with_complete_line(answer_file)
     if dropped is not None:
@@ -554,11 +570,18 @@ def run(
         torch.manual_seed(cfg.seed)  # Spec-Bench seeds every question (with the choice index 0)
         return answer_question(model, tokenizer, method, config, q, cfg.max_new_tokens, cfg.temperature)
 
+    # A shared n-gram memory (--shared-ngram-memory) starts empty, and what the warm-up folded into
+    # it is forgotten: the timed questions see only the answers of the questions before them.
+    memories = ngram_memories(model, config)
     total_tokens, total_time, pooled = 0, 0.0, []
     with torch.inference_mode():
+        for memory in memories:
+            memory.clear()
         for i in range(cfg.warmup):  # Spec-Bench: the first question, three times, discarded
             answer(pending[0])
             _log(f"warm-up {i + 1}/{cfg.warmup} done")
+        for memory in memories:
+            memory.clear()
 
         bar = _progress(pending, cfg.progress, model_id)
         for q in bar:
@@ -597,6 +620,15 @@ def run(
         f"{summary.tokens_per_second:.2f} tokens/s (first timed runs)"
     )
     return summary
+
+
+def _shares_ngram_memory(config: Any) -> int | None:
+    """The memory size of a configuration that drafts from a cross-request n-gram memory (an AutoConfig's
+    drafters included), else None."""
+    for c in (config, *getattr(config, "drafters", ())):
+        if getattr(c, "memory_size", None) is not None:
+            return c.memory_size
+    return None
 
 
 def _check_repeat(q: Question, first: dict[str, Any], again: dict[str, Any], r: int, cfg: RunConfig) -> None:

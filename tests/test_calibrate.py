@@ -1,0 +1,219 @@
+"""Calibrated mask tokens (python/mtprobe/calibrate.py): the training loss is the decode-time
+placement of the masks, learning lowers it, files belong to one model, and decoding from learned
+masks stays token-identical to greedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import tiny_llama
+from mtprobe.calibrate import MaskCalibration, calibrate_masks, load_calibration, mask_loss, model_identity
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = tiny_llama(seed=3)
+    m.generation_config.eos_token_id = None
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+def _prompts(n: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 96, (1, 6 + i % 4), generator=g) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def calibration(model, tmp_path_factory) -> tuple[MaskCalibration, str]:
+    cal = calibrate_masks(model, _prompts(6), num_masks=2, max_new_tokens=24, epochs=3, holdout=2, lr=0.2)
+    path = tmp_path_factory.mktemp("cal") / "tiny.safetensors"
+    cal.save(path)
+    return cal, str(path)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_mask_loss_is_the_masks_placed_as_in_decoding(model, k):
+    # The batched forward (cached prefix, one 4D mask for every anchor) against each anchor run on its
+    # own as plain causal attention over [ids[0..p], m_1 .. m_k] at positions 0..p+k.
+    torch.manual_seed(k)
+    ids = torch.randint(0, 96, (17,))
+    masks = torch.randn(k, 64) * 0.3
+    anchors = torch.tensor([0, 3, 7, 13, 15])  # 15 + 2 = 17: mask 1 of the last anchor has no target
+    loss, count = mask_loss(model, masks, ids, anchors)
+    emb = model.get_input_embeddings()
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for p in anchors.tolist():
+            x = torch.cat([emb(ids[: p + 1]), masks])[None]  # [1, p + 1 + k, hidden]
+            logits = model(inputs_embeds=x).logits[0, p + 1 :]  # [k, vocab]
+            for j in range(1, k + 1):
+                if p + j + 1 < ids.shape[0]:
+                    total += float(torch.nn.functional.cross_entropy(logits[j - 1], ids[p + j + 1]))
+                    n += 1
+    assert int(count) == n
+    torch.testing.assert_close(float(loss.detach()), total / n, rtol=1e-4, atol=1e-5)
+
+
+def test_calibration_lowers_the_held_out_loss(calibration):
+    cal, _ = calibration
+    s = cal.stats
+    assert s["holdout_after"]["loss"] < s["holdout_before"]["loss"] - 0.05, s
+    assert s["holdout_after"]["targets"] > 0
+    assert cal.num_masks == 2 and cal.hidden_size == 64
+
+
+def test_save_load_round_trip(calibration, model):
+    cal, path = calibration
+    back = MaskCalibration.load(path)
+    assert torch.equal(back.masks, cal.masks)
+    assert back.model == model_identity(model)
+    assert back.stats["epochs"] == 3
+    back.check(model, num_masks=2)
+    assert load_calibration(path) is load_calibration(path)  # cached by path and mtime
+
+
+def test_a_calibration_is_refused_for_another_model(calibration):
+    cal, _ = calibration
+    with pytest.raises(ValueError, match="learned for another model.*embedding_sha256"):
+        cal.check(tiny_llama(seed=4))
+    with pytest.raises(ValueError, match="hidden_size: file 64 vs model 32"):
+        cal.check(tiny_llama(seed=3, hidden_size=32))
+    with pytest.raises(ValueError, match="num_masks=3 but the calibration holds 2 mask"):
+        cal.check(tiny_llama(seed=3), num_masks=3)
+
+
+def test_generate_refuses_a_calibration_of_another_model(calibration):
+    _, path = calibration
+    other = tiny_llama(seed=5)
+    cfg = mtprobe.ProbeConfig(block_complexity=10, mask_init="calibrated", mask_path=path)
+    with pytest.raises(ValueError, match="learned for another model"):
+        mtprobe.generate(other, torch.tensor([[5, 6, 7]]), cfg, max_new_tokens=4)
+
+
+def test_corrupt_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all")
+    with pytest.raises(ValueError, match="not a mask calibration file"):
+        MaskCalibration.load(bad)
+    with pytest.raises(FileNotFoundError, match="does not exist; make one with python -m mtprobe.calibrate"):
+        MaskCalibration.load(tmp_path / "missing.safetensors")
+    from safetensors.torch import save_file
+
+    other = tmp_path / "other.safetensors"
+    save_file({"masks": torch.zeros(1, 4)}, str(other), metadata={"format": "something-else"})
+    with pytest.raises(ValueError, match="has format 'something-else'"):
+        MaskCalibration.load(other)
+
+
+def test_masks_must_be_finite_and_match_the_hidden_size():
+    ident = {"model_class": "M", "vocab_size": 8, "hidden_size": 4, "embedding_sha256": "0"}
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        MaskCalibration(torch.tensor([[0.0, float("nan"), 0.0, 0.0]]), ident)
+    with pytest.raises(ValueError, match=r"floating \[num_masks, hidden_size\]"):
+        MaskCalibration(torch.zeros(4), ident)
+    with pytest.raises(ValueError, match="lacks"):
+        MaskCalibration(torch.zeros(1, 4), {"hidden_size": 4})
+
+
+def test_config_checks_mask_path():
+    with pytest.raises(ValueError, match="needs mask_path=FILE"):
+        mtprobe.ProbeConfig(mask_init="calibrated")
+    with pytest.raises(ValueError, match="mask_path is for mask_init='calibrated', not 'prompt_mean'"):
+        mtprobe.ProbeConfig(mask_path="x.safetensors")
+    with pytest.raises(TypeError, match="mask_path must be a str or path"):
+        mtprobe.ProbeConfig(mask_init="calibrated", mask_path=3)
+    from pathlib import Path
+
+    cfg = mtprobe.HybridConfig(mask_init="calibrated", mask_path=Path("x.safetensors"))
+    assert cfg.mask_path == "x.safetensors" and cfg.probe.mask_path == "x.safetensors"
+    assert mtprobe.config_from_dict(cfg.to_dict()) == cfg
+
+
+def test_bad_calibration_arguments(model):
+    with pytest.raises(ValueError, match="num_masks=5 must be between 1 and 4"):
+        calibrate_masks(model, _prompts(3), num_masks=5)
+    with pytest.raises(ValueError, match="leave none to train on with holdout=3"):
+        calibrate_masks(model, _prompts(3), holdout=3)
+    with pytest.raises(ValueError, match="epochs=0 must be an int >= 1"):
+        calibrate_masks(model, _prompts(3), epochs=0, holdout=1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: mtprobe.ProbeConfig(block_complexity=10, mask_init="calibrated", mask_path=p),
+        lambda p: mtprobe.ProbeConfig(
+            block_complexity=10, mask_init="calibrated", mask_path=p, mask_lambda=0.0
+        ),
+        lambda p: mtprobe.ProbeConfig(block_complexity=30, num_masks=2, mask_init="calibrated", mask_path=p),
+        lambda p: mtprobe.HybridConfig(block_complexity=12, mask_init="calibrated", mask_path=p),
+    ],
+    ids=["probe", "probe_lambda0", "probe_k2_dynamic", "hybrid"],
+)
+def test_calibrated_masks_are_token_identical_to_greedy(model, calibration, make):
+    _, path = calibration
+    cfg = make(path)
+    drafted = 0
+    for prompt in _prompts(3, seed=9):
+        ref = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32
+        )
+        out = mtprobe.generate(model, prompt, cfg, max_new_tokens=32)
+        assert torch.equal(out.sequences, ref)
+        drafted += sum(out.drafted_per_depth)
+    assert drafted > 0  # the masks drafted, or the case would prove nothing
+
+
+def test_the_drafter_starts_from_the_file(model, calibration):
+    cal, path = calibration
+    from mtprobe.drafters import mask_probe_drafter
+
+    d = mask_probe_drafter(
+        model, mtprobe.ProbeConfig(block_complexity=10, mask_init="calibrated", mask_path=path)
+    )
+    d.begin(torch.tensor([4, 5, 6]))
+    torch.testing.assert_close(d.mask_embeddings, cal.masks[:1])
+
+    def raw(mask_init: str, initial_masks: torch.Tensor) -> None:
+        mtprobe._C.MaskProbeDrafter(
+            model.get_input_embeddings().weight,
+            num_masks=1,
+            block_complexity=10,
+            dynamic_tree=False,
+            branches=[4],
+            prune=True,
+            mask_init=mask_init,
+            gaussian_shift=0.0,
+            mask_lambda=0.1,
+            initial_masks=initial_masks,
+        )
+
+    with pytest.raises(ValueError, match=r"initial_masks must be \[>= 1, 64\]"):
+        raw("calibrated", torch.zeros(1, 32))
+    with pytest.raises(ValueError, match="initial_masks must hold finite"):
+        raw("calibrated", torch.full((1, 64), float("inf")))
+    with pytest.raises(ValueError, match="initial_masks are for mask_init 'calibrated'"):
+        raw("prompt_mean", torch.zeros(1, 64))
+
+
+def test_command_line(tmp_path, capsys):
+    from mtprobe import models
+    from mtprobe.calibrate import _main
+    from test_cli import _save_tiny
+
+    folder = _save_tiny(tmp_path / "tiny")
+    out = tmp_path / "masks.safetensors"
+    argv = ["--model", str(folder), "--out", str(out), "--num-prompts", "4", "--holdout", "1"]
+    assert _main([*argv, "--max-new-tokens", "8", "--epochs", "1", "--num-masks", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "held-out top-1 of the masks" in printed and str(out) in printed
+    model, _ = models.load(folder)
+    cal = MaskCalibration.load(out)
+    cal.check(model, num_masks=2)
+    assert cal.stats["prompts"] == 3 and cal.stats["holdout_prompts"] == 1
+    with pytest.raises(SystemExit) as e:  # argparse's usage error, naming the bad value
+        _main([*argv, "--epochs", "0"])
+    assert e.value.code == 2
+    assert "epochs=0 must be an int >= 1" in capsys.readouterr().err
