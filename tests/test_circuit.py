@@ -4,9 +4,10 @@ Brute force is the model's definition, independent of the circuit's pass: the jo
 the explicit sum over every assignment of the latent variables (root weight x transitions x
 emissions); marginals and conditionals are sums over all V^n windows. The reference's ancestral
 sampler is checked by a chi-square test (with a power check against a sampler that ignores the shared
-latent state). The C++ core (csrc/core/circuit.h) has no Python binding yet; its test program
-tests/core/test_circuit.cpp checks the same quantities against brute force in C++ and its sampler
-by counting windows drawn from fixed-seed uniforms (run by tests/test_core_cpp.py).
+latent state). The C++ core (csrc/core/circuit.h) has its own test program, tests/core/test_circuit.cpp,
+checking the same quantities against brute force in C++ and its sampler by counting windows drawn
+from fixed-seed uniforms (run by tests/test_core_cpp.py). Its ATen ops (torch.ops.mtprobe.circuit_*,
+batched over contexts) are tested at the end against the reference, with opcheck and bad input.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import itertools
 
 import pytest
 import torch
+from torch.library import opcheck
 
+import mtprobe.ops
 from mtprobe.reference import circuit as ref
 from test_sampling import ALPHA, chi_square_pvalue
 from tolerances import TOLERANCES, Tolerance, dtype_id
@@ -257,3 +260,330 @@ def test_bad_input():
         ref.beam_windows(c, 0)
     with pytest.raises(ValueError, match=r"n >= 1"):
         ref.latent_tree("btree", 0)
+
+
+# --- the ATen ops (csrc/ops/circuit.cpp, torch.ops.mtprobe.circuit_*) against the reference ------------
+
+# (n, V, r, B): one-token windows, one latent state, vocabularies of one and two tokens, one context
+# and three; n = 3, 5 and 7 are odd (BTree's unequal halves).
+OP_SHAPES = [
+    (1, 1, 1, 1),
+    (1, 2, 3, 3),
+    (2, 1, 2, 3),
+    (2, 2, 1, 1),
+    (3, 2, 2, 3),
+    (4, 3, 2, 1),
+    (5, 2, 3, 3),
+    (7, 2, 2, 2),
+]
+CircuitParams = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # weights, transitions, emissions
+
+
+def batch_circuits(
+    kind: str, n: int, vocab: int, r: int, batch: int, dtype: torch.dtype, seed: int
+) -> tuple[list[ref.Circuit], CircuitParams]:
+    """``batch`` random circuits (one per context) and the op's stacked parameters: weights [B, r]
+    ([B, 0] for FF), transitions [B, L - 1, r, r] ([B, 0, r, r] with one latent), emissions."""
+    circuits = [random_circuit(kind, n, vocab, r, dtype, seed + b) for b in range(batch)]
+    rr = 1 if kind == "ff" else r
+    weights = torch.stack([torch.empty(0, dtype=dtype) if c.weights is None else c.weights for c in circuits])
+    transitions = torch.stack(
+        [torch.empty(0, rr, rr, dtype=dtype) if c.transitions is None else c.transitions for c in circuits]
+    )
+    return circuits, (weights, transitions, torch.stack([c.emissions for c in circuits]))
+
+
+def as_float64(c: ref.Circuit) -> ref.Circuit:
+    def up(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.double()
+
+    return ref.Circuit(c.kind, up(c.weights), up(c.transitions), c.emissions.double())
+
+
+def context(params: CircuitParams, b: int, count: int) -> CircuitParams:
+    """Context b's parameters repeated ``count`` times: [count, ...]."""
+    return tuple(p[b : b + 1].expand(count, *p.shape[1:]) for p in params)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_op_log_prob_and_prefix_marginals(kind, dtype):
+    for seed, (n, vocab, r, batch) in enumerate(OP_SHAPES):
+        circuits, params = batch_circuits(kind, n, vocab, r, batch, dtype, 400 + 10 * seed)
+        tokens = torch.randint(vocab, (batch, n), generator=torch.Generator().manual_seed(seed))
+        logp = torch.ops.mtprobe.circuit_log_prob(kind, *params, tokens)  # [B]
+        assert logp.dtype == dtype and logp.shape == (batch,)
+        close(logp, torch.stack([ref.log_prob(c, t) for c, t in zip(circuits, tokens, strict=True)]), dtype)
+        marginals = torch.ops.mtprobe.circuit_prefix_log_marginals(kind, *params, tokens)  # [B, n]
+        assert marginals.dtype == dtype and marginals.shape == (batch, n)
+        expect = torch.stack([ref.prefix_log_marginals(c, t) for c, t in zip(circuits, tokens, strict=True)])
+        close(marginals, expect, dtype)
+        # Every window of the last context, as a batch: the op's q is normalised and is the reference's.
+        x = windows(n, vocab)
+        every = torch.ops.mtprobe.circuit_log_prob(kind, *context(params, batch - 1, x.shape[0]), x)
+        close(every, ref.log_prob(circuits[-1], x), dtype)
+        close(every.double().exp().sum(), torch.tensor(1.0), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_op_next_token_log_probs(kind, dtype):
+    for seed, (n, vocab, r, batch) in enumerate(OP_SHAPES):
+        circuits, params = batch_circuits(kind, n, vocab, r, batch, dtype, 500 + 10 * seed)
+        tokens = torch.randint(vocab, (batch, n), generator=torch.Generator().manual_seed(seed))
+        for length in range(n):
+            prefix = tokens[:, :length]  # [B, len]
+            got = torch.ops.mtprobe.circuit_next_token_log_probs(kind, *params, prefix)  # [B, V]
+            assert got.dtype == dtype and got.shape == (batch, vocab)
+            expect = torch.stack(
+                [ref.next_token_log_probs(c, p) for c, p in zip(circuits, prefix, strict=True)]
+            )
+            close(got, expect, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_op_sample_equals_the_reference_sampler(kind, dtype):
+    # The same uniforms give the same windows. The reference draws in the parameters' dtype; the core
+    # sums in double, so the reference here gets the same values in float64 (a float32 cumulative sum
+    # could round across a CDF boundary that the double one does not).
+    for seed, (n, vocab, r, batch) in enumerate(OP_SHAPES):
+        circuits, params = batch_circuits(kind, n, vocab, r, batch, dtype, 600 + 10 * seed)
+        u = torch.rand(batch, circuits[0].num_uniforms(), generator=torch.Generator().manual_seed(seed))
+        u = u.double()
+        u[0] = 0.0  # both ends of [0, 1)
+        u[-1, ::2] = 1 - 2**-53
+        got = torch.ops.mtprobe.circuit_sample(kind, *params, u)  # [B, n]
+        assert got.dtype == torch.int64 and got.shape == (batch, n)
+        expect = torch.cat([ref.sample(as_float64(c), u[b : b + 1]) for b, c in enumerate(circuits)])
+        assert torch.equal(got, expect), f"{kind} n={n} V={vocab} r={r} B={batch}"
+        u32 = u.float().clamp(max=1 - 2**-24)  # float32 uniforms are read exactly
+        assert torch.equal(
+            torch.ops.mtprobe.circuit_sample(kind, *params, u32),
+            torch.ops.mtprobe.circuit_sample(kind, *params, u32.double()),
+        )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_op_sampling_frequencies(kind):
+    # N_SAMPLES contexts sharing one circuit, one window each: a chi-square against the exact q, and
+    # the same windows as the reference's sampler from the same uniforms.
+    n, vocab, r = 3, 3, 3
+    circuits, params = batch_circuits(kind, n, vocab, r, 1, torch.float64, 300)
+    u = torch.rand(N_SAMPLES, circuits[0].num_uniforms(), generator=torch.Generator().manual_seed(8))
+    draws = torch.ops.mtprobe.circuit_sample(kind, *context(params, 0, N_SAMPLES), u.double())  # [S, n]
+    assert torch.equal(draws, ref.sample(circuits[0], u.double()))
+    counts = torch.bincount((draws * torch.tensor([vocab**2, vocab, 1])).sum(1), minlength=vocab**n)
+    exact = ref.log_prob(circuits[0], windows(n, vocab)).exp()
+    p = chi_square_pvalue(counts, exact)
+    assert p > ALPHA, f"{kind}: windows sampled by the op differ from q (chi-square p = {p:.2e})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_op_upcasts_half_precision(kind, dtype):
+    # float16 / bfloat16 parameters are read as float32: the same results as the float32 op.
+    _, params = batch_circuits(kind, 3, 4, 2, 2, torch.float32, 700)
+    half = tuple(p.to(dtype) for p in params)
+    up = tuple(p.float() for p in half)
+    tokens = torch.tensor([[0, 3, 1], [2, 2, 0]])
+    u = torch.rand(2, num_uniforms(kind, 3), dtype=torch.float64)
+    for name, arg in [
+        ("circuit_log_prob", tokens),
+        ("circuit_prefix_log_marginals", tokens),
+        ("circuit_next_token_log_probs", tokens[:, :2]),
+        ("circuit_sample", u),
+    ]:
+        op = getattr(torch.ops.mtprobe, name)
+        got = op(kind, *half, arg)
+        assert got.dtype == (torch.int64 if name == "circuit_sample" else torch.float32)
+        assert torch.equal(got, op(kind, *up, arg)), name
+
+
+def test_op_wrappers_take_none_for_absent_parameters():
+    # mtprobe.ops passes None as the op's empty weights [B, 0] (FF) and transitions [B, 0, r, r].
+    tokens = torch.tensor([[1, 0, 2], [0, 0, 1]])
+    for kind, n in [("ff", 3), ("cp", 3), ("hmm", 1), ("btree", 2)]:
+        _, (w, t, e) = batch_circuits(kind, n, 3, 2, 2, torch.float64, 800)
+        weights = None if kind == "ff" else w
+        u = torch.rand(2, num_uniforms(kind, n), dtype=torch.float64)
+        for name, arg in [
+            ("circuit_log_prob", tokens[:, :n]),
+            ("circuit_prefix_log_marginals", tokens[:, :n]),
+            ("circuit_next_token_log_probs", tokens[:, : n - 1]),
+            ("circuit_sample", u),
+        ]:
+            got = getattr(mtprobe.ops, name)(kind, weights, None, e, arg)
+            assert torch.equal(got, getattr(torch.ops.mtprobe, name)(kind, w, t, e, arg)), (kind, name)
+
+
+def num_uniforms(kind: str, n: int) -> int:
+    return (0 if kind == "ff" else len(ref.latent_tree(kind, n)[0])) + n
+
+
+def test_op_empty_batch():
+    for kind in KINDS:
+        _, params = batch_circuits(kind, 3, 4, 2, 1, torch.float32, 0)
+        empty = tuple(p[:0] for p in params)
+        tokens = torch.zeros(0, 3, dtype=torch.int64)
+        u = torch.zeros(0, num_uniforms(kind, 3), dtype=torch.float64)
+        assert torch.ops.mtprobe.circuit_log_prob(kind, *empty, tokens).shape == (0,)
+        assert torch.ops.mtprobe.circuit_prefix_log_marginals(kind, *empty, tokens).shape == (0, 3)
+        assert torch.ops.mtprobe.circuit_next_token_log_probs(kind, *empty, tokens[:, :1]).shape == (0, 4)
+        assert torch.ops.mtprobe.circuit_sample(kind, *empty, u).shape == (0, 3)
+
+
+def _opcheck_samples() -> dict[str, tuple]:
+    """(op name, args) per case: three kinds, float32 and float64, B = 1, 2 and 3."""
+    samples = {}
+    for kind, (n, vocab, r, batch), dtype in [
+        ("ff", (3, 4, 1, 2), torch.float32),
+        ("cp", (2, 3, 2, 1), torch.float64),
+        ("btree", (5, 3, 2, 3), torch.float32),
+    ]:
+        _, params = batch_circuits(kind, n, vocab, r, batch, dtype, 900)
+        gen = torch.Generator().manual_seed(9)
+        tokens = torch.randint(vocab, (batch, n), generator=gen)
+        u = torch.rand(batch, num_uniforms(kind, n), generator=gen, dtype=torch.float64)
+        samples[f"log_prob-{kind}"] = ("circuit_log_prob", (kind, *params, tokens))
+        samples[f"prefix_log_marginals-{kind}"] = ("circuit_prefix_log_marginals", (kind, *params, tokens))
+        samples[f"next_token_log_probs-{kind}"] = (
+            "circuit_next_token_log_probs",
+            (kind, *params, tokens[:, :-1]),
+        )
+        samples[f"sample-{kind}"] = ("circuit_sample", (kind, *params, u))
+    return samples
+
+
+OPCHECK_SAMPLES = _opcheck_samples()
+
+
+@pytest.mark.parametrize(
+    "test_util", ["test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"]
+)
+@pytest.mark.parametrize("case", list(OPCHECK_SAMPLES))
+def test_opcheck_circuit_ops(case: str, test_util: str) -> None:
+    name, args = OPCHECK_SAMPLES[case]
+    opcheck(getattr(torch.ops.mtprobe, name).default, args, test_utils=test_util)
+
+
+def _bad_inputs() -> dict[str, tuple]:
+    """(op name, args, message) per case, around an HMM with B = 2, n = 3, r = 2, V = 4."""
+    _, (w, t, e) = batch_circuits("hmm", 3, 4, 2, 2, torch.float64, 1000)
+    _, ff = batch_circuits("ff", 3, 4, 1, 2, torch.float64, 1000)
+    x = torch.tensor([[0, 1, 2], [3, 3, 0]])
+    u = torch.full((2, 6), 0.5, dtype=torch.float64)
+
+    def with_value(tensor: torch.Tensor, index: tuple[int, int], value: float) -> torch.Tensor:
+        tensor = tensor.clone()
+        tensor[index] = value
+        return tensor
+
+    nan_emissions = e.clone()
+    nan_emissions[1] = torch.nan
+    lp, nt, smp = "circuit_log_prob", "circuit_next_token_log_probs", "circuit_sample"
+    return {
+        "kind": (lp, ("tree", w, t, e, x), r"circuit kind 'tree' is not one of 'ff', 'cp', 'hmm', 'btree'"),
+        "kind_case": (lp, ("HMM", w, t, e, x), r"circuit kind 'HMM' is not one of"),
+        "emissions_rank": (
+            lp,
+            ("ff", ff[0], ff[1], e, x),
+            r"ff emissions must be \[B, n, V\], got \[2, 3, 2, 4\]",
+        ),
+        "emissions_empty": (lp, ("hmm", w, t, e[:, :, :, :0], x), r"need n, r and V >= 1"),
+        "weights_shape": (
+            lp,
+            ("hmm", w[:, :1], t, e, x),
+            r"hmm weights must be \[B, r\] = \[2, 2\], got \[2, 1\]",
+        ),
+        "weights_batch": (lp, ("hmm", w[:1], t, e, x), r"weights must be \[B, r\] = \[2, 2\], got \[1, 2\]"),
+        "ff_weights": (
+            lp,
+            ("ff", w, ff[1], ff[2], x),
+            r"ff weights must be \[B, 0\] \(FF has no latent\) = \[2, 0\]",
+        ),
+        "transitions_shape": (
+            lp,
+            ("hmm", w, t[:, :1], e, x),
+            r"hmm transitions must be \[B, L - 1, r, r\] = \[2, 2, 2, 2\] \(L = 3 latents for n = 3\), "
+            r"got \[2, 1, 2, 2\]",
+        ),
+        "cp_transitions": (
+            lp,
+            ("cp", w, t, e.transpose(1, 2), x),
+            r"cp transitions must be \[B, L - 1, r, r\] = \[2, 0, 2, 2\]",
+        ),
+        "dtype_mismatch": (
+            lp,
+            ("hmm", w.float(), t, e, x),
+            r"must share one dtype, got Float, Double and Double",
+        ),
+        "integer_emissions": (lp, ("hmm", w, t, e.long(), x), r"emissions must be float32 or float64"),
+        "tokens_batch": (lp, ("hmm", w, t, e, x[:1]), r"tokens must be \[B, 3\] = \[2, 3\], got \[1, 3\]"),
+        "tokens_window": (
+            lp,
+            ("hmm", w, t, e, x[:, :2]),
+            r"tokens must be \[B, 3\] = \[2, 3\], got \[2, 2\]",
+        ),
+        "tokens_dtype": (lp, ("hmm", w, t, e, x.double()), r"tokens must be int32 or int64, got Double"),
+        "token_out_of_range": (
+            "circuit_prefix_log_marginals",
+            ("hmm", w, t, e, with_value(x, (1, 2), 4)),
+            r"tokens\[1, 2\] = 4 is outside the vocabulary \[0, 4\)",
+        ),
+        "token_negative": (
+            lp,
+            ("hmm", w, t, e, with_value(x, (0, 1), -1)),
+            r"tokens\[0, 1\] = -1 is outside",
+        ),
+        "prefix_too_long": (
+            nt,
+            ("hmm", w, t, e, x),
+            r"prefix must be \[B, len\] with len in \[0, n\) = \[0, 3\)",
+        ),
+        "prefix_token": (
+            nt,
+            ("hmm", w, t, e, with_value(x[:, :1], (1, 0), 9)),
+            r"prefix\[1, 0\] = 9 is outside",
+        ),
+        "uniform_one": (
+            smp,
+            ("hmm", w, t, e, with_value(u, (0, 5), 1.0)),
+            r"uniforms\[0, 5\] = 1 is outside \[0, 1\)",
+        ),
+        "uniform_negative": (
+            smp,
+            ("hmm", w, t, e, with_value(u, (1, 0), -0.25)),
+            r"uniforms\[1, 0\] = -0.25 is",
+        ),
+        "uniform_nan": (
+            smp,
+            ("hmm", w, t, e, with_value(u, (1, 3), torch.nan)),
+            r"uniforms\[1, 3\] = nan is",
+        ),
+        "uniforms_width": (
+            smp,
+            ("hmm", w, t, e, u[:, :5]),
+            r"uniforms must be \[B, S \+ n\] = \[2, 6\] \(S = 3 sampled latents, then one per token\), got \[2, 5\]",
+        ),
+        "uniforms_dtype": (
+            smp,
+            ("hmm", w, t, e, u.long()),
+            r"uniforms must be float64 \(or float32\), got Long",
+        ),
+        "nan_parameters": (
+            smp,
+            ("hmm", w, t, nan_emissions, u),
+            r"circuit_sample: context 1: .*NaN in an emission",
+        ),
+    }
+
+
+BAD_INPUTS = _bad_inputs()
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_op_rejects_bad_input(case: str) -> None:
+    name, args, message = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=message):
+        getattr(torch.ops.mtprobe, name)(*args)

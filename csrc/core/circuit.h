@@ -2,8 +2,9 @@
 // section 3.2 and App. B): the distribution q(x_1..x_n | context) of a window of n future tokens,
 // for one context, from the parameters a head already produced. Torch-free, C++17, log space.
 //
-// Used by: nothing yet; the head drafter of issue 15 will (it draws windows, scores draft trees
-// with next-token conditionals and verifies by rejection sampling with the exact q of each draft).
+// Used by: csrc/ops/circuit.cpp (torch.ops.mtprobe.circuit_*, batched over contexts); the head
+// drafter of issue 15 will (it draws windows, scores draft trees with next-token conditionals and
+// verifies by rejection sampling with the exact q of each draft).
 //
 // Structure and evaluation are separate (as in cirkit): CircuitStructure says which latent variables
 // exist and what each one conditions; Circuit<T> binds the head's parameters (float or double

@@ -59,6 +59,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(con
 void check_expand_draft_tree_args(const at::Tensor& logits, const at::Tensor& root_token, int64_t budget,
                                   int64_t width);
 
+// Exact inference in circuit heads (csrc/core/circuit.h), batched over B contexts; csrc/ops/circuit.cpp
+// has the parameter layouts. kind: "ff", "cp", "hmm" or "btree". Returns log q(tokens) [B],
+// log q(x_1..x_i) [B, n], log q(v | prefix) [B, V] (prefix [B, len], len in [0, n)), and windows
+// [B, n] int64 drawn by inverse CDF from uniforms [B, S + n].
+at::Tensor circuit_log_prob(c10::string_view kind, const at::Tensor& weights, const at::Tensor& transitions,
+                            const at::Tensor& emissions, const at::Tensor& tokens);
+at::Tensor circuit_prefix_log_marginals(c10::string_view kind, const at::Tensor& weights,
+                                        const at::Tensor& transitions, const at::Tensor& emissions,
+                                        const at::Tensor& tokens);
+at::Tensor circuit_next_token_log_probs(c10::string_view kind, const at::Tensor& weights,
+                                        const at::Tensor& transitions, const at::Tensor& emissions,
+                                        const at::Tensor& prefix);
+at::Tensor circuit_sample(c10::string_view kind, const at::Tensor& weights, const at::Tensor& transitions,
+                          const at::Tensor& emissions, const at::Tensor& uniforms);
+
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);
 void check_parents_or_throw(const std::vector<int64_t>& parents);

@@ -17,6 +17,19 @@ TORCH_LIBRARY(mtprobe, m) {
       "expand_draft_tree(Tensor logits, Tensor root_token, int budget, int width, bool prune) -> (Tensor, "
       "Tensor, Tensor, Tensor)");
   m.def("tree_attention(Tensor q, Tensor k, Tensor v, Tensor ancestor_bits, float scale) -> Tensor");
+  // Circuit heads (csrc/ops/circuit.cpp): CPU kernels only so far.
+  m.def(
+      "circuit_log_prob(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor tokens) -> "
+      "Tensor");
+  m.def(
+      "circuit_prefix_log_marginals(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor "
+      "tokens) -> Tensor");
+  m.def(
+      "circuit_next_token_log_probs(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor "
+      "prefix) -> Tensor");
+  m.def(
+      "circuit_sample(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor uniforms) -> "
+      "Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
@@ -28,4 +41,8 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("tree_ancestor_bits", &mtprobe::ops::tree_ancestor_bits);
   m.impl("tree_attention", &mtprobe::ops::tree_attention);
   m.impl("expand_draft_tree", &mtprobe::ops::expand_draft_tree);
+  m.impl("circuit_log_prob", &mtprobe::ops::circuit_log_prob);
+  m.impl("circuit_prefix_log_marginals", &mtprobe::ops::circuit_prefix_log_marginals);
+  m.impl("circuit_next_token_log_probs", &mtprobe::ops::circuit_next_token_log_probs);
+  m.impl("circuit_sample", &mtprobe::ops::circuit_sample);
 }

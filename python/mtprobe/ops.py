@@ -20,6 +20,10 @@ __all__ = [
     "verify_greedy",
     "verify_rejection",
     "compact_kv_",
+    "circuit_log_prob",
+    "circuit_prefix_log_marginals",
+    "circuit_next_token_log_probs",
+    "circuit_sample",
 ]
 
 
@@ -80,6 +84,49 @@ def _verify_rejection_fake(
 @torch.library.register_fake("mtprobe::compact_kv_")
 def _compact_kv_fake(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -> None:
     return None
+
+
+def _circuit_out_dtype(emissions: torch.Tensor) -> torch.dtype:
+    # float64 stays float64; float32, float16 and bfloat16 parameters give float32 log-values.
+    return torch.float64 if emissions.dtype == torch.float64 else torch.float32
+
+
+def _circuit_window(kind: str, emissions: torch.Tensor) -> int:
+    return emissions.shape[2] if kind == "cp" else emissions.shape[1]  # n
+
+
+@torch.library.register_fake("mtprobe::circuit_log_prob")
+def _circuit_log_prob_fake(
+    kind: str, weights: torch.Tensor, transitions: torch.Tensor, emissions: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    return emissions.new_empty((emissions.shape[0],), dtype=_circuit_out_dtype(emissions))
+
+
+@torch.library.register_fake("mtprobe::circuit_prefix_log_marginals")
+def _circuit_prefix_log_marginals_fake(
+    kind: str, weights: torch.Tensor, transitions: torch.Tensor, emissions: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    shape = (emissions.shape[0], _circuit_window(kind, emissions))
+    return emissions.new_empty(shape, dtype=_circuit_out_dtype(emissions))
+
+
+@torch.library.register_fake("mtprobe::circuit_next_token_log_probs")
+def _circuit_next_token_log_probs_fake(
+    kind: str, weights: torch.Tensor, transitions: torch.Tensor, emissions: torch.Tensor, prefix: torch.Tensor
+) -> torch.Tensor:
+    shape = (emissions.shape[0], emissions.shape[-1])
+    return emissions.new_empty(shape, dtype=_circuit_out_dtype(emissions))
+
+
+@torch.library.register_fake("mtprobe::circuit_sample")
+def _circuit_sample_fake(
+    kind: str,
+    weights: torch.Tensor,
+    transitions: torch.Tensor,
+    emissions: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    return emissions.new_empty((emissions.shape[0], _circuit_window(kind, emissions)), dtype=torch.long)
 
 
 def tree_attention_mask(
@@ -160,3 +207,114 @@ def tree_attention(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     return torch.ops.mtprobe.tree_attention(q, k, v, ancestor_bits, float(scale))
+
+
+# --- circuit heads' exact inference (csrc/core/circuit.h, csrc/ops/circuit.cpp) ----------------------
+
+
+def _circuit_params(
+    kind: str, weights: torch.Tensor | None, transitions: torch.Tensor | None, emissions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """None for weights (FF) or transitions (FF, CP, one-latent HMM/BTree) -> the op's empty tensors."""
+    expected_dims = 3 if kind == "ff" else 4
+    if emissions.dim() != expected_dims:  # the op names the bad shape
+        r = 1
+    else:
+        r = {"ff": 1, "cp": emissions.shape[1]}.get(kind, emissions.shape[2])
+    batch = emissions.shape[0] if emissions.dim() else 0
+    if weights is None:
+        weights = emissions.new_empty((batch, 0))  # [B, 0]
+    if transitions is None:
+        transitions = emissions.new_empty((batch, 0, r, r))  # [B, 0, r, r]
+    return weights, transitions
+
+
+def circuit_log_prob(
+    kind: str,
+    weights: torch.Tensor | None,
+    transitions: torch.Tensor | None,
+    emissions: torch.Tensor,
+    tokens: torch.Tensor,
+) -> torch.Tensor:
+    """log q(x_1..x_n) of one window per context: ``[B]``.
+
+    A circuit head gives, per context, log-probabilities (``log_softmax`` outputs, not checked) of
+    ``kind`` "ff", "cp", "hmm" or "btree" (layouts: ``csrc/core/circuit.h``), with a leading batch
+    dimension: ``weights [B, r]`` (None or ``[B, 0]`` for FF), ``transitions [B, L - 1, r, r]`` (None or
+    ``[B, 0, r, r]`` where there is one latent: FF, CP, HMM and BTree with L = 1), ``emissions`` FF
+    ``[B, n, V]``, CP ``[B, r, n, V]``, HMM and BTree ``[B, n, r, V]``; float32 or float64 (float16 and
+    bfloat16 are upcast and give float32). ``tokens``: ``[B, n]`` int64 in ``[0, V)``.
+    CPU only for now. Reference: ``mtprobe.reference.circuit.log_prob``.
+
+    The header's worked example, a CP with n = 2, r = 2, V = 2 (one context):
+
+    >>> w = torch.tensor([[0.3, 0.7]]).log()  # [B, r]
+    >>> e = torch.tensor([[[[0.8, 0.2], [0.6, 0.4]], [[0.4, 0.6], [0.1, 0.9]]]]).log()  # [B, r, n, V]
+    >>> circuit_log_prob("cp", w, None, e, torch.tensor([[0, 1]])).exp()
+    tensor([0.3480])
+    """
+    weights, transitions = _circuit_params(kind, weights, transitions, emissions)
+    return torch.ops.mtprobe.circuit_log_prob(kind, weights, transitions, emissions, tokens)
+
+
+def circuit_prefix_log_marginals(
+    kind: str,
+    weights: torch.Tensor | None,
+    transitions: torch.Tensor | None,
+    emissions: torch.Tensor,
+    tokens: torch.Tensor,
+) -> torch.Tensor:
+    """log q(x_1..x_i) for i = 1..n, in one pass per context: ``[B, n]`` (parameters as in
+    :func:`circuit_log_prob`). Conditionals log q(x_i | x_<i) are the differences of neighbours.
+
+    >>> w = torch.tensor([[0.3, 0.7]]).log()
+    >>> e = torch.tensor([[[[0.8, 0.2], [0.6, 0.4]], [[0.4, 0.6], [0.1, 0.9]]]]).log()
+    >>> circuit_prefix_log_marginals("cp", w, None, e, torch.tensor([[1, 1]])).exp()
+    tensor([[0.4800, 0.4020]])
+    """
+    weights, transitions = _circuit_params(kind, weights, transitions, emissions)
+    return torch.ops.mtprobe.circuit_prefix_log_marginals(kind, weights, transitions, emissions, tokens)
+
+
+def circuit_next_token_log_probs(
+    kind: str,
+    weights: torch.Tensor | None,
+    transitions: torch.Tensor | None,
+    emissions: torch.Tensor,
+    prefix: torch.Tensor,
+) -> torch.Tensor:
+    """log q(v | x_1..x_len) for every token v: ``[B, V]``, from ``prefix [B, len]`` with ``len`` in
+    ``[0, n)`` (one length for the batch; parameters as in :func:`circuit_log_prob`). A prefix of
+    probability 0 gives -inf everywhere.
+
+    >>> w = torch.tensor([[0.3, 0.7]]).log()
+    >>> e = torch.tensor([[[[0.8, 0.2], [0.6, 0.4]], [[0.4, 0.6], [0.1, 0.9]]]]).log()
+    >>> circuit_next_token_log_probs("cp", w, None, e, torch.tensor([[0]])).exp()
+    tensor([[0.3308, 0.6692]])
+    """
+    weights, transitions = _circuit_params(kind, weights, transitions, emissions)
+    return torch.ops.mtprobe.circuit_next_token_log_probs(kind, weights, transitions, emissions, prefix)
+
+
+def circuit_sample(
+    kind: str,
+    weights: torch.Tensor | None,
+    transitions: torch.Tensor | None,
+    emissions: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """One window per context by ancestral sampling from the caller's uniforms: ``[B, n]`` int64.
+
+    ``uniforms``: ``[B, S + n]`` float64 in ``[0, 1)``, ``S`` the sampled latents (0 for FF, 1 for
+    CP, n for HMM, L for BTree): ``u[:, :S]`` the latents' (breadth first), then one per token. Each
+    categorical is drawn by inverse CDF (the first k with p_0 + .. + p_k > u, never an entry of
+    probability 0), so equal uniforms give equal windows. Parameters as in :func:`circuit_log_prob`.
+    Reference: ``mtprobe.reference.circuit.sample``.
+
+    >>> w = torch.tensor([[0.3, 0.7]]).log()
+    >>> e = torch.tensor([[[[0.8, 0.2], [0.6, 0.4]], [[0.4, 0.6], [0.1, 0.9]]]]).log()
+    >>> circuit_sample("cp", w, None, e, torch.tensor([[0.5, 0.9, 0.3]], dtype=torch.float64))
+    tensor([[1, 1]])
+    """
+    weights, transitions = _circuit_params(kind, weights, transitions, emissions)
+    return torch.ops.mtprobe.circuit_sample(kind, weights, transitions, emissions, uniforms)

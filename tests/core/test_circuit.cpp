@@ -8,8 +8,8 @@
 // explicit sum over every assignment of the latent variables (the model's definition, independent
 // of the circuit's pass), marginals and conditionals as sums over all V^n windows. The sampler is
 // checked by counting windows drawn from fixed-seed uniforms against the exact probabilities (the
-// Python tests, tests/test_circuit.py, run a chi-square test on the PyTorch reference's sampler;
-// the C++ sampler has no binding, so its frequencies are tested here).
+// Python tests, tests/test_circuit.py, run a chi-square test on the PyTorch reference's sampler and
+// on this sampler through torch.ops.mtprobe.circuit_sample).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -280,7 +280,40 @@ void test_btree_layout() {
 }
 
 // Normalisation, the joint against the latent sum, prefix marginals, conditionals and next-token
-// distributions against sums over all windows, for every kind, n = 1..4, V = 2..3, r = 1..3.
+// distributions against sums over all windows.
+void check_against_brute_force(const Params& p) {
+  const int64_t n = p.s.n, V = p.s.vocab;
+  const Circuit<double> c = p.circuit();
+  c.check_normalised(1e-12);
+  const auto windows = all_windows(n, V);
+  std::vector<double> joint;
+  double total = 0;
+  for (const auto& x : windows) {
+    joint.push_back(brute_joint(p, x));
+    total += std::exp(c.log_prob(x.data()));
+    CHECK(close(c.log_prob(x.data()), std::log(joint.back())));
+  }
+  CHECK(close(total, 1.0));
+  std::vector<double> m(n), cond(n), next(V);
+  for (const auto& x : windows) {
+    c.prefix_log_marginals(x.data(), m.data());
+    c.conditional_log_probs(x.data(), cond.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const double prefix = brute_prefix(windows, joint, x, i + 1);
+      const double before = brute_prefix(windows, joint, x, i);
+      CHECK(close(m[i], std::log(prefix)));
+      CHECK(close(cond[i], std::log(prefix / before)));
+      CHECK(close(c.next_token_log_probs(x.data(), i, next.data()), std::log(before)));
+      CHECK(close(next[x[i]], cond[i]));
+      double s = 0;
+      for (double v : next) s += std::exp(v);
+      CHECK(close(s, 1.0));
+    }
+  }
+}
+
+// Every kind, n = 1..4, V = 2..3, r = 1..3; and longer windows of HMM and BTree, whose latent trees
+// get deeper (from n = 6 on, a BTree has a latent that ends in a latent and has a later sibling).
 void test_against_brute_force() {
   uint64_t seed = 1;
   for (CircuitKind kind : kKinds)
@@ -288,35 +321,10 @@ void test_against_brute_force() {
       for (int64_t V = 2; V <= 3; ++V)
         for (int64_t r = 1; r <= 3; ++r) {
           if (kind == CircuitKind::kFF && r > 1) continue;
-          const Params p = random_params(kind, n, r, V, seed++);
-          const Circuit<double> c = p.circuit();
-          c.check_normalised(1e-12);
-          const auto windows = all_windows(n, V);
-          std::vector<double> joint;
-          double total = 0;
-          for (const auto& x : windows) {
-            joint.push_back(brute_joint(p, x));
-            total += std::exp(c.log_prob(x.data()));
-            CHECK(close(c.log_prob(x.data()), std::log(joint.back())));
-          }
-          CHECK(close(total, 1.0));
-          std::vector<double> m(n), cond(n), next(V);
-          for (const auto& x : windows) {
-            c.prefix_log_marginals(x.data(), m.data());
-            c.conditional_log_probs(x.data(), cond.data());
-            for (int64_t i = 0; i < n; ++i) {
-              const double prefix = brute_prefix(windows, joint, x, i + 1);
-              const double before = brute_prefix(windows, joint, x, i);
-              CHECK(close(m[i], std::log(prefix)));
-              CHECK(close(cond[i], std::log(prefix / before)));
-              CHECK(close(c.next_token_log_probs(x.data(), i, next.data()), std::log(before)));
-              CHECK(close(next[x[i]], cond[i]));
-              double s = 0;
-              for (double v : next) s += std::exp(v);
-              CHECK(close(s, 1.0));
-            }
-          }
+          check_against_brute_force(random_params(kind, n, r, V, seed++));
         }
+  for (CircuitKind kind : {CircuitKind::kHMM, CircuitKind::kBTree})
+    for (int64_t n = 5; n <= 8; ++n) check_against_brute_force(random_params(kind, n, 2, 2, seed++));
 }
 
 // HMM (and BTree) with identity transitions equal CP with the same weights and emissions.
