@@ -27,7 +27,14 @@ from mtprobe import models
 from mtprobe.config import LOOKAHEAD_PAPER_CONFIGS
 from mtprobe.specbench.questions import first_per_category, load_questions
 
-OURS = ("probe", "hybrid", "probe-cal", "probe-cal-lam0", "hybrid-cal")  # the rest are the baselines
+OURS = (
+    "probe",
+    "hybrid",
+    "probe-cal",
+    "probe-cal-lam0",
+    "hybrid-cal",
+    "hybrid-cal-lam0",
+)  # the rest are the baselines
 
 
 def configs(bc: int, mask_path: str | None = None) -> dict[str, object]:
@@ -43,9 +50,13 @@ def configs(bc: int, mask_path: str | None = None) -> dict[str, object]:
         mask_path is not None
     ):  # learned masks (python -m mtprobe.calibrate), with and without the running update
         cal = dict(mask_init="calibrated", mask_path=mask_path)
-        out["probe-cal"] = mtprobe.ProbeConfig(block_complexity=bc, **cal)
+        out["probe-cal"] = mtprobe.ProbeConfig(block_complexity=bc, mask_lambda=0.1, **cal)
         out["probe-cal-lam0"] = mtprobe.ProbeConfig(block_complexity=bc, mask_lambda=0.0, **cal)
-        out["hybrid-cal"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=2 if bc >= 60 else 1, **cal)
+        k = 2 if bc >= 60 else 1
+        out["hybrid-cal"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=k, mask_lambda=0.1, **cal)
+        out["hybrid-cal-lam0"] = mtprobe.HybridConfig(
+            block_complexity=bc, num_masks=k, mask_lambda=0.0, **cal
+        )
     return out
 
 
@@ -64,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--mask-path",
         default=None,
-        help="a mask calibration (python -m mtprobe.calibrate): adds probe-cal (lambda 0.1), probe-cal-lam0 "
-        "(lambda 0, the learned masks kept) and hybrid-cal rows",
+        help="a mask calibration (python -m mtprobe.calibrate): adds probe-cal, hybrid-cal (lambda 0.1) and "
+        "probe-cal-lam0, hybrid-cal-lam0 (lambda 0, the learned masks kept) rows",
     )
     ap.add_argument("--methods", nargs="+", default=None, help="only these rows (default: all)")
     args = ap.parse_args(argv)
@@ -130,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         "lade = LookaheadConfig.for_block_complexity(BC) (L3 W4 G1, L4 W5 G5, L5 W8 G7), "
         "hybrid = HybridConfig(block_complexity=BC) (one mask below BC 60, two from 60, as probe); "
         + (
-            f"probe-cal / probe-cal-lam0 / hybrid-cal: the same with mask_init='calibrated', "
-            f"mask_path=`{Path(args.mask_path).name}` (probe-cal-lam0: mask_lambda=0, the learned masks kept); "
+            f"probe-cal, hybrid-cal / probe-cal-lam0, hybrid-cal-lam0: the same with mask_init='calibrated', "
+            f"mask_path=`{Path(args.mask_path).name}` and mask_lambda 0.1 (the paper's running update on top) / "
+            "0 (the learned masks kept); "
             if args.mask_path
             else ""
         )

@@ -131,6 +131,17 @@ def test_config_checks_mask_path():
     assert mtprobe.config_from_dict(cfg.to_dict()) == cfg
 
 
+def test_calibrated_masks_are_kept_unless_a_step_is_given():
+    # The running update pulls learned masks back toward token embeddings: off unless asked for.
+    cal = dict(mask_init="calibrated", mask_path="x.safetensors")
+    assert mtprobe.ProbeConfig(**cal).mask_lambda == 0.0
+    assert mtprobe.HybridConfig(**cal).mask_lambda == 0.0
+    assert mtprobe.ProbeConfig(mask_lambda=0.1, **cal).mask_lambda == 0.1
+    assert mtprobe.ProbeConfig().mask_lambda == 0.1  # the paper's step for its own initialisations
+    assert mtprobe.HybridConfig().mask_lambda == 0.1
+    assert mtprobe.HybridConfig(**cal).to_dict()["mask_lambda"] == 0.0  # written resolved
+
+
 def test_bad_calibration_arguments(model):
     with pytest.raises(ValueError, match="num_masks=5 must be between 1 and 4"):
         calibrate_masks(model, _prompts(3), num_masks=5)
@@ -145,12 +156,12 @@ def test_bad_calibration_arguments(model):
     [
         lambda p: mtprobe.ProbeConfig(block_complexity=10, mask_init="calibrated", mask_path=p),
         lambda p: mtprobe.ProbeConfig(
-            block_complexity=10, mask_init="calibrated", mask_path=p, mask_lambda=0.0
+            block_complexity=10, mask_init="calibrated", mask_path=p, mask_lambda=0.1
         ),
         lambda p: mtprobe.ProbeConfig(block_complexity=30, num_masks=2, mask_init="calibrated", mask_path=p),
         lambda p: mtprobe.HybridConfig(block_complexity=12, mask_init="calibrated", mask_path=p),
     ],
-    ids=["probe", "probe_lambda0", "probe_k2_dynamic", "hybrid"],
+    ids=["probe", "probe_lambda0.1", "probe_k2_dynamic", "hybrid"],
 )
 def test_calibrated_masks_are_token_identical_to_greedy(model, calibration, make):
     _, path = calibration

@@ -18,7 +18,8 @@ masks); each step forwards only the masks, a batch of anchors at a time, over th
 
 The result is a :class:`MaskCalibration` file (safetensors: the masks and a JSON header naming the
 model it belongs to); ``ProbeConfig(mask_init="calibrated", mask_path=FILE)`` starts every
-generation's masks from it, and ``mask_lambda`` (0 keeps them fixed) still applies on top.
+generation's masks from it; they stay fixed (``mask_lambda`` defaults to 0 for them), and a positive
+``mask_lambda`` applies the paper's running update on top.
 
     python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2.safetensors
 """
