@@ -31,7 +31,6 @@ import copy
 import hashlib
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -432,12 +431,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--holdout", type=int, default=4, help="prompts kept out of training and scored")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    from mtprobe.data import calibration_prompts
+    from mtprobe.data import calibration_prompts, print_progress
 
     model, ids = calibration_prompts(args)
-
-    def progress(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     try:
         cal = calibrate_masks(
@@ -450,7 +446,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             lr=args.lr,
             holdout=args.holdout,
             seed=args.seed,
-            progress=progress,
+            progress=print_progress,
         )
     except ValueError as e:
         parser.error(str(e))

@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -563,13 +562,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         debias = tuple(int(x) for x in args.debias_sizes.split(","))
     except ValueError:
         parser.error(f"--debias-sizes must be comma-separated integers, got {args.debias_sizes!r}")
-    from mtprobe.data import calibration_prompts
+    from mtprobe.data import calibration_prompts, print_progress
     from mtprobe.profile import ForwardProfile
 
     model, ids = calibration_prompts(args)
-
-    def progress(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     bank = build_bank(
         model,
@@ -579,7 +575,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         max_new_tokens=args.max_new_tokens,
         debias_sizes=debias,
         profile=None if args.profile is None else ForwardProfile.load(args.profile),
-        progress=progress,
+        progress=print_progress,
     )
     bank.save(args.out)
     s = bank.stats

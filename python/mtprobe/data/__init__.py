@@ -11,6 +11,8 @@ which keeps ``prompts[:n]`` varied for small benchmark runs.
 
 from __future__ import annotations
 
+import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -109,3 +111,8 @@ def calibration_prompts(args: Any) -> tuple[Any, list[Any]]:
     if args.num_prompts is not None:
         prompts = prompts[: args.num_prompts]
     return model, [encode_conversation(tokenizer, p["messages"], "cpu") for p in prompts]
+
+
+def print_progress(msg: str) -> None:
+    """A calibration command's progress line on stderr, stamped with the time."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
