@@ -383,6 +383,35 @@ T Circuit<T>::next_token_log_probs(const int64_t* prefix, int64_t len, T* out) c
 }
 
 template <typename T>
+T Circuit<T>::candidate_log_probs(const int64_t* prefix, int64_t len, const int64_t* candidates, int64_t k,
+                                  T* out) const {
+  if (len < 0 || len >= s_.n)
+    throw std::invalid_argument(std::string(circuit_kind_name(s_.kind)) + " circuit: prefix length " +
+                                std::to_string(len) + " is outside [0, n) = [0, " + std::to_string(s_.n) +
+                                "): the next token must lie in the window");
+  if (k < 0) throw std::invalid_argument("candidate_log_probs: k = " + std::to_string(k) + ", must be >= 0");
+  check_tokens(prefix, len, "prefix");
+  check_tokens(candidates, k, "candidates");
+  const int64_t r = s_.r;
+  std::vector<double> at(r);
+  forward_to(prefix, len, at.data());      // log q(prefix, state of the next token's parent latent)
+  const double z = log_sum(at.data(), r);  // log q(prefix): the next token's categorical sums to 1
+  for (int64_t j = 0; j < k; ++j) {
+    double best = kNegInf, sum = 0;
+    for (int64_t s = 0; s < r; ++s)
+      best = std::max(best, at[s] + static_cast<double>(emission_row(len, s)[candidates[j]]));
+    if (best != kNegInf && z != kNegInf) {
+      for (int64_t s = 0; s < r; ++s)
+        sum += std::exp(at[s] + static_cast<double>(emission_row(len, s)[candidates[j]]) - best);
+      out[j] = static_cast<T>(best + std::log(sum) - z);
+    } else {
+      out[j] = static_cast<T>(kNegInf);
+    }
+  }
+  return static_cast<T>(z);
+}
+
+template <typename T>
 void Circuit<T>::sample(const double* uniforms, int64_t* out_tokens) const {
   const int64_t S = s_.sampled_latents(), U = s_.num_uniforms(), r = s_.r;
   if (uniforms == nullptr)

@@ -54,6 +54,9 @@
 //   conditional_log_probs     log q(x_i | x_<i) = marginal(i) - marginal(i - 1), marginal(0) = 0.
 //   next_token_log_probs      log q(v | x_1..x_len) for every v in [0, V) at a prefix of length
 //                             len in [0, n): what a draft tree expands. Cost O(len r + L r^2 + r V).
+//   candidate_log_probs       the same for a list of k candidate tokens: the state posterior of the
+//                             next token's parent latent, then r terms per candidate. Cost
+//                             O(len r + L r^2 + r k).
 //   sample                    ancestral sampling of a whole window in one pass (App. B, Alg. 1):
 //                             every latent from its parent's state (weights for the root), then
 //                             every token from its parent latent's state. The caller supplies the
@@ -155,6 +158,10 @@ class Circuit {
   void conditional_log_probs(const int64_t* tokens /* [n] */, T* out /* [n] */) const;
   // Writes log q(v | prefix) for v in [0, V); returns log q(prefix) (0 for len = 0).
   T next_token_log_probs(const int64_t* prefix /* [len] */, int64_t len, T* out /* [V] */) const;
+  // The same conditionals for the k tokens of `candidates` only: O(len r + L r^2 + r k), what a draft
+  // tree expands when it only looks at a shortlist. Returns log q(prefix).
+  T candidate_log_probs(const int64_t* prefix /* [len] */, int64_t len, const int64_t* candidates /* [k] */,
+                        int64_t k, T* out /* [k] */) const;
   void sample(const double* uniforms /* [num_uniforms()] */, int64_t* out_tokens /* [n] */) const;
   T greedy_window(int64_t* out_tokens /* [n] */) const;
   // Returns the number of windows written, min(k, V^n).

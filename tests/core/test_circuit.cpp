@@ -305,6 +305,11 @@ void check_against_brute_force(const Params& p) {
       CHECK(close(cond[i], std::log(prefix / before)));
       CHECK(close(c.next_token_log_probs(x.data(), i, next.data()), std::log(before)));
       CHECK(close(next[x[i]], cond[i]));
+      std::vector<int64_t> all(V);  // every token as a candidate, in reverse: the same conditionals
+      for (int64_t v = 0; v < V; ++v) all[v] = V - 1 - v;
+      std::vector<double> some(V);
+      CHECK(close(c.candidate_log_probs(x.data(), i, all.data(), V, some.data()), std::log(before)));
+      for (int64_t v = 0; v < V; ++v) CHECK(close(some[v], next[V - 1 - v]));
       double s = 0;
       for (double v : next) s += std::exp(v);
       CHECK(close(s, 1.0));
