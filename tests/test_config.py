@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from mtprobe.drafters import DECODING_CONFIGS, ngram_memories
 
 # Learned masks for tiny_llama() (written by the `tiny` fixture below, before any test decodes).
 MASKS = Path(tempfile.gettempdir()) / f"mtprobe-test-config-masks-{os.getpid()}.safetensors"
+# A circuit head trained for tiny_llama() (also written by the `tiny` fixture).
+HEAD = Path(tempfile.gettempdir()) / f"mtprobe-test-config-head-{os.getpid()}"
 
 # One configuration per method, every field away from its default.
 NON_DEFAULT = {
@@ -70,6 +73,7 @@ NON_DEFAULT = {
         decay=0.8,
         explore_every=5,
     ),
+    "heads": mtprobe.HeadsConfig(path=str(HEAD), block_complexity=13, top_branches=2),
     "entmtp": mtprobe.EntMTPConfig(
         bank=mtprobe.TopologyBank(trees=((), ((0,),), ((0,), (1,), (0, 0))), num_masks=2, mask_lambda=0.2),
         policy="ladder",
@@ -115,7 +119,8 @@ def test_round_trip_dict_and_json(name):
     assert cls.from_json(text) == cfg
     assert config_from_json(text) == cfg
     # Defaults round-trip too, with the resolved fields (num_masks, tree, branches, budgets) written out.
-    assert cls.from_dict(cls().to_dict()) == cls()
+    default = cls(path="head") if name == "heads" else cls()  # a head's checkpoint has no default
+    assert cls.from_dict(default.to_dict()) == default
 
 
 def test_resolved_fields_are_written():
@@ -220,6 +225,7 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
             decay=lam,
             explore_every=c,
         ),
+        "heads": lambda: mtprobe.HeadsConfig(path=f"heads/{a}", block_complexity=a, top_branches=b),
         "entmtp": lambda: mtprobe.EntMTPConfig(
             policy=("static", "ladder", "hysteretic")[c % 3],
             thresholds=(() if c % 3 == 0 else (lam,) * (5 if c % 3 == 1 else 2)),
@@ -241,14 +247,20 @@ IDS = torch.tensor([[3, 7, 11, 5, 3, 7, 11, 5, 3, 7]])
 
 @pytest.fixture(scope="module")
 def tiny():
-    from mtprobe.calibrate import calibrate_masks
+    from mtprobe import heads
+    from mtprobe.calibrate import calibrate_masks, calibration_sequences
 
     model = tiny_llama()
     calibrate_masks(model, [IDS[:, :6], IDS[:, 2:]], num_masks=2, max_new_tokens=6, epochs=1, holdout=0).save(
         MASKS
     )
+    seqs = calibration_sequences(model, [IDS[:, :6], IDS[:, 2:]], max_new_tokens=16)
+    features = heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
+    head = heads.new_head(model, heads.HeadSpec("cp", 3, 2, hidden_size=64, vocab_size=96, adapter_rank=4))
+    heads.save_head(head, model, HEAD, heads.train_head(head, features, steps=5, holdout=0))
     yield model
     MASKS.unlink(missing_ok=True)
+    shutil.rmtree(HEAD, ignore_errors=True)
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))

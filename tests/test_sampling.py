@@ -182,17 +182,50 @@ def test_mask_probe_sampling_is_exact(tiny, tmp_path, masks):
     if masks == "calibrated":  # masks learned for the tiny model (python/mtprobe/calibrate.py)
         extra = dict(mask_init="calibrated", mask_path=_calibrated_masks(tiny, tmp_path / "tiny.safetensors"))
     cfg = mtprobe.ProbeConfig(block_complexity=10, **extra)
-    counts = torch.zeros(V**3, dtype=torch.long)
-    torch.manual_seed(2)
-    accepted = 0
-    for _ in range(N_SAMPLES):
-        out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=3, do_sample=True, **SAMPLE_KW)
-        x1, x2, x3 = out.sequences[0, -3:].tolist()
-        counts[(x1 * V + x2) * V + x3] += 1
-        accepted += sum(out.accepted_per_depth)
+    counts, accepted = sample_triples(tiny, prompt, cfg, seed=2)
     assert accepted > N_SAMPLES // 20, accepted  # drafts were verified and kept, or this proves little
     p = chi_square_pvalue(counts, exact)
     assert p > ALPHA, f"sampled triples differ from the target distribution (chi-square p = {p:.2e})"
+
+
+def sample_triples(model, prompt: torch.Tensor, cfg, seed: int) -> tuple[torch.Tensor, int]:
+    """N_SAMPLES three-token continuations from mtprobe.generate: (counts [V^3], accepted drafts)."""
+    counts = torch.zeros(V**3, dtype=torch.long)
+    torch.manual_seed(seed)
+    accepted = 0
+    for _ in range(N_SAMPLES):
+        out = mtprobe.generate(model, prompt, cfg, max_new_tokens=3, do_sample=True, **SAMPLE_KW)
+        x1, x2, x3 = out.sequences[0, -3:].tolist()
+        counts[(x1 * V + x2) * V + x3] += 1
+        accepted += sum(out.accepted_per_depth)
+    return counts, accepted
+
+
+@pytest.mark.parametrize("circuit", ["ff", "cp", "hmm", "btree"])
+def test_circuit_heads_sampling_is_exact(tiny, tmp_path, circuit):
+    # As for probing: the prefill samples x1 and the head's circuit (trained briefly on the model's own
+    # text) drafts two sibling x2 candidates from q(x2 | x1), verified by rejection sampling with q.
+    from mtprobe import heads
+    from mtprobe.calibrate import calibration_sequences
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, V, (1, 5), generator=g) for _ in range(6)]
+    seqs = calibration_sequences(tiny, prompts, max_new_tokens=30)
+    features = heads.compute_features(tiny, [(ids, plen - 1) for ids, plen in seqs])
+    spec = heads.HeadSpec(circuit, window=3, rank=1 if circuit == "ff" else 2, hidden_size=32, vocab_size=V)
+    torch.manual_seed(0)
+    head = heads.new_head(tiny, spec)
+    heads.save_head(head, tiny, tmp_path, heads.train_head(head, features, steps=100, lr=3e-3))
+    cfg = mtprobe.HeadsConfig(path=str(tmp_path), block_complexity=10, top_branches=2)
+    prompt = torch.tensor([[2, 7, 1, 8]])
+    with torch.no_grad():
+        exact = exact_triple_distribution(tiny, prompt).reshape(-1)  # [V^3]
+    counts, accepted = sample_triples(tiny, prompt, cfg, seed=3)
+    assert accepted > N_SAMPLES // 20, accepted  # drafts were verified and kept, or this proves little
+    p = chi_square_pvalue(counts, exact)
+    assert p > ALPHA, (
+        f"{circuit}: sampled triples differ from the target distribution (chi-square p = {p:.2e})"
+    )
 
 
 @pytest.mark.parametrize("bug", ["bonus_from_root", "temperature_1.3"])

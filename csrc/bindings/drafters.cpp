@@ -11,6 +11,7 @@
 #include "core/topology.h"
 #include "drafters/draft_model.h"
 #include "drafters/drafter.h"
+#include "drafters/heads.h"
 #include "drafters/hybrid.h"
 #include "drafters/lookahead.h"
 #include "drafters/mask_probe.h"
@@ -272,6 +273,20 @@ void bind_drafters(py::module_& m) {
            py::arg("forward"), py::kw_only(), py::arg("num_tokens"), py::arg("do_sample") = false,
            py::arg("process") = py::none(), py::arg("top_branches") = 1)
       .def_property_readonly("draft_forwards", &DraftModelDrafter::draft_forwards);
+
+  py::class_<HeadsDrafter, Drafter, std::shared_ptr<HeadsDrafter>>(
+      m, "HeadsDrafter",
+      "Probabilistic-circuit heads (MTPC): drafts from a circuit over the next `window` tokens that `head` "
+      "computes from the target's last hidden state, conditioned on the root token.")
+      .def(py::init([](HeadFn head, std::string circuit, int64_t window, int64_t rank, int64_t vocab,
+                       bool do_sample, int64_t top_branches) {
+             return std::make_shared<HeadsDrafter>(
+                 std::move(head),
+                 HeadsOptions{std::move(circuit), window, rank, vocab, do_sample, top_branches});
+           }),
+           py::arg("head"), py::kw_only(), py::arg("circuit"), py::arg("window"), py::arg("rank"),
+           py::arg("vocab"), py::arg("do_sample") = false, py::arg("top_branches") = 1)
+      .def_property_readonly("head_calls", &HeadsDrafter::head_calls);
 
   // The STAND n-gram store as a host object, mirroring csrc/core/ngram_store.h (tests compare it
   // with mtprobe.reference.stand).

@@ -13,6 +13,7 @@ from mtprobe.config import (
     AutoConfig,
     DraftModelConfig,
     EntMTPConfig,
+    HeadsConfig,
     HybridConfig,
     LookaheadConfig,
     ProbeConfig,
@@ -35,6 +36,7 @@ __all__ = [
     "HybridConfig",
     "DraftModelConfig",
     "EntMTPConfig",
+    "HeadsConfig",
     "AutoConfig",
     "TopologyBank",
     "ForwardProfile",
@@ -47,6 +49,7 @@ __all__ = [
     "NgramMemory",
     "ngram_memory",
     "models",
+    "heads",
     "ops",
     "__version__",
 ]
@@ -57,8 +60,8 @@ def __getattr__(name: str):
 
     # models pulls in the GGUF conversion path; load it on first use. mtprobe.topology also runs as
     # `python -m mtprobe.topology`, which must find it not yet imported.
-    if name == "models":
-        return importlib.import_module("mtprobe.models")
+    if name in ("models", "heads"):
+        return importlib.import_module(f"mtprobe.{name}")
     if name == "TopologyBank":
         return importlib.import_module("mtprobe.topology").TopologyBank
     raise AttributeError(f"module 'mtprobe' has no attribute {name!r}")

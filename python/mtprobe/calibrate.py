@@ -192,21 +192,46 @@ def calibration_sequences(
     prompts: Sequence[torch.Tensor],
     max_new_tokens: int,
     progress: Callable[[str], None] | None = None,
+    batch_size: int = 1,
 ) -> list[tuple[torch.Tensor, int]]:
-    """(ids ``[n]``, prompt length) per prompt ``[1, L]``: the model's greedy continuation, HF ``generate``."""
+    """(ids ``[n]``, prompt length) per prompt ``[1, L]``: the model's greedy continuation, HF ``generate``.
+
+    ``batch_size`` > 1 generates that many prompts at once, left-padded (much faster on a CPU); padding
+    can flip a near-tie greedy choice, so batched text is the model's own but not always bit-identical
+    to one prompt at a time. Each continuation ends at its first EOS."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    pad = model.config.pad_token_id
+    if pad is None:
+        pad = min(eos_ids) if eos_ids else 0
     out = []
-    for i, ids in enumerate(prompts):
+    for start in range(0, len(prompts), batch_size):
+        group = prompts[start : start + batch_size]
         if progress is not None:
-            progress(f"greedy continuation {i + 1}/{len(prompts)}")
+            progress(f"greedy continuations {start + 1}-{start + len(group)}/{len(prompts)}")
+        width = max(int(p.shape[1]) for p in group)
+        ids = torch.full((len(group), width), pad, dtype=torch.long)  # [b, width], left-padded
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(group):
+            ids[b, width - p.shape[1] :] = p[0]
+            mask[b, width - p.shape[1] :] = 1
         with torch.no_grad():
             seq = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
+                ids.to(model.device),
+                attention_mask=mask.to(model.device),
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
-                pad_token_id=model.config.eos_token_id if model.config.pad_token_id is None else None,
-            )
-        out.append((seq[0].cpu(), int(ids.shape[1])))
+                pad_token_id=pad,
+            ).cpu()  # [b, width + new]
+        for b, p in enumerate(group):
+            new = seq[b, width:].tolist()
+            for i, t in enumerate(new):
+                if t in eos_ids:
+                    new = new[: i + 1]
+                    break
+            out.append((torch.cat([p[0].cpu(), torch.tensor(new, dtype=torch.long)]), int(p.shape[1])))
     return out
 
 

@@ -100,7 +100,7 @@ class _ConfigData:
 
 def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
     """The decoding configuration a dict describes, vLLM ``speculative_config`` style: ``"method"``
-    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``, ``entmtp``, ``auto``: the names the
+    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``, ``entmtp``, ``heads``, ``auto``: the names the
     Spec-Bench harness uses) and the other keys are its fields.
 
     >>> config_from_dict({"method": "pld", "num_tokens": 4})
@@ -108,7 +108,7 @@ def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
     >>> config_from_dict({"method": "medusa"})
     Traceback (most recent call last):
     ...
-    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid, entmtp, auto
+    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid, entmtp, heads, auto
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"a configuration dict must be a dict with a 'method' key, got {type(data).__name__}")
@@ -770,6 +770,53 @@ class EntMTPConfig(_ConfigData):
     def resolved_bank(self) -> Any:
         """The TopologyBank in use (loaded from ``bank`` when it is a path; the default bank for ``None``)."""
         return self._bank  # type: ignore[attr-defined]
+
+
+@_method("heads")
+@dataclass(frozen=True)
+class HeadsConfig(_ConfigData):
+    """Probabilistic-circuit heads (MTPC, seed 003): self-speculative drafts from a trained circuit head
+    over the target's last hidden state (``mtprobe.heads``; train one with
+    ``python -m mtprobe.heads train --model ... --out DIR``).
+
+    Args:
+        path: the head's checkpoint folder (or its ``head.safetensors``), checked against the model
+            when the drafter is built (another backbone or vocabulary is an error).
+        block_complexity: most inputs of one decode forward: the root and ``block_complexity - 1``
+            draft nodes. Greedy: the most probable paths of the head's circuit, best first, given
+            the root token, at most ``window - 1`` deep.
+        top_branches: under sampling, independent windows drawn from the circuit as chains below
+            the root (as many as fit the budget).
+
+    >>> HeadsConfig(path="heads/cp4").block_complexity
+    30
+    >>> HeadsConfig()
+    Traceback (most recent call last):
+    ...
+    ValueError: HeadsConfig needs path=DIR, a head trained by python -m mtprobe.heads train --model ... --out DIR
+    """
+
+    path: str | None = None
+    block_complexity: int = 30
+    top_branches: int = 4
+
+    def __post_init__(self) -> None:
+        if self.path is None:
+            raise ValueError(
+                "HeadsConfig needs path=DIR, a head trained by python -m mtprobe.heads train --model ... --out DIR"
+            )
+        if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
+            raise TypeError(f"path must be a non-empty str or path, got {self.path!r}")
+        object.__setattr__(self, "path", os.fspath(self.path))
+        for name in ("block_complexity", "top_branches"):
+            _check_int(name, getattr(self, name))
+        if self.block_complexity < 2:
+            raise ValueError(
+                f"block_complexity={self.block_complexity} leaves no room for a draft: heads need at least 2 "
+                "(the root and one draft)"
+            )
+        if self.top_branches < 1:
+            raise ValueError(f"top_branches={self.top_branches} must be >= 1")
 
 
 @_method("auto")

@@ -16,6 +16,7 @@ from mtprobe.config import (
     AutoConfig,
     DraftModelConfig,
     EntMTPConfig,
+    HeadsConfig,
     HybridConfig,
     LookaheadConfig,
     ProbeConfig,
@@ -36,6 +37,7 @@ DecodingConfig = (
     | HybridConfig
     | DraftModelConfig
     | EntMTPConfig
+    | HeadsConfig
     | AutoConfig
 )
 ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -183,6 +185,16 @@ def draft_model_drafter(
     )
 
 
+def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: bool = False) -> _C.HeadsDrafter:
+    """The circuit-head drafter of ``config``: its checkpoint loaded (cached) and checked against ``model``."""
+    from mtprobe import heads
+
+    head = heads.load_cached(config.path, model)
+    return heads.heads_drafter(
+        head, block_complexity=config.block_complexity, do_sample=do_sample, top_branches=config.top_branches
+    )
+
+
 def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:
     """The forward profile ``config`` names, checked against ``model`` (ValueError naming what differs),
     or the one :func:`~mtprobe.profile.profile_forward` measures (and caches) for ``model``."""
@@ -241,6 +253,8 @@ def make_drafter(
         return auto_drafter(model, config)
     if isinstance(config, DraftModelConfig):
         return draft_model_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
+    if isinstance(config, HeadsConfig):
+        return heads_drafter(model, config, do_sample=do_sample)
     if isinstance(config, ProbeConfig):
         return mask_probe_drafter(model, config)
     if isinstance(config, EntMTPConfig):

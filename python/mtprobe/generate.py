@@ -139,7 +139,8 @@ def generate(
 ) -> GenerateOutput:
     """Lossless multi-token generation with the drafter ``config`` describes: ``ProbeConfig`` (mask-token
     probing, the default), ``PromptLookupConfig``, ``StandConfig``, ``LookaheadConfig``,
-    ``HybridConfig`` or ``DraftModelConfig``, or a dict such as ``{"method": "pld", "num_tokens": 10}``
+    ``HybridConfig``, ``DraftModelConfig``, ``EntMTPConfig``, ``HeadsConfig`` (a trained circuit head) or
+    ``AutoConfig``, or a dict such as ``{"method": "pld", "num_tokens": 10}``
     (:func:`mtprobe.config_from_dict`).
 
     The decoding mode is ``model.generate``'s: greedy unless the merged generation config says

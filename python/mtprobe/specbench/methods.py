@@ -35,6 +35,7 @@ from mtprobe.config import (
     AutoConfig,
     DraftModelConfig,
     EntMTPConfig,
+    HeadsConfig,
     HybridConfig,
     LookaheadConfig,
     ProbeConfig,
@@ -708,5 +709,37 @@ register(
             ),
         ),
         steps_doc="target forward calls, prefill included (the draft model's forwards are not counted)",
+    )
+)
+
+
+# --- heads: probabilistic-circuit heads (MTPC) ----------------------------------------------------
+
+
+register(
+    Method(
+        name=HeadsConfig.method,
+        summary="probabilistic-circuit heads (MTPC): drafts from a trained head over the last hidden state",
+        config_type=HeadsConfig,
+        run=_run_mtprobe,
+        options=(
+            Option(
+                "--head-path",
+                "path",
+                str,
+                "head-",
+                "the head's checkpoint folder (python -m mtprobe.heads train --out DIR); required",
+                always_in_id=True,
+            ),
+            _bc_option("BC, the most input tokens of one decode forward"),
+            Option(
+                "--top-branches",
+                "top_branches",
+                int,
+                "branches",
+                "under sampling: independent windows drawn from the circuit as chains below the root",
+            ),
+        ),
+        steps_doc="forward calls, prefill included",
     )
 )

@@ -1,0 +1,80 @@
+// Probabilistic-circuit heads as a self-speculative drafter (seed 003, MTPC, App. D): one backbone
+// call per step; the drafts come from a circuit over the next n tokens whose parameters a small head
+// computes from the target's own last hidden state, so drafting reuses the verifier's forward.
+//
+// The window and the bonus token. After a step the loop knows, for the last accepted node at
+// position t, its hidden state h_t and the token x_{t+1} sampled from the target there (the "bonus",
+// the next step's root). The head maps h_t to q(x_{t+1} .. x_{t+n} | h_t); the drafter conditions it
+// on the observed root, q(x_{t+2} .. | x_{t+1}) = q(x_{t+1} ..) / q(x_{t+1}), and drafts from that:
+// up to n - 1 tokens deep. A mixture's posterior over its latent states thus already knows the root
+// (the paper's Alg. 2 instead drops the target's token after a rejection; conditioning keeps it).
+//
+// Draft trees, within the block-complexity budget:
+//   - greedy: best first by the conditional probability of the whole path (the dynamic draft tree
+//     of seed 001, scored by the circuit): pop the best candidate, add it, push its best children by
+//     their exact conditionals (csrc/core/circuit.h, candidate_log_probs). Children come from a
+//     shortlist per window position, the union over latent states of each state's budget-many most
+//     likely tokens (computed once per step), so an expansion costs O(r * shortlist), not O(r V);
+//   - sampling: `top_branches` independent windows, each drawn token by token from the circuit's
+//     conditionals, as chains below the root. The first tokens are i.i.d. draws of one distribution
+//     (SpecInfer's multi-draft rule keeps the rejection sampling exact, csrc/core/verify.h) and every
+//     draft node carries the exact q it was drawn from (DraftBlock::draft_probs).
+//
+// The head itself is a callback (Python: mtprobe.heads.CircuitHead), so a trained torch module is
+// used as is; everything after its parameters — conditioning, the tree, the draws — is here.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/circuit.h"
+#include "drafters/drafter.h"
+
+namespace mtprobe {
+
+// head(hidden [hidden], logits [vocab]) -> {weights, transitions, emissions}: the circuit's
+// parameters as log-probabilities in the layouts of csrc/core/circuit.h (FF: weights and transitions
+// empty, emissions [n, V]; CP: [r], empty, [r, n, V]; HMM and BTree: [r], [L - 1, r, r], [n, r, V]).
+// logits: the target's raw logits at the same node (the head may build on them).
+using HeadFn = std::function<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&)>;
+
+struct HeadsOptions {
+  std::string circuit = "cp";  // "ff", "cp", "hmm" or "btree"
+  int64_t window = 4;          // n: tokens the circuit covers, the root included (drafts <= n - 1 deep)
+  int64_t rank = 1;            // r: latent states (1 for FF)
+  int64_t vocab = 0;           // V
+  bool do_sample = false;      // sampled chains with draft_probs (else the greedy best-first tree)
+  int64_t top_branches = 1;    // chains under sampling
+};
+
+class HeadsDrafter : public Drafter {
+ public:
+  HeadsDrafter(HeadFn head, HeadsOptions options);
+
+  std::string name() const override { return "heads"; }
+  void begin(const at::Tensor& prompt) override;
+  DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
+  void observe(const StepOutcome& outcome) override;
+  bool wants_hidden_states() const override { return true; }
+
+  int64_t head_calls() const { return head_calls_; }
+
+ private:
+  // The greedy tree below the root: tokens and parents (-1: the root) of at most `max_nodes` drafts.
+  void greedy_tree(const core::Circuit<float>& circuit, int64_t max_nodes, int64_t depth,
+                   std::vector<int64_t>& tokens, std::vector<int64_t>& parents) const;
+
+  HeadFn head_;
+  HeadsOptions options_;
+  core::CircuitStructure structure_;
+  std::vector<at::Tensor> params_;  // the last head output (CPU float32, contiguous), or empty
+  int64_t bonus_ = -1;              // the token the params' window starts with (the next root)
+  int64_t head_calls_ = 0;
+};
+
+}  // namespace mtprobe

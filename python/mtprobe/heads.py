@@ -1,0 +1,727 @@
+"""Probabilistic-circuit heads (MTPC, seed 003): a small head maps the target's last hidden state to the
+parameters of a circuit over the next ``window`` tokens; the C++ drafter (csrc/drafters/heads.h) drafts
+from it, conditioned on the token the target already chose, and the target verifies losslessly.
+
+The head (:class:`CircuitHead`), for a hidden state ``h`` (the backbone's final-norm output, ``[d]``):
+
+- sum weights ``q(z_root) = softmax(W_w h + b_w)`` (CP, HMM, BTree);
+- transitions ``q(z_child | z_parent) = softmax(W_t h + b_t)`` per child latent (HMM, BTree), started
+  near the identity (each off-diagonal entry 1e-3), so that an HMM or BTree head starts as the CP head
+  with the same weights and emissions, as the paper initialises its HMM;
+- emissions, the categorical of token ``i`` given state ``z``, one of two ways:
+
+  ``"lowrank"`` (subword vocabularies): ``softmax(E h + E C_iz silu(A_iz h))`` with ``E`` the model's own
+  LM head (frozen, not stored in the checkpoint), ``A_iz`` ``[rho, d]`` and ``C_iz`` ``[d, rho]``: a rank-rho
+  adapter in the hidden space feeding the LM head. ``E h`` is the target's own next-token logits,
+  which the drafter reads for free from the verification forward, and ``E C_iz`` ``[V, rho]`` is
+  precomputed once, so a step costs ``n r (rho d + V rho)`` multiply-adds instead of ``n r`` LM heads.
+  ``C`` starts at zero: every position starts as the next-token distribution.
+
+  ``"unembedding"`` (small vocabularies, the paper's choice for byte models): one unembedding matrix
+  ``[V, d]`` per position and state, started from the LM head plus noise.
+
+Shapes below: ``B`` contexts, ``n`` window, ``r`` states (1 for FF), ``L`` latents, ``V`` vocabulary.
+
+Train a head once per model (minutes on a CPU; the backbone's features can be cached and reused)::
+
+    python -m mtprobe.heads train --circuit hmm --window 4 --rank 2 --out heads/hmm --features f.pt
+
+then decode with ``mtprobe.HeadsConfig(path="heads/hmm")``. Training (:func:`train_head`) minimises the
+discounted NLL of the windows that follow each position, ``-sum_j gamma^(j-1) log q(x_j | x_<j)``
+(gamma 0.8, 0.9 for n > 8), with the conditionals read off the prefix marginals
+(:func:`window_log_marginals`); the backbone is frozen and its features are computed once.
+
+>>> spec = HeadSpec(circuit="cp", window=3, rank=2, hidden_size=8, vocab_size=11)
+>>> head = CircuitHead(spec, lm_head=torch.randn(11, 8))
+>>> params = head(torch.randn(5, 8))
+>>> params.weights.shape, params.emissions.shape
+(torch.Size([5, 2]), torch.Size([5, 3, 2, 11]))
+>>> window_log_marginals(params, torch.randint(0, 11, (5, 3))).shape  # log q(x_1..x_j), j = 1..3
+torch.Size([5, 3])
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtprobe.reference.circuit import KINDS, latent_tree
+
+EMISSIONS = ("lowrank", "unembedding")
+CHECKPOINT_FILE = "head.safetensors"
+FORMAT = "mtprobe-circuit-head/1"
+# Off-diagonal probability of a fresh transition matrix: near the identity (the head starts as CP),
+# yet far enough from 0 that softmax gradients reach the off-diagonal entries.
+_TRANSITION_EPS = 1e-3
+
+
+def default_gamma(window: int) -> float:
+    """The paper's discount of later window positions: 0.8, or 0.9 for windows longer than 8."""
+    return 0.9 if window > 8 else 0.8
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A head's architecture.
+
+    Args:
+        circuit: ``"ff"``, ``"cp"``, ``"hmm"`` or ``"btree"``.
+        window: n, the tokens the circuit covers: the target's next token and n - 1 drafts after it.
+        rank: r, latent states of each latent variable (must be 1 for FF).
+        emission: ``"lowrank"`` (adapters into the model's LM head) or ``"unembedding"``.
+        adapter_rank: rho of the ``"lowrank"`` adapters.
+        hidden_size: d of the backbone.
+        vocab_size: V of the backbone's LM head.
+
+    >>> HeadSpec(circuit="ff", window=4, rank=2, hidden_size=8, vocab_size=10)
+    Traceback (most recent call last):
+    ...
+    ValueError: an FF head has no latent states: rank must be 1, got 2
+    """
+
+    circuit: str = "cp"
+    window: int = 4
+    rank: int = 4
+    emission: str = "lowrank"
+    adapter_rank: int = 16
+    hidden_size: int = 0
+    vocab_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.circuit not in KINDS:
+            raise ValueError(f"circuit={self.circuit!r}: expected one of {', '.join(KINDS)}")
+        if self.emission not in EMISSIONS:
+            raise ValueError(f"emission={self.emission!r}: expected one of {', '.join(EMISSIONS)}")
+        for name in ("window", "rank", "adapter_rank", "hidden_size", "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        if self.window < 2:
+            raise ValueError(
+                f"window={self.window} must be >= 2: the window holds the target's next token and at least "
+                "one draft after it"
+            )
+        if self.rank < 1:
+            raise ValueError(f"rank={self.rank} must be >= 1 (latent states of the circuit)")
+        if self.circuit == "ff" and self.rank != 1:
+            raise ValueError(f"an FF head has no latent states: rank must be 1, got {self.rank}")
+        if self.adapter_rank < 1:
+            raise ValueError(f"adapter_rank={self.adapter_rank} must be >= 1")
+        if self.hidden_size < 1 or self.vocab_size < 1:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} and vocab_size={self.vocab_size} must be >= 1 (the backbone's)"
+            )
+
+    @property
+    def num_latents(self) -> int:
+        """L: latent variables of the circuit (1 for FF and CP, n for HMM, n - 1 for BTree)."""
+        return len(latent_tree(self.circuit, self.window)[0])
+
+
+class CircuitParams(NamedTuple):
+    """A batch of circuits' log-parameters, emissions always ``[B, n, r, V]``."""
+
+    circuit: str
+    weights: torch.Tensor | None  # [B, r] log q(z_root); None for FF
+    transitions: torch.Tensor | None  # [B, L - 1, r, r]; None for FF and CP
+    emissions: torch.Tensor  # [B, n, r, V] log q(x_i | state of its parent latent)
+
+    def core_batch(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """(weights, transitions, emissions) batched in csrc/core/circuit.h's layouts: what
+        ``mtprobe.ops.circuit_*`` take (FF emissions ``[B, n, V]``, CP ``[B, r, n, V]``)."""
+        e = self.emissions  # [B, n, r, V]
+        if self.circuit == "ff":
+            return None, None, e[:, :, 0]
+        if self.circuit == "cp":
+            return self.weights, None, e.transpose(1, 2).contiguous()
+        return self.weights, self.transitions, e
+
+    def core_layout(self, b: int) -> list[torch.Tensor]:
+        """Context ``b``'s ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts (empty
+        tensors for what a kind lacks): what the C++ drafter takes."""
+        w, t, e = CircuitParams(
+            self.circuit, *(None if x is None else x[b : b + 1] for x in self[1:])
+        ).core_batch()
+        empty = e.new_empty(0)
+        return [empty if w is None else w[0], empty if t is None else t[0], e[0]]
+
+
+class CircuitHead(nn.Module):
+    """The head of :class:`HeadSpec` ``spec`` over an LM head ``lm_head`` (``[V, d]``, the backbone's
+    output embedding, kept frozen and out of the checkpoint; its bias, if any, ``lm_bias`` ``[V]``)."""
+
+    def __init__(self, spec: HeadSpec, lm_head: torch.Tensor, lm_bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if tuple(lm_head.shape) != (spec.vocab_size, spec.hidden_size):
+            raise ValueError(
+                f"lm_head has shape {list(lm_head.shape)}; the head's spec wants [vocab_size, hidden_size] = "
+                f"[{spec.vocab_size}, {spec.hidden_size}]"
+            )
+        self.spec = spec
+        n, r, d, v = spec.window, 1 if spec.circuit == "ff" else spec.rank, spec.hidden_size, spec.vocab_size
+        self.register_buffer("lm_head", lm_head.detach().float().clone(), persistent=False)  # [V, d]
+        self.register_buffer(
+            "lm_bias", None if lm_bias is None else lm_bias.detach().float().clone(), persistent=False
+        )  # [V]
+        self.register_buffer("trained_steps", torch.zeros((), dtype=torch.long))
+        if spec.circuit != "ff":
+            self.weights = nn.Linear(d, r)
+            nn.init.zeros_(self.weights.weight)
+            nn.init.zeros_(self.weights.bias)  # uniform over states at first
+        if spec.circuit in ("hmm", "btree"):
+            children = spec.num_latents - 1
+            self.transitions = nn.Linear(d, children * r * r)
+            nn.init.zeros_(self.transitions.weight)
+            eye = torch.full((r, r), math.log(_TRANSITION_EPS))
+            eye.fill_diagonal_(math.log(max(1.0 - (r - 1) * _TRANSITION_EPS, _TRANSITION_EPS)))
+            with torch.no_grad():
+                self.transitions.bias.copy_(eye.repeat(children, 1, 1).flatten())
+        if spec.emission == "lowrank":
+            rho = spec.adapter_rank
+            self.down = nn.Parameter(torch.randn(n * r, rho, d) / math.sqrt(d))  # A_iz
+            self.up = nn.Parameter(torch.zeros(n * r, d, rho))  # C_iz
+        else:
+            noise = 0.02 * torch.randn(n * r, v, d) * self.lm_head.std()
+            self.unembed = nn.Parameter(self.lm_head.expand(n * r, v, d) + noise)  # [n r, V, d]
+        self._projected: tuple[int, torch.Tensor] | None = None  # (version, E C) cached for inference
+
+    @property
+    def r(self) -> int:
+        return 1 if self.spec.circuit == "ff" else self.spec.rank
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``E h`` (+ bias): the backbone's next-token logits from its hidden states ``[B, d]`` -> ``[B, V]``."""
+        return F.linear(hidden.float(), self.lm_head, self.lm_bias)
+
+    def _projected_up(self) -> torch.Tensor:
+        """``E C_iz`` for every (i, z): ``[n r, V, rho]``; cached while the parameters do not change."""
+        if self.training or torch.is_grad_enabled():
+            return torch.einsum("vd,kdp->kvp", self.lm_head, self.up)
+        version = self.up._version
+        if self._projected is None or self._projected[0] != version:
+            self._projected = (version, torch.einsum("vd,kdp->kvp", self.lm_head, self.up).contiguous())
+        return self._projected[1]
+
+    def forward(self, hidden: torch.Tensor, base: torch.Tensor | None = None) -> CircuitParams:
+        """Circuit parameters for hidden states ``[B, d]``; ``base`` ``[B, V]``: the backbone's logits at
+        the same positions when the caller has them (else computed from the LM head)."""
+        spec, r = self.spec, self.r
+        n, v = spec.window, spec.vocab_size
+        h = hidden.float()  # [B, d]
+        batch = h.shape[0]
+        if spec.emission == "lowrank":
+            if base is None:
+                base = self.base_logits(h)
+            a = F.silu(torch.einsum("bd,kpd->bkp", h, self.down))  # [B, n r, rho]
+            logits = base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a, self._projected_up())
+        else:
+            logits = torch.einsum("bd,kvd->bkv", h, self.unembed)  # [B, n r, V]
+        emissions = logits.log_softmax(-1).view(batch, n, r, v)  # [B, n, r, V]
+        weights = transitions = None
+        if spec.circuit != "ff":
+            weights = self.weights(h).log_softmax(-1)  # [B, r]
+        if spec.circuit in ("hmm", "btree"):
+            t = self.transitions(h).view(batch, spec.num_latents - 1, r, r)
+            transitions = t.log_softmax(-1)  # [B, L - 1, r, r]
+        return CircuitParams(spec.circuit, weights, transitions, emissions)
+
+    def step_params(self, hidden: torch.Tensor, logits: torch.Tensor) -> list[torch.Tensor]:
+        """The C++ drafter's callback: one context's hidden state ``[d]`` and the target's raw logits
+        ``[V]`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts."""
+        with torch.no_grad():
+            return self(hidden[None], logits[None] if self.spec.emission == "lowrank" else None).core_layout(
+                0
+            )
+
+
+def window_log_marginals(params: CircuitParams, tokens: torch.Tensor) -> torch.Tensor:
+    """``log q(x_1..x_j)`` for j = 1..n, every context: tokens ``[B, n]`` -> ``[B, n]``, differentiable.
+
+    The circuit's bottom-up pass, run for all n prefixes at once: a token past the prefix contributes
+    ``log 1 = 0`` (its categorical sums to one), as in :mod:`mtprobe.reference.circuit`."""
+    e = params.emissions  # [B, n, r, V]
+    batch, n, r, _ = e.shape
+    if tuple(tokens.shape) != (batch, n):
+        raise ValueError(f"tokens have shape {list(tokens.shape)}; want [B, n] = [{batch}, {n}]")
+    leaf = e.gather(-1, tokens[:, :, None, None].expand(batch, n, r, 1)).squeeze(-1)  # [B, n, r]
+    steps = torch.arange(n, device=e.device)
+    observed = steps[None, :] <= steps[:, None]  # [J, n]: prefix j + 1 observes tokens 0..j
+    leaves = torch.where(observed[None, :, :, None], leaf[:, None], leaf.new_zeros(()))  # [B, J, n, r]
+    _, children, _ = latent_tree(params.circuit, n)
+    inside: list[torch.Tensor] = [leaf.new_zeros(())] * len(children)  # [B, J, r] each
+    for k in reversed(range(len(children))):  # children come after their parents
+        total = leaves.new_zeros(batch, n, r)
+        for ch in children[k]:
+            if ch < 0:
+                total = total + leaves[:, :, -1 - ch]
+            else:  # sum the child's state out: [B, J, r_parent, r_child] -> [B, J, r_parent]
+                t = params.transitions[:, ch - 1][:, None]  # [B, 1, r, r]
+                total = total + torch.logsumexp(t + inside[ch][:, :, None, :], dim=-1)
+        inside[k] = total
+    root = leaves.new_zeros(batch, 1, 1) if params.weights is None else params.weights[:, None, :]
+    return torch.logsumexp(root + inside[0], dim=-1)  # [B, J]
+
+
+def window_loss(params: CircuitParams, tokens: torch.Tensor, gamma: float) -> torch.Tensor:
+    """The discounted NLL ``-sum_j gamma^(j-1) log q(x_j | x_<j) / sum_j gamma^(j-1)``, batch mean."""
+    marg = window_log_marginals(params, tokens)  # [B, n]
+    cond = marg - F.pad(marg[:, :-1], (1, 0))  # [B, n] log q(x_j | x_<j)
+    w = gamma ** torch.arange(marg.shape[1], dtype=marg.dtype, device=marg.device)
+    return -(cond * w).sum(-1).mean() / w.sum()
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+def _lm_head(model: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    out = model.get_output_embeddings()
+    if out is None or not hasattr(out, "weight"):
+        raise ValueError(f"{type(model).__name__} has no output embedding (LM head): circuit heads need one")
+    return out.weight, getattr(out, "bias", None)
+
+
+def new_head(model: Any, spec: HeadSpec) -> CircuitHead:
+    """An untrained head of ``spec`` over ``model``'s LM head (``spec``'s sizes must be the model's)."""
+    weight, bias = _lm_head(model)
+    return CircuitHead(spec, weight, bias).to(weight.device)  # the head runs where the backbone does
+
+
+def save_head(head: CircuitHead, model: Any, out_dir: str | os.PathLike[str], stats: dict[str, Any]) -> Path:
+    """Write ``head`` to ``out_dir/head.safetensors`` with its spec, ``model``'s identity and ``stats``."""
+    from safetensors.torch import save_file
+
+    from mtprobe.calibrate import model_identity
+
+    if int(head.trained_steps) < 1:
+        raise ValueError("this head has not been trained (0 steps); train it before saving it")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    meta = {
+        "format": FORMAT,
+        "spec": json.dumps(asdict(head.spec)),
+        "model": json.dumps(model_identity(model)),
+        "stats": json.dumps(stats),
+    }
+    path = out / CHECKPOINT_FILE
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def _checkpoint_path(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    return p / CHECKPOINT_FILE if p.is_dir() else p
+
+
+def load_head(path: str | os.PathLike[str], model: Any) -> CircuitHead:
+    """The trained head in ``path`` (a folder written by ``python -m mtprobe.heads train``, or its
+    head.safetensors) over ``model``'s LM head. FileNotFoundError for a missing checkpoint; ValueError
+    for a damaged one or one trained for another backbone or vocabulary."""
+    from safetensors import safe_open
+
+    from mtprobe.calibrate import model_identity
+
+    p = _checkpoint_path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"circuit head checkpoint {str(p)!r} does not exist; train one with python -m mtprobe.heads train "
+            "--model ... --out DIR"
+        )
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, want {FORMAT!r}")
+        spec = HeadSpec(**json.loads(meta["spec"]))
+        identity = json.loads(meta["model"])
+        stats = json.loads(meta.get("stats", "{}"))
+    except Exception as e:  # safetensors and json raise their own types for a damaged file
+        raise ValueError(f"{str(p)!r} is not a readable mtprobe circuit-head checkpoint: {e}") from e
+    mine = model_identity(model)
+    if identity != mine:
+        differs = [k for k in mine if identity.get(k) != mine[k]]
+        raise ValueError(
+            f"the circuit head {str(p)!r} was trained for another backbone: {', '.join(differs)} differ "
+            f"(checkpoint {identity}, this model {mine}); train a head for this model"
+        )
+    head = new_head(model, spec)
+    try:
+        head.load_state_dict(state)
+    except RuntimeError as e:
+        raise ValueError(f"{str(p)!r} does not match its own spec {spec}: {e}") from e
+    head.stats = stats  # type: ignore[attr-defined]
+    return head.eval()
+
+
+# Heads shipped with the package (python/mtprobe/data/heads/), trained by this module's own command for a
+# known model; benchmarks/results/heads/README.md gives the command and what they measure.
+BUNDLED_HEADS = {"smollm2-135m": "smollm2-135m-btree-r2-n4"}
+
+
+def bundled_head(model_name: str = "smollm2-135m") -> str:
+    """The folder of the head mtprobe ships for the known model ``model_name``, for
+    ``HeadsConfig(path=...)``; ValueError naming the models that have one otherwise.
+
+    >>> Path(bundled_head()).name
+    'smollm2-135m-btree-r2-n4'
+    """
+    if model_name not in BUNDLED_HEADS:
+        raise ValueError(
+            f"no circuit head ships for {model_name!r}; heads ship for {', '.join(map(repr, BUNDLED_HEADS))}. "
+            "Train one with python -m mtprobe.heads train --model ... --out DIR"
+        )
+    from importlib import resources
+
+    return str(resources.files("mtprobe.data").joinpath("heads").joinpath(BUNDLED_HEADS[model_name]))
+
+
+_CACHE: dict[tuple[Any, ...], CircuitHead] = {}
+
+
+def load_cached(path: str | os.PathLike[str], model: Any) -> CircuitHead:
+    """:func:`load_head`, cached by file (path, size, modification time) and model (generate builds its
+    drafter per call)."""
+    p = _checkpoint_path(path)
+    st = p.stat() if p.is_file() else None
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, id(model)) if st else None
+    if key is not None and key in _CACHE:
+        return _CACHE[key]
+    head = load_head(path, model)
+    if key is not None:
+        _CACHE.clear()  # one head at a time is the common case; keep memory bounded
+        _CACHE[key] = head
+    return head
+
+
+def heads_drafter(
+    head: CircuitHead, *, block_complexity: int, do_sample: bool = False, top_branches: int = 1
+) -> Any:
+    """The C++ drafter over a trained ``head`` (ValueError for an untrained one)."""
+    from mtprobe import _C
+
+    del block_complexity  # the loop enforces the budget (StepLimits); kept for the signature's clarity
+    if int(head.trained_steps) < 1:
+        raise ValueError(
+            "this circuit head has not been trained (0 steps): its drafts would be noise; train it with "
+            "python -m mtprobe.heads train, or load a checkpoint with mtprobe.heads.load_head"
+        )
+    head.eval()
+    spec = head.spec
+    return _C.HeadsDrafter(
+        head.step_params,
+        circuit=spec.circuit,
+        window=spec.window,
+        rank=head.r,
+        vocab=spec.vocab_size,
+        do_sample=do_sample,
+        top_branches=top_branches,
+    )
+
+
+# --- training ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Features:
+    """The frozen backbone's features of a set of token sequences, concatenated."""
+
+    hidden: torch.Tensor  # [N, d] float32, the last hidden state (final norm) at every position
+    ids: torch.Tensor  # [N] int64, the token at every position
+    starts: torch.Tensor  # [S] int64, where each sequence begins in the concatenation
+    first: torch.Tensor  # [S] int64, per sequence: the first position whose window is trained on
+
+    def windows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(anchors [M], windows [M, n]): every position p >= first of its sequence with n tokens after it."""
+        ends = torch.cat([self.starts[1:], torch.tensor([self.ids.numel()])])
+        anchors = [
+            torch.arange(s + f, e - n)
+            for s, f, e in zip(self.starts, self.first, ends, strict=True)
+            if e - n > s + f
+        ]
+        if not anchors:
+            raise ValueError(f"no sequence is long enough for a window of {n} tokens")
+        pos = torch.cat(anchors)  # [M]
+        return pos, self.ids[pos[:, None] + 1 + torch.arange(n)]  # [M, n]
+
+
+def compute_features(
+    model: Any,
+    sequences: Sequence[tuple[torch.Tensor, int]],
+    progress: Callable[[str], None] | None = None,
+) -> Features:
+    """The backbone's last hidden states over each ``(ids [L], first)`` sequence; windows are trained
+    from position ``first`` on (the prompt's last token for self-distillation, 0 for a corpus)."""
+    hidden, ids, starts, first, at = [], [], [], [], 0
+    device = next(model.parameters()).device
+    for i, (seq, f) in enumerate(sequences):
+        if progress is not None and (i % 10 == 0 or i + 1 == len(sequences)):
+            progress(f"features {i + 1}/{len(sequences)}")
+        with torch.no_grad():
+            out = model(seq[None].to(device), output_hidden_states=True)
+        hidden.append(out.hidden_states[-1][0].float().cpu())  # [L, d]
+        ids.append(seq.cpu())
+        starts.append(at)
+        first.append(f)
+        at += seq.numel()
+    return Features(torch.cat(hidden), torch.cat(ids), torch.tensor(starts), torch.tensor(first))
+
+
+def text_sequences(tokenizer: Any, paths: Sequence[str], length: int) -> list[tuple[torch.Tensor, int]]:
+    """Chunks of ``length`` tokens of local text files (a corpus installable offline)."""
+    out = []
+    for p in paths:
+        ids = tokenizer(Path(p).read_text(encoding="utf-8", errors="replace"), return_tensors="pt").input_ids[
+            0
+        ]
+        out += [(ids[s : s + length], 0) for s in range(0, ids.numel() - length // 2, length)]
+    return out
+
+
+# Instructions that turn a corpus passage into a chat prompt, in rotation: the target's answers are the
+# self-distillation data, so the prompts should ask for the kinds of text Spec-Bench asks for.
+_CORPUS_INSTRUCTIONS = (
+    "Explain what the following text means, in a short paragraph.",
+    "Summarize the following text in two sentences.",
+    "Write a short story inspired by the following text.",
+    "Is the following statement true? Reason step by step.",
+    "Translate the following text into French.",
+    "Answer in a few sentences: what would an expert say about the following?",
+    "Continue the following text.",
+    "Extract the key facts from the following text as a bulleted list.",
+)
+
+
+def corpus_passages(paths: Sequence[str], *, min_chars: int = 60, max_chars: int = 600) -> list[str]:
+    """Passages of local text files: fortune-cookie files split on their ``%`` lines, other files on
+    blank lines; passages outside [min_chars, max_chars] are dropped."""
+    out = []
+    for p in paths:
+        text = Path(p).read_text(encoding="utf-8", errors="replace")
+        parts = text.split("\n%\n") if "\n%\n" in text else text.split("\n\n")
+        out += [t.strip() for t in parts if min_chars <= len(t.strip()) <= max_chars]
+    return out
+
+
+def corpus_prompts(tokenizer: Any, paths: Sequence[str], num: int, seed: int = 0) -> list[torch.Tensor]:
+    """``num`` chat prompts ``[1, L]`` from passages of local text files (:func:`corpus_passages`, drawn
+    without replacement), each under one of a rotation of instructions."""
+    from mtprobe.specbench.run import encode_conversation
+
+    passages = corpus_passages(paths)
+    if not passages:
+        raise ValueError(f"no passage of 60 to 600 characters in {list(paths)}")
+    order = torch.randperm(len(passages), generator=torch.Generator().manual_seed(seed))[:num].tolist()
+    prompts = []
+    for i, k in enumerate(order):
+        content = f"{_CORPUS_INSTRUCTIONS[i % len(_CORPUS_INSTRUCTIONS)]}\n\n{passages[k]}"
+        prompts.append(encode_conversation(tokenizer, [{"role": "user", "content": content}], "cpu"))
+    return prompts
+
+
+def train_head(
+    head: CircuitHead,
+    features: Features,
+    *,
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 3e-4,
+    gamma: float | None = None,
+    seed: int = 0,
+    holdout: float = 0.1,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Adam on the discounted window NLL over ``features``'s windows; returns the training stats
+    (train and held-out loss, held-out top-1 of the first draft position, time)."""
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    gamma = default_gamma(head.spec.window) if gamma is None else gamma
+    pos, win = features.windows(head.spec.window)
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(pos.numel(), generator=g)
+    n_hold = int(holdout * pos.numel()) if pos.numel() >= 10 else 0
+    hold, train = perm[:n_hold], perm[n_hold:]
+    device = head.lm_head.device
+    opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=lr)
+    head.train()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc="train head", unit="step")
+    start, losses = time.perf_counter(), []
+    for _ in range(steps):
+        idx = train[torch.randint(train.numel(), (batch_size,), generator=g)]
+        hidden, target = features.hidden[pos[idx]].to(device), win[idx].to(device)
+        loss = window_loss(head(hidden), target, gamma)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        head.trained_steps += 1
+        losses.append(loss.item())
+        if bar is not None:
+            bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+            bar.update()
+    if bar is not None:
+        bar.close()
+    head.eval()
+    stats: dict[str, Any] = {
+        "steps": int(head.trained_steps),
+        "train_loss": sum(losses[-50:]) / len(losses[-50:]),
+        "windows": int(pos.numel()),
+        "seconds": round(time.perf_counter() - start, 1),
+        "gamma": gamma,
+        "lr": lr,
+        "batch_size": batch_size,
+    }
+    if n_hold:
+        stats.update(evaluate_head(head, features.hidden[pos[hold]], win[hold], gamma))
+    return stats
+
+
+def evaluate_head(
+    head: CircuitHead, hidden: torch.Tensor, windows: torch.Tensor, gamma: float
+) -> dict[str, float]:
+    """Held-out discounted NLL, and how often the most probable second token given the true first is
+    the true second (what a one-draft greedy tree accepts)."""
+    from mtprobe.ops import circuit_next_token_log_probs
+
+    losses, hits = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, hidden.shape[0], 256):
+            device = head.lm_head.device
+            params, w = head(hidden[s : s + 256].to(device)), windows[s : s + 256].to(device)  # w: [b, n]
+            losses += float(window_loss(params, w, gamma)) * w.shape[0]
+            core = (None if x is None else x.cpu() for x in params.core_batch())  # the ops run on the CPU
+            nxt = circuit_next_token_log_probs(params.circuit, *core, w[:, :1].cpu())  # [b, V]
+            hits += int((nxt.argmax(-1) == w[:, 1].cpu()).sum())
+    return {"heldout_loss": losses / hidden.shape[0], "heldout_top1_next": hits / hidden.shape[0]}
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    from mtprobe.calibrate import calibration_sequences
+    from mtprobe.data import add_calibration_arguments, calibration_prompts, print_progress
+
+    parser = argparse.ArgumentParser(prog="python -m mtprobe.heads", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train a circuit head on the frozen backbone's features")
+    add_calibration_arguments(p)
+    p.add_argument("--circuit", choices=KINDS, default="cp")
+    p.add_argument("--window", type=int, default=4, help="n: the next token and n - 1 drafts")
+    p.add_argument("--rank", type=int, default=4, help="r: latent states (1 for ff)")
+    p.add_argument("--emission", choices=EMISSIONS, default="lowrank")
+    p.add_argument("--adapter-rank", type=int, default=16)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--gamma", type=float, default=None, help="discount (default 0.8, 0.9 for n > 8)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="length of each greedy continuation")
+    p.add_argument(
+        "--gen-batch-size",
+        type=int,
+        default=1,
+        help="prompts generated at once (left-padded; faster, and padding may flip near-tie greedy choices)",
+    )
+    p.add_argument("--text", nargs="*", default=[], help="local text files to train on as well (a corpus)")
+    p.add_argument(
+        "--corpus-prompts",
+        nargs="*",
+        default=[],
+        help="local text files whose passages become extra prompts for self-distillation (e.g. "
+        "/usr/share/games/fortunes/* from Debian's fortunes packages)",
+    )
+    p.add_argument("--num-corpus-prompts", type=int, default=200)
+    p.add_argument("--no-self", action="store_true", help="skip the model's own greedy continuations")
+    p.add_argument("--features", default=None, help="cache the backbone's features in this file")
+    p.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    try:  # the architecture's own checks, before any model is loaded
+        HeadSpec(args.circuit, args.window, args.rank, args.emission, args.adapter_rank, 1, 1)
+        if args.steps < 1 or args.batch_size < 1:
+            raise ValueError(f"steps={args.steps} and batch_size={args.batch_size} must be >= 1")
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+    model, prompts = calibration_prompts(args)
+    data = {
+        "self": not args.no_self,
+        "prompts": args.prompts or "built-in",
+        "num_prompts": args.num_prompts,
+        "corpus_prompts": [os.path.basename(c) for c in args.corpus_prompts],
+        "num_corpus_prompts": args.num_corpus_prompts if args.corpus_prompts else 0,
+        "max_new_tokens": args.max_new_tokens,
+        "gen_batch_size": args.gen_batch_size,
+        "text": [os.path.basename(t) for t in args.text],
+    }
+    if args.features and Path(args.features).is_file():
+        print_progress(f"features from {args.features} (its data options replace this command's)")
+        saved = torch.load(args.features)
+        features, data = Features(**saved["features"]), saved["data"]
+    else:
+        seqs: list[tuple[torch.Tensor, int]] = []
+        tokenizer = None
+        if args.text or args.corpus_prompts:
+            from mtprobe import models
+
+            _, tokenizer = models.load(args.model)
+        if args.corpus_prompts:
+            prompts = prompts + corpus_prompts(
+                tokenizer, args.corpus_prompts, args.num_corpus_prompts, args.seed
+            )
+        if not args.no_self:
+            seqs += [
+                (ids, plen - 1)
+                for ids, plen in calibration_sequences(
+                    model, prompts, args.max_new_tokens, print_progress, batch_size=args.gen_batch_size
+                )
+            ]
+        if args.text:
+            seqs += text_sequences(tokenizer, args.text, 256)
+        if not seqs:
+            parser.error("no training data: drop --no-self or give --text FILES")
+        features = compute_features(model, seqs, print_progress)
+        if args.features:
+            torch.save({"features": asdict(features), "data": data}, args.features)
+    weight, _ = _lm_head(model)
+    spec = HeadSpec(
+        circuit=args.circuit,
+        window=args.window,
+        rank=args.rank,
+        emission=args.emission,
+        adapter_rank=args.adapter_rank,
+        hidden_size=int(weight.shape[1]),
+        vocab_size=int(weight.shape[0]),
+    )
+    torch.manual_seed(args.seed)
+    head = new_head(model, spec)
+    stats = train_head(
+        head,
+        features,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        gamma=args.gamma,
+        seed=args.seed,
+        progress=True,
+    )
+    stats["data"] = data
+    path = save_head(head, model, args.out, stats)
+    print(json.dumps({"checkpoint": str(path), **stats}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,278 @@
+"""Probabilistic-circuit heads (python/mtprobe/heads.py, csrc/drafters/heads.h): the training loss is the
+circuit's exact prefix marginals, heads are normalised by construction, checkpoints belong to one
+backbone, and decoding with a trained head of every circuit is token-identical to greedy."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import cpu_decode_loop, tiny_llama
+from mtprobe import heads
+from mtprobe.calibrate import calibration_sequences
+from mtprobe.ops import circuit_prefix_log_marginals
+
+KINDS = ("ff", "cp", "hmm", "btree")
+
+
+def _spec(kind: str, model, **kw) -> heads.HeadSpec:
+    kw = {"window": 4, "rank": 1 if kind == "ff" else 3, **kw}
+    return heads.HeadSpec(
+        circuit=kind, hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size, **kw
+    )
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = tiny_llama(seed=5)
+    m.generation_config.eos_token_id = None
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+def _prompts(n: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 96, (1, 5 + i % 4), generator=g) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def features(model) -> heads.Features:
+    seqs = calibration_sequences(model, _prompts(8), max_new_tokens=40)
+    return heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
+
+
+@pytest.fixture(scope="module")
+def trained(model, features, tmp_path_factory) -> dict[tuple[str, str], str]:
+    """A checkpoint folder per (circuit, emission), trained briefly on the model's own greedy text."""
+    out = {}
+    for kind, emission in itertools.product(KINDS, heads.EMISSIONS):
+        torch.manual_seed(0)
+        head = heads.new_head(model, _spec(kind, model, emission=emission, adapter_rank=8))
+        stats = heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3)
+        folder = tmp_path_factory.mktemp(f"{kind}-{emission}")
+        heads.save_head(head, model, folder, stats)
+        out[kind, emission] = str(folder)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n", [2, 3, 5, 6])
+def test_window_marginals_are_the_circuit_ops(kind, n):
+    # The differentiable training pass against the C++ core's one-pass prefix marginals.
+    torch.manual_seed(n)
+    b, r, v = 5, 1 if kind == "ff" else 3, 7
+    num_latents = len(heads.latent_tree(kind, n)[0])
+    params = heads.CircuitParams(
+        kind,
+        None if kind == "ff" else torch.randn(b, r, dtype=torch.float64).log_softmax(-1),
+        torch.randn(b, num_latents - 1, r, r, dtype=torch.float64).log_softmax(-1)
+        if kind in ("hmm", "btree")
+        else None,
+        torch.randn(b, n, r, v, dtype=torch.float64).log_softmax(-1),
+    )
+    tokens = torch.randint(0, v, (b, n))
+    ours = heads.window_log_marginals(params, tokens)
+    core = circuit_prefix_log_marginals(kind, *params.core_batch(), tokens)
+    torch.testing.assert_close(ours, core, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("emission", heads.EMISSIONS)
+def test_a_head_is_normalised_over_every_window(model, kind, emission):
+    # Enumerate all V^n windows of a small-vocabulary head: their probabilities sum to one.
+    small = tiny_llama(seed=1, vocab_size=5, hidden_size=16, intermediate_size=32)
+    head = heads.new_head(small, _spec(kind, small, window=3, emission=emission, adapter_rank=4))
+    with torch.no_grad():
+        for p in head.parameters():  # away from the initialisation, where some parts are zero
+            p.add_(0.3 * torch.randn_like(p))
+        windows = torch.tensor(list(itertools.product(range(5), repeat=3)))  # [125, 3]
+        params = head(torch.randn(1, 16).expand(windows.shape[0], 16))
+        total = heads.window_log_marginals(params, windows)[:, -1].logsumexp(0)
+    torch.testing.assert_close(total, torch.tensor(0.0), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["hmm", "btree"])
+def test_hmm_and_btree_start_as_cp(model, kind):
+    # Transitions start near the identity, so a fresh head equals the CP head of the same weights and
+    # emissions up to the 1e-3 off-diagonal mass.
+    torch.manual_seed(0)
+    head = heads.new_head(model, _spec(kind, model))
+    cp = heads.new_head(model, _spec("cp", model))
+    cp.load_state_dict({k: v for k, v in head.state_dict().items() if not k.startswith("transitions")})
+    with torch.no_grad():
+        for h in (head, cp):
+            h.up.add_(0.05 * torch.randn(h.up.shape, generator=torch.Generator().manual_seed(1)))
+            h.weights.bias.copy_(torch.tensor([0.5, -0.2, 0.1]))
+        hidden, tokens = torch.randn(6, 64), torch.randint(0, 96, (6, 4))
+        a = heads.window_log_marginals(head(hidden), tokens)
+        b = heads.window_log_marginals(cp(hidden), tokens)
+    torch.testing.assert_close(a, b, atol=2e-2, rtol=0)
+    assert not torch.equal(a, b)
+
+
+def test_training_lowers_the_held_out_loss(model, features):
+    pos, win = features.windows(4)
+    torch.manual_seed(0)
+    head = heads.new_head(model, _spec("cp", model))
+    before = heads.evaluate_head(head, features.hidden[pos], win, 0.8)
+    stats = heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3)
+    after = heads.evaluate_head(head, features.hidden[pos], win, 0.8)
+    assert after["heldout_loss"] < before["heldout_loss"] - 0.2, (before, after)
+    assert stats["steps"] == 150 and stats["heldout_loss"] > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("emission", heads.EMISSIONS)
+def test_greedy_is_token_identical(model, trained, kind, emission):
+    calls, new = 0, 0
+    for bc in (2, 5, 30):
+        cfg = mtprobe.HeadsConfig(path=trained[kind, emission], block_complexity=bc)
+        for prompt in _prompts(3, seed=11):
+            ref = model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30
+            )
+            out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
+            assert torch.equal(out.sequences, ref), (kind, emission, bc, prompt.tolist())
+            calls, new = calls + out.forward_calls, new + 30
+    assert calls < 0.9 * new, (calls, new)  # drafts were accepted: a test of the drafter, not of the loop
+
+
+def test_the_drafter_drafts_window_minus_one_deep(model, trained):
+    cfg = mtprobe.HeadsConfig(path=trained["cp", "lowrank"], block_complexity=30)
+    out = mtprobe.generate(model, _prompts(1, seed=3)[0], cfg, max_new_tokens=40, do_sample=False)
+    assert max(out.accept_lengths) <= 4  # n - 1 = 3 drafts and the bonus
+    assert len(out.accepted_per_depth) <= 3
+
+
+def test_checkpoint_round_trip(model, trained):
+    head = heads.load_head(trained["btree", "lowrank"], model)
+    again = heads.load_head(trained["btree", "lowrank"] + "/head.safetensors", model)
+    hidden = torch.randn(3, 64)
+    with torch.no_grad():
+        a, b = head(hidden), again(hidden)
+    torch.testing.assert_close(a.emissions, b.emissions)
+    assert head.spec.circuit == "btree" and int(head.trained_steps) == 150
+    assert head.stats["windows"] > 0
+
+
+def test_a_checkpoint_is_refused_for_another_backbone(trained):
+    other = tiny_llama(seed=6)
+    with pytest.raises(ValueError, match="trained for another backbone: embedding_sha256"):
+        heads.load_head(trained["cp", "lowrank"], other)
+    bigger = tiny_llama(seed=5, vocab_size=100)
+    with pytest.raises(ValueError, match="vocab_size"):
+        mtprobe.generate(
+            bigger,
+            torch.tensor([[5, 6, 7]]),
+            mtprobe.HeadsConfig(path=trained["cp", "lowrank"]),
+            max_new_tokens=5,
+        )
+
+
+def test_missing_and_corrupt_checkpoints(model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m mtprobe.heads train"):
+        heads.load_head(tmp_path / "none", model)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "head.safetensors").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable mtprobe circuit-head checkpoint"):
+        heads.load_head(bad, model)
+
+
+def test_an_untrained_head_is_refused(model, tmp_path):
+    head = heads.new_head(model, _spec("cp", model))
+    with pytest.raises(ValueError, match="has not been trained"):
+        heads.heads_drafter(head, block_complexity=10)
+    with pytest.raises(ValueError, match="has not been trained"):
+        heads.save_head(head, model, tmp_path, {})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(window=1), ValueError, "window=1 must be >= 2"),
+        (dict(rank=0), ValueError, "rank=0 must be >= 1"),
+        (dict(circuit="ff", rank=4), ValueError, "an FF head has no latent states"),
+        (dict(circuit="tree"), ValueError, "circuit='tree': expected one of ff, cp, hmm, btree"),
+        (dict(emission="full"), ValueError, "emission='full'"),
+        (dict(window=2.5), TypeError, "window must be an int"),
+    ],
+)
+def test_bad_specs(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        heads.HeadSpec(**{"circuit": "cp", "hidden_size": 8, "vocab_size": 10, **kwargs})
+
+
+def test_bad_configs():
+    with pytest.raises(ValueError, match="HeadsConfig needs path=DIR"):
+        mtprobe.HeadsConfig()
+    with pytest.raises(ValueError, match="block_complexity=1 leaves no room"):
+        mtprobe.HeadsConfig(path="x", block_complexity=1)
+    with pytest.raises(ValueError, match="top_branches=0 must be >= 1"):
+        mtprobe.HeadsConfig(path="x", top_branches=0)
+    cfg = mtprobe.HeadsConfig(path="x", block_complexity=12)
+    assert mtprobe.config_from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_head_that_returns_wrong_shapes_is_an_error(model):
+    from mtprobe import _C
+
+    def head(hidden, logits):
+        return [torch.zeros(3).log_softmax(-1), torch.empty(0), torch.zeros(2, 4, 96)]  # want [3, 4, 96]
+
+    drafter = _C.HeadsDrafter(head, circuit="cp", window=4, rank=3, vocab=96)
+    loop = cpu_decode_loop(model, drafter, max_new_tokens=5, block_complexity=8, prompt_len=3)
+    with pytest.raises(ValueError, match="emissions"):
+        loop.run(torch.tensor([5, 6, 7]))
+
+
+def test_command_line(tmp_path, capsys):
+    from mtprobe import models
+    from test_cli import _save_tiny
+
+    folder = _save_tiny(tmp_path / "tiny")
+    out = tmp_path / "head"
+    argv = ["train", "--model", str(folder), "--out", str(out), "--num-prompts", "4"]
+    feats = tmp_path / "features.pt"
+    args = [
+        *argv,
+        "--max-new-tokens",
+        "24",
+        "--steps",
+        "20",
+        "--circuit",
+        "hmm",
+        "--rank",
+        "2",
+        "--window",
+        "3",
+    ]
+    assert heads._main([*args, "--features", str(feats)]) == 0
+    assert str(out) in capsys.readouterr().out and feats.is_file()
+    model, _ = models.load(folder)
+    head = heads.load_head(out, model)
+    assert (head.spec.circuit, head.spec.window, head.spec.rank, int(head.trained_steps)) == ("hmm", 3, 2, 20)
+    assert heads._main([*args, "--features", str(feats)]) == 0  # from the cached features
+    with pytest.raises(SystemExit) as e:  # argparse's usage error, naming the bad value
+        heads._main([*argv, "--window", "1"])
+    assert e.value.code == 2
+    assert "window=1 must be >= 2" in capsys.readouterr().err
+
+
+def test_the_hf_route(model, trained):
+    # model.generate(custom_generate=mtprobe.custom_generate, mtprobe_config=HeadsConfig(...)).
+    prompt = _prompts(1, seed=4)[0]
+    cfg = mtprobe.HeadsConfig(path=trained["hmm", "lowrank"], block_complexity=8)
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=20)
+    out = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        do_sample=False,
+        max_new_tokens=20,
+        custom_generate=mtprobe.custom_generate,
+        mtprobe_config=cfg,
+    )
+    assert torch.equal(out, ref)
