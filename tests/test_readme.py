@@ -123,3 +123,14 @@ def test_ngram_memory_example():
     assert again.forward_calls < first.forward_calls  # "True"
     exec(compile(clear, "README.md (n-gram memory)", "exec"), ns)
     assert len(ns["mtprobe"].ngram_memory(model, ns["cfg"])) == 0
+
+
+def test_circuit_heads_example():
+    # The head that ships for SmolLM2 drafts, and the text is greedy's.
+    use, block = python_blocks()[0], block_with("mtprobe.heads.bundled_head")
+    ns: dict = {}
+    exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=1"), "README.md (Use)", "exec"), ns)
+    exec(compile(block, "README.md (circuit heads)", "exec"), ns)
+    model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
+    assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=32))
+    assert out.forward_calls < 32 and out.method == "heads"
