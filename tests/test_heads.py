@@ -276,3 +276,19 @@ def test_the_hf_route(model, trained):
         mtprobe_config=cfg,
     )
     assert torch.equal(out, ref)
+
+
+def test_heads_inside_the_scheduler(model, trained):
+    # AutoConfig passes hidden states to a child that wants them; its steps stay token-identical.
+    cfg = mtprobe.AutoConfig(
+        drafters=(
+            mtprobe.HeadsConfig(path=trained["cp", "lowrank"], block_complexity=8),
+            mtprobe.StandConfig(),
+        ),
+        profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)),
+    )
+    prompt = _prompts(1, seed=8)[0]
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30)
+    out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+    assert any(method == "heads" for method, _ in out.choices)

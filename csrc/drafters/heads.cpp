@@ -128,8 +128,9 @@ DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len
     return logq.exp_();
   };
   at::Tensor q_root = conditional({bonus_});  // [V]
-  TORCH_CHECK(q_root.sum().item<float>() > 0.5f, "the head's circuit gives the root token ", bonus_,
-              " probability 0: its conditionals are undefined");
+  // A root the circuit gives probability 0 (an emission underflowed) leaves its conditionals undefined:
+  // no drafts this step, rather than an error.
+  if (!(q_root.sum().item<float>() > 0.5f)) return token_block(committed, {}, {});
   at::Tensor firsts = at::multinomial(q_root, m, /*replacement=*/true);  // [m]
   std::vector<at::Tensor> rows;  // [V] the q each draft was drawn from
   for (int64_t chain = 0; chain < m; ++chain) {
