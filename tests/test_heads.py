@@ -292,3 +292,20 @@ def test_heads_inside_the_scheduler(model, trained):
     out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
     assert torch.equal(out.sequences, ref)
     assert any(method == "heads" for method, _ in out.choices)
+
+
+def test_generate_under_inference_mode(model, trained):
+    # generate loads (and caches) the head inside the caller's inference mode: inference tensors.
+    from mtprobe.heads import _CACHE
+
+    _CACHE.clear()
+    prompt = _prompts(1, seed=9)[0]
+    cfg = mtprobe.HeadsConfig(path=trained["btree", "lowrank"], block_complexity=10)
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=20)
+    with torch.inference_mode():
+        out = mtprobe.generate(model, prompt, cfg, max_new_tokens=20, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+    again = mtprobe.generate(
+        model, prompt, cfg, max_new_tokens=20, do_sample=False
+    )  # the cached head, outside
+    assert torch.equal(again.sequences, ref)

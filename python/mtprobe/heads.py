@@ -208,7 +208,9 @@ class CircuitHead(nn.Module):
         """``E C_iz`` for every (i, z): ``[n r, V, rho]``; cached while the parameters do not change."""
         if self.training or torch.is_grad_enabled():
             return torch.einsum("vd,kdp->kvp", self.lm_head, self.up)
-        version = self.up._version
+        # The parameters' version counter tells an in-place update; a head loaded under
+        # torch.inference_mode() has inference tensors, which have none (nor can they change outside it).
+        version = -1 if self.up.is_inference() else self.up._version
         if self._projected is None or self._projected[0] != version:
             self._projected = (version, torch.einsum("vd,kdp->kvp", self.lm_head, self.up).contiguous())
         return self._projected[1]
