@@ -185,7 +185,7 @@ def test_missing_and_corrupt_checkpoints(model, tmp_path):
 def test_an_untrained_head_is_refused(model, tmp_path):
     head = heads.new_head(model, _spec("cp", model))
     with pytest.raises(ValueError, match="has not been trained"):
-        heads.heads_drafter(head, block_complexity=10)
+        heads.heads_drafter(head)
     with pytest.raises(ValueError, match="has not been trained"):
         heads.save_head(head, model, tmp_path, {})
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_helpers import kernel_manager
+from notebook_helpers import images, kernel_manager
 from notebook_helpers import outputs as cell_outputs
 
 nbformat = pytest.importorskip("nbformat")
@@ -25,16 +25,11 @@ pytest.importorskip("matplotlib")
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "probing_analysis.ipynb"
 
 
-def _images(outputs: list) -> list:
-    rich = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
-    return [o for o in rich if "image/png" in o.data]
-
-
 def test_committed_notebook_keeps_its_full_run_outputs() -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     outputs = cell_outputs(nb)
     assert not [o for o in outputs if o.output_type == "error"]
-    assert _images(outputs), "the committed notebook must keep its figure"
+    assert images(outputs), "the committed notebook must keep its figure"
     stdout = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "SMALL=False" in stdout, "the saved outputs must come from the full (non-SMALL) run"
 
@@ -65,7 +60,7 @@ def test_probing_analysis_notebook_runs_small(tmp_path: Path, monkeypatch: pytes
     stdout = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.name == "stdout")
     assert "SMALL=True" in stdout, stdout[:500]
     assert "acceptance rate" in stdout
-    assert _images(outputs), "no image output (the per-layer cosine figure)"
+    assert images(outputs), "no image output (the per-layer cosine figure)"
     markdown = [o.data["text/markdown"] for o in outputs if "data" in o and "text/markdown" in o.data]
     assert any("premise" in m for m in markdown), "no Lemma 3.1 table"
     assert NOTEBOOK.read_bytes() == original, "the committed notebook was modified"

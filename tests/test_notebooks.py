@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from notebook_helpers import kernel_manager
-from notebook_helpers import outputs as cell_outputs
+from notebook_helpers import check_committed_run_and_clear, execute_small
 
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
@@ -25,29 +24,12 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb
 
 def test_quickstart_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    code_cells = [c for c in nb.cells if c.cell_type == "code"]
-    # The notebook is committed with the outputs of a real run (readable on GitHub): every code cell
-    # ran, in order, without errors, and the speed chart is an image.
-    committed = cell_outputs(nb)
-    assert [c.execution_count for c in code_cells] == list(range(1, len(code_cells) + 1)), "run all cells"
-    assert not [o for o in committed if o.output_type == "error"], "committed outputs hold an error"
+    # The notebook is committed with the outputs of a real run (readable on GitHub), the speed chart
+    # an image.
+    committed = check_committed_run_and_clear(nb)
     assert any("image/png" in o.get("data", {}) for o in committed), "no committed chart"
-    for c in code_cells:  # executed afresh below
-        c.outputs, c.execution_count = [], None
 
-    monkeypatch.setenv("MTPROBE_NOTEBOOK_SMALL", "1")  # the kernel inherits the environment
-    client = nbclient.NotebookClient(
-        nb,
-        km=kernel_manager(tmp_path / "kernels"),
-        kernel_name="python3",
-        timeout=600,
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}},  # the kernel's cwd: notebooks/
-    )
-    client.execute()  # raises CellExecutionError on the first failing cell
-
-    outputs = cell_outputs(nb)
-    errors = [o for o in outputs if o.output_type == "error"]
-    assert not errors, [f"{o.ename}: {o.evalue}" for o in errors]
+    outputs = execute_small(nb, NOTEBOOK, tmp_path / "kernels", monkeypatch)
 
     stdout = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.name == "stdout")
     assert "SMALL=True" in stdout, stdout[:500]

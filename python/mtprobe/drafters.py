@@ -190,9 +190,7 @@ def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: boo
     from mtprobe import heads
 
     head = heads.load_cached(config.path, model)
-    return heads.heads_drafter(
-        head, block_complexity=config.block_complexity, do_sample=do_sample, top_branches=config.top_branches
-    )
+    return heads.heads_drafter(head, do_sample=do_sample, top_branches=config.top_branches)
 
 
 def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtprobe.config import _check_int
 from mtprobe.reference.circuit import KINDS, latent_tree
 
 EMISSIONS = ("lowrank", "unembedding")
@@ -104,9 +105,7 @@ class HeadSpec:
         if self.emission not in EMISSIONS:
             raise ValueError(f"emission={self.emission!r}: expected one of {', '.join(EMISSIONS)}")
         for name in ("window", "rank", "adapter_rank", "hidden_size", "vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+            _check_int(name, getattr(self, name))
         if self.window < 2:
             raise ValueError(
                 f"window={self.window} must be >= 2: the window holds the target's next token and at least "
@@ -407,13 +406,11 @@ def load_cached(path: str | os.PathLike[str], model: Any) -> CircuitHead:
     return head
 
 
-def heads_drafter(
-    head: CircuitHead, *, block_complexity: int, do_sample: bool = False, top_branches: int = 1
-) -> Any:
-    """The C++ drafter over a trained ``head`` (ValueError for an untrained one)."""
+def heads_drafter(head: CircuitHead, *, do_sample: bool = False, top_branches: int = 1) -> Any:
+    """The C++ drafter over a trained ``head`` (ValueError for an untrained one). The block-complexity
+    budget is the decode loop's (StepLimits), not the drafter's."""
     from mtprobe import _C
 
-    del block_complexity  # the loop enforces the budget (StepLimits); kept for the signature's clarity
     if int(head.trained_steps) < 1:
         raise ValueError(
             "this circuit head has not been trained (0 steps): its drafts would be noise; train it with "
