@@ -3,19 +3,25 @@
 per-step cost, next to training-free drafters at the same block complexity.
 
 The shape of seed 003's Tables 6 and 7 at this machine's scale: one row per trained head (circuit,
-window n, rank r) and per BC, greedy; every run is checked token-identical to greedy
-``model.generate``. The head's cost is the mean time of one ``CircuitHead.step_params`` call (what the
+window n, rank r), per BC and per temperature (greedy and sampling), with τ, latency per cycle, tokens/s
+and the speed-up over HF ``generate``; every greedy run is checked token-identical to greedy
+``model.generate``. Prompts are Spec-Bench first turns (SmolLM2), or, with ``--text``, held-out
+passages of a byte LM's corpus (python -m mtprobe.bytelm, seed 003's own byte-level regime). The head's cost is the mean time of one ``CircuitHead.step_params`` call (what the
 drafter calls once per step) over the mean time of one single-token decode forward of the backbone with
 a KV cache of the prompt's length, both on this machine, same threads.
 
     python benchmarks/bench_heads.py --question-file ../shared/specbench/question-dev.jsonl \\
         --heads DIR [DIR ...] --baselines stand hybrid-cal --mask-path FILE \\
         --out benchmarks/results/heads/bench_heads.md
+    python benchmarks/bench_heads.py --model BYTELM_DIR --text /usr/share/games/fortunes/* \
+        --heads DIR [DIR ...] --baselines stand pld --temperature 0 1 --block-complexity 16 \
+        --max-new-tokens 128 --out benchmarks/results/heads/bench_heads_bytes.md
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections import defaultdict
@@ -26,7 +32,7 @@ import torch
 import mtprobe
 from _common import first_turn_prompts, run_lines, write_report
 from bench_baselines import configs as baseline_configs
-from mtprobe import heads, models
+from mtprobe import bytelm, heads, models
 from mtprobe.specbench.questions import first_per_category, load_questions
 
 
@@ -51,15 +57,39 @@ def head_cost(model, head: heads.CircuitHead, ids: torch.Tensor, repeats: int = 
     return head_s, sorted(fwd)[len(fwd) // 2]
 
 
+def load_prompts(args, tok) -> list[tuple[str, torch.Tensor]]:
+    """(task, input_ids [1, L]) per prompt: Spec-Bench first turns, or held-out passages of ``--text``."""
+    if args.question_file:
+        questions = first_per_category(load_questions(args.question_file), args.per_category)
+        return [(q.task, ids) for q, ids in first_turn_prompts(tok, questions)]
+    texts = bytelm.passage_prompts(args.text, args.num_prompts, prompt_bytes=args.prompt_bytes)
+    return [("text", tok(t, return_tensors="pt").input_ids) for t in texts]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--question-file", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--question-file", help="Spec-Bench questions (first turns, chat template)")
+    src.add_argument(
+        "--text", nargs="+", help="instead: continue held-out passages of these files (a byte LM's corpus)"
+    )
+    ap.add_argument("--num-prompts", type=int, default=16, help="with --text: how many passages")
+    ap.add_argument("--prompt-bytes", type=int, default=96, help="with --text: each prompt's length in bytes")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--heads", nargs="+", required=True, help="head checkpoint folders")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--block-complexity", type=int, nargs="+", default=[30])
+    ap.add_argument("--temperature", type=float, nargs="+", default=[0.0], help="0: greedy; > 0: sampling")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--top-branches",
+        type=int,
+        nargs="+",
+        default=[4],
+        help="sampling: windows each heads step draws (HeadsConfig.top_branches); several give a row each (bN)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="sampling: torch seed before every generation")
     ap.add_argument("--baselines", nargs="*", default=["stand"], help="rows of bench_baselines.py to add")
     ap.add_argument("--mask-path", default=None, help="mask calibration for the *-cal baseline rows")
     ap.add_argument("--out", default="benchmarks/results/heads/bench_heads.md")
@@ -67,64 +97,111 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     model, tok = models.load(args.model, dtype=torch.float32)
-    questions = first_per_category(load_questions(args.question_file), args.per_category)
-    prompts = first_turn_prompts(tok, questions)
+    if args.text:
+        model.generation_config.eos_token_id = None  # continue a text for the full length
+    prompts = load_prompts(args, tok)
     costs = {}  # path -> head cost, measured first (a broken head fails before the long runs)
     for path in args.heads:
         head_s, fwd_s = head_cost(model, heads.load_head(path, model), prompts[0][1])
         costs[path] = head_s / fwd_s
-    t0 = time.perf_counter()
-    refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
-    ref_s = time.perf_counter() - t0
-    new_tokens = sum(r.shape[1] - ids.shape[1] for r, (_, ids) in zip(refs, prompts, strict=True))
 
-    rows = []  # (bc, name, {task: tau}, mismatches, tok/s, head cost or None)
-    for bc in args.block_complexity:
-        runs: dict[str, tuple[object, float | None]] = {}
-        for name, cfg in baseline_configs(bc, args.mask_path).items():
-            if name in args.baselines:
-                runs[name] = (cfg, None)
-        for path in args.heads:
-            head = heads.load_head(path, model)
-            s = head.spec
-            name = f"{s.circuit} n{s.window} r{head.r}" + (
-                f" ρ{s.adapter_rank}" if s.emission == "lowrank" else ""
+    def sampling(temp: float) -> dict:
+        if temp == 0:
+            return {"do_sample": False}
+        return {"do_sample": True, "temperature": temp, "top_k": 0, "top_p": 1.0}
+
+    rows = []  # (temperature, bc, name, {task: tau}, mismatches, ms per cycle, tok/s, head cost)
+    hf: dict[float, float] = {}  # temperature -> HF generate tok/s
+    for temp in args.temperature:
+        t0, refs = time.perf_counter(), []
+        for _, ids in prompts:
+            torch.manual_seed(args.seed)
+            refs.append(
+                model.generate(
+                    ids, max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id, **sampling(temp)
+                )
             )
-            runs[name] = (mtprobe.HeadsConfig(path=path, block_complexity=bc), costs[path])
-        for name, (cfg, cost) in runs.items():
-            t0 = time.perf_counter()
-            per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-            bad = 0
-            for (q, ids), ref in zip(prompts, refs, strict=True):
-                out = mtprobe.generate(model, ids, cfg, max_new_tokens=args.max_new_tokens, do_sample=False)
-                bad += not torch.equal(out.sequences, ref)
-                for key in (q.task, "all"):
-                    per_task[key][0] += sum(out.accept_lengths)
-                    per_task[key][1] += len(out.accept_lengths)
-            taus = {k: g / max(1, n) for k, (g, n) in per_task.items()}
-            rows.append((bc, name, taus, bad, new_tokens / (time.perf_counter() - t0), cost))
-            print(f"BC {bc} {name}: tau {taus['all']:.3f} [{time.perf_counter() - t0:.0f}s]", file=sys.stderr)
+        new_tokens = sum(r.shape[1] - ids.shape[1] for r, (_, ids) in zip(refs, prompts, strict=True))
+        hf[temp] = new_tokens / (time.perf_counter() - t0)
+        for bc in args.block_complexity:
+            runs: dict[str, tuple[object, float | None]] = {}
+            for name, cfg in baseline_configs(bc, args.mask_path).items():
+                if name in args.baselines:
+                    runs[name] = (cfg, None)
+            # Sampling drafts top_branches windows drawn from the circuit; greedy drafts one best-first tree.
+            branches = args.top_branches if temp > 0 else args.top_branches[:1]
+            for path, tb in itertools.product(args.heads, branches):
+                head = heads.load_head(path, model)
+                s = head.spec
+                name = f"{s.circuit} n{s.window} r{head.r}" + (
+                    f" ρ{s.adapter_rank}" if s.emission == "lowrank" else ""
+                )
+                name += f" b{tb}" if temp > 0 and len(args.top_branches) > 1 else ""
+                cfg = mtprobe.HeadsConfig(path=path, block_complexity=bc, top_branches=tb)
+                runs[name] = (cfg, costs[path])
+            for name, (cfg, cost) in runs.items():
+                t0 = time.perf_counter()
+                per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+                bad, got, cycle_s = 0, 0, 0.0
+                for (task, ids), ref in zip(prompts, refs, strict=True):
+                    torch.manual_seed(args.seed)
+                    out = mtprobe.generate(
+                        model,
+                        ids,
+                        cfg,
+                        max_new_tokens=args.max_new_tokens,
+                        pad_token_id=tok.pad_token_id,
+                        **sampling(temp),
+                    )
+                    bad += temp == 0 and not torch.equal(out.sequences, ref)  # sampling: see test_sampling.py
+                    got += out.new_tokens
+                    cycle_s += out.timings["total_s"] - out.timings["prefill_s"]
+                    for key in (task, "all"):
+                        per_task[key][0] += sum(out.accept_lengths)
+                        per_task[key][1] += len(out.accept_lengths)
+                wall = time.perf_counter() - t0
+                taus = {k: g / max(1, n) for k, (g, n) in per_task.items()}
+                ms = 1000 * cycle_s / max(1, per_task["all"][1])
+                rows.append((temp, bc, name, taus, bad, ms, got / wall, cost))
+                print(f"T {temp} BC {bc} {name}: tau {taus['all']:.3f} [{wall:.0f}s]", file=sys.stderr)
 
-    tasks = sorted({t for _, _, taus, _, _, _ in rows for t in taus if t != "all"})
+    tasks = sorted({t for *_, taus, _, _, _, _ in rows for t in taus if t != "all"})
+    source = (
+        f"first turn of the first {args.per_category} question(s) of every category of "
+        f"`{Path(args.question_file).name}` ({len(prompts)} questions, chat template)"
+        if args.question_file
+        else f"{len(prompts)} held-out passages of {len(args.text)} text file(s) (the last 5 % of each, which "
+        f"the byte LM never saw), the first {args.prompt_bytes} bytes of each continued"
+    )
+    hf_line = "; ".join(f"T = {t:g}: {v:.2f} tok/s ({1000 / v:.1f} ms per token)" for t, v in hf.items())
     lines = [
-        "# Probabilistic-circuit heads against training-free drafters (τ, greedy)",
+        "# Probabilistic-circuit heads against training-free drafters",
         "",
         *run_lines(args.model),
-        f"- questions: first turn of the first {args.per_category} question(s) of every category of "
-        f"`{Path(args.question_file).name}` ({len(questions)} questions), greedy, max_new_tokens={args.max_new_tokens}",
-        f"- tok/s: new tokens over wall time of all questions, one process, {torch.get_num_threads()} torch "
-        f"thread(s); greedy HF `model.generate`: {new_tokens / ref_s:.2f} tok/s ({new_tokens} tokens in {ref_s:.0f} s)",
-        "- τ = tokens gained per decode forward (prefill not counted); heads rows: HeadsConfig(path, "
-        "block_complexity=BC), circuit, window n, rank r, adapter rank ρ; head cost = one step_params call "
-        "over one single-token decode forward (median of 30, the first question's prompt cached)",
+        f"- prompts: {source}; max_new_tokens={args.max_new_tokens}; T = 0 greedy, T > 0 pure sampling "
+        f"(temperature T, no top-k/top-p), seed {args.seed} before every generation",
+        f"- HF `model.generate` (same prompts, one process, {torch.get_num_threads()} torch thread(s)): {hf_line}",
+        "- τ = tokens gained per decode forward (prefill not counted); ms/cycle = decode-loop time after the "
+        "prefill over decode forwards (one draft + verify cycle each); tok/s = new tokens over the wall time "
+        "of all prompts; × HF = tok/s over HF `generate`'s at the same T; heads rows: HeadsConfig(path, "
+        "block_complexity=BC, top_branches=b), circuit, window n, rank r, adapter rank ρ (lowrank emissions; none: one "
+        "unembedding per position and state); head cost = one step_params call over one single-token decode "
+        "forward (median of 30, the first prompt cached); mismatches: greedy runs not token-identical to "
+        "HF greedy (sampling is checked by the chi-square tests of tests/test_sampling.py instead)",
         "",
-        "| BC | drafter | τ | " + " | ".join(tasks) + " | tok/s | head cost | mismatches |",
-        "|---|---|---|" + "---|" * len(tasks) + "---|---|---|",
+        "| T | BC | drafter | τ | "
+        + "".join(f"{t} | " for t in tasks if len(tasks) > 1)
+        + "ms/cycle | tok/s | × HF | head cost | mismatches |",
+        "|---|---|---|---|" + "---|" * (len(tasks) if len(tasks) > 1 else 0) + "---|---|---|---|---|",
     ]
-    for bc, name, taus, bad, tok_s, cost in rows:
-        cells = " | ".join(f"{taus.get(t, float('nan')):.3f}" for t in tasks)
+    for temp, bc, name, taus, bad, ms, tok_s, cost in rows:
+        cells = "".join(f"{taus.get(t, float('nan')):.3f} | " for t in tasks if len(tasks) > 1)
         c = "" if cost is None else f"{100 * cost:.1f} %"
-        lines.append(f"| {bc} | {name} | **{taus['all']:.3f}** | {cells} | {tok_s:.2f} | {c} | {bad} |")
+        m = str(bad) if temp == 0 else "–"
+        lines.append(
+            f"| {temp:g} | {bc} | {name} | **{taus['all']:.3f}** | {cells}{ms:.1f} | {tok_s:.2f} | "
+            f"{tok_s / hf[temp]:.2f} | {c} | {m} |"
+        )
     write_report(args.out, lines)
     return 0
 

@@ -477,14 +477,32 @@ def compute_features(
     return Features(torch.cat(hidden), torch.cat(ids), torch.tensor(starts), torch.tensor(first))
 
 
-def text_sequences(tokenizer: Any, paths: Sequence[str], length: int) -> list[tuple[torch.Tensor, int]]:
-    """Chunks of ``length`` tokens of local text files (a corpus installable offline)."""
+def text_sequences(
+    tokenizer: Any,
+    paths: Sequence[str],
+    length: int,
+    *,
+    holdout: float = 0.0,
+    max_tokens: int | None = None,
+) -> list[tuple[torch.Tensor, int]]:
+    """Chunks of ``length`` tokens of local text files (a corpus installable offline), without the last
+    ``holdout`` of each file's characters (what a byte LM trained by :mod:`mtprobe.bytelm` held out),
+    at most ``max_tokens`` tokens in all, taken evenly from every file."""
+    if not 0.0 <= holdout < 1.0:
+        raise ValueError(f"holdout={holdout} must be in [0, 1)")
+    if max_tokens is not None and max_tokens < length:
+        raise ValueError(f"max_tokens={max_tokens} must be >= the sequence length {length}")
+    per_file = None if max_tokens is None else max(length, max_tokens // len(paths))
     out = []
     for p in paths:
-        ids = tokenizer(Path(p).read_text(encoding="utf-8", errors="replace"), return_tensors="pt").input_ids[
-            0
-        ]
-        out += [(ids[s : s + length], 0) for s in range(0, ids.numel() - length // 2, length)]
+        text = Path(p).read_text(encoding="utf-8", errors="replace")
+        text = text[: len(text) - int(holdout * len(text))]
+        ids = tokenizer(text, return_tensors="pt").input_ids[0]  # [T]
+        starts = list(range(0, ids.numel() - length // 2, length))
+        if per_file is not None and len(starts) * length > per_file:  # evenly spaced chunks of the file
+            keep = per_file // length
+            starts = [starts[i * len(starts) // keep] for i in range(keep)]
+        out += [(ids[s : s + length], 0) for s in starts]
     return out
 
 
@@ -507,10 +525,15 @@ def corpus_passages(paths: Sequence[str], *, min_chars: int = 60, max_chars: int
     blank lines; passages outside [min_chars, max_chars] are dropped."""
     out = []
     for p in paths:
-        text = Path(p).read_text(encoding="utf-8", errors="replace")
-        parts = text.split("\n%\n") if "\n%\n" in text else text.split("\n\n")
-        out += [t.strip() for t in parts if min_chars <= len(t.strip()) <= max_chars]
+        out += split_passages(Path(p).read_text(encoding="utf-8", errors="replace"), min_chars, max_chars)
     return out
+
+
+def split_passages(text: str, min_chars: int, max_chars: int) -> list[str]:
+    """``text``'s passages: split on fortune-cookie ``%`` lines if it has any, else on blank lines;
+    those outside [min_chars, max_chars] characters are dropped."""
+    parts = text.split("\n%\n") if "\n%\n" in text else text.split("\n\n")
+    return [t.strip() for t in parts if min_chars <= len(t.strip()) <= max_chars]
 
 
 def corpus_prompts(tokenizer: Any, paths: Sequence[str], num: int, seed: int = 0) -> list[torch.Tensor]:
@@ -636,6 +659,21 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--text", nargs="*", default=[], help="local text files to train on as well (a corpus)")
     p.add_argument(
+        "--text-holdout",
+        type=float,
+        default=0.0,
+        help="leave out the last fraction of every --text file (e.g. 0.05: what mtprobe.bytelm held out)",
+    )
+    p.add_argument("--max-text-tokens", type=int, default=None, help="at most this many --text tokens")
+    p.add_argument(
+        "--passage-prompts",
+        type=int,
+        default=0,
+        help="self-distil on N more prompts: the first 96 bytes of passages of the --text files (their "
+        "training part), continued as plain text without a chat template (for base models such as "
+        "mtprobe.bytelm's)",
+    )
+    p.add_argument(
         "--corpus-prompts",
         nargs="*",
         default=[],
@@ -652,6 +690,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
         HeadSpec(args.circuit, args.window, args.rank, args.emission, args.adapter_rank, 1, 1)
         if args.steps < 1 or args.batch_size < 1:
             raise ValueError(f"steps={args.steps} and batch_size={args.batch_size} must be >= 1")
+        if not 0.0 <= args.text_holdout < 1.0:
+            raise ValueError(f"--text-holdout {args.text_holdout} must be in [0, 1)")
+        if args.passage_prompts and not args.text:
+            raise ValueError("--passage-prompts N takes its passages from --text FILES; give them")
+        if args.max_text_tokens is not None and args.max_text_tokens < 256:
+            raise ValueError(f"--max-text-tokens {args.max_text_tokens} must be >= 256 (one sequence)")
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     model, prompts = calibration_prompts(args)
@@ -664,6 +708,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "max_new_tokens": args.max_new_tokens,
         "gen_batch_size": args.gen_batch_size,
         "text": [os.path.basename(t) for t in args.text],
+        "text_holdout": args.text_holdout,
+        "max_text_tokens": args.max_text_tokens,
+        "passage_prompts": args.passage_prompts,
     }
     if args.features and Path(args.features).is_file():
         print_progress(f"features from {args.features} (its data options replace this command's)")
@@ -676,6 +723,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
             from mtprobe import models
 
             _, tokenizer = models.load(args.model)
+        if args.passage_prompts:
+            from mtprobe.bytelm import passage_prompts
+
+            texts = passage_prompts(
+                args.text, args.passage_prompts, part="train", holdout=args.text_holdout, seed=args.seed
+            )
+            prompts = prompts + [tokenizer(t, return_tensors="pt").input_ids for t in texts]
         if args.corpus_prompts:
             prompts = prompts + corpus_prompts(
                 tokenizer, args.corpus_prompts, args.num_corpus_prompts, args.seed
@@ -688,7 +742,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 )
             ]
         if args.text:
-            seqs += text_sequences(tokenizer, args.text, 256)
+            seqs += text_sequences(
+                tokenizer, args.text, 256, holdout=args.text_holdout, max_tokens=args.max_text_tokens
+            )
         if not seqs:
             parser.error("no training data: drop --no-self or give --text FILES")
         features = compute_features(model, seqs, print_progress)
