@@ -1,20 +1,21 @@
 #!/usr/bin/env python
-"""Probabilistic-circuit heads (MTPC, seed 003) on Spec-Bench questions: τ, tokens/s and the head's
-per-step cost, next to training-free drafters at the same block complexity.
+"""Probabilistic-circuit heads (MTPC, seed 003): τ, tokens/s and the head's per-step cost, greedy and
+sampling, next to training-free drafters at the same block complexity.
 
 The shape of seed 003's Tables 6 and 7 at this machine's scale: one row per trained head (circuit,
-window n, rank r), per BC and per temperature (greedy and sampling), with τ, latency per cycle, tokens/s
-and the speed-up over HF ``generate``; every greedy run is checked token-identical to greedy
+window n, rank r), per BC and per temperature (greedy and sampling), with τ, latency per cycle,
+tokens/s and the speed-up over HF ``generate``; every greedy run is checked token-identical to greedy
 ``model.generate``. Prompts are Spec-Bench first turns (SmolLM2), or, with ``--text``, held-out
-passages of a byte LM's corpus (python -m mtprobe.bytelm, seed 003's own byte-level regime). The head's cost is the mean time of one ``CircuitHead.step_params`` call (what the
-drafter calls once per step) over the mean time of one single-token decode forward of the backbone with
-a KV cache of the prompt's length, both on this machine, same threads.
+passages of a byte LM's corpus (python -m mtprobe.bytelm, seed 003's own byte-level regime). The
+head's cost is the mean time of one ``CircuitHead.step_params`` call (what the drafter calls once
+per step) over the median time of one single-token decode forward of the backbone with a KV cache of
+the first prompt's length, both on this machine, same threads.
 
     python benchmarks/bench_heads.py --question-file ../shared/specbench/question-dev.jsonl \\
         --heads DIR [DIR ...] --baselines stand hybrid-cal --mask-path FILE \\
         --out benchmarks/results/heads/bench_heads.md
-    python benchmarks/bench_heads.py --model BYTELM_DIR --text /usr/share/games/fortunes/* \
-        --heads DIR [DIR ...] --baselines stand pld --temperature 0 1 --block-complexity 16 \
+    python benchmarks/bench_heads.py --model BYTELM_DIR --text /usr/share/games/fortunes/* \\
+        --heads DIR [DIR ...] --baselines stand pld --temperature 0 1 --block-complexity 16 \\
         --max-new-tokens 128 --out benchmarks/results/heads/bench_heads_bytes.md
 """
 
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "of all prompts; × HF = tok/s over HF `generate`'s at the same T; heads rows: HeadsConfig(path, "
         "block_complexity=BC, top_branches=b), circuit, window n, rank r, adapter rank ρ (lowrank emissions; none: one "
         "unembedding per position and state); head cost = one step_params call over one single-token decode "
-        "forward (median of 30, the first prompt cached); mismatches: greedy runs not token-identical to "
+        "forward (mean of 30 calls over the median of 30 forwards, the first prompt cached); mismatches: greedy runs not token-identical to "
         "HF greedy (sampling is checked by the chi-square tests of tests/test_sampling.py instead)",
         "",
         "| T | BC | drafter | τ | "

@@ -487,7 +487,8 @@ def text_sequences(
 ) -> list[tuple[torch.Tensor, int]]:
     """Chunks of ``length`` tokens of local text files (a corpus installable offline), without the last
     ``holdout`` of each file's characters (what a byte LM trained by :mod:`mtprobe.bytelm` held out),
-    at most ``max_tokens`` tokens in all, taken evenly from every file."""
+    at most ``max_tokens`` tokens in all (yet one chunk of every file at least), evenly spaced chunks
+    of every file."""
     if not 0.0 <= holdout < 1.0:
         raise ValueError(f"holdout={holdout} must be in [0, 1)")
     if max_tokens is not None and max_tokens < length:
