@@ -101,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.text:
         model.generation_config.eos_token_id = None  # continue a text for the full length
     prompts = load_prompts(args, tok)
-    costs = {}  # path -> head cost, measured first (a broken head fails before the long runs)
-    for path in args.heads:
-        head_s, fwd_s = head_cost(model, heads.load_head(path, model), prompts[0][1])
+    loaded = {path: heads.load_head(path, model) for path in args.heads}  # a broken head fails first
+    costs = {}  # path -> head cost
+    for path, head in loaded.items():
+        head_s, fwd_s = head_cost(model, head, prompts[0][1])
         costs[path] = head_s / fwd_s
 
     def sampling(temp: float) -> dict:
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             # Sampling drafts top_branches windows drawn from the circuit; greedy drafts one best-first tree.
             branches = args.top_branches if temp > 0 else args.top_branches[:1]
             for path, tb in itertools.product(args.heads, branches):
-                head = heads.load_head(path, model)
+                head = loaded[path]
                 s = head.spec
                 name = f"{s.circuit} n{s.window} r{head.r}" + (
                     f" ρ{s.adapter_rank}" if s.emission == "lowrank" else ""

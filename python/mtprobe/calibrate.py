@@ -458,7 +458,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from mtprobe.data import calibration_prompts, print_progress
 
-    model, ids = calibration_prompts(args)
+    model, _, ids = calibration_prompts(args)
 
     try:
         cal = calibrate_masks(

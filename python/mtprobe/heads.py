@@ -699,7 +699,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--max-text-tokens {args.max_text_tokens} must be >= 256 (one sequence)")
     except (ValueError, TypeError) as e:
         parser.error(str(e))
-    model, prompts = calibration_prompts(args)
+    model, tokenizer, prompts = calibration_prompts(args)
     data = {
         "self": not args.no_self,
         "prompts": args.prompts or "built-in",
@@ -719,11 +719,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
         features, data = Features(**saved["features"]), saved["data"]
     else:
         seqs: list[tuple[torch.Tensor, int]] = []
-        tokenizer = None
-        if args.text or args.corpus_prompts:
-            from mtprobe import models
-
-            _, tokenizer = models.load(args.model)
         if args.passage_prompts:
             from mtprobe.bytelm import passage_prompts
 

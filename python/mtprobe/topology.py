@@ -565,7 +565,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     from mtprobe.data import calibration_prompts, print_progress
     from mtprobe.profile import ForwardProfile
 
-    model, ids = calibration_prompts(args)
+    model, _, ids = calibration_prompts(args)
 
     bank = build_bank(
         model,

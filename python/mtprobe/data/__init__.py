@@ -100,9 +100,9 @@ def add_calibration_arguments(parser: Any) -> None:
     parser.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
 
 
-def calibration_prompts(args: Any) -> tuple[Any, list[Any]]:
-    """(model, token tensors ``[1, L]``) from :func:`add_calibration_arguments`' options: the model
-    loaded by name and each prompt under its tokenizer's chat template."""
+def calibration_prompts(args: Any) -> tuple[Any, Any, list[Any]]:
+    """(model, tokenizer, token tensors ``[1, L]``) from :func:`add_calibration_arguments`' options: the
+    model loaded by name and each prompt under its tokenizer's chat template."""
     from mtprobe import models
     from mtprobe.specbench.run import encode_conversation
 
@@ -110,7 +110,7 @@ def calibration_prompts(args: Any) -> tuple[Any, list[Any]]:
     prompts = load_prompts(args.prompts)
     if args.num_prompts is not None:
         prompts = prompts[: args.num_prompts]
-    return model, [encode_conversation(tokenizer, p["messages"], "cpu") for p in prompts]
+    return model, tokenizer, [encode_conversation(tokenizer, p["messages"], "cpu") for p in prompts]
 
 
 def print_progress(msg: str) -> None:
