@@ -587,3 +587,61 @@ def test_op_rejects_bad_input(case: str) -> None:
     name, args, message = BAD_INPUTS[case]
     with pytest.raises(ValueError, match=message):
         getattr(torch.ops.mtprobe, name)(*args)
+
+
+# --- the CUDA kernels (csrc/kernels/circuit.cuh via csrc/ops/circuit_cuda.cu) against the CPU ops ------
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# The OP_SHAPES plus a head-sized circuit: n = 16 (BTree's 15 latents), r = 4, a byte vocabulary.
+CUDA_SHAPES = [*OP_SHAPES, (16, 257, 4, 3)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_circuit_ops_match_the_cpu_ops(kind, dtype):
+    for seed, (n, vocab, r, batch) in enumerate(CUDA_SHAPES):
+        circuits, params = batch_circuits(kind, n, vocab, r, batch, dtype, 700 + 10 * seed)
+        gpu = tuple(p.cuda() for p in params)
+        tokens = torch.randint(vocab, (batch, n), generator=torch.Generator().manual_seed(seed))
+        for name in ("circuit_log_prob", "circuit_prefix_log_marginals"):
+            op = getattr(torch.ops.mtprobe, name)
+            got = op(kind, *gpu, tokens.cuda())
+            assert got.is_cuda and got.dtype == dtype
+            close(got.cpu(), op(kind, *params, tokens), dtype)
+        for length in range(n):
+            got = torch.ops.mtprobe.circuit_next_token_log_probs(kind, *gpu, tokens[:, :length].cuda())
+            expect = torch.ops.mtprobe.circuit_next_token_log_probs(kind, *params, tokens[:, :length])
+            close(got.cpu(), expect, dtype)
+        u = torch.rand(
+            batch, circuits[0].num_uniforms(), generator=torch.Generator().manual_seed(seed)
+        ).double()
+        u[0] = 0.0  # both ends of [0, 1)
+        u[-1, ::2] = 1 - 2**-53
+        drawn = torch.ops.mtprobe.circuit_sample(kind, *gpu, u.cuda())
+        assert drawn.is_cuda and torch.equal(drawn.cpu(), torch.ops.mtprobe.circuit_sample(kind, *params, u))
+        opcheck(torch.ops.mtprobe.circuit_log_prob, (kind, *gpu, tokens.cuda()))
+        opcheck(torch.ops.mtprobe.circuit_sample, (kind, *gpu, u.cuda()))
+
+
+@requires_cuda
+def test_cuda_circuit_ops_reject_bad_input():
+    _, params = batch_circuits("hmm", 3, 4, 2, 2, torch.float32, 5)
+    gpu = tuple(p.cuda() for p in params)
+    with pytest.raises(ValueError, match=r"tokens\[1, 2\] = 4 is outside the vocabulary \[0, 4\)"):
+        torch.ops.mtprobe.circuit_log_prob("hmm", *gpu, torch.tensor([[0, 1, 2], [0, 1, 4]]).cuda())
+    u = torch.rand(2, 6, dtype=torch.float64)
+    u[1, 3] = 1.0
+    with pytest.raises(ValueError, match=r"uniforms\[1, 3\] = 1 is outside \[0, 1\)"):
+        torch.ops.mtprobe.circuit_sample("hmm", *gpu, u.cuda())
+    nan = gpu[2].clone()
+    nan[1, 0, :, 0] = torch.nan  # every state of token 0: whichever state is drawn meets it
+    with pytest.raises(ValueError, match=r"circuit_sample: context 1: .*NaN"):
+        torch.ops.mtprobe.circuit_sample(
+            "hmm", gpu[0], gpu[1], nan, torch.rand(2, 6, dtype=torch.float64).cuda()
+        )
+    _, big = batch_circuits("hmm", 40, 3, 32, 1, torch.float32, 6)  # L * r = 40 * 32 > 1024
+    with pytest.raises(ValueError, match=r"L \* r <= 1024"):
+        torch.ops.mtprobe.circuit_log_prob(
+            "hmm", *(p.cuda() for p in big), torch.zeros(1, 40, dtype=torch.long).cuda()
+        )

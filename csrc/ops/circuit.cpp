@@ -1,8 +1,8 @@
 // Exact inference in circuit heads (csrc/core/circuit.h) as ATen ops, batched over B contexts: the
 // head produces one set of parameters per context, so every parameter tensor has a leading [B].
-// The CPU kernels are here; registration.cpp registers them for the CPU key only. A CUDA kernel
-// would be a csrc/ops/circuit_cuda.cu registering the same schemas under TORCH_LIBRARY_IMPL(mtprobe,
-// CUDA) (not written: until then a CUDA tensor gets the dispatcher's "no CUDA kernel" error).
+// The CPU kernels are here (registration.cpp registers them for the CPU key); the CUDA launchers are
+// in circuit_cuda.cu (kernels: csrc/kernels/circuit.cuh) and share check_circuit and
+// check_circuit_tokens with these.
 //
 // Parameters, log-probabilities with a leading batch dimension (circuit.h has each layout):
 //   weights      [B, r]            FF: [B, 0] (FF has no latent; mtprobe.ops takes None for it)
@@ -27,13 +27,6 @@ namespace mtprobe::ops {
 
 namespace {
 
-// Parameters checked and converted to one contiguous CPU dtype (float or double).
-struct CircuitBatch {
-  core::CircuitStructure structure;
-  int64_t batch = 0;
-  at::Tensor weights, transitions, emissions;
-};
-
 core::CircuitKind parse_kind(const std::string& kind, const char* op) {
   if (kind == "ff") return core::CircuitKind::kFF;
   if (kind == "cp") return core::CircuitKind::kCP;
@@ -41,6 +34,8 @@ core::CircuitKind parse_kind(const std::string& kind, const char* op) {
   if (kind == "btree") return core::CircuitKind::kBTree;
   TORCH_CHECK_VALUE(false, op, ": circuit kind '", kind, "' is not one of 'ff', 'cp', 'hmm', 'btree'");
 }
+
+}  // namespace
 
 CircuitBatch check_circuit(const char* op, const std::string& kind_name, const at::Tensor& weights,
                            const at::Tensor& transitions, const at::Tensor& emissions) {
@@ -90,20 +85,47 @@ CircuitBatch check_circuit(const char* op, const std::string& kind_name, const a
   return c;
 }
 
-// tokens [B, len] int32/int64 with ids in [0, V), as contiguous int64.
-at::Tensor check_tokens(const char* op, const char* what, const at::Tensor& tokens, int64_t B, int64_t len,
-                        int64_t V) {
+// tokens [B, len] int32/int64 with ids in [0, V), as contiguous int64 on their device.
+at::Tensor check_circuit_tokens(const char* op, const char* what, const at::Tensor& tokens, int64_t B,
+                                int64_t len, int64_t V) {
   TORCH_CHECK_VALUE(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt, op, ": ", what,
                     " must be int32 or int64, got ", tokens.scalar_type());
   TORCH_CHECK_VALUE(tokens.dim() == 2 && tokens.size(0) == B && tokens.size(1) == len, op, ": ", what,
                     " must be [B, ", len, "] = [", B, ", ", len, "], got ", tokens.sizes());
   at::Tensor t = tokens.to(at::kLong).contiguous();
-  const int64_t* p = t.data_ptr<int64_t>();
+  const at::Tensor host = t.is_cpu() ? t : t.cpu();  // one device read for CUDA tokens
+  const int64_t* p = host.const_data_ptr<int64_t>();
   for (int64_t j = 0; j < B * len; ++j)
     TORCH_CHECK_VALUE(p[j] >= 0 && p[j] < V, op, ": ", what, "[", j / len, ", ", j % len, "] = ", p[j],
                       " is outside the vocabulary [0, ", V, ")");
   return t;
 }
+
+at::Tensor check_circuit_prefix(const char* op, const CircuitBatch& c, const at::Tensor& prefix) {
+  const int64_t B = c.batch, n = c.structure.n;
+  TORCH_CHECK_VALUE(prefix.dim() == 2 && prefix.size(0) == B && prefix.size(1) < n, op,
+                    ": prefix must be [B, len] with len in [0, n) = [0, ", n,
+                    ") (the next token must lie in the window), B = ", B, ", got ", prefix.sizes());
+  return check_circuit_tokens(op, "prefix", prefix, B, prefix.size(1), c.structure.vocab);
+}
+
+at::Tensor check_circuit_uniforms(const char* op, const CircuitBatch& c, const at::Tensor& uniforms) {
+  const int64_t B = c.batch, S = c.structure.sampled_latents(), U = S + c.structure.n;
+  TORCH_CHECK_VALUE(uniforms.scalar_type() == at::kDouble || uniforms.scalar_type() == at::kFloat, op,
+                    ": uniforms must be float64 (or float32), got ", uniforms.scalar_type());
+  TORCH_CHECK_VALUE(uniforms.dim() == 2 && uniforms.size(0) == B && uniforms.size(1) == U, op,
+                    ": uniforms must be [B, S + n] = [", B, ", ", U, "] (S = ", S,
+                    " sampled latents, then one per token), got ", uniforms.sizes());
+  at::Tensor u = uniforms.to(c.emissions.device(), at::kDouble).contiguous();
+  const at::Tensor host = u.is_cpu() ? u : u.cpu();  // one device read for CUDA uniforms
+  const double* up = host.const_data_ptr<double>();
+  for (int64_t j = 0; j < B * U; ++j)
+    TORCH_CHECK_VALUE(up[j] >= 0.0 && up[j] < 1.0, op, ": uniforms[", j / U, ", ", j % U, "] = ", up[j],
+                      " is outside [0, 1)");
+  return u;
+}
+
+namespace {
 
 // Runs f(b) for every context, in parallel; a std::invalid_argument from the core (NaN parameters
 // met while sampling) becomes a ValueError naming the first context that threw.
@@ -143,7 +165,7 @@ at::Tensor circuit_log_prob(c10::string_view kind, const at::Tensor& weights, co
   static constexpr const char* op = "circuit_log_prob";
   const CircuitBatch c = check_circuit(op, std::string(kind), weights, transitions, emissions);
   const int64_t B = c.batch, n = c.structure.n;
-  const at::Tensor tok = check_tokens(op, "tokens", tokens, B, n, c.structure.vocab);
+  const at::Tensor tok = check_circuit_tokens(op, "tokens", tokens, B, n, c.structure.vocab);
   at::Tensor out = at::empty({B}, c.emissions.options());  // [B]
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), op, [&] {
     scalar_t* o = out.data_ptr<scalar_t>();
@@ -159,7 +181,7 @@ at::Tensor circuit_prefix_log_marginals(c10::string_view kind, const at::Tensor&
   static constexpr const char* op = "circuit_prefix_log_marginals";
   const CircuitBatch c = check_circuit(op, std::string(kind), weights, transitions, emissions);
   const int64_t B = c.batch, n = c.structure.n;
-  const at::Tensor tok = check_tokens(op, "tokens", tokens, B, n, c.structure.vocab);
+  const at::Tensor tok = check_circuit_tokens(op, "tokens", tokens, B, n, c.structure.vocab);
   at::Tensor out = at::empty({B, n}, c.emissions.options());  // [B, n]
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), op, [&] {
     scalar_t* o = out.data_ptr<scalar_t>();
@@ -175,12 +197,9 @@ at::Tensor circuit_next_token_log_probs(c10::string_view kind, const at::Tensor&
                                         const at::Tensor& prefix) {
   static constexpr const char* op = "circuit_next_token_log_probs";
   const CircuitBatch c = check_circuit(op, std::string(kind), weights, transitions, emissions);
-  const int64_t B = c.batch, n = c.structure.n, V = c.structure.vocab;
-  TORCH_CHECK_VALUE(prefix.dim() == 2 && prefix.size(0) == B && prefix.size(1) < n, op,
-                    ": prefix must be [B, len] with len in [0, n) = [0, ", n,
-                    ") (the next token must lie in the window), B = ", B, ", got ", prefix.sizes());
-  const int64_t len = prefix.size(1);
-  const at::Tensor tok = check_tokens(op, "prefix", prefix, B, len, V);
+  const int64_t B = c.batch, V = c.structure.vocab;
+  const at::Tensor tok = check_circuit_prefix(op, c, prefix);
+  const int64_t len = tok.size(1);
   at::Tensor out = at::empty({B, V}, c.emissions.options());  // [B, V]
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), op, [&] {
     scalar_t* o = out.data_ptr<scalar_t>();
@@ -195,17 +214,9 @@ at::Tensor circuit_sample(c10::string_view kind, const at::Tensor& weights, cons
                           const at::Tensor& emissions, const at::Tensor& uniforms) {
   static constexpr const char* op = "circuit_sample";
   const CircuitBatch c = check_circuit(op, std::string(kind), weights, transitions, emissions);
-  const int64_t B = c.batch, n = c.structure.n, S = c.structure.sampled_latents(), U = S + n;
-  TORCH_CHECK_VALUE(uniforms.scalar_type() == at::kDouble || uniforms.scalar_type() == at::kFloat, op,
-                    ": uniforms must be float64 (or float32), got ", uniforms.scalar_type());
-  TORCH_CHECK_VALUE(uniforms.dim() == 2 && uniforms.size(0) == B && uniforms.size(1) == U, op,
-                    ": uniforms must be [B, S + n] = [", B, ", ", U, "] (S = ", S,
-                    " sampled latents, then one per token), got ", uniforms.sizes());
-  const at::Tensor u = uniforms.to(at::kDouble).contiguous();
+  const int64_t B = c.batch, n = c.structure.n, U = c.structure.num_uniforms();
+  const at::Tensor u = check_circuit_uniforms(op, c, uniforms);
   const double* up = u.const_data_ptr<double>();
-  for (int64_t j = 0; j < B * U; ++j)
-    TORCH_CHECK_VALUE(up[j] >= 0.0 && up[j] < 1.0, op, ": uniforms[", j / U, ", ", j % U, "] = ", up[j],
-                      " is outside [0, 1)");
   at::Tensor out = at::empty({B, n}, at::TensorOptions().dtype(at::kLong));  // [B, n]
   int64_t* o = out.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), op, [&] {

@@ -4,7 +4,10 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
+
+#include "core/circuit.h"
 
 namespace mtprobe::ops {
 
@@ -73,6 +76,23 @@ at::Tensor circuit_next_token_log_probs(c10::string_view kind, const at::Tensor&
                                         const at::Tensor& prefix);
 at::Tensor circuit_sample(c10::string_view kind, const at::Tensor& weights, const at::Tensor& transitions,
                           const at::Tensor& emissions, const at::Tensor& uniforms);
+
+// The circuit ops' shared argument checks (circuit.cpp; the CUDA launchers in circuit_cuda.cu use them
+// too): the kind, shapes and dtypes, parameters converted to one contiguous float or double dtype on
+// their device; token ids checked against [0, V) (a CUDA tensor costs one device read).
+struct CircuitBatch {
+  core::CircuitStructure structure;
+  int64_t batch = 0;
+  at::Tensor weights, transitions, emissions;
+};
+CircuitBatch check_circuit(const char* op, const std::string& kind_name, const at::Tensor& weights,
+                           const at::Tensor& transitions, const at::Tensor& emissions);
+at::Tensor check_circuit_tokens(const char* op, const char* what, const at::Tensor& tokens, int64_t B,
+                                int64_t len, int64_t V);
+// prefix [B, len], len in [0, n): as check_circuit_tokens. uniforms [B, S + n] float64/float32 in [0, 1),
+// returned as contiguous float64 on the parameters' device.
+at::Tensor check_circuit_prefix(const char* op, const CircuitBatch& c, const at::Tensor& prefix);
+at::Tensor check_circuit_uniforms(const char* op, const CircuitBatch& c, const at::Tensor& uniforms);
 
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);

@@ -17,7 +17,7 @@ TORCH_LIBRARY(mtprobe, m) {
       "expand_draft_tree(Tensor logits, Tensor root_token, int budget, int width, bool prune) -> (Tensor, "
       "Tensor, Tensor, Tensor)");
   m.def("tree_attention(Tensor q, Tensor k, Tensor v, Tensor ancestor_bits, float scale) -> Tensor");
-  // Circuit heads (csrc/ops/circuit.cpp): CPU kernels only so far.
+  // Circuit heads (csrc/ops/circuit.cpp; CUDA: circuit_cuda.cu).
   m.def(
       "circuit_log_prob(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor tokens) -> "
       "Tensor");

@@ -244,7 +244,8 @@ def circuit_log_prob(
     ``[B, 0, r, r]`` where there is one latent: FF, CP, HMM and BTree with L = 1), ``emissions`` FF
     ``[B, n, V]``, CP ``[B, r, n, V]``, HMM and BTree ``[B, n, r, V]``; float32 or float64 (float16 and
     bfloat16 are upcast and give float32). ``tokens``: ``[B, n]`` int64 in ``[0, V)``.
-    CPU only for now. Reference: ``mtprobe.reference.circuit.log_prob``.
+    CPU and CUDA (the CUDA kernels are compiled but have not run on a GPU yet). Reference:
+    ``mtprobe.reference.circuit.log_prob``.
 
     The header's worked example, a CP with n = 2, r = 2, V = 2 (one context):
 
