@@ -36,6 +36,18 @@ struct CircuitDims {
   int64_t weights_size = 0, transitions_size = 0, emissions_size = 0;  // per context
 };
 
+// What every kernel reads: the batch's parameters (contiguous, [B, ...] per context in circuit.h's
+// layouts), their sizes and the flattened structure.
+template <typename T>
+struct CircuitArgs {
+  const T* weights;
+  const T* transitions;
+  const T* emissions;
+  CircuitDims dims;
+  const int64_t* latent_parent;  // [L]
+  const int64_t* token_parent;   // [n]
+};
+
 __device__ inline double circuit_log_add(double a, double b) {
   if (a == -INFINITY) return b;
   if (b == -INFINITY) return a;
@@ -50,27 +62,29 @@ __device__ inline double circuit_emission(const T* e, const CircuitDims& d, int6
   return static_cast<double>(e[row * d.vocab + v]);
 }
 
-// log q(x_0 .. x_{m-1} [, x_m = extra]) of one context: the tokens before m are observed, and token
-// m too when extra >= 0. inside: kMaxLatentStates doubles of scratch.
+// log q(x_0 .. x_{m-1} [, x_m = extra]) of context b: the tokens before m are observed, and token m
+// too when extra >= 0. inside: kMaxLatentStates doubles of scratch.
 template <typename T>
-__device__ inline double circuit_observed_log_prob(const T* w, const T* t, const T* e, const CircuitDims& d,
-                                                   const int64_t* latent_parent, const int64_t* token_parent,
-                                                   const int64_t* tokens, int64_t m, int64_t extra,
-                                                   double* inside) {
+__device__ inline double circuit_observed_log_prob(const CircuitArgs<T>& a, int64_t b, const int64_t* tokens,
+                                                   int64_t m, int64_t extra, double* inside) {
+  const CircuitDims& d = a.dims;
+  const T* w = a.weights + b * d.weights_size;
+  const T* t = a.transitions + b * d.transitions_size;
+  const T* e = a.emissions + b * d.emissions_size;
   const int64_t r = d.r, L = d.latents;
   for (int64_t j = 0; j < L * r; ++j) inside[j] = 0.0;
   for (int64_t i = 0; i < m + (extra >= 0 ? 1 : 0); ++i) {
-    const int64_t x = i < m ? tokens[i] : extra, k = token_parent[i];
+    const int64_t x = i < m ? tokens[i] : extra, k = a.token_parent[i];
     for (int64_t z = 0; z < r; ++z) inside[k * r + z] += circuit_emission(e, d, i, z, x);
   }
   for (int64_t k = L - 1; k >= 1; --k) {  // children before parents
-    const int64_t p = latent_parent[k];
+    const int64_t p = a.latent_parent[k];
     const T* tk = t + (k - 1) * r * r;  // [a][b] = log q(z_k = b | z_p = a)
-    for (int64_t a = 0; a < r; ++a) {
+    for (int64_t s = 0; s < r; ++s) {
       double acc = -INFINITY;
-      for (int64_t b = 0; b < r; ++b)
-        acc = circuit_log_add(acc, static_cast<double>(tk[a * r + b]) + inside[k * r + b]);
-      inside[p * r + a] += acc;
+      for (int64_t z = 0; z < r; ++z)
+        acc = circuit_log_add(acc, static_cast<double>(tk[s * r + z]) + inside[k * r + z]);
+      inside[p * r + s] += acc;
     }
   }
   if (d.kind == 0) return inside[0];  // FF: one state, no weight
@@ -82,52 +96,39 @@ __device__ inline double circuit_observed_log_prob(const T* w, const T* t, const
 // out[b] = log q(tokens[b] [0, m)) for the B contexts: log_prob (m = n) and the log q(prefix) that
 // next_token_log_probs divides by (m = len; exactly 0 for len = 0, as on the CPU).
 template <typename T>
-__global__ void circuit_prefix_value_kernel(const T* w, const T* t, const T* e, CircuitDims d,
-                                            const int64_t* latent_parent, const int64_t* token_parent,
-                                            const int64_t* tokens, int64_t m, int64_t B, T* out) {
+__global__ void circuit_prefix_value_kernel(CircuitArgs<T> a, const int64_t* tokens, int64_t m, int64_t B,
+                                            T* out) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= B) return;
   double inside[kMaxLatentStates];
-  out[b] = m == 0 ? T(0)
-                  : static_cast<T>(circuit_observed_log_prob(
-                        w + b * d.weights_size, t + b * d.transitions_size, e + b * d.emissions_size, d,
-                        latent_parent, token_parent, tokens + b * m, m, -1, inside));
+  out[b] = m == 0 ? T(0) : static_cast<T>(circuit_observed_log_prob(a, b, tokens + b * m, m, -1, inside));
 }
 
 // out[b, j] = log q(tokens[b] [0, j + 1)): every prefix marginal, one thread per (b, j).
 template <typename T>
-__global__ void circuit_prefix_marginals_kernel(const T* w, const T* t, const T* e, CircuitDims d,
-                                                const int64_t* latent_parent, const int64_t* token_parent,
-                                                const int64_t* tokens, int64_t B, T* out) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= B * d.n) return;
-  const int64_t b = idx / d.n, j = idx % d.n;
+__global__ void circuit_prefix_marginals_kernel(CircuitArgs<T> a, const int64_t* tokens, int64_t B, T* out) {
+  const int64_t n = a.dims.n, idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= B * n) return;
+  const int64_t b = idx / n, j = idx % n;
   double inside[kMaxLatentStates];
-  out[idx] = static_cast<T>(circuit_observed_log_prob(w + b * d.weights_size, t + b * d.transitions_size,
-                                                      e + b * d.emissions_size, d, latent_parent,
-                                                      token_parent, tokens + b * d.n, j + 1, -1, inside));
+  out[idx] = static_cast<T>(circuit_observed_log_prob(a, b, tokens + b * n, j + 1, -1, inside));
 }
 
 // out[b, v] = log q(v | prefix[b]) = log q(prefix, v) - log q(prefix), -inf after a prefix of
 // probability 0 (prefix_log_prob [B] from circuit_prefix_value_kernel); one thread per (b, v).
 template <typename T>
-__global__ void circuit_next_token_kernel(const T* w, const T* t, const T* e, CircuitDims d,
-                                          const int64_t* latent_parent, const int64_t* token_parent,
-                                          const int64_t* prefix, int64_t len, const T* prefix_log_prob,
-                                          int64_t B, T* out) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= B * d.vocab) return;
-  const int64_t b = idx / d.vocab, v = idx % d.vocab;
+__global__ void circuit_next_token_kernel(CircuitArgs<T> a, const int64_t* prefix, int64_t len,
+                                          const T* prefix_log_prob, int64_t B, T* out) {
+  const int64_t V = a.dims.vocab, idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= B * V) return;
+  const int64_t b = idx / V, v = idx % V;
   const double before = static_cast<double>(prefix_log_prob[b]);
   if (before == -INFINITY) {
     out[idx] = static_cast<T>(-INFINITY);
     return;
   }
   double inside[kMaxLatentStates];
-  const double joint =
-      circuit_observed_log_prob(w + b * d.weights_size, t + b * d.transitions_size, e + b * d.emissions_size,
-                                d, latent_parent, token_parent, prefix + b * len, len, v, inside);
-  out[idx] = static_cast<T>(joint - before);
+  out[idx] = static_cast<T>(circuit_observed_log_prob(a, b, prefix + b * len, len, v, inside) - before);
 }
 
 // core::sample_categorical: the first j with p_0 + .. + p_j > u * sum(p), p = exp(logp - max), never
@@ -165,15 +166,15 @@ __device__ inline int64_t circuit_draw(const T* logp, int64_t stride, int64_t k,
 // weights and transition rows, then every token from its parent latent's state; uniforms [B, S + n]
 // (S = 0 for FF, else L). One thread per context; error [B] gets kCircuitOk or what went wrong.
 template <typename T>
-__global__ void circuit_sample_kernel(const T* w, const T* t, const T* e, CircuitDims d,
-                                      const int64_t* latent_parent, const int64_t* token_parent,
-                                      const double* uniforms, int64_t B, int64_t* out, int* error) {
+__global__ void circuit_sample_kernel(CircuitArgs<T> a, const double* uniforms, int64_t B, int64_t* out,
+                                      int* error) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= B) return;
+  const CircuitDims& d = a.dims;
   const int64_t r = d.r, S = d.kind == 0 ? 0 : d.latents, U = S + d.n;
-  const T* wb = w + b * d.weights_size;
-  const T* tb = t + b * d.transitions_size;
-  const T* eb = e + b * d.emissions_size;
+  const T* wb = a.weights + b * d.weights_size;
+  const T* tb = a.transitions + b * d.transitions_size;
+  const T* eb = a.emissions + b * d.emissions_size;
   const double* u = uniforms + b * U;
   int64_t* x = out + b * d.n;
   int err = kCircuitOk;
@@ -182,10 +183,10 @@ __global__ void circuit_sample_kernel(const T* w, const T* t, const T* e, Circui
   if (S > 0) {
     state[0] = circuit_draw(wb, 1, r, u[0], &err);
     for (int64_t k = 1; k < S && err == kCircuitOk; ++k)
-      state[k] = circuit_draw(tb + ((k - 1) * r + state[latent_parent[k]]) * r, 1, r, u[k], &err);
+      state[k] = circuit_draw(tb + ((k - 1) * r + state[a.latent_parent[k]]) * r, 1, r, u[k], &err);
   }
   for (int64_t i = 0; i < d.n && err == kCircuitOk; ++i) {
-    const int64_t z = state[token_parent[i]];
+    const int64_t z = state[a.token_parent[i]];
     const int64_t row = d.kind == 1 ? z * d.n + i : i * r + z;
     x[i] = circuit_draw(eb + row * d.vocab, 1, d.vocab, u[S + i], &err);
   }
@@ -198,45 +199,38 @@ inline unsigned circuit_blocks(int64_t threads) {
   return static_cast<unsigned>((threads + kCircuitThreads - 1) / kCircuitThreads);
 }
 
-// The launchers: parameters contiguous on the device, [B, ...] per context in circuit.h's layouts.
+// The launchers (B > 0 contexts).
 template <typename T>
-cudaError_t circuit_prefix_value(const T* w, const T* t, const T* e, const CircuitDims& d,
-                                 const int64_t* latent_parent, const int64_t* token_parent,
-                                 const int64_t* tokens, int64_t m, int64_t B, T* out, cudaStream_t stream) {
+cudaError_t circuit_prefix_value(const CircuitArgs<T>& a, const int64_t* tokens, int64_t m, int64_t B, T* out,
+                                 cudaStream_t stream) {
   if (B > 0)
-    circuit_prefix_value_kernel<T><<<circuit_blocks(B), kCircuitThreads, 0, stream>>>(
-        w, t, e, d, latent_parent, token_parent, tokens, m, B, out);
+    circuit_prefix_value_kernel<T><<<circuit_blocks(B), kCircuitThreads, 0, stream>>>(a, tokens, m, B, out);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t circuit_prefix_marginals(const T* w, const T* t, const T* e, const CircuitDims& d,
-                                     const int64_t* latent_parent, const int64_t* token_parent,
-                                     const int64_t* tokens, int64_t B, T* out, cudaStream_t stream) {
+cudaError_t circuit_prefix_marginals(const CircuitArgs<T>& a, const int64_t* tokens, int64_t B, T* out,
+                                     cudaStream_t stream) {
   if (B > 0)
-    circuit_prefix_marginals_kernel<T><<<circuit_blocks(B * d.n), kCircuitThreads, 0, stream>>>(
-        w, t, e, d, latent_parent, token_parent, tokens, B, out);
+    circuit_prefix_marginals_kernel<T>
+        <<<circuit_blocks(B * a.dims.n), kCircuitThreads, 0, stream>>>(a, tokens, B, out);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t circuit_next_token(const T* w, const T* t, const T* e, const CircuitDims& d,
-                               const int64_t* latent_parent, const int64_t* token_parent,
-                               const int64_t* prefix, int64_t len, const T* prefix_log_prob, int64_t B,
-                               T* out, cudaStream_t stream) {
+cudaError_t circuit_next_token(const CircuitArgs<T>& a, const int64_t* prefix, int64_t len,
+                               const T* prefix_log_prob, int64_t B, T* out, cudaStream_t stream) {
   if (B > 0)
-    circuit_next_token_kernel<T><<<circuit_blocks(B * d.vocab), kCircuitThreads, 0, stream>>>(
-        w, t, e, d, latent_parent, token_parent, prefix, len, prefix_log_prob, B, out);
+    circuit_next_token_kernel<T><<<circuit_blocks(B * a.dims.vocab), kCircuitThreads, 0, stream>>>(
+        a, prefix, len, prefix_log_prob, B, out);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t circuit_sample(const T* w, const T* t, const T* e, const CircuitDims& d,
-                           const int64_t* latent_parent, const int64_t* token_parent, const double* uniforms,
-                           int64_t B, int64_t* out, int* error, cudaStream_t stream) {
+cudaError_t circuit_sample(const CircuitArgs<T>& a, const double* uniforms, int64_t B, int64_t* out,
+                           int* error, cudaStream_t stream) {
   if (B > 0)
-    circuit_sample_kernel<T><<<circuit_blocks(B), kCircuitThreads, 0, stream>>>(
-        w, t, e, d, latent_parent, token_parent, uniforms, B, out, error);
+    circuit_sample_kernel<T><<<circuit_blocks(B), kCircuitThreads, 0, stream>>>(a, uniforms, B, out, error);
   return cudaGetLastError();
 }
 

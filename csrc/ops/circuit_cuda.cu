@@ -53,6 +53,17 @@ DeviceCircuit device_circuit(const char* op, const CircuitBatch& c) {
   return d;
 }
 
+// The kernels' view of the batch.
+template <typename T>
+kernels::CircuitArgs<T> args(const CircuitBatch& c, const DeviceCircuit& d) {
+  return {c.weights.const_data_ptr<T>(),
+          c.transitions.const_data_ptr<T>(),
+          c.emissions.const_data_ptr<T>(),
+          d.dims,
+          d.latent_parent(),
+          d.token_parent()};
+}
+
 void check_launch(const char* op, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, op, " kernel: ", cudaGetErrorString(err));
 }
@@ -63,10 +74,8 @@ at::Tensor prefix_value(const char* op, const CircuitBatch& c, const DeviceCircu
   at::Tensor out = at::empty({c.batch}, c.emissions.options());  // [B]
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), "circuit_prefix_value", [&] {
     check_launch(op, kernels::circuit_prefix_value<scalar_t>(
-                         c.weights.const_data_ptr<scalar_t>(), c.transitions.const_data_ptr<scalar_t>(),
-                         c.emissions.const_data_ptr<scalar_t>(), d.dims, d.latent_parent(), d.token_parent(),
-                         tok.const_data_ptr<int64_t>(), m, c.batch, out.data_ptr<scalar_t>(),
-                         c10::cuda::getCurrentCUDAStream()));
+                         args<scalar_t>(c, d), tok.const_data_ptr<int64_t>(), m, c.batch,
+                         out.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()));
   });
   return out;
 }
@@ -98,9 +107,7 @@ at::Tensor circuit_prefix_log_marginals_cuda(c10::string_view kind, const at::Te
   at::Tensor out = at::empty({B, n}, c.emissions.options());  // [B, n]
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), op, [&] {
     check_launch(op, kernels::circuit_prefix_marginals<scalar_t>(
-                         c.weights.const_data_ptr<scalar_t>(), c.transitions.const_data_ptr<scalar_t>(),
-                         c.emissions.const_data_ptr<scalar_t>(), d.dims, d.latent_parent(), d.token_parent(),
-                         tok.const_data_ptr<int64_t>(), B, out.data_ptr<scalar_t>(),
+                         args<scalar_t>(c, d), tok.const_data_ptr<int64_t>(), B, out.data_ptr<scalar_t>(),
                          c10::cuda::getCurrentCUDAStream()));
   });
   return out;
@@ -119,11 +126,10 @@ at::Tensor circuit_next_token_log_probs_cuda(c10::string_view kind, const at::Te
   const at::Tensor before = prefix_value(op, c, d, tok, len);  // [B] log q(prefix)
   at::Tensor out = at::empty({B, V}, c.emissions.options());   // [B, V]
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), op, [&] {
-    check_launch(op, kernels::circuit_next_token<scalar_t>(
-                         c.weights.const_data_ptr<scalar_t>(), c.transitions.const_data_ptr<scalar_t>(),
-                         c.emissions.const_data_ptr<scalar_t>(), d.dims, d.latent_parent(), d.token_parent(),
-                         tok.const_data_ptr<int64_t>(), len, before.const_data_ptr<scalar_t>(), B,
-                         out.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()));
+    check_launch(
+        op, kernels::circuit_next_token<scalar_t>(
+                args<scalar_t>(c, d), tok.const_data_ptr<int64_t>(), len, before.const_data_ptr<scalar_t>(),
+                B, out.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()));
   });
   return out;
 }
@@ -140,11 +146,9 @@ at::Tensor circuit_sample_cuda(c10::string_view kind, const at::Tensor& weights,
   at::Tensor out = at::empty({B, n}, c.emissions.options().dtype(at::kLong));  // [B, n]
   at::Tensor error = at::zeros({B}, c.emissions.options().dtype(at::kInt));    // [B]
   AT_DISPATCH_FLOATING_TYPES(c.emissions.scalar_type(), op, [&] {
-    check_launch(op, kernels::circuit_sample<scalar_t>(
-                         c.weights.const_data_ptr<scalar_t>(), c.transitions.const_data_ptr<scalar_t>(),
-                         c.emissions.const_data_ptr<scalar_t>(), d.dims, d.latent_parent(), d.token_parent(),
-                         u.const_data_ptr<double>(), B, out.data_ptr<int64_t>(), error.data_ptr<int>(),
-                         c10::cuda::getCurrentCUDAStream()));
+    check_launch(op, kernels::circuit_sample<scalar_t>(args<scalar_t>(c, d), u.const_data_ptr<double>(), B,
+                                                       out.data_ptr<int64_t>(), error.data_ptr<int>(),
+                                                       c10::cuda::getCurrentCUDAStream()));
   });
   // One device read: the first context a draw failed in, as the CPU op reports it.
   const at::Tensor failed = error.nonzero();
