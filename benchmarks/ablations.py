@@ -6,12 +6,18 @@ decoding, so they need no quiet machine. Tables 3 and 4 compare naive against ef
 mask construction in tokens/s and in time per step outside the model forward; the two are run
 interleaved prompt by prompt so that load on the machine hits both alike. Every run is checked
 token-identical to plain greedy ``model.generate``. Results are rewritten after every configuration,
-so an interrupted run keeps what it measured.
+so an interrupted run keeps what it measured. Every configuration is the paper's settings
+(``mtprobe.ProbeConfig.paper``) with the ablated fields changed, whatever ProbeConfig's defaults are.
 
-Example (the committed results)::
+Examples (the committed results, benchmarks/results/ablations/): the first pass over every table, and
+the whole development split (120 questions) for the configurations that set the defaults, split over
+two processes that share one set of greedy references::
 
     python benchmarks/ablations.py --question-file ../shared/specbench/question-dev.jsonl \
-        --per-category 2 --max-new-tokens 48 --out benchmarks/results/ablations.md
+        --per-category 2 --max-new-tokens 48 --out benchmarks/results/ablations/first_pass.md
+    python benchmarks/ablations.py --question-file ../shared/specbench/question-dev.jsonl \
+        --per-category 20 --max-new-tokens 64 --threads 1 --refs refs120.pt --only Lambda \
+        --labels 'lambda 0.1;lambda 0.3;lambda 0.5;lambda 0.7' --out benchmarks/results/ablations/dev_lambda.md
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from _common import first_turn_prompts, run_lines
 from mtprobe import models
 from mtprobe.specbench.questions import first_per_category, load_questions, task_of
 
-# (table, label, ProbeConfig kwargs)
+# (table, label, overrides of the paper's settings: mtprobe.ProbeConfig.paper(**overrides))
 ABLATIONS: list[tuple[str, str, dict]] = [
     ("Table 2: branches vs dynamic tree, BC 30", "m1 [14]", dict(block_complexity=30, num_masks=1)),
     *[
@@ -99,6 +105,23 @@ ABLATIONS: list[tuple[str, str, dict]] = [
         )
         for lam in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
     ],
+    *[
+        (
+            "Candidate defaults (not in the paper): the winners combined",
+            label,
+            kwargs,
+        )
+        for label, kwargs in (
+            ("m1 [14] BC 30, lambda 0.5", dict(block_complexity=30, mask_lambda=0.5)),
+            (
+                "m1 [14] BC 30, Gaussian, lambda 0.5",
+                dict(block_complexity=30, mask_init="gaussian", mask_lambda=0.5),
+            ),
+            ("m1 [29] BC 60, lambda 0.1", dict(block_complexity=60, num_masks=1)),
+            ("m1 [29] BC 60, lambda 0.5", dict(block_complexity=60, num_masks=1, mask_lambda=0.5)),
+            ("m2 dynamic BC 60, lambda 0.5", dict(block_complexity=60, num_masks=2, mask_lambda=0.5)),
+        )
+    ],
     ("Table 11: tree pruner", "m1 BC 30, pruner on", dict(block_complexity=30, prune=True)),
     ("Table 11: tree pruner", "m1 BC 30, pruner off", dict(block_complexity=30, prune=False)),
     (
@@ -143,8 +166,8 @@ def run_config(model, cfg: mtprobe.ProbeConfig, prompts: list, refs: list, max_n
 def time_naive_vs_efficient(model, cfg_kwargs: dict, prompts: list, refs: list, max_new_tokens: int) -> dict:
     """Tokens/s and ms per step outside the forward, naive and efficient masks interleaved per prompt."""
     cfgs = {
-        "naive": mtprobe.ProbeConfig(**cfg_kwargs, incremental_masks=False),
-        "efficient": mtprobe.ProbeConfig(**cfg_kwargs, incremental_masks=True),
+        "naive": mtprobe.ProbeConfig.paper(**cfg_kwargs, incremental_masks=False),
+        "efficient": mtprobe.ProbeConfig.paper(**cfg_kwargs, incremental_masks=True),
     }
     acc = {k: dict(tokens=0, steps=0, total_s=0.0, forward_s=0.0, mismatches=0) for k in cfgs}
     for (_, ids), ref in zip(prompts, refs, strict=True):
@@ -167,6 +190,27 @@ def time_naive_vs_efficient(model, cfg_kwargs: dict, prompts: list, refs: list, 
     }
 
 
+def greedy_references(model, args, prompts: list) -> list[torch.Tensor]:
+    """Plain greedy ``generate`` per prompt, the token-for-token check of every run (cached with --refs)."""
+    key = dict(
+        model=args.model,
+        max_new_tokens=args.max_new_tokens,
+        questions=[q.question_id for q, _ in prompts],
+        prompts=[ids.tolist() for _, ids in prompts],
+    )
+    if args.refs and Path(args.refs).exists():
+        cached = torch.load(args.refs)
+        if cached["key"] != key:
+            raise SystemExit(
+                f"--refs {args.refs} was made for other questions, model or max_new_tokens; delete it"
+            )
+        return cached["refs"]
+    refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
+    if args.refs:
+        torch.save(dict(key=key, refs=refs), args.refs)
+    return refs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--question-file", required=True)
@@ -178,8 +222,21 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated table name prefixes to run, e.g. 'Table 2,Table 3' (default: all)",
     )
+    ap.add_argument(
+        "--labels",
+        default="",
+        help="semicolon-separated configuration labels to run within the selected tables, e.g. "
+        "'lambda 0.1;lambda 0.5' (default: every configuration of them)",
+    )
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default="benchmarks/results/ablations.md")
+    ap.add_argument(
+        "--refs",
+        default=None,
+        help="cache of the greedy generate() references (a .pt file): read if it exists and matches the "
+        "model, questions and max_new_tokens, else computed and written, so that runs split with --only "
+        "compute them once",
+    )
+    ap.add_argument("--out", default="benchmarks/results/ablations/ablations.md")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -187,11 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = models.load(args.model, dtype=torch.float32)
     questions = first_per_category(load_questions(args.question_file), args.per_category)
     prompts = first_turn_prompts(tok, questions)
-    refs = [model.generate(ids, do_sample=False, max_new_tokens=args.max_new_tokens) for _, ids in prompts]
+    refs = greedy_references(model, args, prompts)
     wanted = [p.strip() for p in args.only.split(",") if p.strip()]
 
-    def selected(table: str) -> bool:
-        return not wanted or any(table.startswith(w) for w in wanted)
+    labels = {x.strip() for x in args.labels.split(";") if x.strip()}
+    unknown = labels - {label for _, label, _ in ABLATIONS}
+    if unknown:
+        raise SystemExit(f"--labels: no configuration is labelled {sorted(unknown)}")
+
+    def selected(table: str, label: str | None = None) -> bool:
+        in_table = not wanted or any(table.startswith(w) for w in wanted)
+        return in_table and (label is None or not labels or label in labels)
 
     header = [
         "# Probing ablations",
@@ -253,18 +316,21 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     t0 = time.time()
+    done: dict[str, dict] = {}
     for table, label, kwargs in ABLATIONS:
-        if not selected(table):
+        if not selected(table, label):
             continue
-        cfg = mtprobe.ProbeConfig(**kwargs)
-        r = run_config(model, cfg, prompts, refs, args.max_new_tokens)
+        cfg = mtprobe.ProbeConfig.paper(**kwargs)
+        if repr(cfg) not in done:  # the same configuration in two tables runs once
+            done[repr(cfg)] = run_config(model, cfg, prompts, refs, args.max_new_tokens)
+        r = done[repr(cfg)]
         rows.append(dict(table=table, label=label, config=cfg, **r))
         print(
             f"{table} | {label}: tau {r['tau']:.3f} ({r['mismatches']} mismatches) [{time.time() - t0:.0f}s]",
             file=sys.stderr,
         )
         write()
-    if selected("Tables 3 and 4"):
+    if selected("Tables 3 and 4") and not labels:
         for label, kwargs in TIMING:
             t = time_naive_vs_efficient(model, kwargs, prompts, refs, args.max_new_tokens)
             timing.append(dict(label=label, **t))

@@ -165,3 +165,21 @@ def test_deeper_trees_accept_more_than_one_draft(smollm2):
 def test_invalid_configurations_are_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         mtprobe.ProbeConfig(**kwargs)
+
+
+@pytest.mark.parametrize("bc", [10, 30, 59, 60, 120])
+def test_the_papers_settings_are_one_call_away(bc):
+    # ProbeConfig.paper pins seed 001's settings, whatever ProbeConfig's own defaults become.
+    cfg = mtprobe.ProbeConfig.paper(bc)
+    k = 2 if bc >= 60 else 1
+    assert (cfg.num_masks, cfg.tree, cfg.mask_init, cfg.mask_lambda, cfg.prune) == (
+        k,
+        "static" if k == 1 else "dynamic",
+        "prompt_mean",
+        0.1,
+        True,
+    )
+    assert mtprobe.ProbeConfig.paper(bc, mask_lambda=0.5).mask_lambda == 0.5
+    assert mtprobe.ProbeConfig.paper(bc, num_masks=1).tree == "static"
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        mtprobe.ProbeConfig.paper(bc, mask_lambda=2.0)

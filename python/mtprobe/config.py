@@ -237,6 +237,25 @@ class ProbeConfig(_ConfigData):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _check_seed(self.seed)
 
+    @classmethod
+    def paper(cls, block_complexity: int = 30, **overrides: Any) -> ProbeConfig:
+        """Seed 001's own settings, pinned whatever this class's defaults become.
+
+        One mask with a static Top-1 tree below BC = 60, two masks with the dynamic tree from 60 on,
+        the prompt-mean (soft) mask, the running update with lambda = 0.1, the pruner on; any field
+        can be overridden, as in the ablations (``benchmarks/ablations.py``).
+
+        >>> ProbeConfig.paper().mask_lambda, ProbeConfig.paper(60).tree
+        (0.1, 'dynamic')
+        >>> ProbeConfig.paper(mask_lambda=0.0).mask_lambda
+        0.0
+        """
+        settings: dict[str, Any] = dict(
+            num_masks=2 if block_complexity >= 60 else 1, prune=True, mask_init="prompt_mean", mask_lambda=0.1
+        )
+        settings.update(overrides)
+        return cls(block_complexity=block_complexity, **settings)
+
     @property
     def budget_nodes(self) -> int:
         """B = BC // (k + 1): tree nodes per step, root included."""
