@@ -7,7 +7,7 @@ window n, rank r), per BC and per temperature (greedy and sampling), with τ, la
 tokens/s and the speed-up over HF ``generate``; every greedy run is checked token-identical to greedy
 ``model.generate``. Prompts are Spec-Bench first turns (SmolLM2), or, with ``--text``, held-out
 passages of a byte LM's corpus (python -m mtprobe.bytelm, seed 003's own byte-level regime). The
-head's cost is the mean time of one ``CircuitHead.step_params`` call (what the drafter calls once
+head's cost is the mean time of one head call (``CircuitHead.step_fn``, what the drafter calls once
 per step) over the median time of one single-token decode forward of the backbone with a KV cache of
 the first prompt's length, both on this machine, same threads.
 
@@ -38,14 +38,17 @@ from mtprobe.specbench.questions import first_per_category, load_questions
 
 
 def head_cost(model, head: heads.CircuitHead, ids: torch.Tensor, repeats: int = 30) -> tuple[float, float]:
-    """(seconds per step_params call, seconds per single-token decode forward with ``ids`` cached)."""
+    """(seconds per head call, seconds per single-token decode forward with ``ids`` cached). A head call
+    is the drafter's callback over one committed token (after a prefill over ``ids``): with LoRA draft
+    layers it includes them, their cache growing by one token per call as in decoding."""
     with torch.no_grad():
         out = model(ids, use_cache=True, output_hidden_states=True)
-        hidden, logits = out.hidden_states[-1][0, -1], out.logits[0, -1]
-        head.step_params(hidden, logits)  # warm-up (and E C precomputed once, as in decoding)
+        hidden, logits = out.hidden_states[head.hidden_layer][0], out.logits[0, -1]  # [P, d], [V]
+        step, p = head.step_fn(), hidden.shape[0]
+        step(hidden, logits, 0)  # warm-up (the prefill; and E C precomputed once, as in decoding)
         t0 = time.perf_counter()
-        for _ in range(repeats):
-            head.step_params(hidden, logits)
+        for i in range(repeats):
+            step(hidden[-1:], logits, p + i)
         head_s = (time.perf_counter() - t0) / repeats
         nxt = logits.argmax().view(1, 1)
         fwd = []
@@ -138,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"{s.circuit} n{s.window} r{head.r}" + (
                     f" ρ{s.adapter_rank}" if s.emission == "lowrank" else ""
                 )
+                name += f" LoRA {s.lora_layers}" if s.lora_layers else ""
+                if sum(loaded[q].spec == s for q in args.heads) > 1:  # same architecture: name the folder
+                    name += f" ({Path(path).name})"
                 name += f" b{tb}" if temp > 0 and len(args.top_branches) > 1 else ""
                 cfg = mtprobe.HeadsConfig(path=path, block_complexity=bc, top_branches=tb)
                 runs[name] = (cfg, costs[path])
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "prefill over decode forwards (one draft + verify cycle each); tok/s = new tokens over the wall time "
         "of all prompts; × HF = tok/s over HF `generate`'s at the same T; heads rows: HeadsConfig(path, "
         "block_complexity=BC, top_branches=b), circuit, window n, rank r, adapter rank ρ (lowrank emissions; none: one "
-        "unembedding per position and state); head cost = one step_params call over one single-token decode "
+        "unembedding per position and state); head cost = one head call (step_fn) over one single-token decode "
         "forward (mean of 30 calls over the median of 30 forwards, the first prompt cached); mismatches: greedy runs not token-identical to "
         "HF greedy (sampling is checked by the chi-square tests of tests/test_sampling.py instead)",
         "",

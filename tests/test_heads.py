@@ -220,7 +220,7 @@ def test_bad_configs():
 def test_a_head_that_returns_wrong_shapes_is_an_error(model):
     from mtprobe import _C
 
-    def head(hidden, logits):
+    def head(hidden, logits, prefix_len):
         return [torch.zeros(3).log_softmax(-1), torch.empty(0), torch.zeros(2, 4, 96)]  # want [3, 4, 96]
 
     drafter = _C.HeadsDrafter(head, circuit="cp", window=4, rank=3, vocab=96)

@@ -201,18 +201,22 @@ def sample_triples(model, prompt: torch.Tensor, cfg, seed: int) -> tuple[torch.T
     return counts, accepted
 
 
-@pytest.mark.parametrize("circuit", ["ff", "cp", "hmm", "btree"])
-def test_circuit_heads_sampling_is_exact(tiny, tmp_path, circuit):
+@pytest.mark.parametrize(("circuit", "lora"), [("ff", 0), ("cp", 0), ("hmm", 0), ("btree", 0), ("btree", 1)])
+def test_circuit_heads_sampling_is_exact(tiny, tmp_path, circuit, lora):
     # As for probing: the prefill samples x1 and the head's circuit (trained briefly on the model's own
     # text) drafts two sibling x2 candidates from q(x2 | x1), verified by rejection sampling with q.
+    # lora = 1: the draft reads its own LoRA copy of the last layer (mtprobe/lora.py).
     from mtprobe import heads
     from mtprobe.calibrate import calibration_sequences
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (1, 5), generator=g) for _ in range(6)]
     seqs = calibration_sequences(tiny, prompts, max_new_tokens=30)
-    features = heads.compute_features(tiny, [(ids, plen - 1) for ids, plen in seqs])
-    spec = heads.HeadSpec(circuit, window=3, rank=1 if circuit == "ff" else 2, hidden_size=32, vocab_size=V)
+    layer = tiny.config.num_hidden_layers - lora if lora else -1
+    features = heads.compute_features(tiny, [(ids, plen - 1) for ids, plen in seqs], layer=layer)
+    spec = heads.HeadSpec(
+        circuit, window=3, rank=1 if circuit == "ff" else 2, hidden_size=32, vocab_size=V, lora_layers=lora
+    )
     torch.manual_seed(0)
     head = heads.new_head(tiny, spec)
     heads.save_head(head, tiny, tmp_path, heads.train_head(head, features, steps=100, lr=3e-3))

@@ -277,7 +277,8 @@ void bind_drafters(py::module_& m) {
   py::class_<HeadsDrafter, Drafter, std::shared_ptr<HeadsDrafter>>(
       m, "HeadsDrafter",
       "Probabilistic-circuit heads (MTPC): drafts from a circuit over the next `window` tokens that `head` "
-      "computes from the target's last hidden state, conditioned on the root token.")
+      "computes from the target's hidden states (head(hidden [committed rows, d], logits [V], prefix_len)), "
+      "conditioned on the root token.")
       .def(py::init([](HeadFn head, std::string circuit, int64_t window, int64_t rank, int64_t vocab,
                        bool do_sample, int64_t top_branches) {
              return std::make_shared<HeadsDrafter>(

@@ -37,11 +37,15 @@
 
 namespace mtprobe {
 
-// head(hidden [hidden], logits [vocab]) -> {weights, transitions, emissions}: the circuit's
-// parameters as log-probabilities in the layouts of csrc/core/circuit.h (FF: weights and transitions
-// empty, emissions [n, V]; CP: [r], empty, [r, n, V]; HMM and BTree: [r], [L - 1, r, r], [n, r, V]).
-// logits: the target's raw logits at the same node (the head may build on them).
-using HeadFn = std::function<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&)>;
+// head(hidden [a, hidden], logits [vocab], prefix_len) -> {weights, transitions, emissions}: the
+// circuit's parameters as log-probabilities in the layouts of csrc/core/circuit.h (FF: weights and
+// transitions empty, emissions [n, V]; CP: [r], empty, [r, n, V]; HMM and BTree: [r], [L - 1, r, r],
+// [n, r, V]). hidden: the rows of every token the step committed, in order (the block's committed
+// chain, then the accepted drafts; positions prefix_len ..), so a head with draft layers of its own
+// (LoRA, mtprobe/lora.py) can run them over each committed token once; the last row is the context
+// the window starts after. logits: the target's raw logits at that last node (the head may build on
+// them).
+using HeadFn = std::function<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, int64_t)>;
 
 struct HeadsOptions {
   std::string circuit = "cp";  // "ff", "cp", "hmm" or "btree"

@@ -206,6 +206,9 @@ class HFAdapter:
         # of the prefill (49152 x 576 per token for SmolLM2), and HF's generate skips it too.
         self.prefill_logits_from = 0
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # Which of the model's hidden_states a drafter reads: -1, the last (final-normed); a circuit
+        # head with LoRA draft layers reads the input of the first of them (mtprobe.lora).
+        self.hidden_layer = -1
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
@@ -244,7 +247,7 @@ class HFAdapter:
             return_dict=True,
             **kwargs,
         )
-        hidden = out.hidden_states[-1][0] if want_hidden else None  # [T, hidden]
+        hidden = out.hidden_states[self.hidden_layer][0] if want_hidden else None  # [T, hidden]
         logits = out.logits[0]  # [T - skip, vocab]
         if skip > 0:
             # Rows the loop indexes by input keep their places; the skipped ones are zeros nobody reads.

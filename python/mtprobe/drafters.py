@@ -193,6 +193,25 @@ def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: boo
     return heads.heads_drafter(head, do_sample=do_sample, top_branches=config.top_branches)
 
 
+def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
+    """The ``hidden_states`` index the drafter of ``config`` reads (-1, the last, unless a circuit head
+    has LoRA draft layers: then the input of the first of them); ValueError if two heads of an
+    AutoConfig read different layers."""
+    from mtprobe import heads
+
+    if isinstance(config, HeadsConfig):
+        return heads.load_cached(config.path, model).hidden_layer
+    if isinstance(config, AutoConfig):
+        layers = {hidden_layer(model, c) for c in config.drafters}
+        if len(layers) > 1:
+            raise ValueError(
+                f"AutoConfig's circuit heads read different hidden states ({sorted(layers)}; -1 is the last): "
+                "one forward returns one; use heads with the same lora_layers"
+            )
+        return layers.pop() if layers else -1
+    return -1
+
+
 def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:
     """The forward profile ``config`` names, checked against ``model`` (ValueError naming what differs),
     or the one :func:`~mtprobe.profile.profile_forward` measures (and caches) for ``model``."""

@@ -20,7 +20,13 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions, sliding_window
 from mtprobe.config import EntMTPConfig
-from mtprobe.drafters import DecodingConfig, as_decoding_config, check_decoding_config, make_drafter
+from mtprobe.drafters import (
+    DecodingConfig,
+    as_decoding_config,
+    check_decoding_config,
+    hidden_layer,
+    make_drafter,
+)
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
@@ -284,6 +290,7 @@ def custom_generate(
     )
     drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     adapter = HFAdapter(model, capacity, max_capacity=max_capacity)
+    adapter.hidden_layer = hidden_layer(model, config)
     if not config.reads_prompt_logits:
         adapter.prefill_logits_from = prompt_len - 1
     stop = None

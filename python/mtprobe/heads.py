@@ -31,6 +31,11 @@ discounted NLL of the windows that follow each position, ``-sum_j gamma^(j-1) lo
 (gamma 0.8, 0.9 for n > 8), with the conditionals read off the prefix marginals
 (:func:`window_log_marginals`); the backbone is frozen and its features are computed once.
 
+With ``--lora-layers k`` (:mod:`mtprobe.lora`, the paper's second axis of expressiveness) ``h`` is not
+the backbone's last state but that of the draft's own LoRA-adapted copies of the last k layers, run
+over the committed tokens with a cache of their own; the features are then the input of layer L - k,
+and ``--init DIR`` continues a head trained without them, as the paper does.
+
 >>> spec = HeadSpec(circuit="cp", window=3, rank=2, hidden_size=8, vocab_size=11)
 >>> head = CircuitHead(spec, lm_head=torch.randn(11, 8))
 >>> params = head(torch.randn(5, 8))
@@ -84,6 +89,9 @@ class HeadSpec:
         adapter_rank: rho of the ``"lowrank"`` adapters.
         hidden_size: d of the backbone.
         vocab_size: V of the backbone's LM head.
+        lora_layers: k, the backbone's last layers the draft has its own LoRA-adapted copies of
+            (:mod:`mtprobe.lora`); 0 reads the backbone's last hidden state (fully shared backbone).
+        lora_rank: the rank of those adapters.
 
     >>> HeadSpec(circuit="ff", window=4, rank=2, hidden_size=8, vocab_size=10)
     Traceback (most recent call last):
@@ -98,13 +106,23 @@ class HeadSpec:
     adapter_rank: int = 16
     hidden_size: int = 0
     vocab_size: int = 0
+    lora_layers: int = 0
+    lora_rank: int = 8
 
     def __post_init__(self) -> None:
         if self.circuit not in KINDS:
             raise ValueError(f"circuit={self.circuit!r}: expected one of {', '.join(KINDS)}")
         if self.emission not in EMISSIONS:
             raise ValueError(f"emission={self.emission!r}: expected one of {', '.join(EMISSIONS)}")
-        for name in ("window", "rank", "adapter_rank", "hidden_size", "vocab_size"):
+        for name in (
+            "window",
+            "rank",
+            "adapter_rank",
+            "hidden_size",
+            "vocab_size",
+            "lora_layers",
+            "lora_rank",
+        ):
             _check_int(name, getattr(self, name))
         if self.window < 2:
             raise ValueError(
@@ -117,6 +135,12 @@ class HeadSpec:
             raise ValueError(f"an FF head has no latent states: rank must be 1, got {self.rank}")
         if self.adapter_rank < 1:
             raise ValueError(f"adapter_rank={self.adapter_rank} must be >= 1")
+        if self.lora_layers < 0:
+            raise ValueError(
+                f"lora_layers={self.lora_layers} must be >= 0 (0: the backbone's last hidden state)"
+            )
+        if self.lora_rank < 1:
+            raise ValueError(f"lora_rank={self.lora_rank} must be >= 1")
         if self.hidden_size < 1 or self.vocab_size < 1:
             raise ValueError(
                 f"hidden_size={self.hidden_size} and vocab_size={self.vocab_size} must be >= 1 (the backbone's)"
@@ -158,16 +182,28 @@ class CircuitParams(NamedTuple):
 
 class CircuitHead(nn.Module):
     """The head of :class:`HeadSpec` ``spec`` over an LM head ``lm_head`` (``[V, d]``, the backbone's
-    output embedding, kept frozen and out of the checkpoint; its bias, if any, ``lm_bias`` ``[V]``)."""
+    output embedding, kept frozen and out of the checkpoint; its bias, if any, ``lm_bias`` ``[V]``);
+    ``draft``: the draft's LoRA layers (:class:`mtprobe.lora.DraftLayers`) when ``spec.lora_layers`` > 0."""
 
-    def __init__(self, spec: HeadSpec, lm_head: torch.Tensor, lm_bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        spec: HeadSpec,
+        lm_head: torch.Tensor,
+        lm_bias: torch.Tensor | None = None,
+        draft: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         if tuple(lm_head.shape) != (spec.vocab_size, spec.hidden_size):
             raise ValueError(
                 f"lm_head has shape {list(lm_head.shape)}; the head's spec wants [vocab_size, hidden_size] = "
                 f"[{spec.vocab_size}, {spec.hidden_size}]"
             )
+        if (draft is None) != (spec.lora_layers == 0):
+            raise ValueError(
+                f"spec.lora_layers={spec.lora_layers} but draft layers were {'not ' if draft is None else ''}given"
+            )
         self.spec = spec
+        self.draft = draft
         n, r, d, v = spec.window, 1 if spec.circuit == "ff" else spec.rank, spec.hidden_size, spec.vocab_size
         self.register_buffer("lm_head", lm_head.detach().float().clone(), persistent=False)  # [V, d]
         self.register_buffer(
@@ -237,13 +273,45 @@ class CircuitHead(nn.Module):
             transitions = t.log_softmax(-1)  # [B, L - 1, r, r]
         return CircuitParams(spec.circuit, weights, transitions, emissions)
 
-    def step_params(self, hidden: torch.Tensor, logits: torch.Tensor) -> list[torch.Tensor]:
-        """The C++ drafter's callback: one context's hidden state ``[d]`` and the target's raw logits
-        ``[V]`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts."""
-        with torch.no_grad():
-            return self(hidden[None], logits[None] if self.spec.emission == "lowrank" else None).core_layout(
-                0
-            )
+    @property
+    def hidden_layer(self) -> int:
+        """Which of the backbone's ``hidden_states`` the head reads: -1 (the last, final-normed) or, with
+        LoRA draft layers, the input of the first of them."""
+        return -1 if self.draft is None else int(self.draft.first)
+
+    def step_fn(self) -> Callable[[torch.Tensor, torch.Tensor, int], list[torch.Tensor]]:
+        """The C++ drafter's callback, with its own state (one per drafter): ``(hidden [a, d], logits
+        [V], prefix_len)`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts.
+
+        ``hidden``: the backbone's :attr:`hidden_layer` states of the tokens the step committed (the
+        block's committed chain, then the accepted drafts; positions ``prefix_len`` on); the last row is
+        the context the window starts after. ``logits``: the target's raw logits there. With LoRA
+        draft layers, they run over all ``a`` rows with their own KV cache, which must hold exactly
+        the ``prefix_len`` tokens before (RuntimeError otherwise); a prefill (``prefix_len`` 0)
+        starts a new cache.
+        """
+        from transformers import DynamicCache
+
+        cache: list[Any] = [None]
+
+        def step(hidden: torch.Tensor, logits: torch.Tensor, prefix_len: int) -> list[torch.Tensor]:
+            with torch.no_grad():
+                if self.draft is None:
+                    base = logits[None] if self.spec.emission == "lowrank" else None
+                    return self(hidden[-1:], base).core_layout(0)
+                if prefix_len == 0:
+                    cache[0] = DynamicCache()
+                have = -1 if cache[0] is None else cache[0].get_seq_length()
+                if have != prefix_len:
+                    raise RuntimeError(
+                        f"the draft layers' cache holds {have} tokens, the step starts at {prefix_len}: every "
+                        "committed token must pass through the drafter's observe once, in order"
+                    )
+                positions = torch.arange(prefix_len, prefix_len + hidden.shape[0], device=hidden.device)
+                h = self.draft(hidden[None], positions[None], cache[0])[0, -1:]  # [1, d]
+                return self(h).core_layout(0)  # the base logits are the draft's own: E h
+
+        return step
 
 
 def window_log_marginals(params: CircuitParams, tokens: torch.Tensor) -> torch.Tensor:
@@ -293,9 +361,13 @@ def _lm_head(model: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def new_head(model: Any, spec: HeadSpec) -> CircuitHead:
-    """An untrained head of ``spec`` over ``model``'s LM head (``spec``'s sizes must be the model's)."""
+    """An untrained head of ``spec`` over ``model``'s LM head (``spec``'s sizes must be the model's),
+    with LoRA draft layers over ``model``'s last ``spec.lora_layers`` layers if any."""
+    from mtprobe.lora import DraftLayers
+
     weight, bias = _lm_head(model)
-    return CircuitHead(spec, weight, bias).to(weight.device)  # the head runs where the backbone does
+    draft = DraftLayers(model, spec.lora_layers, spec.lora_rank) if spec.lora_layers else None
+    return CircuitHead(spec, weight, bias, draft).to(weight.device)  # the head runs where the backbone does
 
 
 def save_head(head: CircuitHead, model: Any, out_dir: str | os.PathLike[str], stats: dict[str, Any]) -> Path:
@@ -419,7 +491,7 @@ def heads_drafter(head: CircuitHead, *, do_sample: bool = False, top_branches: i
     head.eval()
     spec = head.spec
     return _C.HeadsDrafter(
-        head.step_params,
+        head.step_fn(),
         circuit=spec.circuit,
         window=spec.window,
         rank=head.r,
@@ -436,10 +508,15 @@ def heads_drafter(head: CircuitHead, *, do_sample: bool = False, top_branches: i
 class Features:
     """The frozen backbone's features of a set of token sequences, concatenated."""
 
-    hidden: torch.Tensor  # [N, d] float32, the last hidden state (final norm) at every position
+    hidden: torch.Tensor  # [N, d] float32, the backbone's hidden_states[layer] at every position
     ids: torch.Tensor  # [N] int64, the token at every position
     starts: torch.Tensor  # [S] int64, where each sequence begins in the concatenation
     first: torch.Tensor  # [S] int64, per sequence: the first position whose window is trained on
+    layer: int = -1  # -1: the last hidden state (final norm); else the input of LoRA draft layers
+
+    def sequence_of(self, pos: torch.Tensor) -> torch.Tensor:
+        """The sequence each position ``[M]`` belongs to ``[M]``."""
+        return torch.searchsorted(self.starts, pos, right=True) - 1
 
     def windows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(anchors [M], windows [M, n]): every position p >= first of its sequence with n tokens after it."""
@@ -459,9 +536,11 @@ def compute_features(
     model: Any,
     sequences: Sequence[tuple[torch.Tensor, int]],
     progress: Callable[[str], None] | None = None,
+    layer: int = -1,
 ) -> Features:
-    """The backbone's last hidden states over each ``(ids [L], first)`` sequence; windows are trained
-    from position ``first`` on (the prompt's last token for self-distillation, 0 for a corpus)."""
+    """The backbone's ``hidden_states[layer]`` (default: the last) over each ``(ids [L], first)``
+    sequence; windows are trained from position ``first`` on (the prompt's last token for
+    self-distillation, 0 for a corpus)."""
     hidden, ids, starts, first, at = [], [], [], [], 0
     device = next(model.parameters()).device
     for i, (seq, f) in enumerate(sequences):
@@ -469,12 +548,50 @@ def compute_features(
             progress(f"features {i + 1}/{len(sequences)}")
         with torch.no_grad():
             out = model(seq[None].to(device), output_hidden_states=True)
-        hidden.append(out.hidden_states[-1][0].float().cpu())  # [L, d]
+        hidden.append(out.hidden_states[layer][0].float().cpu())  # [L, d]
         ids.append(seq.cpu())
         starts.append(at)
         first.append(f)
         at += seq.numel()
-    return Features(torch.cat(hidden), torch.cat(ids), torch.tensor(starts), torch.tensor(first))
+    return Features(torch.cat(hidden), torch.cat(ids), torch.tensor(starts), torch.tensor(first), layer)
+
+
+def features_at_layer(
+    model: Any, features: Features, layer: int, progress: Callable[[str], None] | None = None
+) -> Features:
+    """``features``'s sequences again, with the backbone's ``hidden_states[layer]`` (``features`` itself
+    if it already holds them)."""
+    if features.layer == layer:
+        return features
+    ends = torch.cat([features.starts[1:], torch.tensor([features.ids.numel()])])
+    seqs = [
+        (features.ids[s:e], int(f)) for s, e, f in zip(features.starts, ends, features.first, strict=True)
+    ]
+    return compute_features(model, seqs, progress, layer)
+
+
+def head_inputs(head: CircuitHead, features: Features, pos: torch.Tensor) -> torch.Tensor:
+    """What ``head`` reads at positions ``pos`` ``[M]`` -> ``[M, d]``: the cached features, or, with LoRA
+    draft layers, their output over each anchor's sequence up to the anchor (differentiable)."""
+    device = head.lm_head.device
+    if head.draft is None:
+        return features.hidden[pos].to(device)
+    if features.layer != head.hidden_layer:
+        raise ValueError(
+            f"the features hold hidden_states[{features.layer}]; this head's LoRA draft layers read "
+            f"hidden_states[{head.hidden_layer}] (features_at_layer makes them)"
+        )
+    seq = features.sequence_of(pos)
+    rows = []
+    for s in seq.unique().tolist():
+        mine = (seq == s).nonzero().flatten()  # anchors in this sequence
+        start = int(features.starts[s])
+        end = int(pos[mine].max()) + 1  # causal: nothing after the last anchor matters
+        h = features.hidden[start:end].to(device)[None]  # [1, T, d]
+        h = head.draft(h, torch.arange(end - start, device=device)[None])[0]  # [T, d]
+        rows.append((mine.to(device), h[pos[mine].to(device) - start]))
+    order = torch.argsort(torch.cat([m for m, _ in rows]))  # back to the order of pos
+    return torch.cat([r for _, r in rows])[order]  # [M, d]
 
 
 def text_sequences(
@@ -586,9 +703,25 @@ def train_head(
 
         bar = tqdm(total=steps, desc="train head", unit="step")
     start, losses = time.perf_counter(), []
+    if head.draft is not None:
+        # LoRA draft layers run over whole sequences: a few sequences per step, several anchors each.
+        train_seq = features.sequence_of(pos[train])  # [M_train]
+        seqs = train_seq.unique()
+        per_seq = min(8, batch_size)
     for _ in range(steps):
-        idx = train[torch.randint(train.numel(), (batch_size,), generator=g)]
-        hidden, target = features.hidden[pos[idx]].to(device), win[idx].to(device)
+        if head.draft is None:
+            idx = train[torch.randint(train.numel(), (batch_size,), generator=g)]
+        else:
+            chosen = seqs[torch.randint(seqs.numel(), (max(1, batch_size // per_seq),), generator=g)]
+            idx = torch.cat(
+                [
+                    train[(train_seq == s).nonzero().flatten()][
+                        torch.randint(int((train_seq == s).sum()), (per_seq,), generator=g)
+                    ]
+                    for s in chosen.tolist()
+                ]
+            )
+        hidden, target = head_inputs(head, features, pos[idx]), win[idx].to(device)
         loss = window_loss(head(hidden), target, gamma)
         opt.zero_grad()
         loss.backward()
@@ -611,8 +744,25 @@ def train_head(
         "batch_size": batch_size,
     }
     if n_hold:
-        stats.update(evaluate_head(head, features.hidden[pos[hold]], win[hold], gamma))
+        with torch.no_grad():
+            held = head_inputs(head, features, pos[hold])
+        stats.update(evaluate_head(head, held, win[hold], gamma))
     return stats
+
+
+def init_from(head: CircuitHead, trained: CircuitHead) -> None:
+    """Copy ``trained``'s circuit parameters into ``head`` (same spec but for the LoRA layers, whose
+    adapters stay as they are); ValueError naming the difference otherwise."""
+    lora = ("lora_layers", "lora_rank")
+    mine = {k: v for k, v in asdict(head.spec).items() if k not in lora}
+    theirs = {k: v for k, v in asdict(trained.spec).items() if k not in lora}
+    if mine != theirs:
+        differs = [k for k in mine if mine[k] != theirs[k]]
+        raise ValueError(f"--init head differs in {', '.join(differs)}: {theirs} against {mine}")
+    state = {k: v for k, v in trained.state_dict().items() if not k.startswith("draft.")}
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if unexpected or any(not k.startswith("draft.") for k in missing):
+        raise ValueError(f"--init head does not fit: missing {missing}, unexpected {unexpected}")
 
 
 def evaluate_head(
@@ -647,6 +797,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=4, help="r: latent states (1 for ff)")
     p.add_argument("--emission", choices=EMISSIONS, default="lowrank")
     p.add_argument("--adapter-rank", type=int, default=16)
+    p.add_argument(
+        "--lora-layers",
+        type=int,
+        default=0,
+        help="k: give the draft LoRA-adapted copies of the backbone's last k layers (0: read its last state)",
+    )
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument(
+        "--init",
+        default=None,
+        help="start from this trained head (same circuit, window, rank and emissions; e.g. one without "
+        "LoRA, continued with --lora-layers K as in the paper)",
+    )
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-4)
@@ -688,7 +851,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:  # the architecture's own checks, before any model is loaded
-        HeadSpec(args.circuit, args.window, args.rank, args.emission, args.adapter_rank, 1, 1)
+        HeadSpec(
+            args.circuit,
+            args.window,
+            args.rank,
+            args.emission,
+            args.adapter_rank,
+            1,
+            1,
+            args.lora_layers,
+            args.lora_rank,
+        )
+        if args.init is not None and not _checkpoint_path(args.init).is_file():
+            raise ValueError(f"--init {args.init}: no circuit-head checkpoint there")
         if args.steps < 1 or args.batch_size < 1:
             raise ValueError(f"steps={args.steps} and batch_size={args.batch_size} must be >= 1")
         if not 0.0 <= args.text_holdout < 1.0:
@@ -700,6 +875,17 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     model, tokenizer, prompts = calibration_prompts(args)
+    layer = -1
+    if args.lora_layers:
+        from mtprobe.lora import decoder_of
+
+        try:
+            layers = len(decoder_of(model).layers)
+            if args.lora_layers > layers:
+                raise ValueError(f"--lora-layers {args.lora_layers} exceeds the model's {layers} layers")
+        except ValueError as e:
+            parser.error(str(e))
+        layer = layers - args.lora_layers  # the draft layers' input
     data = {
         "self": not args.no_self,
         "prompts": args.prompts or "built-in",
@@ -717,6 +903,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print_progress(f"features from {args.features} (its data options replace this command's)")
         saved = torch.load(args.features)
         features, data = Features(**saved["features"]), saved["data"]
+        features = features_at_layer(model, features, layer, print_progress)
     else:
         seqs: list[tuple[torch.Tensor, int]] = []
         if args.passage_prompts:
@@ -743,7 +930,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             )
         if not seqs:
             parser.error("no training data: drop --no-self or give --text FILES")
-        features = compute_features(model, seqs, print_progress)
+        features = compute_features(model, seqs, print_progress, layer)
         if args.features:
             torch.save({"features": asdict(features), "data": data}, args.features)
     weight, _ = _lm_head(model)
@@ -755,9 +942,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
         adapter_rank=args.adapter_rank,
         hidden_size=int(weight.shape[1]),
         vocab_size=int(weight.shape[0]),
+        lora_layers=args.lora_layers,
+        lora_rank=args.lora_rank,
     )
     torch.manual_seed(args.seed)
     head = new_head(model, spec)
+    if args.init is not None:
+        init_from(head, load_head(args.init, model))
+        data["init"] = os.path.basename(os.path.normpath(args.init))
     stats = train_head(
         head,
         features,

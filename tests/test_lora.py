@@ -1,0 +1,227 @@
+"""LoRA draft layers of circuit heads (python/mtprobe/lora.py): an untrained adapter is the backbone's
+own last layers, the draft's cache follows the committed tokens step by step, the backbone is never
+trained, and decoding with trained adapters is token-identical to greedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import tiny_llama
+from mtprobe import heads
+from mtprobe.calibrate import calibration_sequences
+from mtprobe.lora import DraftLayers
+from test_heads import _prompts
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = tiny_llama(seed=7, num_hidden_layers=3)  # three layers: LoRA on one, two or all of them
+    m.generation_config.eos_token_id = None
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+@pytest.fixture(scope="module")
+def sequences(model) -> list[tuple[torch.Tensor, int]]:
+    return [(ids, plen - 1) for ids, plen in calibration_sequences(model, _prompts(8), max_new_tokens=40)]
+
+
+def _spec(model, **kw) -> heads.HeadSpec:
+    kw = {"circuit": "cp", "window": 4, "rank": 3, **kw}
+    return heads.HeadSpec(hidden_size=model.config.hidden_size, vocab_size=model.config.vocab_size, **kw)
+
+
+@pytest.fixture(scope="module")
+def base_head(model, sequences, tmp_path_factory) -> str:
+    """A CP head without LoRA, trained briefly on the model's own greedy text."""
+    torch.manual_seed(0)
+    head = heads.new_head(model, _spec(model))
+    stats = heads.train_head(head, heads.compute_features(model, sequences), steps=150, lr=3e-3)
+    folder = tmp_path_factory.mktemp("cp")
+    heads.save_head(head, model, folder, stats)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def lora_heads(model, sequences, base_head, tmp_path_factory) -> dict[int, str]:
+    """Per k in (1, 2): the base head continued with LoRA on the last k layers, as the paper does."""
+    out = {}
+    for k in (1, 2):
+        torch.manual_seed(k)
+        head = heads.new_head(model, _spec(model, lora_layers=k, lora_rank=4))
+        heads.init_from(head, heads.load_head(base_head, model))
+        feats = heads.compute_features(model, sequences, layer=head.hidden_layer)
+        stats = heads.train_head(head, feats, steps=30, batch_size=16, lr=3e-4)
+        folder = tmp_path_factory.mktemp(f"lora{k}")
+        heads.save_head(head, model, folder, stats)
+        out[k] = str(folder)
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_untrained_adapters_are_the_backbone_in_any_chunking(k, dtype):
+    # B = 0: the draft's layers reproduce the backbone's last state, whether they see the sequence at
+    # once or in prefill-then-steps chunks through their own cache.
+    from transformers import DynamicCache
+
+    model = tiny_llama(seed=k, num_hidden_layers=3).to(dtype)
+    draft = DraftLayers(model, num_layers=k, rank=4)
+    ids = torch.randint(0, 96, (1, 11))
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+        x = out.hidden_states[draft.first]  # [1, 11, d]
+        whole = draft(x, torch.arange(11)[None])
+        cache = DynamicCache()
+        chunks = [draft(x[:, a:b], torch.arange(a, b)[None], cache) for a, b in ((0, 6), (6, 7), (7, 11))]
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    torch.testing.assert_close(whole, out.hidden_states[-1], rtol=tol, atol=tol)
+    torch.testing.assert_close(torch.cat(chunks, 1), out.hidden_states[-1], rtol=tol, atol=tol)
+    assert cache.get_seq_length() == 11
+
+
+def test_zero_adapters_draft_what_the_base_head_drafts(model, base_head, tmp_path):
+    # The whole decode path (the adapter's hidden layer, the committed rows, the positions, the cache)
+    # against the head without LoRA: with B = 0 every step's draft, hence every accept length, agrees.
+    head = heads.new_head(model, _spec(model, lora_layers=2, lora_rank=4))
+    heads.init_from(head, heads.load_head(base_head, model))
+    heads.save_head(head, model, tmp_path, {})
+    for prompt in _prompts(3):
+        a = mtprobe.generate(
+            model, prompt, mtprobe.HeadsConfig(path=base_head, block_complexity=9), max_new_tokens=30
+        )
+        b = mtprobe.generate(
+            model, prompt, mtprobe.HeadsConfig(path=str(tmp_path), block_complexity=9), max_new_tokens=30
+        )
+        assert torch.equal(a.sequences, b.sequences)
+        assert a.accept_lengths == b.accept_lengths
+        assert sum(a.accept_lengths) > 1.2 * len(a.accept_lengths)  # drafts were accepted
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_greedy_is_token_identical_with_trained_adapters(model, lora_heads, k):
+    head = heads.load_head(lora_heads[k], model)
+    assert head.spec.lora_layers == k and head.hidden_layer == 3 - k
+    assert any(float(p.detach().abs().max()) > 0 for n, p in head.named_parameters() if n.endswith("lora_b"))
+    calls, new = 0, 0
+    for bc in (2, 5, 30):
+        cfg = mtprobe.HeadsConfig(path=lora_heads[k], block_complexity=bc)
+        for prompt in _prompts(3):  # prompts the heads were trained on: their drafts are accepted
+            ref = model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30
+            )
+            out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
+            assert torch.equal(out.sequences, ref), (k, bc, prompt.tolist())
+            calls, new = calls + out.forward_calls, new + 30
+    assert calls < 0.9 * new, (calls, new)
+
+
+def test_training_leaves_the_backbone_alone(model, sequences, base_head):
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    head = heads.new_head(model, _spec(model, lora_layers=1, lora_rank=4))
+    heads.init_from(head, heads.load_head(base_head, model))
+    feats = heads.compute_features(model, sequences, layer=head.hidden_layer)
+    stats = heads.train_head(head, feats, steps=5, batch_size=8, lr=1e-2)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert stats["steps"] == 150 + 5  # continued from the base head's 150
+    # The adapters moved; the draft's copies of the norms did not.
+    assert float(head.draft.layers[0].mlp.down_proj.lora_b.detach().abs().max()) > 0
+    torch.testing.assert_close(head.draft.norm.weight, model.model.norm.weight)
+
+
+def test_checkpoint_round_trip(model, lora_heads):
+    head = heads.load_head(lora_heads[1], model)
+    again = heads.load_head(lora_heads[1], model)
+    x = torch.randn(1, 6, model.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            head.draft(x, torch.arange(6)[None]), again.draft(x, torch.arange(6)[None])
+        )
+    saved = {k for k in head.state_dict() if k.startswith("draft.")}
+    assert saved and all("lora_" in k or "norm" in k for k in saved)  # never the backbone's linear weights
+
+
+def test_command_line(tmp_path, capsys, base_head):
+    from mtprobe import models
+    from test_cli import _save_tiny
+
+    folder = _save_tiny(tmp_path / "tiny")
+    model, _ = models.load(folder)
+    base, out = tmp_path / "base", tmp_path / "lora"
+    common = [
+        "train",
+        "--model",
+        str(folder),
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--steps",
+        "10",
+    ]
+    spec = ["--circuit", "cp", "--rank", "2", "--window", "3"]
+    feats = tmp_path / "features.pt"
+    assert heads._main([*common, *spec, "--out", str(base), "--features", str(feats)]) == 0
+    argv = [
+        *common,
+        *spec,
+        "--out",
+        str(out),
+        "--features",
+        str(feats),
+        "--lora-layers",
+        "1",
+        "--init",
+        str(base),
+    ]
+    assert heads._main(argv) == 0  # cached features of the last layer, recomputed for the draft's input
+    head = heads.load_head(out, model)
+    assert (head.spec.lora_layers, int(head.trained_steps), head.stats["data"]["init"]) == (1, 20, "base")
+    capsys.readouterr()
+    for bad, match in (
+        (["--lora-layers", "-1"], "lora_layers=-1 must be >= 0"),
+        (["--lora-layers", "1", "--lora-rank", "0"], "lora_rank=0 must be >= 1"),
+        (["--lora-layers", "9"], "exceeds the model's 2 layers"),
+        (["--init", str(tmp_path / "nothing")], "no circuit-head checkpoint"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            heads._main([*common, *spec, "--out", str(tmp_path / "x"), *bad])
+        assert e.value.code == 2 and match in capsys.readouterr().err, bad
+    with pytest.raises(ValueError, match="differs in window"):
+        heads._main(
+            [
+                *common,
+                "--circuit",
+                "cp",
+                "--rank",
+                "2",
+                "--window",
+                "4",
+                "--out",
+                str(tmp_path / "x"),
+                "--init",
+                str(base),
+            ]
+        )
+
+
+def test_bad_input(model, sequences, base_head):
+    with pytest.raises(ValueError, match="between 1 and the model's 3 layers"):
+        heads.new_head(model, _spec(model, lora_layers=4))
+    with pytest.raises(ValueError, match="lora_rank=0"):
+        _spec(model, lora_layers=1, lora_rank=0)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=2))
+    with pytest.raises(ValueError, match="Llama-style decoder"):
+        DraftLayers(gpt2, num_layers=1, rank=4)
+    head = heads.new_head(model, _spec(model, lora_layers=1))
+    with pytest.raises(ValueError, match=r"hidden_states\[-1\]"):  # features of the wrong layer
+        heads.train_head(head, heads.compute_features(model, sequences[:2]), steps=1)
+    step = head.step_fn()
+    x, logits = torch.randn(4, model.config.hidden_size), torch.randn(model.config.vocab_size)
+    step(x, logits, 0)
+    with pytest.raises(RuntimeError, match="holds 4 tokens, the step starts at 6"):
+        step(x[:1], logits, 6)
