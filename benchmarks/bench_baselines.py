@@ -39,11 +39,11 @@ OURS = (
 
 def configs(bc: int, mask_path: str | None = None) -> dict[str, object]:
     out: dict[str, object] = {
-        "probe": mtprobe.ProbeConfig(block_complexity=bc),
+        "probe": mtprobe.ProbeConfig.paper(bc),  # the paper's settings (λ 0.1), not today's defaults
         "stand": mtprobe.StandConfig(block_complexity=bc),
         "pld": mtprobe.PromptLookupConfig(num_tokens=min(10, bc - 1)),
     }
-    out["hybrid"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=2 if bc >= 60 else 1)
+    out["hybrid"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=2 if bc >= 60 else 1, mask_lambda=0.1)
     if bc in LOOKAHEAD_PAPER_CONFIGS:  # the paper's (L, W, G), (L - 1)(W + G) = BC
         out["lade"] = mtprobe.LookaheadConfig.for_block_complexity(bc)
     if (
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         f"thread(s), on a machine shared with other jobs (timings are indicative only); greedy HF "
         f"`model.generate`: {new_tokens / ref_s:.2f} tok/s ({new_tokens} tokens in {ref_s:.0f} s)",
         "- τ = tokens gained per decode forward, pooled over decode steps (prefill not counted); "
-        "probe = ProbeConfig(block_complexity=BC) defaults, stand = StandConfig(block_complexity=BC), "
+        "probe = ProbeConfig.paper(BC) (the paper's settings, λ 0.1), hybrid with λ 0.1, stand = StandConfig(block_complexity=BC), "
         "pld = PromptLookupConfig(num_tokens=min(10, BC - 1)), "
         "lade = LookaheadConfig.for_block_complexity(BC) (L3 W4 G1, L4 W5 G5, L5 W8 G7), "
         "hybrid = HybridConfig(block_complexity=BC) (one mask below BC 60, two from 60, as probe); "

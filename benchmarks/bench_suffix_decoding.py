@@ -303,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.methods == []
             else [
                 "- mtprobe rows (benchmarks/bench_baselines.py `configs`), run with `mtprobe.generate(..., do_sample="
-                "False)`: probe = ProbeConfig(block_complexity=BC) (the paper's defaults, λ 0.1), hybrid = "
-                "HybridConfig(block_complexity=BC); `-cal`: mask_init='calibrated', mask_path="
+                "False)`: probe = ProbeConfig.paper(BC) (the paper's settings, λ 0.1), hybrid = "
+                "HybridConfig(block_complexity=BC, mask_lambda=0.1); `-cal`: mask_init='calibrated', mask_path="
                 f"`{Path(args.mask_path).name if args.mask_path else '-'}` with the paper's running update "
                 "λ = 0.1, `-cal-lam0`: the learned masks kept (λ = 0, the configuration's default for calibrated "
                 f"masks); `+mem`: memory_size={SHARED_NGRAM_MEMORY_SIZE} (the harness's `--shared-ngram-memory`), one "

@@ -134,7 +134,7 @@ def test_resolved_fields_are_written():
         "prune": True,
         "mask_init": "prompt_mean",
         "mask_path": None,
-        "mask_lambda": 0.1,
+        "mask_lambda": 0.5,
         "incremental_masks": True,
         "seed": 0,
     }
