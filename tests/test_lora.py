@@ -217,6 +217,17 @@ def test_bad_input(model, sequences, base_head):
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=2))
     with pytest.raises(ValueError, match="Llama-style decoder"):
         DraftLayers(gpt2, num_layers=1, rank=4)
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+
+    small = dict(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2
+    )
+    gemma3 = Gemma3ForCausalLM(Gemma3TextConfig(**small, num_key_value_heads=1, head_dim=16))
+    with pytest.raises(ValueError, match="one rotary embedding"):  # per-layer-type rotary embeddings
+        DraftLayers(gemma3, num_layers=1, rank=4)
+    mistral = MistralForCausalLM(MistralConfig(**small, num_key_value_heads=1, sliding_window=4))
+    with pytest.raises(ValueError, match="sliding window"):
+        DraftLayers(mistral, num_layers=1, rank=4)
     head = heads.new_head(model, _spec(model, lora_layers=1))
     with pytest.raises(ValueError, match=r"hidden_states\[-1\]"):  # features of the wrong layer
         heads.train_head(head, heads.compute_features(model, sequences[:2]), steps=1)

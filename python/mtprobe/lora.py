@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from typing import Any
 
@@ -60,6 +61,16 @@ def decoder_of(model: Any) -> Any:
     """The decoder stack of a Llama-style causal LM (``.layers``, ``.norm``, ``.rotary_emb``), or ValueError."""
     decoder = getattr(model, "model", None)
     missing = [a for a in ("layers", "norm", "rotary_emb") if not hasattr(decoder, a)]
+    if not missing:
+        from mtprobe.adapter import sliding_window
+
+        rotary = inspect.signature(decoder.rotary_emb.forward).parameters
+        if "position_embeddings" not in inspect.signature(decoder.layers[0].forward).parameters or any(
+            p.default is inspect.Parameter.empty for n, p in rotary.items() if n not in ("x", "position_ids")
+        ):
+            missing = ["one rotary embedding (x, position_ids) shared by every layer"]
+        elif sliding_window(model) is not None:
+            missing = ["full causal attention in every layer (it has a sliding window)"]
     if decoder is None or missing:
         raise ValueError(
             f"LoRA draft layers need a Llama-style decoder (model.model.layers, .norm and .rotary_emb); "
