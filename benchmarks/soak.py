@@ -64,7 +64,7 @@ def decoding_configs(num_layers: int) -> list[tuple[str, Any]]:
         ("probe bc10 static", mtprobe.ProbeConfig(block_complexity=10)),
         ("probe bc30 static", mtprobe.ProbeConfig(block_complexity=30)),
         ("probe bc30 dynamic", mtprobe.ProbeConfig(block_complexity=30, tree="dynamic")),
-        ("probe bc60 k2 dynamic", mtprobe.ProbeConfig(block_complexity=60)),
+        ("probe bc60 k2 dynamic", mtprobe.ProbeConfig(block_complexity=60, num_masks=2)),
         ("probe bc30 k2 static [7, 2]", mtprobe.ProbeConfig(block_complexity=30, num_masks=2, tree="static")),
         (
             "probe bc24 k3 gaussian",

@@ -102,7 +102,7 @@ def test_lossless_and_within_budget_on_tiny_llama(tiny, masks_file, kwargs, monk
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(block_complexity=60),  # the paper's default there: two masks, dynamic tree
+        dict(block_complexity=60, num_masks=2),  # the paper's default there: two masks, dynamic tree
         dict(block_complexity=30, num_masks=2, tree="static", branches=(7, 2)),
         dict(block_complexity=60, num_masks=3, prune=False),
         dict(block_complexity=30, num_masks=4),

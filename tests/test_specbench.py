@@ -154,7 +154,7 @@ def test_method_registry() -> None:
     cfg = probe.make_config({"block_complexity": 10})
     assert cfg == ProbeConfig(block_complexity=10)
     assert probe.id_suffix(cfg) == "bc10"  # the headline option; the rest only when not the default
-    assert probe.id_suffix(ProbeConfig(block_complexity=60, num_masks=1)) == "bc60-k1-tree-static"
+    assert probe.id_suffix(ProbeConfig(block_complexity=60, num_masks=2)) == "bc60-k2-tree-dynamic"
     assert probe.id_suffix(ProbeConfig(block_complexity=30, prune=False)) == "bc30-prune-off"
     assert get_method("ar").make_config() == GreedyConfig()
     for name in ("ar", "probe", "pld", "stand", "lookahead", "hybrid", "sps"):
@@ -649,7 +649,7 @@ def test_help_texts_match_the_configurations() -> None:
     assert "pld: chain depth" in num_tokens and "default 10" in num_tokens
     assert "sps: K, tokens the draft model drafts per step" in num_tokens and "default 5" in num_tokens
     num_masks = option_help("--num-masks")
-    assert "probe: k, chained mask tokens per tree node, 1 to 4; default 1 below BC 60, else 2" in num_masks
+    assert "probe: k, chained mask tokens per tree node, 1 to 4; default 1" in num_masks
     assert "hybrid: k, mask tokens per tree node (the probing half); default 1" in num_masks
     help_text = " ".join(subprocess_help("run").split())
     assert "T > 0: every method samples with do_sample=True" in help_text

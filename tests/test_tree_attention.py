@@ -185,7 +185,7 @@ def test_cuda_op_matches_reference(dtype: torch.dtype, prefix_len: int, parents:
     "cfg",
     [
         mtprobe.ProbeConfig(block_complexity=30),
-        mtprobe.ProbeConfig(block_complexity=60),
+        mtprobe.ProbeConfig(block_complexity=60, num_masks=2),
         mtprobe.StandConfig(block_complexity=30),
         mtprobe.LookaheadConfig.for_block_complexity(30),
         mtprobe.HybridConfig(block_complexity=30),

@@ -389,7 +389,7 @@ register(
                 "num_masks",
                 int,
                 "k",
-                "k, chained mask tokens per tree node, 1 to 4; default 1 below BC 60, else 2",
+                "k, chained mask tokens per tree node, 1 to 4; default 1",
             ),
             Option(
                 "--tree",
