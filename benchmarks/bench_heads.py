@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" ρ{s.adapter_rank}" if s.emission == "lowrank" else ""
                 )
                 name += f" LoRA {s.lora_layers}" if s.lora_layers else ""
+                name += " (draft base)" if s.lora_layers and s.lora_base == "draft" else ""
                 if sum(loaded[q].spec == s for q in args.heads) > 1:  # same architecture: name the folder
                     name += f" ({Path(path).name})"
                 name += f" b{tb}" if temp > 0 and len(args.top_branches) > 1 else ""

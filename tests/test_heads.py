@@ -229,6 +229,35 @@ def test_a_head_that_returns_wrong_shapes_is_an_error(model):
         loop.run(torch.tensor([5, 6, 7]))
 
 
+@pytest.mark.parametrize("committed_rows", [False, True])
+def test_the_head_sees_the_rows_it_asks_for(model, committed_rows):
+    """Without committed_rows the head gets the last committed row only (no gather); with it, every
+    committed row once, in order: the calls' row counts chain through prefix_len to the whole text."""
+    from mtprobe import _C
+
+    calls: list[tuple[torch.Tensor, int]] = []
+
+    def head(hidden, logits, prefix_len):
+        calls.append((hidden.clone(), prefix_len))
+        e = logits.float().log_softmax(-1).expand(3, 4, -1).contiguous()  # every position: the next token
+        return [torch.full((3,), 3.0).log().neg(), torch.empty(0), e]
+
+    prompt = torch.tensor([5, 6, 7, 8])
+    drafter = _C.HeadsDrafter(head, circuit="cp", window=4, rank=3, vocab=96, committed_rows=committed_rows)
+    loop = cpu_decode_loop(model, drafter, max_new_tokens=12, block_complexity=8, prompt_len=4)
+    out = loop.run(prompt)
+    assert len(calls) >= 2
+    if not committed_rows:
+        assert all(h.shape[0] == 1 for h, _ in calls)
+        return
+    ends = [p + h.shape[0] for h, p in calls]
+    assert [p for _, p in calls] == [0, *ends[:-1]]  # each call starts where the last ended
+    full = torch.tensor(out.sequence)  # [4 + 12]: the prompt, then the new tokens
+    with torch.no_grad():  # the rows are the backbone's last hidden states of exactly those tokens
+        want = model(full[None, : ends[-1]], output_hidden_states=True).hidden_states[-1][0]
+    torch.testing.assert_close(torch.cat([h for h, _ in calls]), want, rtol=1e-4, atol=1e-4)
+
+
 def test_command_line(tmp_path, capsys):
     from mtprobe import models
     from test_cli import _save_tiny

@@ -45,12 +45,14 @@ def base_head(model, sequences, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def lora_heads(model, sequences, base_head, tmp_path_factory) -> dict[int, str]:
-    """Per k in (1, 2): the base head continued with LoRA on the last k layers, as the paper does."""
+def lora_heads(model, sequences, base_head, tmp_path_factory) -> dict[int | str, str]:
+    """Per k in (1, 2): the base head continued with LoRA on the last k layers, as the paper does
+    (emissions on the target's logits); "draft": k = 1 with emissions on the draft's own E h."""
     out = {}
-    for k in (1, 2):
-        torch.manual_seed(k)
-        head = heads.new_head(model, _spec(model, lora_layers=k, lora_rank=4))
+    for k in (1, 2, "draft"):
+        torch.manual_seed(1 if k == "draft" else k)
+        layers, base = (1, "draft") if k == "draft" else (k, "target")
+        head = heads.new_head(model, _spec(model, lora_layers=layers, lora_rank=4, lora_base=base))
         heads.init_from(head, heads.load_head(base_head, model))
         feats = heads.compute_features(model, sequences, layer=head.hidden_layer)
         stats = heads.train_head(head, feats, steps=30, batch_size=16, lr=3e-4)
@@ -100,10 +102,12 @@ def test_zero_adapters_draft_what_the_base_head_drafts(model, base_head, tmp_pat
         assert sum(a.accept_lengths) > 1.2 * len(a.accept_lengths)  # drafts were accepted
 
 
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, "draft"])
 def test_greedy_is_token_identical_with_trained_adapters(model, lora_heads, k):
     head = heads.load_head(lora_heads[k], model)
-    assert head.spec.lora_layers == k and head.hidden_layer == 3 - k
+    layers = 1 if k == "draft" else k
+    assert head.spec.lora_layers == layers and head.hidden_layer == 3 - layers
+    assert head.target_base == (k != "draft")
     assert any(float(p.detach().abs().max()) > 0 for n, p in head.named_parameters() if n.endswith("lora_b"))
     calls, new = 0, 0
     for bc in (2, 5, 30):
@@ -129,6 +133,40 @@ def test_training_leaves_the_backbone_alone(model, sequences, base_head):
     # The adapters moved; the draft's copies of the norms did not.
     assert float(head.draft.layers[0].mlp.down_proj.lora_b.detach().abs().max()) > 0
     torch.testing.assert_close(head.draft.norm.weight, model.model.norm.weight)
+
+
+def test_the_step_builds_on_the_logits_its_spec_names(model, lora_heads):
+    # lora_base="target": the emissions are the target's logits plus the adapters' term, so a shift
+    # of the logits shifts nothing after log_softmax, and other logits change the draft; "draft": the
+    # logits passed are ignored (E h of the draft's state instead).
+    x = torch.randn(5, model.config.hidden_size)
+    logits = torch.randn(model.config.vocab_size)
+    for k, follows in ((1, True), ("draft", False)):
+        head = heads.load_head(lora_heads[k], model)
+        a = head.step_fn()(x, logits, 0)[2]
+        b = head.step_fn()(x, logits + 3.0, 0)[2]
+        c = head.step_fn()(x, 2 * logits, 0)[2]
+        torch.testing.assert_close(a, b)
+        assert (not torch.allclose(a, c)) == follows, k
+
+
+def test_lora_heads_from_before_lora_base_load_as_draft(model, lora_heads, tmp_path):
+    # A checkpoint whose spec has no lora_base was trained on the draft's own E h: it must load so.
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = heads._checkpoint_path(lora_heads["draft"])
+    with safe_open(str(src), framework="pt") as f:
+        meta = dict(f.metadata())
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    spec = json.loads(meta["spec"])
+    del spec["lora_base"]
+    meta["spec"] = json.dumps(spec)
+    save_file(state, str(tmp_path / "head.safetensors"), metadata=meta)
+    assert heads.load_head(tmp_path, model).spec.lora_base == "draft"
+    assert heads.load_head(lora_heads[1], model).spec.lora_base == "target"
 
 
 def test_checkpoint_round_trip(model, lora_heads):
@@ -212,6 +250,8 @@ def test_bad_input(model, sequences, base_head):
         heads.new_head(model, _spec(model, lora_layers=4))
     with pytest.raises(ValueError, match="lora_rank=0"):
         _spec(model, lora_layers=1, lora_rank=0)
+    with pytest.raises(ValueError, match="lora_base='both': expected one of target, draft"):
+        _spec(model, lora_layers=1, lora_base="both")
     from transformers import GPT2Config, GPT2LMHeadModel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=2))
@@ -231,6 +271,9 @@ def test_bad_input(model, sequences, base_head):
     head = heads.new_head(model, _spec(model, lora_layers=1))
     with pytest.raises(ValueError, match=r"hidden_states\[-1\]"):  # features of the wrong layer
         heads.train_head(head, heads.compute_features(model, sequences[:2]), steps=1)
+    feats = heads.compute_features(model, sequences[:2], layer=head.hidden_layer)
+    with pytest.raises(ValueError, match="hold no last hidden state"):  # features from before `last`
+        heads.train_head(head, heads.Features(**{**vars(feats), "last": None}), steps=1)
     step = head.step_fn()
     x, logits = torch.randn(4, model.config.hidden_size), torch.randn(model.config.vocab_size)
     step(x, logits, 0)

@@ -277,16 +277,19 @@ void bind_drafters(py::module_& m) {
   py::class_<HeadsDrafter, Drafter, std::shared_ptr<HeadsDrafter>>(
       m, "HeadsDrafter",
       "Probabilistic-circuit heads (MTPC): drafts from a circuit over the next `window` tokens that `head` "
-      "computes from the target's hidden states (head(hidden [committed rows, d], logits [V], prefix_len)), "
+      "computes from the target's hidden states (head(hidden [rows, d], logits [V], prefix_len): every row "
+      "the step "
+      "committed with committed_rows=True, for draft layers, else only the last), "
       "conditioned on the root token.")
       .def(py::init([](HeadFn head, std::string circuit, int64_t window, int64_t rank, int64_t vocab,
-                       bool do_sample, int64_t top_branches) {
+                       bool do_sample, int64_t top_branches, bool committed_rows) {
              return std::make_shared<HeadsDrafter>(
-                 std::move(head),
-                 HeadsOptions{std::move(circuit), window, rank, vocab, do_sample, top_branches});
+                 std::move(head), HeadsOptions{std::move(circuit), window, rank, vocab, do_sample,
+                                               top_branches, committed_rows});
            }),
            py::arg("head"), py::kw_only(), py::arg("circuit"), py::arg("window"), py::arg("rank"),
-           py::arg("vocab"), py::arg("do_sample") = false, py::arg("top_branches") = 1)
+           py::arg("vocab"), py::arg("do_sample") = false, py::arg("top_branches") = 1,
+           py::arg("committed_rows") = false)
       .def_property_readonly("head_calls", &HeadsDrafter::head_calls);
 
   // The STAND n-gram store as a host object, mirroring csrc/core/ngram_store.h (tests compare it

@@ -158,16 +158,19 @@ void HeadsDrafter::observe(const StepOutcome& outcome) {
   TORCH_CHECK(outcome.hidden.has_value(),
               "HeadsDrafter needs the target's hidden states (the loop passes them "
               "when wants_hidden_states() is true)");
-  // The committed rows: the block's committed chain (rows 0 .. path[0]), then the accepted drafts.
-  const std::vector<int64_t>& path = outcome.path;
-  std::vector<int64_t> rows(static_cast<size_t>(path.front() + 1));
-  std::iota(rows.begin(), rows.end(), 0);
-  rows.insert(rows.end(), path.begin() + 1, path.end());
   const at::Tensor& hidden = *outcome.hidden;  // [T, hidden]
-  const at::Tensor index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(hidden.device());
-  const int64_t node = path.back();  // the last accepted node: h_t predicts x_{t+1} ..
-  std::vector<at::Tensor> out =
-      head_(hidden.index_select(0, index), outcome.logits[node], outcome.prefix_len);
+  const std::vector<int64_t>& path = outcome.path;
+  const int64_t node = path.back();             // the last accepted node: h_t predicts x_{t+1} ..
+  at::Tensor rows = hidden.narrow(0, node, 1);  // [1, hidden]
+  if (options_.committed_rows) {
+    // The committed rows: the block's committed chain (rows 0 .. path[0]), then the accepted drafts.
+    std::vector<int64_t> index(static_cast<size_t>(path.front() + 1));
+    std::iota(index.begin(), index.end(), 0);
+    index.insert(index.end(), path.begin() + 1, path.end());
+    rows =
+        hidden.index_select(0, at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(hidden.device()));
+  }
+  std::vector<at::Tensor> out = head_(rows, outcome.logits[node], outcome.prefix_len);
   ++head_calls_;
   TORCH_CHECK_VALUE(out.size() == 3, "the head must return [weights, transitions, emissions], got ",
                     out.size(), " tensors");

@@ -40,20 +40,22 @@ namespace mtprobe {
 // head(hidden [a, hidden], logits [vocab], prefix_len) -> {weights, transitions, emissions}: the
 // circuit's parameters as log-probabilities in the layouts of csrc/core/circuit.h (FF: weights and
 // transitions empty, emissions [n, V]; CP: [r], empty, [r, n, V]; HMM and BTree: [r], [L - 1, r, r],
-// [n, r, V]). hidden: the rows of every token the step committed, in order (the block's committed
-// chain, then the accepted drafts; positions prefix_len ..), so a head with draft layers of its own
-// (LoRA, mtprobe/lora.py) can run them over each committed token once; the last row is the context
-// the window starts after. logits: the target's raw logits at that last node (the head may build on
-// them).
+// [n, r, V]). hidden: with HeadsOptions::committed_rows, the rows of every token the step committed,
+// in order (the block's committed chain, then the accepted drafts; positions prefix_len ..), so a
+// head with draft layers of its own (LoRA, mtprobe/lora.py) can run them over each committed token
+// once; otherwise only the last of them ([1, hidden], a view: no gather). The last row is the
+// context the window starts after. logits: the target's raw logits at that last node (the head may
+// build on them).
 using HeadFn = std::function<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, int64_t)>;
 
 struct HeadsOptions {
-  std::string circuit = "cp";  // "ff", "cp", "hmm" or "btree"
-  int64_t window = 4;          // n: tokens the circuit covers, the root included (drafts <= n - 1 deep)
-  int64_t rank = 1;            // r: latent states (1 for FF)
-  int64_t vocab = 0;           // V
-  bool do_sample = false;      // sampled chains with draft_probs (else the greedy best-first tree)
-  int64_t top_branches = 1;    // chains under sampling
+  std::string circuit = "cp";   // "ff", "cp", "hmm" or "btree"
+  int64_t window = 4;           // n: tokens the circuit covers, the root included (drafts <= n - 1 deep)
+  int64_t rank = 1;             // r: latent states (1 for FF)
+  int64_t vocab = 0;            // V
+  bool do_sample = false;       // sampled chains with draft_probs (else the greedy best-first tree)
+  int64_t top_branches = 1;     // chains under sampling
+  bool committed_rows = false;  // hand the head every committed row (draft layers), not just the last
 };
 
 class HeadsDrafter : public Drafter {

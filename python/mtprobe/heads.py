@@ -65,6 +65,7 @@ from mtprobe.config import _check_int
 from mtprobe.reference.circuit import KINDS, latent_tree
 
 EMISSIONS = ("lowrank", "unembedding")
+LORA_BASES = ("target", "draft")  # HeadSpec.lora_base
 CHECKPOINT_FILE = "head.safetensors"
 FORMAT = "mtprobe-circuit-head/1"
 # Off-diagonal probability of a fresh transition matrix: near the identity (the head starts as CP),
@@ -92,6 +93,10 @@ class HeadSpec:
         lora_layers: k, the backbone's last layers the draft has its own LoRA-adapted copies of
             (:mod:`mtprobe.lora`); 0 reads the backbone's last hidden state (fully shared backbone).
         lora_rank: the rank of those adapters.
+        lora_base: with LoRA draft layers and ``"lowrank"`` emissions, whose logits the adapters'
+            term is added to: ``"target"`` (the backbone's own logits at the anchor, which the decode
+            loop has anyway) or ``"draft"`` (``E h`` of the draft layers' output: a second pass of the
+            LM head every step; what checkpoints from before this field was added hold).
 
     >>> HeadSpec(circuit="ff", window=4, rank=2, hidden_size=8, vocab_size=10)
     Traceback (most recent call last):
@@ -108,6 +113,7 @@ class HeadSpec:
     vocab_size: int = 0
     lora_layers: int = 0
     lora_rank: int = 8
+    lora_base: str = "target"
 
     def __post_init__(self) -> None:
         if self.circuit not in KINDS:
@@ -141,6 +147,8 @@ class HeadSpec:
             )
         if self.lora_rank < 1:
             raise ValueError(f"lora_rank={self.lora_rank} must be >= 1")
+        if self.lora_base not in LORA_BASES:
+            raise ValueError(f"lora_base={self.lora_base!r}: expected one of {', '.join(LORA_BASES)}")
         if self.hidden_size < 1 or self.vocab_size < 1:
             raise ValueError(
                 f"hidden_size={self.hidden_size} and vocab_size={self.vocab_size} must be >= 1 (the backbone's)"
@@ -274,6 +282,12 @@ class CircuitHead(nn.Module):
         return CircuitParams(spec.circuit, weights, transitions, emissions)
 
     @property
+    def target_base(self) -> bool:
+        """Whether the ``"lowrank"`` emissions build on the target's logits rather than on ``E h`` of
+        what the head reads: always without draft layers (the two are one), else by ``spec.lora_base``."""
+        return self.spec.emission == "lowrank" and (self.draft is None or self.spec.lora_base == "target")
+
+    @property
     def hidden_layer(self) -> int:
         """Which of the backbone's ``hidden_states`` the head reads: -1 (the last, final-normed) or, with
         LoRA draft layers, the input of the first of them."""
@@ -284,8 +298,9 @@ class CircuitHead(nn.Module):
         [V], prefix_len)`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts.
 
         ``hidden``: the backbone's :attr:`hidden_layer` states of the tokens the step committed (the
-        block's committed chain, then the accepted drafts; positions ``prefix_len`` on); the last row is
-        the context the window starts after. ``logits``: the target's raw logits there. With LoRA
+        block's committed chain, then the accepted drafts; positions ``prefix_len`` on) for a head with
+        draft layers (:func:`heads_drafter` asks the drafter for them), else only the last; the last row
+        is the context the window starts after. ``logits``: the target's raw logits there. With LoRA
         draft layers, they run over all ``a`` rows with their own KV cache, which must hold exactly
         the ``prefix_len`` tokens before (RuntimeError otherwise); a prefill (``prefix_len`` 0)
         starts a new cache.
@@ -296,8 +311,8 @@ class CircuitHead(nn.Module):
 
         def step(hidden: torch.Tensor, logits: torch.Tensor, prefix_len: int) -> list[torch.Tensor]:
             with torch.no_grad():
+                base = logits[None] if self.target_base else None  # [1, V]
                 if self.draft is None:
-                    base = logits[None] if self.spec.emission == "lowrank" else None
                     return self(hidden[-1:], base).core_layout(0)
                 if prefix_len == 0:
                     cache[0] = DynamicCache()
@@ -309,7 +324,7 @@ class CircuitHead(nn.Module):
                     )
                 positions = torch.arange(prefix_len, prefix_len + hidden.shape[0], device=hidden.device)
                 h = self.draft(hidden[None], positions[None], cache[0])[0, -1:]  # [1, d]
-                return self(h).core_layout(0)  # the base logits are the draft's own: E h
+                return self(h, base).core_layout(0)  # base None: the draft's own E h
 
         return step
 
@@ -417,7 +432,10 @@ def load_head(path: str | os.PathLike[str], model: Any) -> CircuitHead:
             state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, want {FORMAT!r}")
-        spec = HeadSpec(**json.loads(meta["spec"]))
+        raw = json.loads(meta["spec"])
+        if raw.get("lora_layers", 0) > 0:
+            raw.setdefault("lora_base", "draft")  # what LoRA heads were before lora_base existed
+        spec = HeadSpec(**raw)
         identity = json.loads(meta["model"])
         stats = json.loads(meta.get("stats", "{}"))
     except Exception as e:  # safetensors and json raise their own types for a damaged file
@@ -498,6 +516,7 @@ def heads_drafter(head: CircuitHead, *, do_sample: bool = False, top_branches: i
         vocab=spec.vocab_size,
         do_sample=do_sample,
         top_branches=top_branches,
+        committed_rows=head.draft is not None,  # only draft layers read the rows before the last
     )
 
 
@@ -513,17 +532,22 @@ class Features:
     starts: torch.Tensor  # [S] int64, where each sequence begins in the concatenation
     first: torch.Tensor  # [S] int64, per sequence: the first position whose window is trained on
     layer: int = -1  # -1: the last hidden state (final norm); else the input of LoRA draft layers
+    last: torch.Tensor | None = None  # [N, d] float32: the last hidden state too when layer != -1
 
     def sequence_of(self, pos: torch.Tensor) -> torch.Tensor:
         """The sequence each position ``[M]`` belongs to ``[M]``."""
         return torch.searchsorted(self.starts, pos, right=True) - 1
 
+    @property
+    def ends(self) -> torch.Tensor:
+        """[S] int64: where each sequence ends (exclusive) in the concatenation."""
+        return torch.cat([self.starts[1:], torch.tensor([self.ids.numel()])])
+
     def windows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(anchors [M], windows [M, n]): every position p >= first of its sequence with n tokens after it."""
-        ends = torch.cat([self.starts[1:], torch.tensor([self.ids.numel()])])
         anchors = [
             torch.arange(s + f, e - n)
-            for s, f, e in zip(self.starts, self.first, ends, strict=True)
+            for s, f, e in zip(self.starts, self.first, self.ends, strict=True)
             if e - n > s + f
         ]
         if not anchors:
@@ -541,7 +565,7 @@ def compute_features(
     """The backbone's ``hidden_states[layer]`` (default: the last) over each ``(ids [L], first)``
     sequence; windows are trained from position ``first`` on (the prompt's last token for
     self-distillation, 0 for a corpus)."""
-    hidden, ids, starts, first, at = [], [], [], [], 0
+    hidden, last, ids, starts, first, at = [], [], [], [], [], 0
     device = next(model.parameters()).device
     for i, (seq, f) in enumerate(sequences):
         if progress is not None and (i % 10 == 0 or i + 1 == len(sequences)):
@@ -549,23 +573,32 @@ def compute_features(
         with torch.no_grad():
             out = model(seq[None].to(device), output_hidden_states=True)
         hidden.append(out.hidden_states[layer][0].float().cpu())  # [L, d]
+        if layer != -1:  # the target's logits at each anchor, for heads whose emissions build on them
+            last.append(out.hidden_states[-1][0].float().cpu())  # [L, d]
         ids.append(seq.cpu())
         starts.append(at)
         first.append(f)
         at += seq.numel()
-    return Features(torch.cat(hidden), torch.cat(ids), torch.tensor(starts), torch.tensor(first), layer)
+    return Features(
+        torch.cat(hidden),
+        torch.cat(ids),
+        torch.tensor(starts),
+        torch.tensor(first),
+        layer,
+        torch.cat(last) if last else None,
+    )
 
 
 def features_at_layer(
     model: Any, features: Features, layer: int, progress: Callable[[str], None] | None = None
 ) -> Features:
-    """``features``'s sequences again, with the backbone's ``hidden_states[layer]`` (``features`` itself
-    if it already holds them)."""
-    if features.layer == layer:
+    """``features``'s sequences again, with the backbone's ``hidden_states[layer]`` and, for a layer
+    other than the last, the last hidden state too (``features`` itself if it already holds them)."""
+    if features.layer == layer and (layer == -1 or features.last is not None):
         return features
-    ends = torch.cat([features.starts[1:], torch.tensor([features.ids.numel()])])
     seqs = [
-        (features.ids[s:e], int(f)) for s, e, f in zip(features.starts, ends, features.first, strict=True)
+        (features.ids[s:e], int(f))
+        for s, e, f in zip(features.starts, features.ends, features.first, strict=True)
     ]
     return compute_features(model, seqs, progress, layer)
 
@@ -592,6 +625,24 @@ def head_inputs(head: CircuitHead, features: Features, pos: torch.Tensor) -> tor
         rows.append((mine.to(device), h[pos[mine].to(device) - start]))
     order = torch.argsort(torch.cat([m for m, _ in rows]))  # back to the order of pos
     return torch.cat([r for _, r in rows])[order]  # [M, d]
+
+
+def base_inputs(head: CircuitHead, features: Features, pos: torch.Tensor) -> torch.Tensor | None:
+    """The backbone's last hidden states ``[M, d]`` at positions ``pos`` ``[M]`` when ``head``'s emissions
+    build on the target's logits and it reads another layer (LoRA draft layers); None otherwise (the
+    head computes its base from what it reads, or has none)."""
+    if head.draft is None or not head.target_base:
+        return None
+    if features.last is None:
+        raise ValueError(
+            "this LoRA head's emissions build on the target's logits (lora_base='target'), but the features "
+            "hold no last hidden state: make them with compute_features(..., layer=head.hidden_layer)"
+        )
+    return features.last[pos].to(head.lm_head.device)
+
+
+def _head_params(head: CircuitHead, hidden: torch.Tensor, base_hidden: torch.Tensor | None) -> CircuitParams:
+    return head(hidden, None if base_hidden is None else head.base_logits(base_hidden))
 
 
 def text_sequences(
@@ -707,6 +758,7 @@ def train_head(
         # LoRA draft layers run over whole sequences: a few sequences per step, several anchors each.
         train_seq = features.sequence_of(pos[train])  # [M_train]
         seqs = train_seq.unique()
+        of_seq = {int(s): train[(train_seq == s).nonzero().flatten()] for s in seqs}  # its anchors
         per_seq = min(8, batch_size)
     for _ in range(steps):
         if head.draft is None:
@@ -715,14 +767,12 @@ def train_head(
             chosen = seqs[torch.randint(seqs.numel(), (max(1, batch_size // per_seq),), generator=g)]
             idx = torch.cat(
                 [
-                    train[(train_seq == s).nonzero().flatten()][
-                        torch.randint(int((train_seq == s).sum()), (per_seq,), generator=g)
-                    ]
+                    of_seq[s][torch.randint(of_seq[s].numel(), (per_seq,), generator=g)]
                     for s in chosen.tolist()
                 ]
             )
         hidden, target = head_inputs(head, features, pos[idx]), win[idx].to(device)
-        loss = window_loss(head(hidden), target, gamma)
+        loss = window_loss(_head_params(head, hidden, base_inputs(head, features, pos[idx])), target, gamma)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -746,14 +796,14 @@ def train_head(
     if n_hold:
         with torch.no_grad():
             held = head_inputs(head, features, pos[hold])
-        stats.update(evaluate_head(head, held, win[hold], gamma))
+        stats.update(evaluate_head(head, held, win[hold], gamma, base_inputs(head, features, pos[hold])))
     return stats
 
 
 def init_from(head: CircuitHead, trained: CircuitHead) -> None:
     """Copy ``trained``'s circuit parameters into ``head`` (same spec but for the LoRA layers, whose
     adapters stay as they are); ValueError naming the difference otherwise."""
-    lora = ("lora_layers", "lora_rank")
+    lora = ("lora_layers", "lora_rank", "lora_base")
     mine = {k: v for k, v in asdict(head.spec).items() if k not in lora}
     theirs = {k: v for k, v in asdict(trained.spec).items() if k not in lora}
     if mine != theirs:
@@ -766,17 +816,22 @@ def init_from(head: CircuitHead, trained: CircuitHead) -> None:
 
 
 def evaluate_head(
-    head: CircuitHead, hidden: torch.Tensor, windows: torch.Tensor, gamma: float
+    head: CircuitHead,
+    hidden: torch.Tensor,
+    windows: torch.Tensor,
+    gamma: float,
+    base_hidden: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Held-out discounted NLL, and how often the most probable second token given the true first is
-    the true second (what a one-draft greedy tree accepts)."""
+    the true second (what a one-draft greedy tree accepts); ``base_hidden``: :func:`base_inputs`'s."""
     from mtprobe.ops import circuit_next_token_log_probs
 
     losses, hits = 0.0, 0
     with torch.no_grad():
         for s in range(0, hidden.shape[0], 256):
             device = head.lm_head.device
-            params, w = head(hidden[s : s + 256].to(device)), windows[s : s + 256].to(device)  # w: [b, n]
+            b = None if base_hidden is None else base_hidden[s : s + 256].to(device)
+            params, w = _head_params(head, hidden[s : s + 256].to(device), b), windows[s : s + 256].to(device)
             losses += float(window_loss(params, w, gamma)) * w.shape[0]
             core = (None if x is None else x.cpu() for x in params.core_batch())  # the ops run on the CPU
             nxt = circuit_next_token_log_probs(params.circuit, *core, w[:, :1].cpu())  # [b, V]
@@ -804,6 +859,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
         help="k: give the draft LoRA-adapted copies of the backbone's last k layers (0: read its last state)",
     )
     p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument(
+        "--lora-base",
+        choices=LORA_BASES,
+        default="target",
+        help="with --lora-layers: the emissions build on the target's logits (free at decode time) or on "
+        "the draft's own (a second LM-head pass per step)",
+    )
     p.add_argument(
         "--init",
         default=None,
@@ -944,6 +1006,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         vocab_size=int(weight.shape[0]),
         lora_layers=args.lora_layers,
         lora_rank=args.lora_rank,
+        lora_base=args.lora_base,
     )
     torch.manual_seed(args.seed)
     head = new_head(model, spec)
