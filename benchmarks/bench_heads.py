@@ -34,6 +34,7 @@ import mtprobe
 from _common import first_turn_prompts, run_lines, write_report
 from bench_baselines import configs as baseline_configs
 from mtprobe import bytelm, heads, models
+from mtprobe.adapter import cache_argument
 from mtprobe.specbench.questions import first_per_category, load_questions
 
 
@@ -53,9 +54,9 @@ def head_cost(model, head: heads.CircuitHead, ids: torch.Tensor, repeats: int = 
         nxt = logits.argmax().view(1, 1)
         fwd = []
         for _ in range(repeats):
-            cache = out.past_key_values
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
             t0 = time.perf_counter()
-            model(nxt, past_key_values=cache, use_cache=True)
+            model(nxt, use_cache=True, **{cache_argument(model): cache})
             fwd.append(time.perf_counter() - t0)
             cache.crop(-1)  # back to the prompt, so every forward sees the same context
     return head_s, sorted(fwd)[len(fwd) // 2]

@@ -13,6 +13,7 @@ the first differing position with a plain forward and xfails only on a floating-
 
 from __future__ import annotations
 
+import inspect
 import random
 import warnings
 
@@ -382,7 +383,8 @@ class _Run:
 @torch.no_grad()
 def _reference_kv(model, tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (keys, values) [1, H_kv, n, D] of a plain causal forward over ``tokens``."""
-    pkv = model(torch.tensor([tokens]), use_cache=True).past_key_values
+    out = model(torch.tensor([tokens]), use_cache=True)
+    pkv = out.cache if hasattr(out, "cache") else out.past_key_values  # renamed in transformers 5.2x
     return [(layer.keys, layer.values) for layer in pkv.layers]
 
 
@@ -741,7 +743,8 @@ def test_sliding_mask_equals_hf_masks_on_a_chain(arch: str) -> None:
         cache.set_length(prefix_len)
         x = torch.zeros(1, t, cfg.hidden_size)  # [1, T, hidden]
         pos = torch.arange(prefix_len, prefix_len + t).unsqueeze(0)  # [1, T]
-        kw = dict(config=cfg, inputs_embeds=x, attention_mask=None, past_key_values=cache, position_ids=pos)
+        name = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+        kw = dict(config=cfg, inputs_embeds=x, attention_mask=None, position_ids=pos, **{name: cache})
         full = create_causal_mask(**kw)  # [1, 1, T, P + T]
         hf_sliding = create_sliding_window_causal_mask(**kw)  # [1, 1, T, P + T]
         assert full.shape == hf_sliding.shape == (1, 1, t, prefix_len + t)

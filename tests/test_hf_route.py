@@ -158,6 +158,23 @@ def test_synthid_watermark_is_refused(tiny):
         mtprobe.generate(tiny, IDS, max_new_tokens=4, watermarking_config=wm)
 
 
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("name", ["past_key_values", "cache"])
+def test_a_filled_cache_of_the_callers_is_refused(tiny, route, name):
+    # transformers 5.2x renamed the argument (past_key_values warns until 5.40): both names are caught.
+    from transformers import DynamicCache
+
+    from mtprobe.adapter import cache_argument
+
+    if name == "cache" and cache_argument(tiny) != "cache":
+        pytest.skip("this transformers predates the cache= argument")
+    cache = DynamicCache(config=tiny.config)
+    with torch.no_grad():
+        tiny(IDS, use_cache=True, **{cache_argument(tiny): cache})
+    with pytest.raises(NotImplementedError, match="mtprobe manages its own KV cache"):
+        ROUTES[route](tiny, IDS, max_new_tokens=4, **{name: cache})
+
+
 # --- item 2: mapped arguments ------------------------------------------------------------------------
 
 

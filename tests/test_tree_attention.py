@@ -13,6 +13,7 @@ from torch.library import opcheck
 import mtprobe
 import mtprobe.tree_attention
 from conftest import load_benchmark, tiny_llama
+from mtprobe.adapter import cache_argument
 from mtprobe.reference import tree_ancestors, tree_attention, tree_attention_mask, tree_position_ids
 from test_tree_mask import TREES, chain, random_tree
 from tolerances import dtype_id, tolerance
@@ -134,7 +135,8 @@ def test_hf_model_with_mtprobe_tree_matches_sdpa_with_the_dense_mask() -> None:
     for name, model in (("sdpa", sdpa), ("tree", tree)):
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            first = model(prompt, past_key_values=cache).logits  # the prefill: no mask, a chain
+            kv = {cache_argument(model): cache}
+            first = model(prompt, **kv).logits  # the prefill: no mask, a chain
             mask = (
                 tree_attention_mask(parents, p, torch.float32)
                 if name == "sdpa"
@@ -146,7 +148,7 @@ def test_hf_model_with_mtprobe_tree_matches_sdpa_with_the_dense_mask() -> None:
                     block,
                     attention_mask=mask,
                     position_ids=tree_position_ids(parents, p),
-                    past_key_values=cache,
+                    **kv,
                 ).logits,
             )
     for a, b in zip(logits["sdpa"], logits["tree"], strict=True):

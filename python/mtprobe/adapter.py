@@ -97,6 +97,12 @@ def _bidirectional_attention(model: PreTrainedModel) -> str | None:
     return None
 
 
+def cache_argument(module: torch.nn.Module) -> str:
+    """The name ``module.forward`` takes its KV cache under: ``cache`` in the transformers releases that
+    renamed it (5.2x, which warn that ``past_key_values`` goes in 5.40), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 def max_positions(model: PreTrainedModel) -> int:
     """The model's context limit in positions (absolute-position models fail beyond it)."""
     cfg = model.config.get_text_config(decoder=True)
@@ -197,6 +203,7 @@ class HFAdapter:
         self.embed = model.get_input_embeddings()
         num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.cache = TreeKVCache(num_layers, capacity)
+        self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
         self._tree_attention = getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION
@@ -241,9 +248,9 @@ class HFAdapter:
             inputs_embeds=x,
             attention_mask=self._attention_mask(mask, position_ids, prefix_len),
             position_ids=position_ids,
-            past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=want_hidden,
+            **{self._cache_arg: self.cache},
             return_dict=True,
             **kwargs,
         )

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from mtprobe.adapter import cache_argument
+
 __all__ = [
     "FORMAT",
     "MaskCalibration",
@@ -241,7 +243,7 @@ def _prefix_cache(model: Any, ids: torch.Tensor) -> Any:
 
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=ids.unsqueeze(0), past_key_values=cache, use_cache=True)
+        model(input_ids=ids.unsqueeze(0), use_cache=True, **{cache_argument(model): cache})
     return cache
 
 
@@ -286,8 +288,9 @@ def mask_loss(
         inputs_embeds=embeds,
         attention_mask=additive[None, None].to(device),
         position_ids=pos[None].to(device),
-        past_key_values=copy.deepcopy(cache),  # the forward appends the masks' keys; keep the prefix's
         use_cache=True,
+        # The forward appends the masks' keys; keep the prefix's.
+        **{cache_argument(model): copy.deepcopy(cache)},
     )
     logits = out.logits[0].float()  # [a*k, vocab]
     ce = torch.nn.functional.cross_entropy(logits, targets.to(device), reduction="none")  # [a*k]

@@ -427,9 +427,12 @@ def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]
         if getattr(cfg, flag, False):
             raise NotImplementedError(f"{flag}=True is not supported by mtprobe")
     # generate() always prepares an (empty) cache; only one the user passed in is refused.
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))  # renamed in transformers 5.2x
     if cache is not None and (getattr(cache, "_is_user_defined", False) or cache.get_seq_length() > 0):
-        raise NotImplementedError("mtprobe manages its own KV cache; do not pass past_key_values")
+        raise NotImplementedError(
+            "mtprobe manages its own KV cache; do not pass past_key_values (or cache): call without it, "
+            "with the whole sequence as input_ids"
+        )
     # model.generate has already refused a max_new_tokens it cannot compare with 0 (a str, ...); a float or
     # a bool gets through it and would be truncated or read as 1.
     for name in ("max_new_tokens", "max_length"):

@@ -118,6 +118,9 @@ class DraftLayers(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = copy.deepcopy(decoder.norm).requires_grad_(False)
         self._rotary = [decoder.rotary_emb]  # shared, not a submodule
+        from mtprobe.adapter import cache_argument
+
+        self._cache_arg = cache_argument(self.layers[0])  # the decoder layers' name for their KV cache
 
     def forward(
         self,
@@ -140,8 +143,8 @@ class DraftLayers(nn.Module):
                 h,
                 attention_mask=mask,
                 position_ids=position_ids,
-                past_key_values=cache,
                 use_cache=cache is not None,
+                **{self._cache_arg: cache},
                 position_embeddings=embeddings,
             )
             h = out[0] if isinstance(out, tuple) else out

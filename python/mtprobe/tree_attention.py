@@ -11,7 +11,7 @@ causal attention. The registered mask function therefore builds nothing.
     mtprobe.tree_attention.register()
     model.set_attn_implementation("mtprobe_tree")
     bits = mtprobe.ops.tree_ancestor_bits(parents)[None, None]        # [1, 1, T, W]
-    out = model(input_ids, attention_mask=bits, position_ids=..., past_key_values=cache)
+    out = model(input_ids, attention_mask=bits, position_ids=..., cache=cache)  # past_key_values= before 5.2x
 
 The op under it is ``torch.ops.mtprobe.tree_attention`` (CPU: ATen SDPA on the unpacked pattern;
 CUDA: csrc/kernels/tree_attention.cuh, compiled but never run so far). ``mtprobe.generate`` on a

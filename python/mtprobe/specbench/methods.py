@@ -632,7 +632,7 @@ def _run_hf_pld(
     starts: list[int] = []
 
     def hook(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # renamed in transformers 5.2x
         starts.append(int(cache.get_seq_length()) if cache is not None else -1)
 
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
