@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         default="",
-        help="comma-separated table name prefixes to run, e.g. 'Table 2,Table 3' (default: all)",
+        help="semicolon-separated table name prefixes to run, e.g. 'Table 2;Table 3' (default: all; table "
+        "names contain commas)",
     )
     ap.add_argument(
         "--labels",
@@ -238,6 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default="benchmarks/results/ablations/ablations.md")
     args = ap.parse_args(argv)
+    wanted = [p.strip() for p in args.only.split(";") if p.strip()]
+    tables = {table for table, _, _ in ABLATIONS}
+    unmatched = [w for w in wanted if not any(t.startswith(w) for t in tables)]
+    if unmatched:
+        raise SystemExit(f"--only: no table name starts with {unmatched}; the tables are {sorted(tables)}")
+
+    labels = {x.strip() for x in args.labels.split(";") if x.strip()}
+    unknown = labels - {label for _, label, _ in ABLATIONS}
+    if unknown:
+        raise SystemExit(f"--labels: no configuration is labelled {sorted(unknown)}")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -245,12 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     questions = first_per_category(load_questions(args.question_file), args.per_category)
     prompts = first_turn_prompts(tok, questions)
     refs = greedy_references(model, args, prompts)
-    wanted = [p.strip() for p in args.only.split(",") if p.strip()]
-
-    labels = {x.strip() for x in args.labels.split(";") if x.strip()}
-    unknown = labels - {label for _, label, _ in ABLATIONS}
-    if unknown:
-        raise SystemExit(f"--labels: no configuration is labelled {sorted(unknown)}")
 
     def selected(table: str, label: str | None = None) -> bool:
         in_table = not wanted or any(table.startswith(w) for w in wanted)

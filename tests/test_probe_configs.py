@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mtprobe
-from conftest import chat_ids, tiny_llama
+from conftest import chat_ids, load_benchmark, tiny_llama
 from mtprobe.config import MASK_INITS
 
 generate_module = importlib.import_module("mtprobe.generate")
@@ -183,3 +183,17 @@ def test_the_papers_settings_are_one_call_away(bc):
     assert mtprobe.ProbeConfig.paper(bc, num_masks=1).tree == "static"
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         mtprobe.ProbeConfig.paper(bc, mask_lambda=2.0)
+
+
+@pytest.mark.parametrize(
+    "flag, value, match",
+    [
+        ("--only", "Table 9", r"--only: no table name starts with \['Table 9'\]"),
+        ("--only", "Table 2: branches vs dynamic tree, BC 60;Nope", r"\['Nope'\]"),
+        ("--labels", "m1 [14];lambda 9", r"--labels: no configuration is labelled \['lambda 9'\]"),
+    ],
+)
+def test_the_ablation_script_names_a_selection_that_matches_nothing(flag, value, match):
+    # Checked before the model loads; a table name holds commas, so selections split on semicolons.
+    with pytest.raises(SystemExit, match=match):
+        load_benchmark("ablations").main(["--question-file", "unused.jsonl", flag, value])
