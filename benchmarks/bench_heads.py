@@ -94,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[4],
         help="sampling: windows each heads step draws (HeadsConfig.top_branches); several give a row each (bN)",
     )
+    ap.add_argument(
+        "--min-path-prob",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="greedy: HeadsConfig.min_path_prob, drafts below this path probability left out; several give "
+        "a row each (p>=X)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="sampling: torch seed before every generation")
     ap.add_argument("--baselines", nargs="*", default=["stand"], help="rows of bench_baselines.py to add")
     ap.add_argument("--mask-path", default=None, help="mask calibration for the *-cal baseline rows")
@@ -136,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs[name] = (cfg, None)
             # Sampling drafts top_branches windows drawn from the circuit; greedy drafts one best-first tree.
             branches = args.top_branches if temp > 0 else args.top_branches[:1]
-            for path, tb in itertools.product(args.heads, branches):
+            floors = args.min_path_prob if temp == 0 else [0.0]
+            for path, tb, floor in itertools.product(args.heads, branches, floors):
                 head = loaded[path]
                 s = head.spec
                 name = f"{s.circuit} n{s.window} r{head.r}" + (
@@ -147,12 +156,15 @@ def main(argv: list[str] | None = None) -> int:
                 if sum(loaded[q].spec == s for q in args.heads) > 1:  # same architecture: name the folder
                     name += f" ({Path(path).name})"
                 name += f" b{tb}" if temp > 0 and len(args.top_branches) > 1 else ""
-                cfg = mtprobe.HeadsConfig(path=path, block_complexity=bc, top_branches=tb)
+                name += f" p≥{floor:g}" if floor > 0 else ""
+                cfg = mtprobe.HeadsConfig(
+                    path=path, block_complexity=bc, top_branches=tb, min_path_prob=floor
+                )
                 runs[name] = (cfg, costs[path])
             for name, (cfg, cost) in runs.items():
                 t0 = time.perf_counter()
                 per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-                bad, got, cycle_s = 0, 0, 0.0
+                bad, got, cycle_s, drafted = 0, 0, 0.0, 0
                 for (task, ids), ref in zip(prompts, refs, strict=True):
                     torch.manual_seed(args.seed)
                     out = mtprobe.generate(
@@ -166,16 +178,18 @@ def main(argv: list[str] | None = None) -> int:
                     bad += temp == 0 and not torch.equal(out.sequences, ref)  # sampling: see test_sampling.py
                     got += out.new_tokens
                     cycle_s += out.timings["total_s"] - out.timings["prefill_s"]
+                    drafted += sum(out.drafted_per_depth)
                     for key in (task, "all"):
                         per_task[key][0] += sum(out.accept_lengths)
                         per_task[key][1] += len(out.accept_lengths)
                 wall = time.perf_counter() - t0
                 taus = {k: g / max(1, n) for k, (g, n) in per_task.items()}
-                ms = 1000 * cycle_s / max(1, per_task["all"][1])
-                rows.append((temp, bc, name, taus, bad, ms, got / wall, cost))
+                steps = max(1, per_task["all"][1])
+                ms = 1000 * cycle_s / steps
+                rows.append((temp, bc, name, taus, bad, ms, got / wall, cost, 1 + drafted / steps))
                 print(f"T {temp} BC {bc} {name}: tau {taus['all']:.3f} [{wall:.0f}s]", file=sys.stderr)
 
-    tasks = sorted({t for *_, taus, _, _, _, _ in rows for t in taus if t != "all"})
+    tasks = sorted({t for _, _, _, taus, *_ in rows for t in taus if t != "all"})
     source = (
         f"first turn of the first {args.per_category} question(s) of every category of "
         f"`{Path(args.question_file).name}` ({len(prompts)} questions, chat template)"
@@ -194,22 +208,24 @@ def main(argv: list[str] | None = None) -> int:
         "- τ = tokens gained per decode forward (prefill not counted); ms/cycle = decode-loop time after the "
         "prefill over decode forwards (one draft + verify cycle each); tok/s = new tokens over the wall time "
         "of all prompts; × HF = tok/s over HF `generate`'s at the same T; heads rows: HeadsConfig(path, "
-        "block_complexity=BC, top_branches=b), circuit, window n, rank r, adapter rank ρ (lowrank emissions; none: one "
+        "block_complexity=BC, top_branches=b, min_path_prob=X for p≥X), circuit, window n, rank r, adapter rank ρ "
+        "(lowrank emissions; none: one "
         "unembedding per position and state); head cost = one head call (step_fn) over one single-token decode "
-        "forward (mean of 30 calls over the median of 30 forwards, the first prompt cached); mismatches: greedy runs not token-identical to "
+        "forward (mean of 30 calls over the median of 30 forwards, the first prompt cached); T/step = inputs of one "
+        "decode forward, the root and its drafts, averaged over steps; mismatches: greedy runs not token-identical to "
         "HF greedy (sampling is checked by the chi-square tests of tests/test_sampling.py instead)",
         "",
         "| T | BC | drafter | τ | "
         + "".join(f"{t} | " for t in tasks if len(tasks) > 1)
-        + "ms/cycle | tok/s | × HF | head cost | mismatches |",
-        "|---|---|---|---|" + "---|" * (len(tasks) if len(tasks) > 1 else 0) + "---|---|---|---|---|",
+        + "T/step | ms/cycle | tok/s | × HF | head cost | mismatches |",
+        "|---|---|---|---|" + "---|" * (len(tasks) if len(tasks) > 1 else 0) + "---|---|---|---|---|---|",
     ]
-    for temp, bc, name, taus, bad, ms, tok_s, cost in rows:
+    for temp, bc, name, taus, bad, ms, tok_s, cost, inputs in rows:
         cells = "".join(f"{taus.get(t, float('nan')):.3f} | " for t in tasks if len(tasks) > 1)
         c = "" if cost is None else f"{100 * cost:.1f} %"
         m = str(bad) if temp == 0 else "–"
         lines.append(
-            f"| {temp:g} | {bc} | {name} | **{taus['all']:.3f}** | {cells}{ms:.1f} | {tok_s:.2f} | "
+            f"| {temp:g} | {bc} | {name} | **{taus['all']:.3f}** | {cells}{inputs:.1f} | {ms:.1f} | {tok_s:.2f} | "
             f"{tok_s / hf[temp]:.2f} | {c} | {m} |"
         )
     write_report(args.out, lines)

@@ -147,6 +147,18 @@ def test_the_drafter_drafts_window_minus_one_deep(model, trained):
     assert len(out.accepted_per_depth) <= 3
 
 
+def test_a_probability_floor_verifies_fewer_inputs_and_stays_token_identical(model, trained):
+    prompt = _prompts(1, seed=5)[0]
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30)
+    drafted = {}
+    for floor in (0.0, 0.05):
+        cfg = mtprobe.HeadsConfig(path=trained["btree", "lowrank"], block_complexity=30, min_path_prob=floor)
+        out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
+        assert torch.equal(out.sequences, ref), floor
+        drafted[floor] = sum(out.drafted_per_depth) / len(out.accept_lengths)
+    assert drafted[0.05] < 0.5 * drafted[0.0], drafted  # 29 drafts a step without the floor
+
+
 def test_checkpoint_round_trip(model, trained):
     head = heads.load_head(trained["btree", "lowrank"], model)
     again = heads.load_head(trained["btree", "lowrank"] + "/head.safetensors", model)
@@ -213,6 +225,9 @@ def test_bad_configs():
         mtprobe.HeadsConfig(path="x", block_complexity=1)
     with pytest.raises(ValueError, match="top_branches=0 must be >= 1"):
         mtprobe.HeadsConfig(path="x", top_branches=0)
+    for bad in (1.0, -0.1, True, "0.1"):
+        with pytest.raises(ValueError, match=f"min_path_prob={bad!r} must be a number in \\[0, 1\\)"):
+            mtprobe.HeadsConfig(path="x", min_path_prob=bad)
     cfg = mtprobe.HeadsConfig(path="x", block_complexity=12)
     assert mtprobe.config_from_dict(cfg.to_dict()) == cfg
 
@@ -256,6 +271,48 @@ def test_the_head_sees_the_rows_it_asks_for(model, committed_rows):
     with torch.no_grad():  # the rows are the backbone's last hidden states of exactly those tokens
         want = model(full[None, : ends[-1]], output_hidden_states=True).hidden_states[-1][0]
     torch.testing.assert_close(torch.cat([h for h, _ in calls]), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "floor, per_depth",
+    [
+        # Paths: 10 (0.6), 11 (0.3); 10-12 (0.3), 10-13 (0.24), 11-12 (0.15), 11-13 (0.12), then the rest.
+        (0.2, [2, 2]),
+        (0.25, [2, 1]),
+        (0.5, [1, 0]),
+        (0.0, None),  # the budget fills: 7 drafts
+    ],
+)
+def test_min_path_prob_leaves_out_the_improbable_drafts(model, floor, per_depth):
+    # An FF head with fixed emissions drafts the same tree every step: exactly the paths whose
+    # probability under the circuit reaches the floor, best first; greedy output is unchanged.
+    from mtprobe import _C
+
+    V = model.config.vocab_size
+    e = torch.full((3, V), 0.1 / (V - 2))  # [n, V]: positions 1 and 2 hold the drafts
+    e[1, 10], e[1, 11], e[2, 12], e[2, 13] = 0.6, 0.3, 0.5, 0.4
+    e[1, 12] = e[1, 13] = e[2, 10] = e[2, 11] = 0.1 / (V - 2)
+
+    def head(hidden, logits, prefix_len):
+        return [torch.empty(0), torch.empty(0), (e / e.sum(-1, keepdim=True)).log()]
+
+    prompt = torch.tensor([5, 6, 7])
+    drafter = _C.HeadsDrafter(head, circuit="ff", window=3, rank=1, vocab=V, min_path_prob=floor)
+    new = 40
+    out = cpu_decode_loop(model, drafter, max_new_tokens=new, block_complexity=8, prompt_len=3).run(prompt)
+    ref = model.generate(
+        prompt[None], attention_mask=torch.ones(1, 3, dtype=torch.long), do_sample=False, max_new_tokens=new
+    )
+    assert out.sequence == ref[0].tolist()
+    steps = len(out.accept_lengths)
+    drafted = list(out.drafted_per_depth)
+    # The last two steps may be short of room (depth <= tokens_left - 1); the others draft the same tree.
+    if per_depth is None:
+        assert (steps - 2) * 7 <= sum(drafted) <= steps * 7, (drafted, steps)
+        return
+    for d, w in enumerate(per_depth):
+        got = drafted[d] if d < len(drafted) else 0
+        assert (steps - 2) * w <= got <= steps * w, (floor, drafted, steps)
 
 
 def test_command_line(tmp_path, capsys):

@@ -282,14 +282,14 @@ void bind_drafters(py::module_& m) {
       "committed with committed_rows=True, for draft layers, else only the last), "
       "conditioned on the root token.")
       .def(py::init([](HeadFn head, std::string circuit, int64_t window, int64_t rank, int64_t vocab,
-                       bool do_sample, int64_t top_branches, bool committed_rows) {
+                       bool do_sample, int64_t top_branches, bool committed_rows, double min_path_prob) {
              return std::make_shared<HeadsDrafter>(
                  std::move(head), HeadsOptions{std::move(circuit), window, rank, vocab, do_sample,
-                                               top_branches, committed_rows});
+                                               top_branches, committed_rows, min_path_prob});
            }),
            py::arg("head"), py::kw_only(), py::arg("circuit"), py::arg("window"), py::arg("rank"),
            py::arg("vocab"), py::arg("do_sample") = false, py::arg("top_branches") = 1,
-           py::arg("committed_rows") = false)
+           py::arg("committed_rows") = false, py::arg("min_path_prob") = 0.0)
       .def_property_readonly("head_calls", &HeadsDrafter::head_calls);
 
   // The STAND n-gram store as a host object, mirroring csrc/core/ngram_store.h (tests compare it

@@ -32,6 +32,8 @@ HeadsDrafter::HeadsDrafter(HeadFn head, HeadsOptions options) : head_(std::move(
   TORCH_CHECK_VALUE(options_.rank >= 1, "rank (latent states) must be >= 1, got ", options_.rank);
   TORCH_CHECK_VALUE(options_.vocab >= 1, "vocab must be >= 1, got ", options_.vocab);
   TORCH_CHECK_VALUE(options_.top_branches >= 1, "top_branches must be >= 1, got ", options_.top_branches);
+  TORCH_CHECK_VALUE(options_.min_path_prob >= 0.0 && options_.min_path_prob < 1.0,
+                    "min_path_prob must be in [0, 1), got ", options_.min_path_prob);
   structure_ = make_structure(options_);
 }
 
@@ -88,9 +90,13 @@ void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_
     }
   };
   expand({bonus_}, -1, 0.0);
+  // log 0 = -inf keeps every candidate; the frontier pops best first, so the first one below the
+  // floor ends the tree (a child's path is never more probable than its parent's).
+  const double floor = std::log(options_.min_path_prob);
   while (!frontier.empty() && static_cast<int64_t>(tokens.size()) < max_nodes) {
     const Candidate c = frontier.top();
     frontier.pop();
+    if (c.score < floor) break;
     std::vector<int64_t> prefix = c.parent < 0 ? std::vector<int64_t>{bonus_} : prefixes[c.parent];
     prefix.push_back(c.token);
     tokens.push_back(c.token);

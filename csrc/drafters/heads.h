@@ -56,6 +56,9 @@ struct HeadsOptions {
   bool do_sample = false;       // sampled chains with draft_probs (else the greedy best-first tree)
   int64_t top_branches = 1;     // chains under sampling
   bool committed_rows = false;  // hand the head every committed row (draft layers), not just the last
+  // Greedy tree: drafts whose path probability q(path | root) under the circuit is below this are
+  // left out, so a confident step verifies fewer inputs (0: the tree fills the budget).
+  double min_path_prob = 0.0;
 };
 
 class HeadsDrafter : public Drafter {

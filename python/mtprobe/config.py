@@ -820,6 +820,9 @@ class HeadsConfig(_ConfigData):
             the root token, at most ``window - 1`` deep.
         top_branches: under sampling, independent windows drawn from the circuit as chains below
             the root (as many as fit the budget).
+        min_path_prob: greedy trees leave out drafts whose path probability under the circuit,
+            q(x_1..x_d | root), is below this, so confident steps verify fewer inputs (a forward over
+            fewer inputs is cheaper, most of all on a CPU); 0 fills the budget. Lossless either way.
 
     >>> HeadsConfig(path="heads/cp4").block_complexity
     30
@@ -832,6 +835,7 @@ class HeadsConfig(_ConfigData):
     path: str | None = None
     block_complexity: int = 30
     top_branches: int = 4
+    min_path_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if self.path is None:
@@ -850,6 +854,9 @@ class HeadsConfig(_ConfigData):
             )
         if self.top_branches < 1:
             raise ValueError(f"top_branches={self.top_branches} must be >= 1")
+        p = self.min_path_prob
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+            raise ValueError(f"min_path_prob={p!r} must be a number in [0, 1) (0: fill the budget)")
 
 
 @_method("auto")

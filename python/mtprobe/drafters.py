@@ -190,7 +190,9 @@ def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: boo
     from mtprobe import heads
 
     head = heads.load_cached(config.path, model)
-    return heads.heads_drafter(head, do_sample=do_sample, top_branches=config.top_branches)
+    return heads.heads_drafter(
+        head, do_sample=do_sample, top_branches=config.top_branches, min_path_prob=config.min_path_prob
+    )
 
 
 def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:

@@ -496,9 +496,12 @@ def load_cached(path: str | os.PathLike[str], model: Any) -> CircuitHead:
     return head
 
 
-def heads_drafter(head: CircuitHead, *, do_sample: bool = False, top_branches: int = 1) -> Any:
+def heads_drafter(
+    head: CircuitHead, *, do_sample: bool = False, top_branches: int = 1, min_path_prob: float = 0.0
+) -> Any:
     """The C++ drafter over a trained ``head`` (ValueError for an untrained one). The block-complexity
-    budget is the decode loop's (StepLimits), not the drafter's."""
+    budget is the decode loop's (StepLimits), not the drafter's; ``min_path_prob``: see
+    :class:`mtprobe.HeadsConfig`."""
     from mtprobe import _C
 
     if int(head.trained_steps) < 1:
@@ -517,6 +520,7 @@ def heads_drafter(head: CircuitHead, *, do_sample: bool = False, top_branches: i
         do_sample=do_sample,
         top_branches=top_branches,
         committed_rows=head.draft is not None,  # only draft layers read the rows before the last
+        min_path_prob=min_path_prob,
     )
 
 
