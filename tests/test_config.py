@@ -73,7 +73,7 @@ NON_DEFAULT = {
         decay=0.8,
         explore_every=5,
     ),
-    "heads": mtprobe.HeadsConfig(path=str(HEAD), block_complexity=13, top_branches=2),
+    "heads": mtprobe.HeadsConfig(path=str(HEAD), block_complexity=13, top_branches=2, min_path_prob=0.01),
     "entmtp": mtprobe.EntMTPConfig(
         bank=mtprobe.TopologyBank(trees=((), ((0,),), ((0,), (1,), (0, 0))), num_masks=2, mask_lambda=0.2),
         policy="ladder",
@@ -225,7 +225,9 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
             decay=lam,
             explore_every=c,
         ),
-        "heads": lambda: mtprobe.HeadsConfig(path=f"heads/{a}", block_complexity=a, top_branches=b),
+        "heads": lambda: mtprobe.HeadsConfig(
+            path=f"heads/{a}", block_complexity=a, top_branches=b, min_path_prob=lam / 2
+        ),
         "entmtp": lambda: mtprobe.EntMTPConfig(
             policy=("static", "ladder", "hysteretic")[c % 3],
             thresholds=(() if c % 3 == 0 else (lam,) * (5 if c % 3 == 1 else 2)),
