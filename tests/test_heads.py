@@ -5,6 +5,7 @@ backbone, and decoding with a trained head of every circuit is token-identical t
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -395,3 +396,22 @@ def test_generate_under_inference_mode(model, trained):
         model, prompt, cfg, max_new_tokens=20, do_sample=False
     )  # the cached head, outside
     assert torch.equal(again.sequences, ref)
+
+
+RESULT_HEADS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "heads").glob("*/"))
+
+
+@pytest.mark.parametrize("folder", RESULT_HEADS, ids=lambda p: p.name)
+def test_the_committed_heads_load_for_smollm2(smollm2, folder):
+    # The heads benchmarks/results/heads/README.md measured: each loads for the model it names, and
+    # its spec says what its folder's name does (circuit, rank, window, LoRA layers and base).
+    model, _ = smollm2
+    head = heads.load_head(folder, model)
+    s = head.spec
+    assert folder.name.startswith(f"smollm2-135m-{s.circuit}-r{head.r}-n{s.window}")
+    assert ("-lora" in folder.name) == (s.lora_layers > 0)
+    if s.lora_layers:
+        assert f"-lora{s.lora_layers}" in folder.name
+        # Folders without a base in their name predate lora_base: their checkpoints load as "draft".
+        want = "target" if "-target" in folder.name else "draft"
+        assert s.lora_base == want
