@@ -277,10 +277,9 @@ void bind_drafters(py::module_& m) {
   py::class_<HeadsDrafter, Drafter, std::shared_ptr<HeadsDrafter>>(
       m, "HeadsDrafter",
       "Probabilistic-circuit heads (MTPC): drafts from a circuit over the next `window` tokens that `head` "
-      "computes from the target's hidden states (head(hidden [rows, d], logits [V], prefix_len): every row "
-      "the step "
-      "committed with committed_rows=True, for draft layers, else only the last), "
-      "conditioned on the root token.")
+      "computes from the target's hidden states, conditioned on the root token. head(hidden [rows, d], "
+      "logits [V], prefix_len): with committed_rows=True (draft layers) every row the step committed, "
+      "else only the last.")
       .def(py::init([](HeadFn head, std::string circuit, int64_t window, int64_t rank, int64_t vocab,
                        bool do_sample, int64_t top_branches, bool committed_rows, double min_path_prob) {
              return std::make_shared<HeadsDrafter>(
