@@ -275,6 +275,45 @@ def test_run_probe_writes_specbench_lines(tiny: Path, tmp_path: Path) -> None:
         assert sum(c["accept_lengths"]) == sum(c["new_tokens"]) - turns
 
 
+def test_run_heads_with_a_floor_answers_as_ar_does(tiny: Path, tmp_path: Path) -> None:
+    # --method heads with every option the harness exposes; greedy answers are ar's, word for word.
+    from mtprobe import heads
+
+    head = tmp_path / "head"
+    train = [
+        "train",
+        "--model",
+        str(tiny),
+        "--out",
+        str(head),
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "16",
+    ]
+    assert heads._main([*train, "--steps", "10", "--circuit", "cp", "--rank", "2", "--window", "3"]) == 0
+    common = ("--model", str(tiny), "--max-new-tokens", "8", "--categories", "writing,qa")
+    ar, out = tmp_path / "ar.jsonl", tmp_path / "heads.jsonl"
+    assert _run_cli(*common, "--method", "ar", "--answer-file", str(ar)) == 0
+    method = (
+        "--method",
+        "heads",
+        "--head-path",
+        str(head),
+        "--block-complexity",
+        "6",
+        "--min-path-prob",
+        "0.05",
+    )
+    assert _run_cli(*common, *method, "--answer-file", str(out)) == 0
+    lines = _lines(out)
+    _check_lines(
+        lines, {q.question_id: q for q in load_questions(MINI)}, f"{tiny.name}-heads-head-head-bc6-floor0.05"
+    )
+    assert [x["choices"][0]["turns"] for x in lines] == [x["choices"][0]["turns"] for x in _lines(ar)]
+    assert lines[0]["mtprobe"]["method_config"]["min_path_prob"] == 0.05
+
+
 def test_second_turn_sees_first_answer(tiny: Path) -> None:
     from mtprobe import models
     from mtprobe.specbench.run import answer_question

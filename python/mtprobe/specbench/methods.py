@@ -739,6 +739,13 @@ register(
                 "branches",
                 "under sampling: independent windows drawn from the circuit as chains below the root",
             ),
+            Option(
+                "--min-path-prob",
+                "min_path_prob",
+                float,
+                "floor",
+                "greedy: leave out drafts whose path probability under the circuit is below this (0: fill BC)",
+            ),
         ),
         steps_doc="forward calls, prefill included",
     )
