@@ -52,12 +52,30 @@ def test_auto_is_token_identical_to_greedy(drafters, slope):
         out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
         assert torch.equal(out.sequences, _greedy(model, ids)), (drafters, slope, prompt)
         assert len(out.choices) == out.steps == len(out.accept_lengths)
-        names = {c.method for c in cfg.drafters} | {"plain"}
-        assert {m for m, _ in out.choices} <= names
+        budgets = {c.method: c.block_complexity for c in cfg.drafters} | {"plain": 1}
+        assert {m for m, _ in out.choices} <= set(budgets)
         for (method, t), gained in zip(out.choices, out.accept_lengths, strict=True):
-            assert 1 <= t <= cfg.block_complexity
+            assert 1 <= t <= budgets[method] <= cfg.block_complexity  # each within its own budget
             if method == "plain":
                 assert t == 1 and gained == 1  # plain decoding gains exactly one token
+
+
+def test_each_drafter_drafts_within_its_own_block_complexity():
+    """The step's budget is the largest drafter's, but STAND at block complexity 4 beside prompt
+    lookup with 12 tokens still proposes at most 4 inputs (it proposed 13 before each child was
+    handed its own budget)."""
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    stand = mtprobe.StandConfig(block_complexity=4)
+    cfg = mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(num_tokens=12), stand), profile=_profile(model, slope=0.0)
+    )
+    assert cfg.block_complexity == 13
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(out.sequences, _greedy(model, ids))
+    stand_sizes = [t for m, t in out.choices if m == "stand"]
+    assert stand_sizes and max(stand_sizes) <= 4, out.choices
+    assert max(t for m, t in out.choices if m == "pld") > 4  # the larger budget is still the step's
 
 
 def test_the_profile_decides():
@@ -162,6 +180,16 @@ def test_bad_input():
         mtprobe.generate(model, torch.tensor([REPEATING]), cfg, max_new_tokens=4)
     with pytest.raises(ValueError, match="has no field\\(s\\) 'budget'"):
         mtprobe.config_from_dict({"method": "auto", "budget": 3})
+    # The binding's own checks: one budget per drafter, each at least 1.
+    from mtprobe import _C
+    from mtprobe.drafters import make_drafter
+
+    table = _C.CostTable([1, 64], [0], [1.0, 2.0])
+    kids = [make_drafter(model, mtprobe.PromptLookupConfig()), make_drafter(model, mtprobe.StandConfig())]
+    with pytest.raises(ValueError, match="budgets has 1 entries for 2 drafters"):
+        _C.AutoDrafter(kids, table, budgets=[4])
+    with pytest.raises(ValueError, match=r"budgets\[1\] = 0; a block complexity is at least 1"):
+        _C.AutoDrafter(kids, table, budgets=[4, 0])
 
 
 @pytest.mark.parametrize(("slope", "with_probe"), [(0.0, True), (1.2, False)])

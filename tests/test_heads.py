@@ -379,6 +379,7 @@ def test_heads_inside_the_scheduler(model, trained):
     out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
     assert torch.equal(out.sequences, ref)
     assert any(method == "heads" for method, _ in out.choices)
+    assert all(t <= 8 for method, t in out.choices if method == "heads")  # its own budget, not STAND's
 
 
 def test_generate_under_inference_mode(model, trained):

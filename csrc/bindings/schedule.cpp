@@ -45,12 +45,12 @@ void bind_schedule(py::module_& m) {
       "second "
       "under the measured forward cost, or plain decoding.")
       .def(py::init([](std::vector<std::shared_ptr<Drafter>> children, core::CostTable cost, double decay,
-                       int64_t explore_every) {
+                       int64_t explore_every, std::vector<int64_t> budgets) {
              return std::make_shared<AutoDrafter>(std::move(children), std::move(cost),
-                                                  AutoOptions{decay, explore_every});
+                                                  AutoOptions{decay, explore_every, std::move(budgets)});
            }),
            py::arg("drafters"), py::arg("cost"), py::kw_only(), py::arg("decay") = 0.95,
-           py::arg("explore_every") = 16, py::keep_alive<1, 2>())
+           py::arg("explore_every") = 16, py::arg("budgets") = std::vector<int64_t>{}, py::keep_alive<1, 2>())
       .def(
           "choices",
           [](const AutoDrafter& d) {

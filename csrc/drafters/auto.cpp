@@ -21,6 +21,12 @@ AutoDrafter::AutoDrafter(std::vector<std::shared_ptr<Drafter>> children, core::C
     TORCH_CHECK_VALUE(children_[i] != nullptr, "drafter ", i, " of the scheduling drafter is None");
   TORCH_CHECK_VALUE(!cost_.empty(), "the scheduling drafter needs a forward-cost table");
   TORCH_CHECK_VALUE(options_.explore_every >= 1, "explore_every must be >= 1, got ", options_.explore_every);
+  TORCH_CHECK_VALUE(options_.budgets.empty() || options_.budgets.size() == children_.size(), "budgets has ",
+                    options_.budgets.size(), " entries for ", children_.size(),
+                    " drafters; give one block complexity per drafter, or none");
+  for (size_t i = 0; i < options_.budgets.size(); ++i)
+    TORCH_CHECK_VALUE(options_.budgets[i] >= 1, "budgets[", i, "] = ", options_.budgets[i],
+                      "; a block complexity is at least 1");
   stats_.assign(children_.size(), core::AcceptanceStats(options_.decay));  // validates decay
 }
 
@@ -41,8 +47,11 @@ void AutoDrafter::begin(const at::Tensor& prompt) {
 DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
   auto t0 = Clock::now();
   proposals_.assign(children_.size(), Proposal{});
-  for (size_t i = 0; i < children_.size(); ++i)
-    proposals_[i].block = children_[i]->propose(committed, prefix_len, limits);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    StepLimits own = limits;
+    if (!options_.budgets.empty()) own.budget = std::min(limits.budget, options_.budgets[i]);
+    proposals_[i].block = children_[i]->propose(committed, prefix_len, own);
+  }
   draft_seconds_ += seconds_since(t0);
 
   t0 = Clock::now();

@@ -29,6 +29,9 @@ namespace mtprobe {
 struct AutoOptions {
   double decay = 0.95;         // per-step decay of the acceptance counts
   int64_t explore_every = 16;  // steps after which a child with auxiliary inputs runs once anyway
+  // [children] or empty: the most inputs each child may propose (its own block complexity). The
+  // loop's budget is the largest of them; without this every child would draft up to it.
+  std::vector<int64_t> budgets;
 };
 
 // One decode step's choice.

@@ -884,6 +884,7 @@ class AutoConfig(_ConfigData):
         explore_every: a drafter with auxiliary inputs that has not run for this many steps runs once
             (its masks must run for it to have drafts at all).
         block_complexity: the most inputs one step may take: the largest of the drafters' (derived).
+            Each drafter still drafts within its own ``block_complexity``.
 
     >>> AutoConfig().block_complexity
     11

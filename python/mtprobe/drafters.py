@@ -233,7 +233,11 @@ def auto_drafter(model: PreTrainedModel, config: AutoConfig) -> _C.AutoDrafter:
         list(profile.block_sizes), list(profile.context_lengths), [s for row in profile.seconds for s in row]
     )
     children = [make_drafter(model, c) for c in config.drafters]
-    return _C.AutoDrafter(children, cost, decay=float(config.decay), explore_every=config.explore_every)
+    # Each drafter drafts within its own block complexity; the step's budget is the largest of them.
+    budgets = [c.block_complexity for c in config.drafters]
+    return _C.AutoDrafter(
+        children, cost, decay=float(config.decay), explore_every=config.explore_every, budgets=budgets
+    )
 
 
 def check_decoding_config(config: object) -> None:
