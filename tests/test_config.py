@@ -73,7 +73,9 @@ NON_DEFAULT = {
         decay=0.8,
         explore_every=5,
     ),
-    "heads": mtprobe.HeadsConfig(path=str(HEAD), block_complexity=13, top_branches=2, min_path_prob=0.01),
+    "heads": mtprobe.HeadsConfig(
+        path=str(HEAD), block_complexity=13, top_branches=2, min_path_prob=0.01, vocab_top_k=48
+    ),
     "entmtp": mtprobe.EntMTPConfig(
         bank=mtprobe.TopologyBank(trees=((), ((0,),), ((0,), (1,), (0, 0))), num_masks=2, mask_lambda=0.2),
         policy="ladder",
@@ -226,7 +228,11 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
             explore_every=c,
         ),
         "heads": lambda: mtprobe.HeadsConfig(
-            path=f"heads/{a}", block_complexity=a, top_branches=b, min_path_prob=lam / 2
+            path=f"heads/{a}",
+            block_complexity=a,
+            top_branches=b,
+            min_path_prob=lam / 2,
+            vocab_top_k=None if flag else 1 + c,
         ),
         "entmtp": lambda: mtprobe.EntMTPConfig(
             policy=("static", "ladder", "hysteretic")[c % 3],

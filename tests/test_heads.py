@@ -4,6 +4,7 @@ backbone, and decoding with a trained head of every circuit is token-identical t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -158,6 +159,83 @@ def test_a_probability_floor_verifies_fewer_inputs_and_stays_token_identical(mod
         assert torch.equal(out.sequences, ref), floor
         drafted[floor] = sum(out.drafted_per_depth) / len(out.accept_lengths)
     assert drafted[0.05] < 0.5 * drafted[0.0], drafted  # 29 drafts a step without the floor
+
+
+@pytest.mark.parametrize("emission", heads.EMISSIONS)
+@pytest.mark.parametrize("given_base", [False, True])
+def test_a_restricted_head_is_the_whole_head_renormalised_over_its_tokens(
+    model, trained, features, emission, given_base
+):
+    head = heads.load_head(trained["btree", emission], model)
+    counts = heads.window_token_counts(features, 4, 96)  # what train_head recorded
+    assert torch.equal(head.token_counts, counts)
+    assert int(counts.sum()) == 4 * features.windows(4)[0].numel()
+    vocab = head.restricted_vocab(20)
+    ranked = sorted(range(96), key=lambda t: (-int(counts[t]), t))[:20]  # most frequent, ties by id
+    assert vocab.ids.tolist() == sorted(ranked)
+    hidden = torch.randn(3, 64)
+    base = head.base_logits(hidden) + torch.randn(3, 96) if given_base else None
+    with torch.no_grad():
+        whole = head(hidden, base).emissions  # [3, n, r, V]
+        part = head(hidden, base, vocab).emissions
+    kept = whole[..., vocab.ids]
+    torch.testing.assert_close(part[..., vocab.ids], kept - kept.logsumexp(-1, keepdim=True))
+    dropped = torch.ones(96, dtype=torch.bool)
+    dropped[vocab.ids] = False
+    assert torch.isneginf(part[..., dropped]).all()
+
+
+@pytest.mark.parametrize("kind", ["ff", "btree"])
+def test_a_restricted_head_is_token_identical(model, trained, kind):
+    prompt = _prompts(1, seed=3)[0]
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30)
+    calls = {}
+    for k in (None, 40, 1):  # the random tiny model's text holds 80 of its 96 tokens
+        cfg = mtprobe.HeadsConfig(path=trained[kind, "lowrank"], block_complexity=12, vocab_top_k=k)
+        out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
+        assert torch.equal(out.sequences, ref), (kind, k)
+        calls[k] = out.forward_calls
+    assert calls[40] < 30  # still drafts that are accepted
+
+
+def test_vocab_top_k_needs_token_counts_and_a_size_below_the_vocabulary(
+    model, trained, features, tmp_path, monkeypatch
+):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from mtprobe import models
+
+    # A checkpoint from before token counts were recorded: it loads, and refuses vocab_top_k.
+    old = tmp_path / "old"
+    old.mkdir()
+    with safe_open(f"{trained['cp', 'lowrank']}/head.safetensors", framework="pt") as f:
+        meta = f.metadata()
+        state = {k: f.get_tensor(k) for k in f.keys() if k != "token_counts"}  # noqa: SIM118
+    save_file(state, str(old / "head.safetensors"), metadata=meta)
+    head = heads.load_head(old, model)
+    assert int(head.token_counts.sum()) == 0
+    prompt = _prompts(1)[0]
+    with pytest.raises(ValueError, match="records no token counts.*python -m mtprobe.heads count"):
+        mtprobe.generate(model, prompt, mtprobe.HeadsConfig(path=str(old), vocab_top_k=8), max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"vocab_top_k=96 must be in \[1, 96\)"):
+        heads.load_head(trained["cp", "lowrank"], model).restricted_vocab(96)
+    with pytest.raises(ValueError, match="vocab_top_k=0 must be >= 1"):
+        mtprobe.HeadsConfig(path="x", vocab_top_k=0)
+    with pytest.raises(TypeError, match="vocab_top_k must be an int"):
+        mtprobe.HeadsConfig(path="x", vocab_top_k=2.0)
+    # The count command records them from the features the head was trained on.
+    monkeypatch.setattr(models, "load", lambda name: (model, None))  # the tiny model has no tokenizer
+    feats = tmp_path / "features.pt"
+    torch.save({"features": dataclasses.asdict(features), "data": {}}, feats)
+    assert heads._main(["count", str(old), "--features", str(feats), "--model", "tiny"]) == 0
+    again = heads.load_head(old, model)
+    assert torch.equal(again.token_counts, heads.window_token_counts(features, 4, 96))
+    assert again.stats["data"]["token_counts_from"] == "features.pt"
+    with torch.no_grad():  # nothing else changed
+        torch.testing.assert_close(again(torch.ones(1, 64)).emissions, head(torch.ones(1, 64)).emissions)
+    with pytest.raises(SystemExit):
+        heads._main(["count", str(tmp_path / "none"), "--features", str(feats), "--model", "tiny"])
 
 
 def test_checkpoint_round_trip(model, trained):

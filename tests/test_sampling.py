@@ -201,11 +201,16 @@ def sample_triples(model, prompt: torch.Tensor, cfg, seed: int) -> tuple[torch.T
     return counts, accepted
 
 
-@pytest.mark.parametrize(("circuit", "lora"), [("ff", 0), ("cp", 0), ("hmm", 0), ("btree", 0), ("btree", 1)])
-def test_circuit_heads_sampling_is_exact(tiny, tmp_path, circuit, lora):
+@pytest.mark.parametrize(
+    ("circuit", "lora", "base", "top_k"),
+    [(c, 0, "target", None) for c in ("ff", "cp", "hmm", "btree")]
+    + [("btree", 1, "target", None), ("cp", 0, "target", 3 * V // 4), ("btree", 1, "draft", 3 * V // 4)],
+)
+def test_circuit_heads_sampling_is_exact(tiny, tmp_path, circuit, lora, base, top_k):
     # As for probing: the prefill samples x1 and the head's circuit (trained briefly on the model's own
     # text) drafts two sibling x2 candidates from q(x2 | x1), verified by rejection sampling with q.
-    # lora = 1: the draft reads its own LoRA copy of the last layer (mtprobe/lora.py).
+    # lora = 1: the draft reads its own LoRA copy of the last layer (mtprobe/lora.py); base: whose
+    # logits its emissions build on. top_k: the head emits only 3/4 of the vocabulary (q = 0 elsewhere).
     from mtprobe import heads
     from mtprobe.calibrate import calibration_sequences
 
@@ -215,12 +220,18 @@ def test_circuit_heads_sampling_is_exact(tiny, tmp_path, circuit, lora):
     layer = tiny.config.num_hidden_layers - lora if lora else -1
     features = heads.compute_features(tiny, [(ids, plen - 1) for ids, plen in seqs], layer=layer)
     spec = heads.HeadSpec(
-        circuit, window=3, rank=1 if circuit == "ff" else 2, hidden_size=32, vocab_size=V, lora_layers=lora
+        circuit,
+        window=3,
+        rank=1 if circuit == "ff" else 2,
+        hidden_size=32,
+        vocab_size=V,
+        lora_layers=lora,
+        lora_base=base,
     )
     torch.manual_seed(0)
     head = heads.new_head(tiny, spec)
     heads.save_head(head, tiny, tmp_path, heads.train_head(head, features, steps=100, lr=3e-3))
-    cfg = mtprobe.HeadsConfig(path=str(tmp_path), block_complexity=10, top_branches=2)
+    cfg = mtprobe.HeadsConfig(path=str(tmp_path), block_complexity=10, top_branches=2, vocab_top_k=top_k)
     prompt = torch.tensor([[2, 7, 1, 8]])
     with torch.no_grad():
         exact = exact_triple_distribution(tiny, prompt).reshape(-1)  # [V^3]

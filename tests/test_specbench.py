@@ -275,7 +275,7 @@ def test_run_probe_writes_specbench_lines(tiny: Path, tmp_path: Path) -> None:
         assert sum(c["accept_lengths"]) == sum(c["new_tokens"]) - turns
 
 
-def test_run_heads_with_a_floor_answers_as_ar_does(tiny: Path, tmp_path: Path) -> None:
+def test_run_heads_with_a_floor_and_a_small_vocabulary_answers_as_ar_does(tiny: Path, tmp_path: Path) -> None:
     # --method heads with every option the harness exposes; greedy answers are ar's, word for word.
     from mtprobe import heads
 
@@ -304,14 +304,19 @@ def test_run_heads_with_a_floor_answers_as_ar_does(tiny: Path, tmp_path: Path) -
         "6",
         "--min-path-prob",
         "0.05",
+        "--vocab-top-k",
+        "8",
     )
     assert _run_cli(*common, *method, "--answer-file", str(out)) == 0
     lines = _lines(out)
     _check_lines(
-        lines, {q.question_id: q for q in load_questions(MINI)}, f"{tiny.name}-heads-head-head-bc6-floor0.05"
+        lines,
+        {q.question_id: q for q in load_questions(MINI)},
+        f"{tiny.name}-heads-head-head-bc6-floor0.05-vocab8",
     )
     assert [x["choices"][0]["turns"] for x in lines] == [x["choices"][0]["turns"] for x in _lines(ar)]
     assert lines[0]["mtprobe"]["method_config"]["min_path_prob"] == 0.05
+    assert lines[0]["mtprobe"]["method_config"]["vocab_top_k"] == 8
 
 
 def test_second_turn_sees_first_answer(tiny: Path) -> None:

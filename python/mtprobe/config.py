@@ -823,6 +823,10 @@ class HeadsConfig(_ConfigData):
         min_path_prob: greedy trees leave out drafts whose path probability under the circuit,
             q(x_1..x_d | root), is below this, so confident steps verify fewer inputs (a forward over
             fewer inputs is cheaper, most of all on a CPU); 0 fills the budget. Lossless either way.
+        vocab_top_k: the head emits only the K tokens it saw most often in training (its checkpoint's
+            ``token_counts``), so a step computes K LM-head rows instead of V; ``None`` keeps the
+            whole vocabulary. Drafts can then never hold the other tokens, which costs acceptance
+            when they come; verification keeps the output exact either way.
 
     >>> HeadsConfig(path="heads/cp4").block_complexity
     30
@@ -836,6 +840,7 @@ class HeadsConfig(_ConfigData):
     block_complexity: int = 30
     top_branches: int = 4
     min_path_prob: float = 0.0
+    vocab_top_k: int | None = None
 
     def __post_init__(self) -> None:
         if self.path is None:
@@ -857,6 +862,12 @@ class HeadsConfig(_ConfigData):
         p = self.min_path_prob
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
             raise ValueError(f"min_path_prob={p!r} must be a number in [0, 1) (0: fill the budget)")
+        if self.vocab_top_k is not None:
+            _check_int("vocab_top_k", self.vocab_top_k)
+            if self.vocab_top_k < 1:
+                raise ValueError(
+                    f"vocab_top_k={self.vocab_top_k} must be >= 1 (tokens the head may emit), or None for all"
+                )
 
 
 @_method("auto")

@@ -191,7 +191,11 @@ def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: boo
 
     head = heads.load_cached(config.path, model)
     return heads.heads_drafter(
-        head, do_sample=do_sample, top_branches=config.top_branches, min_path_prob=config.min_path_prob
+        head,
+        do_sample=do_sample,
+        top_branches=config.top_branches,
+        min_path_prob=config.min_path_prob,
+        vocab_top_k=config.vocab_top_k,
     )
 
 

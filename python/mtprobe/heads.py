@@ -20,6 +20,12 @@ The head (:class:`CircuitHead`), for a hidden state ``h`` (the backbone's final-
   ``"unembedding"`` (small vocabularies, the paper's choice for byte models): one unembedding matrix
   ``[V, d]`` per position and state, started from the LM head plus noise.
 
+  Either can be restricted at decode time to the ``K`` tokens the head saw most often in training
+  (``HeadsConfig(vocab_top_k=K)``, :meth:`CircuitHead.restricted_vocab`; a checkpoint records its
+  ``token_counts``): the same arithmetic over ``K`` rows instead of ``V``, the other tokens at
+  probability 0. It matters most with LoRA draft layers and ``lora_base="draft"``, whose ``E h`` is a
+  whole LM-head pass.
+
 Shapes below: ``B`` contexts, ``n`` window, ``r`` states (1 for FF), ``L`` latents, ``V`` vocabulary.
 
 Train a head once per model (minutes on a CPU; the backbone's features can be cached and reused)::
@@ -188,6 +194,15 @@ class CircuitParams(NamedTuple):
         return [empty if w is None else w[0], empty if t is None else t[0], e[0]]
 
 
+class RestrictedVocab(NamedTuple):
+    """A head's emissions restricted to ``K`` tokens (:meth:`CircuitHead.restricted_vocab`)."""
+
+    ids: torch.Tensor  # [K] int64, ascending
+    lm_head: torch.Tensor  # [K, d]: the LM head's rows of those tokens
+    lm_bias: torch.Tensor | None  # [K]
+    table: torch.Tensor  # [n r, K, rho] projected adapters E C (lowrank) or [n r, K, d] unembeddings
+
+
 class CircuitHead(nn.Module):
     """The head of :class:`HeadSpec` ``spec`` over an LM head ``lm_head`` (``[V, d]``, the backbone's
     output embedding, kept frozen and out of the checkpoint; its bias, if any, ``lm_bias`` ``[V]``);
@@ -218,6 +233,9 @@ class CircuitHead(nn.Module):
             "lm_bias", None if lm_bias is None else lm_bias.detach().float().clone(), persistent=False
         )  # [V]
         self.register_buffer("trained_steps", torch.zeros((), dtype=torch.long))
+        # How often each token occurs in the windows the head was trained on ([V] int32; zeros in checkpoints
+        # from before it was recorded): ranks the vocabulary for a restricted head (restricted_vocab).
+        self.register_buffer("token_counts", torch.zeros(v, dtype=torch.int32))
         if spec.circuit != "ff":
             self.weights = nn.Linear(d, r)
             nn.init.zeros_(self.weights.weight)
@@ -258,21 +276,67 @@ class CircuitHead(nn.Module):
             self._projected = (version, torch.einsum("vd,kdp->kvp", self.lm_head, self.up).contiguous())
         return self._projected[1]
 
-    def forward(self, hidden: torch.Tensor, base: torch.Tensor | None = None) -> CircuitParams:
+    def restricted_vocab(self, k: int) -> RestrictedVocab:
+        """The head's emissions cut down to the ``k`` tokens it saw most often in training (ties: the
+        smaller id), for :meth:`forward`'s ``vocab``: the LM-head rows and projected adapters of those
+        tokens, gathered once. Every other token gets probability 0, so the drafts never hold it; the
+        target's verification keeps the output exact all the same (a restricted head is only a
+        cheaper, slightly weaker proposal). ValueError for a checkpoint without token counts or a
+        ``k`` outside [1, V)."""
+        v = self.spec.vocab_size
+        _check_int("vocab_top_k", k)
+        if not 1 <= k < v:
+            raise ValueError(
+                f"vocab_top_k={k} must be in [1, {v}) for this head's vocabulary of {v} tokens; None keeps "
+                "the whole vocabulary"
+            )
+        counts = self.token_counts
+        if int(counts.sum()) == 0:
+            raise ValueError(
+                "this head's checkpoint records no token counts (it was written before they were), so it "
+                "cannot rank its vocabulary for vocab_top_k; record them with python -m mtprobe.heads "
+                "count DIR --features FILE (the features it was trained on), or retrain it"
+            )
+        # Stable sort of -counts: the most frequent first, ties by id; then in id order.
+        order = torch.sort(-counts.cpu(), stable=True).indices[:k]
+        ids = order.sort().values.to(self.lm_head.device)  # [K]
+        with torch.no_grad():
+            if self.spec.emission == "lowrank":
+                table = self._projected_up()[:, ids].contiguous()  # [n r, K, rho]
+            else:
+                table = self.unembed[:, ids].contiguous()  # [n r, K, d]
+            bias = None if self.lm_bias is None else self.lm_bias[ids].contiguous()
+            return RestrictedVocab(ids, self.lm_head[ids].contiguous(), bias, table)
+
+    def forward(
+        self, hidden: torch.Tensor, base: torch.Tensor | None = None, vocab: RestrictedVocab | None = None
+    ) -> CircuitParams:
         """Circuit parameters for hidden states ``[B, d]``; ``base`` ``[B, V]``: the backbone's logits at
-        the same positions when the caller has them (else computed from the LM head)."""
+        the same positions when the caller has them (else computed from the LM head); ``vocab``: emit
+        only these tokens (:meth:`restricted_vocab`; inference only), the rest at log-probability -inf."""
         spec, r = self.spec, self.r
         n, v = spec.window, spec.vocab_size
         h = hidden.float()  # [B, d]
         batch = h.shape[0]
+        if vocab is None:
+            lm_head, lm_bias, ids = self.lm_head, self.lm_bias, None
+            table = self._projected_up() if spec.emission == "lowrank" else self.unembed
+        else:  # K rows instead of V: the same arithmetic on the kept tokens
+            lm_head, lm_bias, ids, table = vocab.lm_head, vocab.lm_bias, vocab.ids, vocab.table
         if spec.emission == "lowrank":
             if base is None:
-                base = self.base_logits(h)
+                base = F.linear(h, lm_head, lm_bias)  # [B, V or K]: E h
+            elif ids is not None:
+                base = base[:, ids]
             a = F.silu(torch.einsum("bd,kpd->bkp", h, self.down))  # [B, n r, rho]
-            logits = base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a, self._projected_up())
+            logits = base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a, table)  # [B, n r, V or K]
         else:
-            logits = torch.einsum("bd,kvd->bkv", h, self.unembed)  # [B, n r, V]
-        emissions = logits.log_softmax(-1).view(batch, n, r, v)  # [B, n, r, V]
+            logits = torch.einsum("bd,kvd->bkv", h, table)  # [B, n r, V or K]
+        logits = logits.log_softmax(-1)
+        if ids is not None:  # back to the whole vocabulary, the dropped tokens impossible
+            full = logits.new_full((batch, n * r, v), -math.inf)
+            logits = full.index_copy_(-1, ids, logits)
+        emissions = logits.view(batch, n, r, v)  # [B, n, r, V]
         weights = transitions = None
         if spec.circuit != "ff":
             weights = self.weights(h).log_softmax(-1)  # [B, r]
@@ -293,7 +357,9 @@ class CircuitHead(nn.Module):
         LoRA draft layers, the input of the first of them."""
         return -1 if self.draft is None else int(self.draft.first)
 
-    def step_fn(self) -> Callable[[torch.Tensor, torch.Tensor, int], list[torch.Tensor]]:
+    def step_fn(
+        self, vocab_top_k: int | None = None
+    ) -> Callable[[torch.Tensor, torch.Tensor, int], list[torch.Tensor]]:
         """The C++ drafter's callback, with its own state (one per drafter): ``(hidden [a, d], logits
         [V], prefix_len)`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts.
 
@@ -308,12 +374,13 @@ class CircuitHead(nn.Module):
         from transformers import DynamicCache
 
         cache: list[Any] = [None]
+        vocab = None if vocab_top_k is None else self.restricted_vocab(vocab_top_k)
 
         def step(hidden: torch.Tensor, logits: torch.Tensor, prefix_len: int) -> list[torch.Tensor]:
             with torch.no_grad():
                 base = logits[None] if self.target_base else None  # [1, V]
                 if self.draft is None:
-                    return self(hidden[-1:], base).core_layout(0)
+                    return self(hidden[-1:], base, vocab).core_layout(0)
                 if prefix_len == 0:
                     cache[0] = DynamicCache()
                 have = -1 if cache[0] is None else cache[0].get_seq_length()
@@ -324,7 +391,7 @@ class CircuitHead(nn.Module):
                     )
                 positions = torch.arange(prefix_len, prefix_len + hidden.shape[0], device=hidden.device)
                 h = self.draft(hidden[None], positions[None], cache[0])[0, -1:]  # [1, d]
-                return self(h, base).core_layout(0)  # base None: the draft's own E h
+                return self(h, base, vocab).core_layout(0)  # base None: the draft's own E h
 
         return step
 
@@ -448,6 +515,7 @@ def load_head(path: str | os.PathLike[str], model: Any) -> CircuitHead:
             f"(checkpoint {identity}, this model {mine}); train a head for this model"
         )
     head = new_head(model, spec)
+    state.setdefault("token_counts", head.token_counts)  # written before they were recorded: none
     try:
         head.load_state_dict(state)
     except RuntimeError as e:
@@ -497,11 +565,16 @@ def load_cached(path: str | os.PathLike[str], model: Any) -> CircuitHead:
 
 
 def heads_drafter(
-    head: CircuitHead, *, do_sample: bool = False, top_branches: int = 1, min_path_prob: float = 0.0
+    head: CircuitHead,
+    *,
+    do_sample: bool = False,
+    top_branches: int = 1,
+    min_path_prob: float = 0.0,
+    vocab_top_k: int | None = None,
 ) -> Any:
     """The C++ drafter over a trained ``head`` (ValueError for an untrained one). The block-complexity
-    budget is the decode loop's (StepLimits), not the drafter's; ``min_path_prob``: see
-    :class:`mtprobe.HeadsConfig`."""
+    budget is the decode loop's (StepLimits), not the drafter's; ``min_path_prob`` and
+    ``vocab_top_k``: see :class:`mtprobe.HeadsConfig`."""
     from mtprobe import _C
 
     if int(head.trained_steps) < 1:
@@ -512,7 +585,7 @@ def heads_drafter(
     head.eval()
     spec = head.spec
     return _C.HeadsDrafter(
-        head.step_fn(),
+        head.step_fn(vocab_top_k),
         circuit=spec.circuit,
         window=spec.window,
         rank=head.r,
@@ -725,6 +798,18 @@ def corpus_prompts(tokenizer: Any, paths: Sequence[str], num: int, seed: int = 0
     return prompts
 
 
+def window_token_counts(features: Features, window: int, vocab_size: int) -> torch.Tensor:
+    """``[V]`` int32: how often each token occurs in ``features``'s windows of ``window`` tokens (what
+    a head trained on them records in ``token_counts``, to rank its vocabulary)."""
+    _, win = features.windows(window)  # [M, n]
+    if int(win.max()) >= vocab_size:
+        raise ValueError(
+            f"the features hold token id {int(win.max())}, outside the head's vocabulary of {vocab_size}: "
+            "they come from another tokenizer"
+        )
+    return torch.bincount(win.flatten(), minlength=vocab_size).to(torch.int32)  # half the bytes of int64
+
+
 def train_head(
     head: CircuitHead,
     features: Features,
@@ -745,6 +830,7 @@ def train_head(
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     gamma = default_gamma(head.spec.window) if gamma is None else gamma
     pos, win = features.windows(head.spec.window)
+    head.token_counts.copy_(window_token_counts(features, head.spec.window, head.spec.vocab_size))
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(pos.numel(), generator=g)
     n_hold = int(holdout * pos.numel()) if pos.numel() >= 10 else 0
@@ -814,7 +900,7 @@ def init_from(head: CircuitHead, trained: CircuitHead) -> None:
         differs = [k for k in mine if mine[k] != theirs[k]]
         raise ValueError(f"--init head differs in {', '.join(differs)}: {theirs} against {mine}")
     state = {k: v for k, v in trained.state_dict().items() if not k.startswith("draft.")}
-    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing, unexpected = head.load_state_dict(state, strict=False)  # token_counts: train_head's own
     if unexpected or any(not k.startswith("draft.") for k in missing):
         raise ValueError(f"--init head does not fit: missing {missing}, unexpected {unexpected}")
 
@@ -841,6 +927,24 @@ def evaluate_head(
             nxt = circuit_next_token_log_probs(params.circuit, *core, w[:, :1].cpu())  # [b, V]
             hits += int((nxt.argmax(-1) == w[:, 1].cpu()).sum())
     return {"heldout_loss": losses / hidden.shape[0], "heldout_top1_next": hits / hidden.shape[0]}
+
+
+def _count(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from mtprobe import models
+
+    if not _checkpoint_path(args.head).is_file():
+        parser.error(f"{args.head}: no circuit-head checkpoint there")
+    if not Path(args.features).is_file():
+        parser.error(f"--features {args.features}: no such file")
+    model, _ = models.load(args.model)
+    head = load_head(args.head, model)
+    features = Features(**torch.load(args.features)["features"])
+    head.token_counts.copy_(window_token_counts(features, head.spec.window, head.spec.vocab_size))
+    head.stats.setdefault("data", {})["token_counts_from"] = os.path.basename(args.features)  # type: ignore[attr-defined]
+    path = save_head(head, model, args.head, head.stats)  # type: ignore[attr-defined]
+    seen = int((head.token_counts > 0).sum())
+    print(f"{path}: token counts of {int(head.token_counts.sum())} window tokens, {seen} distinct")
+    return 0
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -914,7 +1018,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-self", action="store_true", help="skip the model's own greedy continuations")
     p.add_argument("--features", default=None, help="cache the backbone's features in this file")
     p.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser(
+        "count",
+        help="record in a head's checkpoint how often each token occurs in its training windows (heads "
+        "trained before train recorded it), for HeadsConfig(vocab_top_k=...)",
+    )
+    c.add_argument("head", help="the head's folder (rewritten in place)")
+    c.add_argument(
+        "--features", required=True, help="the features file the head was trained on (train --features)"
+    )
+    c.add_argument("--model", default="smollm2-135m", help="the backbone the head belongs to")
     args = parser.parse_args(argv)
+    if args.command == "count":
+        return _count(parser, args)
 
     try:  # the architecture's own checks, before any model is loaded
         HeadSpec(

@@ -746,6 +746,13 @@ register(
                 "floor",
                 "greedy: leave out drafts whose path probability under the circuit is below this (0: fill BC)",
             ),
+            Option(
+                "--vocab-top-k",
+                "vocab_top_k",
+                int,
+                "vocab",
+                "the head emits only its K most frequent training tokens (default: the whole vocabulary)",
+            ),
         ),
         steps_doc="forward calls, prefill included",
     )
