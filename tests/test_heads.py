@@ -175,14 +175,19 @@ def test_a_restricted_head_is_the_whole_head_renormalised_over_its_tokens(
     assert vocab.ids.tolist() == sorted(ranked)
     hidden = torch.randn(3, 64)
     base = head.base_logits(hidden) + torch.randn(3, 96) if given_base else None
+    target = torch.randn(96)  # a step's target logits: their top 16 join the kept tokens
+    wide = vocab.widened(target, heads.ROOT_CANDIDATES)
+    top = set(target.topk(16).indices.tolist())
+    assert set(wide.extra.tolist()) == top - set(ranked) and wide.extra.numel() > 0
     with torch.no_grad():
         whole = head(hidden, base).emissions  # [3, n, r, V]
-        part = head(hidden, base, vocab).emissions
-    kept = whole[..., vocab.ids]
-    torch.testing.assert_close(part[..., vocab.ids], kept - kept.logsumexp(-1, keepdim=True))
-    dropped = torch.ones(96, dtype=torch.bool)
-    dropped[vocab.ids] = False
-    assert torch.isneginf(part[..., dropped]).all()
+        for restricted, kept_ids in ((vocab, sorted(ranked)), (wide, sorted(top | set(ranked)))):
+            part = head(hidden, base, restricted).emissions
+            kept = whole[..., kept_ids]
+            torch.testing.assert_close(part[..., kept_ids], kept - kept.logsumexp(-1, keepdim=True))
+            dropped = torch.ones(96, dtype=torch.bool)
+            dropped[kept_ids] = False
+            assert torch.isneginf(part[..., dropped]).all()
 
 
 @pytest.mark.parametrize("kind", ["ff", "btree"])

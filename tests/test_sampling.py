@@ -206,12 +206,15 @@ def sample_triples(model, prompt: torch.Tensor, cfg, seed: int) -> tuple[torch.T
     [(c, 0, "target", None) for c in ("ff", "cp", "hmm", "btree")]
     + [("btree", 1, "target", None), ("cp", 0, "target", 3 * V // 4), ("btree", 1, "draft", 3 * V // 4)],
 )
-def test_circuit_heads_sampling_is_exact(tiny, tmp_path, circuit, lora, base, top_k):
+def test_circuit_heads_sampling_is_exact(tiny, tmp_path, monkeypatch, circuit, lora, base, top_k):
     # As for probing: the prefill samples x1 and the head's circuit (trained briefly on the model's own
     # text) drafts two sibling x2 candidates from q(x2 | x1), verified by rejection sampling with q.
     # lora = 1: the draft reads its own LoRA copy of the last layer (mtprobe/lora.py); base: whose
-    # logits its emissions build on. top_k: the head emits only 3/4 of the vocabulary (q = 0 elsewhere).
+    # logits its emissions build on. top_k: the head emits only 3/4 of the vocabulary and the target's two
+    # most probable next tokens (q = 0 elsewhere; 16 of them would be the whole vocabulary here).
     from mtprobe import heads
+
+    monkeypatch.setattr(heads, "ROOT_CANDIDATES", 2)
     from mtprobe.calibrate import calibration_sequences
 
     g = torch.Generator().manual_seed(0)

@@ -22,9 +22,10 @@ The head (:class:`CircuitHead`), for a hidden state ``h`` (the backbone's final-
 
   Either can be restricted at decode time to the ``K`` tokens the head saw most often in training
   (``HeadsConfig(vocab_top_k=K)``, :meth:`CircuitHead.restricted_vocab`; a checkpoint records its
-  ``token_counts``): the same arithmetic over ``K`` rows instead of ``V``, the other tokens at
-  probability 0. It matters most with LoRA draft layers and ``lora_base="draft"``, whose ``E h`` is a
-  whole LM-head pass.
+  ``token_counts``), plus each step the target's ``ROOT_CANDIDATES`` most probable next tokens (the
+  window starts with the target's choice, which the circuit is conditioned on): the same arithmetic
+  over ``K + 16`` rows instead of ``V``, the other tokens at probability 0. It matters most with LoRA
+  draft layers and ``lora_base="draft"``, whose ``E h`` is a whole LM-head pass.
 
 Shapes below: ``B`` contexts, ``n`` window, ``r`` states (1 for FF), ``L`` latents, ``V`` vocabulary.
 
@@ -74,6 +75,9 @@ EMISSIONS = ("lowrank", "unembedding")
 LORA_BASES = ("target", "draft")  # HeadSpec.lora_base
 CHECKPOINT_FILE = "head.safetensors"
 FORMAT = "mtprobe-circuit-head/1"
+# A restricted head (HeadsConfig.vocab_top_k) also emits the target's this many most probable next tokens
+# each step: the window starts with the target's choice (greedy: its argmax, always among them).
+ROOT_CANDIDATES = 16
 # Off-diagonal probability of a fresh transition matrix: near the identity (the head starts as CP),
 # yet far enough from 0 that softmax gradients reach the off-diagonal entries.
 _TRANSITION_EPS = 1e-3
@@ -195,12 +199,22 @@ class CircuitParams(NamedTuple):
 
 
 class RestrictedVocab(NamedTuple):
-    """A head's emissions restricted to ``K`` tokens (:meth:`CircuitHead.restricted_vocab`)."""
+    """A head's emissions restricted to ``K`` tokens (:meth:`CircuitHead.restricted_vocab`), and per
+    step a few more (:meth:`widened`)."""
 
     ids: torch.Tensor  # [K] int64, ascending
+    member: torch.Tensor  # [V] bool: ids as a mask
     lm_head: torch.Tensor  # [K, d]: the LM head's rows of those tokens
     lm_bias: torch.Tensor | None  # [K]
     table: torch.Tensor  # [n r, K, rho] projected adapters E C (lowrank) or [n r, K, d] unembeddings
+    extra: torch.Tensor | None = None  # [m] int64: this step's extra tokens, none of them in ids
+
+    def widened(self, logits: torch.Tensor, m: int) -> RestrictedVocab:
+        """The same, plus the target's ``m`` most probable next tokens (``logits`` ``[V]``) that are not
+        already kept. The window's first token is the target's own choice and the circuit is
+        conditioned on it: a choice it could not emit would leave nothing to draft from."""
+        top = logits.topk(min(m, logits.numel())).indices  # [m]
+        return self._replace(extra=top[~self.member[top]])
 
 
 class CircuitHead(nn.Module):
@@ -300,13 +314,15 @@ class CircuitHead(nn.Module):
         # Stable sort of -counts: the most frequent first, ties by id; then in id order.
         order = torch.sort(-counts.cpu(), stable=True).indices[:k]
         ids = order.sort().values.to(self.lm_head.device)  # [K]
+        member = torch.zeros(v, dtype=torch.bool, device=ids.device)
+        member[ids] = True
         with torch.no_grad():
             if self.spec.emission == "lowrank":
                 table = self._projected_up()[:, ids].contiguous()  # [n r, K, rho]
             else:
                 table = self.unembed[:, ids].contiguous()  # [n r, K, d]
             bias = None if self.lm_bias is None else self.lm_bias[ids].contiguous()
-            return RestrictedVocab(ids, self.lm_head[ids].contiguous(), bias, table)
+            return RestrictedVocab(ids, member, self.lm_head[ids].contiguous(), bias, table)
 
     def forward(
         self, hidden: torch.Tensor, base: torch.Tensor | None = None, vocab: RestrictedVocab | None = None
@@ -318,24 +334,37 @@ class CircuitHead(nn.Module):
         n, v = spec.window, spec.vocab_size
         h = hidden.float()  # [B, d]
         batch = h.shape[0]
-        if vocab is None:
-            lm_head, lm_bias, ids = self.lm_head, self.lm_bias, None
-            table = self._projected_up() if spec.emission == "lowrank" else self.unembed
-        else:  # K rows instead of V: the same arithmetic on the kept tokens
-            lm_head, lm_bias, ids, table = vocab.lm_head, vocab.lm_bias, vocab.ids, vocab.table
-        if spec.emission == "lowrank":
+        lowrank = spec.emission == "lowrank"
+        a = F.silu(torch.einsum("bd,kpd->bkp", h, self.down)) if lowrank else None  # [B, n r, rho]
+
+        def rows(
+            lm_head: torch.Tensor, lm_bias: torch.Tensor | None, table: torch.Tensor, base: Any
+        ) -> torch.Tensor:
+            """Emission logits ``[B, n r, N]`` of the N tokens whose LM-head rows and table rows these are."""
+            if not lowrank:
+                return torch.einsum("bd,kvd->bkv", h, table)
             if base is None:
-                base = F.linear(h, lm_head, lm_bias)  # [B, V or K]: E h
-            elif ids is not None:
-                base = base[:, ids]
-            a = F.silu(torch.einsum("bd,kpd->bkp", h, self.down))  # [B, n r, rho]
-            logits = base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a, table)  # [B, n r, V or K]
-        else:
-            logits = torch.einsum("bd,kvd->bkv", h, table)  # [B, n r, V or K]
-        logits = logits.log_softmax(-1)
-        if ids is not None:  # back to the whole vocabulary, the dropped tokens impossible
-            full = logits.new_full((batch, n * r, v), -math.inf)
-            logits = full.index_copy_(-1, ids, logits)
+                base = F.linear(h, lm_head, lm_bias)  # [B, N]: E h
+            return base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a, table)
+
+        whole = self._projected_up() if lowrank else self.unembed  # [n r, V, rho or d]
+        if vocab is None:
+            logits = rows(self.lm_head, self.lm_bias, whole, base).log_softmax(-1)  # [B, n r, V]
+        else:  # K (+ m) rows instead of V: the same arithmetic on the kept tokens
+            ids = vocab.ids
+            part = rows(vocab.lm_head, vocab.lm_bias, vocab.table, None if base is None else base[:, ids])
+            if vocab.extra is not None and vocab.extra.numel():
+                e = vocab.extra
+                more = rows(
+                    self.lm_head[e],
+                    None if self.lm_bias is None else self.lm_bias[e],
+                    whole[:, e],
+                    None if base is None else base[:, e],
+                )
+                part, ids = torch.cat([part, more], -1), torch.cat([ids, e])
+            # Back to the whole vocabulary, the dropped tokens impossible.
+            full = part.new_full((batch, n * r, v), -math.inf)
+            logits = full.index_copy_(-1, ids, part.log_softmax(-1))
         emissions = logits.view(batch, n, r, v)  # [B, n, r, V]
         weights = transitions = None
         if spec.circuit != "ff":
@@ -374,11 +403,12 @@ class CircuitHead(nn.Module):
         from transformers import DynamicCache
 
         cache: list[Any] = [None]
-        vocab = None if vocab_top_k is None else self.restricted_vocab(vocab_top_k)
+        restricted = None if vocab_top_k is None else self.restricted_vocab(vocab_top_k)
 
         def step(hidden: torch.Tensor, logits: torch.Tensor, prefix_len: int) -> list[torch.Tensor]:
             with torch.no_grad():
                 base = logits[None] if self.target_base else None  # [1, V]
+                vocab = None if restricted is None else restricted.widened(logits, ROOT_CANDIDATES)
                 if self.draft is None:
                     return self(hidden[-1:], base, vocab).core_layout(0)
                 if prefix_len == 0:
