@@ -7,6 +7,7 @@ question file and checks that probe answers are identical to ar answers.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -676,18 +677,17 @@ def test_default_model_ids_are_short() -> None:
 
 
 def test_help_texts_match_the_configurations() -> None:
-    from mtprobe.specbench.methods import METHODS, option_help
+    from mtprobe.specbench.methods import METHODS, _id_value, option_help
 
     # every option's help carries its own method's text and that method's default
     for method in METHODS.values():
         for option in method.options:
             text = option_help(option.flag)
             assert option.help in text, (method.name, option.flag)
-            default = next(
-                f.default for f in dataclasses.fields(method.config_type) if f.name == option.field
-            )
+            f = next(f for f in dataclasses.fields(method.config_type) if f.name == option.field)
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             if default is not None:
-                assert f"default {str(default).lower()}" in text or default is True or default is False
+                assert f"default {_id_value(default).lower()}" in text or default is True or default is False
     # the two that were wrong: a shared flag describes each method separately, with its own default
     num_tokens = option_help("--num-tokens")
     assert "pld: chain depth" in num_tokens and "default 10" in num_tokens
@@ -1122,6 +1122,25 @@ def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
     out = method.run(model, ids, cfg, 12)
     ref = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
     assert torch.equal(out.new_ids, ref[0, ids.shape[1] :])
+    # --drafters: the drafters to choose among, as JSON or a .json file; the id names their methods.
+    from mtprobe.specbench.methods import _drafter_configs
+
+    listed = '[{"method": "stand", "block_complexity": 6}, {"method": "pld", "num_tokens": 3}]'
+    (tmp_path / "d.json").write_text(listed)
+    for given in (listed, str(tmp_path / "d.json")):
+        drafters = _drafter_configs(given)
+        assert drafters == (mtprobe.StandConfig(block_complexity=6), mtprobe.PromptLookupConfig(num_tokens=3))
+    cfg = method.make_config({"profile": str(path), "drafters": drafters})
+    assert method.id_suffix(cfg) == "stand+pld-pp"
+    assert torch.equal(method.run(model, ids, cfg, 12).new_ids, ref[0, ids.shape[1] :])
+    for bad, match in [
+        ("[]", "non-empty JSON list"),
+        ("stand", "takes a JSON list of drafter configurations"),
+        (str(tmp_path / "none.json"), "No such file"),
+        ('[{"method": "nope"}]', "--drafters: .*'nope'"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=match):
+            _drafter_configs(bad)
 
 
 def test_shared_ngram_memory_across_questions(

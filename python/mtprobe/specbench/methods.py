@@ -158,6 +158,8 @@ class Method:
 
 
 def _id_value(value: Any) -> str:
+    if isinstance(value, tuple) and value and all(hasattr(v, "method") for v in value):
+        return "+".join(v.method for v in value)  # AutoConfig's drafters: their methods
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, str) and ("/" in value or os.sep in value or value.endswith(".json")):
@@ -211,7 +213,9 @@ def _all_options() -> dict[str, tuple[Option, list[str]]]:
 def _field_default(method_name: str, option: Option) -> Any:
     for f in dataclasses.fields(METHODS[method_name].config_type):
         if f.name == option.field:
-            return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            return None if f.default is dataclasses.MISSING else f.default
     return None
 
 
@@ -545,14 +549,48 @@ register(
 # --- auto: per-step scheduling by measured forward cost -------------------------------------------------
 
 
+def _drafter_configs(text: str) -> tuple[Any, ...]:
+    """``--drafters``: a JSON list of drafter configurations (``config.to_dict()``'s form), or the path of
+    a ``.json`` file holding one."""
+    import json
+
+    from mtprobe.config import config_from_dict
+
+    example = '[{"method": "pld"}, {"method": "heads", "path": "DIR", "vocab_top_k": 4096}]'
+    try:
+        data = json.loads(Path(text).read_text() if text.endswith(".json") else text)
+    except (OSError, json.JSONDecodeError) as e:
+        raise argparse.ArgumentTypeError(
+            f"--drafters takes a JSON list of drafter configurations, e.g. '{example}', or a .json file of "
+            f"one: {e}"
+        ) from None
+    if not isinstance(data, list) or not data or not all(isinstance(d, dict) for d in data):
+        raise argparse.ArgumentTypeError(
+            f"--drafters must be a non-empty JSON list of configuration objects, e.g. '{example}'; got {text!r}"
+        )
+    try:
+        return tuple(config_from_dict(d) for d in data)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"--drafters: {e}") from None
+
+
 register(
     Method(
         name=AutoConfig.method,  # the short name mtprobe.config registers
-        summary="per-step choice among prompt lookup, STAND and plain decoding by expected tokens per second "
-        "under this machine's measured forward cost (AutoConfig's defaults)",
+        summary="per-step choice among drafters (default prompt lookup and STAND) and plain decoding by expected "
+        "tokens per second under this machine's measured forward cost",
         config_type=AutoConfig,
         run=_run_mtprobe,
         options=(
+            Option(
+                "--drafters",
+                "drafters",
+                _drafter_configs,
+                "",
+                "the drafters to choose among: a JSON list of configurations, e.g. "
+                '\'[{"method": "pld"}, {"method": "heads", "path": "DIR", "vocab_top_k": 4096}]\', or a '
+                ".json file of one",
+            ),
             Option(
                 "--profile",
                 "profile",
