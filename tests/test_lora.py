@@ -122,6 +122,26 @@ def test_greedy_is_token_identical_with_trained_adapters(model, lora_heads, k):
     assert calls < 0.9 * new, (calls, new)
 
 
+def test_a_lora_head_inside_the_scheduler(model, lora_heads, base_head):
+    # The other drafters read no hidden states, so they do not stop the forward from returning the
+    # draft layers' input (they did: "different hidden states ([-1, 2])"); two heads that read
+    # different layers still cannot share one forward.
+    flat = mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),))
+    head = mtprobe.HeadsConfig(path=lora_heads[1], block_complexity=8)
+    cfg = mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(num_tokens=4), mtprobe.StandConfig(block_complexity=6), head),
+        profile=flat,
+    )
+    prompt = _prompts(1)[0]
+    ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30)
+    out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
+    assert torch.equal(out.sequences, ref)
+    assert any(method == "heads" for method, _ in out.choices)
+    both = mtprobe.AutoConfig(drafters=(head, mtprobe.HeadsConfig(path=base_head)), profile=flat)
+    with pytest.raises(ValueError, match=r"read different hidden states \(\[-1, 2\]"):
+        mtprobe.generate(model, prompt, both, max_new_tokens=4)
+
+
 def test_training_leaves_the_backbone_alone(model, sequences, base_head):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     head = heads.new_head(model, _spec(model, lora_layers=1, lora_rank=4))

@@ -208,7 +208,8 @@ def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
     if isinstance(config, HeadsConfig):
         return heads.load_cached(config.path, model).hidden_layer
     if isinstance(config, AutoConfig):
-        layers = {hidden_layer(model, c) for c in config.drafters}
+        # Only heads read hidden states; the other drafters do not constrain which the forward returns.
+        layers = {hidden_layer(model, c) for c in config.drafters if isinstance(c, HeadsConfig)}
         if len(layers) > 1:
             raise ValueError(
                 f"AutoConfig's circuit heads read different hidden states ({sorted(layers)}; -1 is the last): "
