@@ -8,6 +8,15 @@ import torch
 torch.set_num_threads(max(1, torch.get_num_threads()))
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """A test that sets torch's thread count (the Spec-Bench harness's --threads) leaves it as it found
+    it: forward profiles are keyed by it, so a later test would see another setting."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct (Q4_1-dequantized, fp32), fetched by the set-up command."""

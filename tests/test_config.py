@@ -74,7 +74,20 @@ NON_DEFAULT = {
         explore_every=5,
     ),
     "heads": mtprobe.HeadsConfig(
-        path=str(HEAD), block_complexity=13, top_branches=2, min_path_prob=0.01, vocab_top_k=48
+        path=str(HEAD),
+        block_complexity=13,
+        top_branches=2,
+        min_path_prob=0.01,
+        vocab_top_k=48,
+        bank=mtprobe.TopologyBank(
+            trees=((), ((0,),), ((0,), (1,), (0, 0))), drafter="heads", num_masks=0, window=3, vocab_top_k=48
+        ),
+        policy="hysteretic",
+        trees=(1, 2),
+        thresholds=(0.2, 0.6),
+        feature="top1",
+        ema=0.75,
+        record_steps=True,
     ),
     "entmtp": mtprobe.EntMTPConfig(
         bank=mtprobe.TopologyBank(trees=((), ((0,),), ((0,), (1,), (0, 0))), num_masks=2, mask_lambda=0.2),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mtprobe
-from conftest import cpu_decode_loop, tiny_llama
+from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import heads
 from mtprobe.calibrate import calibration_sequences
 from mtprobe.ops import circuit_prefix_log_marginals
@@ -482,7 +482,10 @@ def test_generate_under_inference_mode(model, trained):
     assert torch.equal(again.sequences, ref)
 
 
-RESULT_HEADS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "heads").glob("*/"))
+ROOT = Path(__file__).resolve().parents[1]
+RESULT_HEADS = sorted(
+    p.parent for p in (ROOT / "benchmarks" / "results" / "heads").glob("*/head.safetensors")
+)
 
 
 @pytest.mark.parametrize("folder", RESULT_HEADS, ids=lambda p: p.name)
@@ -499,3 +502,27 @@ def test_the_committed_heads_load_for_smollm2(smollm2, folder):
         # Folders without a base in their name predate lora_base: their checkpoints load as "draft".
         want = "target" if "-target" in folder.name else "draft"
         assert s.lora_base == want
+
+
+def test_the_readme_example_of_a_heads_bank(smollm2, tmp_path):
+    # README's "EntMTP over a head" example, with an uncalibrated bank of the committed head's trees in
+    # place of one built by python -m mtprobe.topology (minutes): it runs, reports its trees, and is greedy.
+    from mtprobe.topology import TopologyBank, chain_tree
+    from test_readme import block_with
+
+    model, tok = smollm2
+    bank = TopologyBank(
+        trees=((), chain_tree([4]), chain_tree([3, 1, 1])), drafter="heads", num_masks=0, window=4
+    )
+    path = bank.save(tmp_path / "bank.json")
+    block = block_with('bank="bank.json"').replace('"bank.json"', repr(str(path)))
+    block = block.replace('"benchmarks/results', '"' + str(ROOT / "benchmarks" / "results"))
+    input_ids = chat_ids(tok, [{"role": "user", "content": "List three prime numbers."}])
+    ns = {"mtprobe": mtprobe, "model": model, "input_ids": input_ids}
+    exec(
+        compile(block.replace("max_new_tokens=64", "max_new_tokens=24"), "README.md (heads bank)", "exec"), ns
+    )
+    out = ns["out"]
+    assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=24))
+    # Uncalibrated hysteretic defaults: trees 1 and 2 of the bank (4 and 5 inputs).
+    assert set(out.choices) - {("none", 1)} <= {("tree1", 5), ("tree2", 6)} and out.choices[0] == ("tree1", 5)

@@ -202,16 +202,23 @@ def sample_triples(model, prompt: torch.Tensor, cfg, seed: int) -> tuple[torch.T
 
 
 @pytest.mark.parametrize(
-    ("circuit", "lora", "base", "top_k"),
-    [(c, 0, "target", None) for c in ("ff", "cp", "hmm", "btree")]
-    + [("btree", 1, "target", None), ("cp", 0, "target", 3 * V // 4), ("btree", 1, "draft", 3 * V // 4)],
+    ("circuit", "lora", "base", "top_k", "bank"),
+    [(c, 0, "target", None, False) for c in ("ff", "cp", "hmm", "btree")]
+    + [
+        ("btree", 1, "target", None, False),
+        ("cp", 0, "target", 3 * V // 4, False),
+        ("btree", 1, "draft", 3 * V // 4, False),
+        ("btree", 0, "target", None, True),
+    ],
 )
-def test_circuit_heads_sampling_is_exact(tiny, tmp_path, monkeypatch, circuit, lora, base, top_k):
+def test_circuit_heads_sampling_is_exact(tiny, tmp_path, monkeypatch, circuit, lora, base, top_k, bank):
     # As for probing: the prefill samples x1 and the head's circuit (trained briefly on the model's own
     # text) drafts two sibling x2 candidates from q(x2 | x1), verified by rejection sampling with q.
     # lora = 1: the draft reads its own LoRA copy of the last layer (mtprobe/lora.py); base: whose
     # logits its emissions build on. top_k: the head emits only 3/4 of the vocabulary and the target's two
     # most probable next tokens (q = 0 elsewhere; 16 of them would be the whole vocabulary here).
+    # bank: EntMTP's static tree instead, filled with the circuit's three most probable x2 and the best
+    # x3 below the first: deterministic drafts, verified by sample matching.
     from mtprobe import heads
 
     monkeypatch.setattr(heads, "ROOT_CANDIDATES", 2)
@@ -234,7 +241,14 @@ def test_circuit_heads_sampling_is_exact(tiny, tmp_path, monkeypatch, circuit, l
     torch.manual_seed(0)
     head = heads.new_head(tiny, spec)
     heads.save_head(head, tiny, tmp_path, heads.train_head(head, features, steps=100, lr=3e-3))
-    cfg = mtprobe.HeadsConfig(path=str(tmp_path), block_complexity=10, top_branches=2, vocab_top_k=top_k)
+    tree = None
+    if bank:
+        from mtprobe.topology import TopologyBank
+
+        tree = TopologyBank(trees=(((0,), (1,), (2,), (0, 0)),), drafter="heads", num_masks=0, window=3)
+    cfg = mtprobe.HeadsConfig(
+        path=str(tmp_path), block_complexity=10, top_branches=2, vocab_top_k=top_k, bank=tree
+    )
     prompt = torch.tensor([[2, 7, 1, 8]])
     with torch.no_grad():
         exact = exact_triple_distribution(tiny, prompt).reshape(-1)  # [V^3]

@@ -318,6 +318,24 @@ def test_run_heads_with_a_floor_and_a_small_vocabulary_answers_as_ar_does(tiny: 
     assert [x["choices"][0]["turns"] for x in lines] == [x["choices"][0]["turns"] for x in _lines(ar)]
     assert lines[0]["mtprobe"]["method_config"]["min_path_prob"] == 0.05
     assert lines[0]["mtprobe"]["method_config"]["vocab_top_k"] == 8
+    # EntMTP over the head: a bank of its trees and a policy.
+    from mtprobe.topology import TopologyBank
+
+    bank = TopologyBank(trees=((), ((0,),), ((0,), (1,), (0, 0))), drafter="heads", num_masks=0, window=3)
+    bank_file = bank.save(tmp_path / "heads-bank.json")
+    out = tmp_path / "heads-bank.jsonl"
+    method = ("--method", "heads", "--head-path", str(head), "--bank", str(bank_file), "--policy", "static")
+    assert _run_cli(*common, *method, "--feature", "top1", "--answer-file", str(out)) == 0
+    lines = _lines(out)
+    name = f"{tiny.name}-heads-head-head-bc30-bank-heads-bank-static-f-top1"
+    _check_lines(lines, {q.question_id: q for q in load_questions(MINI)}, name)
+    assert [x["choices"][0]["turns"] for x in lines] == [x["choices"][0]["turns"] for x in _lines(ar)]
+    config = lines[0]["mtprobe"]["method_config"]
+    assert config["bank"] == str(bank_file) and config["policy"] == "static" and config["trees"] == [2]
+    assert (
+        sum(sum(x["choices"][0]["accept_lengths"]) - len(x["choices"][0]["accept_lengths"]) for x in lines)
+        > 0
+    )
 
 
 def test_second_turn_sees_first_answer(tiny: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace as dataclasses_replace
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ from mtprobe.topology import (
     calibrate_policies,
     chain_tree,
     default_bank,
+    policy_trees,
+    replay_policy,
     simulate_policy,
     true_ranks,
 )
@@ -218,7 +221,7 @@ def test_the_log_explains_every_step(smollm2):
     ids = chat_ids(tok, [{"role": "user", "content": "Name the planets of the solar system in order."}])
     bank = TopologyBank(trees=(chain_tree([3]), chain_tree([8])))
     cfg = mtprobe.EntMTPConfig(
-        bank=bank, policy="hysteretic", feature="top1", thresholds=(0.5, 0.8), record_steps=True
+        bank=bank, policy="hysteretic", trees=(0, 1), feature="top1", thresholds=(0.5, 0.8), record_steps=True
     )
     out = mtprobe.generate(model, ids, cfg, max_new_tokens=48, do_sample=False)
     seq = out.sequences[0].tolist()
@@ -235,9 +238,18 @@ def test_the_log_explains_every_step(smollm2):
             assert bank.topology(i).accepted_depth(ranks) == out.accept_lengths[j] - 1
             checked += 1
             if j > 0:
-                assert log["trees"][j - 1] == i  # the tree chosen at step j - 1's observe ran at step j
+                assert log["trees"][j] == i  # chosen from the features logged with step j's candidates
         root += out.accept_lengths[j]
     assert checked >= out.steps - 2 and max(out.accept_lengths) > 1
+    # Calibration's replay picks the trees the drafter picked.
+    recs = [
+        StepRecord(0, tuple(true_ranks(c, seq, p, bank.prune)), tuple(f))
+        for p, c, f in zip(log["positions"], log["candidates"].tolist(), log["features"], strict=True)
+    ]
+    accepted = [[bank.topology(i).accepted_depth(list(r.ranks)) for i in range(2)] for r in recs]
+    live = [int(c.removeprefix("tree")) for c, _ in out.choices[: out.steps - 2]]
+    assert replay_policy(recs, accepted, "hysteretic", [0, 1], [0.5, 0.8], "top1")[: len(live)] == live
+    assert len(set(live)) == 2  # it switched
 
 
 def test_switching_trees_reuses_their_mask_patterns():
@@ -272,7 +284,7 @@ def _records(ranks_list, rollout=0, features=(0.5, 0.5, 1.0, 0.0)):
 def test_acceptance_frontier_by_hand():
     # 10 steps, k = 2: ranks (0, 0) x4, (0, 1) x1, (1, 0) x3, (2, -1) x2.
     recs = _records([(0, 0)] * 4 + [(0, 1)] + [(1, 0)] * 3 + [(2, -1)] * 2)
-    frontier = acceptance_frontier(recs, num_masks=2, max_nodes=6)
+    frontier = acceptance_frontier(recs, depth=2, max_nodes=6)
     # (0,) reaches 5 steps; then (0, 0) 4 and (1,) 3 -> (0, 0); then (1,) 3; then (1, 0) 3 vs (2,) 2.
     assert frontier == [
         ((0,),),
@@ -283,7 +295,7 @@ def test_acceptance_frontier_by_hand():
     ]
     # Ties go to the smaller rank sum, then the shallower node: (0, 1) reaches 1 step like (2,) does
     # not exist here, so with max_rank = 0 only depth can grow.
-    assert acceptance_frontier(recs, num_masks=2, max_nodes=3, max_rank=0) == [((0,),), ((0,), (0, 0))]
+    assert acceptance_frontier(recs, depth=2, max_nodes=3, max_rank=0) == [((0,),), ((0,), (0, 0))]
 
 
 def test_simulated_policies_by_hand():
@@ -297,9 +309,18 @@ def test_simulated_policies_by_hand():
     assert simulate_policy(recs, accepted, costs, "static", [1], [], "path_value") == pytest.approx(7 / 8)
     # Static on tree 0: 4 tokens in 4 s.
     assert simulate_policy(recs, accepted, costs, "static", [0], [], "path_value") == pytest.approx(1.0)
-    # Hysteretic on path value 0.9 > up: step 1 on tree 0 (1 token, 1 s), then tree 1: 2 + 1 + 2 in 6 s.
+    # Hysteretic (down 0.5, up 0.8) on path value 0.9 every step: tree 1 from the first step on (a step's
+    # own features pick its tree), 7 tokens in 8 s.
     rate = simulate_policy(recs, accepted, costs, "hysteretic", [0, 1], [0.5, 0.8], "path_value")
-    assert rate == pytest.approx(6 / 7)
+    assert rate == pytest.approx(7 / 8)
+    # Path values 0.9, 0.9, 0.0, 0.6: tree 1, 1, then 0 (0.0 < down), and 0 again (0.6 is not above up):
+    # 2 + 2 + 1 + 1 tokens in 6 s.
+    varied = [
+        StepRecord(0, r.ranks, (0.5, v, 1.0, 0.0)) for r, v in zip(recs, (0.9, 0.9, 0.0, 0.6), strict=True)
+    ]
+    assert replay_policy(varied, accepted, "hysteretic", [0, 1], [0.5, 0.8], "path_value") == [1, 1, 0, 0]
+    rate = simulate_policy(varied, accepted, costs, "hysteretic", [0, 1], [0.5, 0.8], "path_value")
+    assert rate == pytest.approx(6 / 6)
     # The accept feature is replayed: on tree 0 nothing is ever accepted, so the ladder never climbs.
     assert simulate_policy(recs, accepted, costs, "ladder", [0, 1], [0.5], "accept") == pytest.approx(1.0)
     best = calibrate_policies(recs, bank, costs)
@@ -307,10 +328,25 @@ def test_simulated_policies_by_hand():
     assert set(best) == {"static", "ladder", "hysteretic"}
 
 
+def test_an_accept_driven_policy_never_switches_to_the_root_alone():
+    # On the root alone nothing is accepted: the accept EMA would stay at 0 and the policy there.
+    bank = TopologyBank(trees=((), ((0,),), chain_tree([3])))
+    assert policy_trees(bank, "accept") == [1, 2]
+    assert policy_trees(bank, "top1") == policy_trees(bank, "path_value") == [0, 1, 2]
+    recs = _records([(0,), (1,), (2,), (-1,)] * 5)
+    accepted = [[bank.topology(i).accepted_depth(list(r.ranks)) for i in range(3)] for r in recs]
+    # Replayed from the root alone with a threshold it can never reach, the ladder would stay there.
+    assert set(replay_policy(recs, accepted, "ladder", [0, 1, 2], [0.5, 0.9], "accept")) == {0}
+    best = calibrate_policies(recs, bank, [1.0, 1.1, 1.2])
+    for p in best.values():
+        assert p["feature"] != "accept" or 0 not in p["trees"]
+
+
 def test_build_bank_end_to_end(tmp_path):
     model = tiny_llama()
-    # A flat profile (GPU-like): bigger trees cost nothing extra, so the largest useful tree is best.
-    profile = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01),))
+    # A flat profile (GPU-like): bigger trees cost nothing extra, so the largest useful tree is best. A
+    # second a forward: the drafter's own milliseconds per step do not decide.
+    profile = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),))
     prompts = [torch.tensor([REPEATING]), torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2, 11, 3]])]
     messages = []
     bank = build_bank(
@@ -327,6 +363,14 @@ def test_build_bank_end_to_end(tmp_path):
     assert taus == sorted(taus) and len(set(taus)) == len(taus)  # each kept tree raises tau
     assert bank.best == len(bank.trees) - 1  # flat cost: the highest tau wins
     assert set(bank.policies) == {"static", "ladder", "hysteretic"}
+    # A step costs its forward plus the drafter's own time, measured in the tree's rollout.
+    overhead = bank.stats["drafter_seconds_per_step"]
+    assert len(overhead) == len(bank.trees) and all(0 < s < 0.5 for s in overhead)
+    for i, t in enumerate(bank.trees):
+        rate = bank.stats["debiased_tau"][str(len(t))] / (1.0 + overhead[i])
+        assert bank.stats["predicted_tokens_per_s"][i] == pytest.approx(rate)
+    for p in bank.policies.values():
+        assert p["feature"] != "accept" or 0 not in p["trees"]  # never stuck on the root alone
     path = bank.save(tmp_path / "b.json")
     for policy in ("static", "ladder", "hysteretic"):
         cfg = mtprobe.EntMTPConfig(bank=str(path), policy=policy)
@@ -345,3 +389,191 @@ def test_default_bank_shapes():
     assert all(b2.topology(i).max_depth <= 2 for i in range(len(b2.trees)))
     with pytest.raises(ValueError, match="leaves no draft"):
         default_bank(2, 5)
+
+
+# --- EntMTP over a circuit head (csrc/drafters/heads.h) ----------------------------------------------
+
+
+def _fixed_ff_head(vocab: int, ranked: list[int], window: int = 3):
+    """An FF head whose emissions never change: at every window position the tokens ``ranked`` come
+    first, in that order, then all the others; all probabilities distinct (ranks are unambiguous)."""
+    e = torch.rand(window, vocab, generator=torch.Generator().manual_seed(0)) * 1e-3  # [n, V]
+    for i, t in enumerate(ranked):
+        e[:, t] = 1.0 - 0.05 * i
+    logq = (e / e.sum(-1, keepdim=True)).log()
+    order = torch.argsort(e[1], descending=True).tolist()  # the same at every position
+    return (lambda hidden, logits, prefix_len: [torch.empty(0), torch.empty(0), logq]), order
+
+
+def test_a_heads_bank_drafts_the_heads_ranked_tokens():
+    # Node (r_1, r_2) drafts the r_2-th most probable token after the r_1-th: for an FF head the
+    # emissions' own order at each depth. The logged ranks, worked out here from the emissions alone,
+    # explain what verification accepted at every step, and the output is greedy's.
+    model = tiny_llama()
+    prompt, new = torch.tensor(REPEATING), 40
+    seq = model.generate(prompt[None], do_sample=False, max_new_tokens=new)[0].tolist()
+    ranked = list(dict.fromkeys(seq[len(REPEATING) :]))
+    random.Random(1).shuffle(ranked)
+    head, order = _fixed_ff_head(model.config.vocab_size, ranked[:12])
+    paths = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]
+    topo = _C.Topology([list(p) for p in paths])
+    drafter = _C.HeadsDrafter(
+        head,
+        circuit="ff",
+        window=3,
+        rank=1,
+        vocab=model.config.vocab_size,
+        bank=[topo],
+        policy=_C.TopologyPolicy("static", [0], [], bank_size=1),
+        record=True,
+    )
+    assert drafter.bank_width == 16
+    out = cpu_decode_loop(model, drafter, max_new_tokens=new, block_complexity=7, prompt_len=len(prompt)).run(
+        prompt
+    )
+    assert out.sequence == seq
+    steps = len(out.accept_lengths)  # every step but the last (short of room) drafts the whole tree
+    assert list(out.drafted_per_depth) == [3 * (steps - 1), 3 * (steps - 1)], (out.drafted_per_depth, steps)
+    log = drafter.step_log()
+
+    def rank(t: int) -> int:
+        return order.index(t) if order.index(t) < 16 else -1  # the shortlist: the 16 most probable
+
+    root, checked = len(prompt), 0
+    for j, accepted in enumerate(out.accept_lengths):
+        want = [rank(seq[root + d]) if root + d < len(seq) else -1 for d in (1, 2)]
+        want[1] = -1 if want[0] < 0 else want[1]  # below a miss
+        assert log["positions"][j] == root and log["ranks"][j] == want, j
+        if root + 3 < len(seq):  # not cut short by the end
+            assert topo.accepted_depth(want) == accepted - 1, j
+            checked += 1
+        root += accepted
+    assert checked >= len(out.accept_lengths) - 2 and max(out.accept_lengths) > 1
+    assert drafter.tree_choices() == [0] * (steps - 1) + [-1]
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tmp_path_factory):
+    """A tiny Llama and a CP head of window 3 trained briefly on its own greedy text."""
+    from mtprobe import heads
+    from mtprobe.calibrate import calibration_sequences
+
+    model = tiny_llama(seed=5)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 96, (1, 5 + i % 4), generator=g) for i in range(8)]
+    seqs = calibration_sequences(model, prompts, max_new_tokens=40)
+    features = heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
+    torch.manual_seed(0)
+    spec = heads.HeadSpec("cp", window=3, rank=2, hidden_size=model.config.hidden_size, vocab_size=96)
+    head = heads.new_head(model, spec)
+    folder = tmp_path_factory.mktemp("cp3")
+    heads.save_head(head, model, folder, heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3))
+    return model, str(folder), prompts
+
+
+def test_build_a_heads_bank_end_to_end(tiny_head, tmp_path):
+    from mtprobe import heads
+
+    model, path, prompts = tiny_head
+    profile = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),))  # flat: size is free
+    cfg = mtprobe.HeadsConfig(path=path, block_complexity=30)
+    bank = build_bank(
+        model, prompts[:4], head=cfg, max_nodes=7, debias_sizes=(1, 3, 6), max_new_tokens=24, profile=profile
+    )
+    assert bank.drafter == "heads" and bank.num_masks == 0 and bank.window == 3 and bank.vocab_top_k is None
+    assert bank.head == heads.load_head(path, model).fingerprint() and bank.trees[0] == ()
+    assert all(bank.topology(i).max_depth <= 2 for i in range(len(bank.trees)))
+    taus = [bank.stats["debiased_tau"][str(len(t))] for t in bank.trees]
+    assert len(bank.trees) >= 2 and taus == sorted(taus) and taus[-1] > 1.2
+    assert bank.block_size(len(bank.trees) - 1) == len(bank.trees[-1]) + 1  # no mask inputs
+    saved = bank.save(tmp_path / "heads.json")
+    assert TopologyBank.load(saved) == bank
+    for policy in ("static", "ladder", "hysteretic"):
+        config = mtprobe.HeadsConfig(path=path, bank=str(saved), policy=policy)
+        for ids in prompts[4:6]:
+            out = mtprobe.generate(model, ids, config, max_new_tokens=24, do_sample=False)
+            assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=24)), policy
+            assert all(c.startswith("tree") for c, _ in out.choices[:-2]), out.choices
+
+
+@pytest.mark.parametrize("feature", ["top1", "accept"])
+def test_the_offline_replay_picks_the_trees_the_drafter_picked(tiny_head, feature):
+    # Calibration replays recorded steps to score a policy; with the tree the replay picks at every
+    # step equal to the live drafter's, its simulated rates are the drafter's own.
+    model, path, prompts = tiny_head
+    bank = TopologyBank(
+        trees=((), ((0,),), ((0,), (1,), (0, 0), (0, 1))), drafter="heads", num_masks=0, window=3
+    )
+    # The target's top-1 probability is 0.1 - 0.5 here; on tree 1 (one draft) the accept EMA is in [0, 1].
+    trees, thresholds = ((0, 2), (0.15, 0.2)) if feature == "top1" else ((1, 2), (0.5, 0.8))
+    cfg = mtprobe.HeadsConfig(
+        path=path,
+        bank=bank,
+        policy="hysteretic",
+        trees=trees,
+        thresholds=thresholds,
+        feature=feature,
+        record_steps=True,
+    )
+    used: set[int] = set()
+    for ids in prompts[:4]:
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=30, do_sample=False)
+        log = out.topology_log
+        recs = [StepRecord(0, tuple(r), tuple(f)) for r, f in zip(log["ranks"], log["features"], strict=True)]
+        accepted = [[bank.topology(i).accepted_depth(list(r.ranks)) for i in range(3)] for r in recs]
+        live = [-1 if c == "none" else int(c.removeprefix("tree")) for c, _ in out.choices]
+        steps = len(live) - 2  # the last steps may be cut short by the end, which the replay does not know
+        replayed = replay_policy(recs, accepted, "hysteretic", list(trees), thresholds, feature)
+        assert replayed[:steps] == live[:steps] == log["trees"][:steps]
+        assert [accepted[s][t] + 1 for s, t in enumerate(live)][:steps] == out.accept_lengths[:steps]
+        assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=30))
+        used |= set(live[:steps])
+    assert used == set(trees)  # the policy did switch
+
+
+def test_heads_bank_refusals(tiny_head):
+    model, path, prompts = tiny_head
+    tree = ((0,), (1,), (0, 0))
+    bank = TopologyBank(trees=(tree,), drafter="heads", num_masks=0, window=3)
+    with pytest.raises(ValueError, match="reaches depth 3, but a head of window 3 drafts depths 1..2"):
+        TopologyBank(trees=(((0,), (0, 0), (0, 0, 0)),), drafter="heads", num_masks=0, window=3)
+    with pytest.raises(ValueError, match="num_masks=1 must be 0 for a head's bank"):
+        TopologyBank(trees=(tree,), drafter="heads", window=3)
+    with pytest.raises(ValueError, match="needs the head's window"):
+        TopologyBank(trees=(tree,), drafter="heads", num_masks=0)
+    with pytest.raises(ValueError, match="describe a circuit head's bank"):
+        TopologyBank(trees=(tree,), window=3)
+    with pytest.raises(ValueError, match="'probe'.*or a circuit head"):
+        TopologyBank(trees=(tree,), drafter="medusa")
+    with pytest.raises(ValueError, match="HeadsConfig needs a bank of 'heads' trees; this one holds 'probe'"):
+        mtprobe.HeadsConfig(path=path, bank=TopologyBank(trees=(tree,), num_masks=2))
+    with pytest.raises(ValueError, match="EntMTPConfig needs a bank of 'probe' trees.*HeadsConfig"):
+        mtprobe.EntMTPConfig(bank=bank)
+    with pytest.raises(ValueError, match="policy, record_steps set without bank"):
+        mtprobe.HeadsConfig(path=path, policy="ladder", record_steps=True)
+    with pytest.raises(ValueError, match="needs block_complexity 4, above block_complexity=3"):
+        mtprobe.HeadsConfig(path=path, bank=bank, block_complexity=3)
+    with pytest.raises(ValueError, match="switch-down 0.9.* is above switch-up 0.1"):
+        mtprobe.HeadsConfig(path=path, bank=bank, policy="hysteretic", trees=(0, 0), thresholds=(0.9, 0.1))
+    ids = prompts[0]
+    wide = TopologyBank(trees=(tree,), drafter="heads", num_masks=0, window=4)
+    other = TopologyBank(trees=(tree,), drafter="heads", num_masks=0, window=3, head="cp:000000000000")
+    restricted = dataclasses_replace(
+        bank, head=mtprobe.heads.load_head(path, model).fingerprint(), vocab_top_k=8
+    )
+    for b, match in [
+        (wide, "for a head of window 4, not 3"),
+        (other, r"built for another circuit head \(cp:000000000000"),
+        (restricted, "built with vocab_top_k=8, not None"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            mtprobe.generate(model, ids, mtprobe.HeadsConfig(path=path, bank=b), max_new_tokens=4)
+    with pytest.raises(ValueError, match="another setting"):  # another model: its own head is refused first
+        mtprobe.generate(
+            model,
+            ids,
+            mtprobe.HeadsConfig(path=path, bank=dataclasses_replace(bank, model="X:1")),
+            max_new_tokens=4,
+        )

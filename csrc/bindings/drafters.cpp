@@ -82,6 +82,19 @@ MaskProbeOptions mask_options(int64_t num_masks, int64_t block_complexity, bool 
   if (initial_masks) o.initial_masks = *initial_masks;
   return o;
 }
+
+// EntMTP's bank arguments into the options of a drafter with a bank mode (MaskProbeOptions, HeadsOptions).
+template <typename Options>
+void set_bank(Options& o, std::vector<core::Topology> bank, const std::optional<core::TopologyPolicy>& policy,
+              std::string feature, double ema, bool record) {
+  TORCH_CHECK_VALUE(bank.empty() == !policy.has_value(),
+                    "a topology bank and its policy come together (bank=[...], policy=TopologyPolicy(...))");
+  o.bank = std::move(bank);
+  if (policy) o.policy = *policy;
+  o.feature = std::move(feature);
+  o.ema = ema;
+  o.record = record;
+}
 }  // namespace
 
 void bind_drafters(py::module_& m) {
@@ -213,14 +226,7 @@ void bind_drafters(py::module_& m) {
                                               gaussian_shift, mask_lambda, seed, initial_masks);
             o.dynamic_tree = dynamic_tree;
             o.branches = std::move(branches);
-            TORCH_CHECK_VALUE(
-                bank.empty() == !policy.has_value(),
-                "a topology bank and its policy come together (bank=[...], policy=TopologyPolicy(...))");
-            o.bank = std::move(bank);
-            if (policy) o.policy = *policy;
-            o.feature = std::move(feature);
-            o.ema = ema;
-            o.record = record;
+            set_bank(o, std::move(bank), policy, std::move(feature), ema, record);
             return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
           }),
           py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
@@ -281,14 +287,45 @@ void bind_drafters(py::module_& m) {
       "logits [V], prefix_len): with committed_rows=True (draft layers) every row the step committed, "
       "else only the last.")
       .def(py::init([](HeadFn head, std::string circuit, int64_t window, int64_t rank, int64_t vocab,
-                       bool do_sample, int64_t top_branches, bool committed_rows, double min_path_prob) {
-             return std::make_shared<HeadsDrafter>(
-                 std::move(head), HeadsOptions{std::move(circuit), window, rank, vocab, do_sample,
-                                               top_branches, committed_rows, min_path_prob});
+                       bool do_sample, int64_t top_branches, bool committed_rows, double min_path_prob,
+                       std::vector<core::Topology> bank, std::optional<core::TopologyPolicy> policy,
+                       std::string feature, double ema, bool record) {
+             HeadsOptions o{std::move(circuit), window,       rank,           vocab,
+                            do_sample,          top_branches, committed_rows, min_path_prob};
+             set_bank(o, std::move(bank), policy, std::move(feature), ema, record);
+             return std::make_shared<HeadsDrafter>(std::move(head), std::move(o));
            }),
            py::arg("head"), py::kw_only(), py::arg("circuit"), py::arg("window"), py::arg("rank"),
            py::arg("vocab"), py::arg("do_sample") = false, py::arg("top_branches") = 1,
-           py::arg("committed_rows") = false, py::arg("min_path_prob") = 0.0)
+           py::arg("committed_rows") = false, py::arg("min_path_prob") = 0.0,
+           py::arg("bank") = std::vector<core::Topology>{}, py::arg("policy") = std::nullopt,
+           py::arg("feature") = "path_value", py::arg("ema") = 0.5, py::arg("record") = false)
+      .def_property_readonly("bank_width", &HeadsDrafter::bank_width)
+      .def("tree_choices", &HeadsDrafter::tree_choices,
+           "EntMTP: the bank tree each decode step drafted (-1: none).")
+      .def(
+          "step_log",
+          [](const HeadsDrafter& d) {
+            std::vector<int64_t> positions, trees;
+            std::vector<std::vector<int64_t>> ranks;
+            std::vector<std::vector<double>> features;
+            for (const auto& r : d.step_log()) {
+              positions.push_back(r.position);
+              ranks.push_back(r.ranks);
+              const auto& x = r.features;
+              features.push_back({x.top1, x.path_value, x.entropy_ema, x.accept_ema});
+              trees.push_back(r.tree);
+            }
+            py::dict out;
+            out["positions"] = positions;
+            out["ranks"] = ranks;        // [n, window - 1]
+            out["features"] = features;  // [n, 4]: top1, path_value, entropy_ema, accept_ema
+            out["trees"] = trees;
+            return out;
+          },
+          "EntMTP with record=True: per step with a head window, the next root's position, the true "
+          "continuation's child ranks [n, window - 1] (-1: none), the features [top1, path_value, "
+          "entropy_ema, accept_ema] and the tree chosen for it.")
       .def_property_readonly("head_calls", &HeadsDrafter::head_calls);
 
   // The STAND n-gram store as a host object, mirroring csrc/core/ngram_store.h (tests compare it

@@ -166,4 +166,27 @@ int64_t TopologyPolicy::choose(double score, int64_t current) const {
   return trees[0];
 }
 
+void TopologyFeatures::update(double top1_now, double path_value_now, double entropy, double accepted,
+                              double ema) {
+  const double a = seen ? ema : 1.0;
+  seen = true;
+  top1 = top1_now;
+  path_value = path_value_now;
+  entropy_ema = a * entropy + (1.0 - a) * entropy_ema;
+  accept_ema = a * accepted + (1.0 - a) * accept_ema;
+}
+
+double TopologyFeatures::score(const std::string& feature) const {
+  if (feature == "path_value") return path_value;
+  if (feature == "top1") return top1;
+  if (feature == "entropy") return std::exp(-entropy_ema);
+  if (feature == "accept") return accept_ema;
+  throw std::invalid_argument("unknown policy feature '" + feature +
+                              "' (path_value, top1, entropy or accept)");
+}
+
+bool is_topology_feature(const std::string& feature) {
+  return feature == "path_value" || feature == "top1" || feature == "entropy" || feature == "accept";
+}
+
 }  // namespace mtprobe::core

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace mtprobe::core {
@@ -73,5 +74,24 @@ struct TopologyPolicy {
   // The next step's topology from the score and the topology this step used.
   int64_t choose(double score, int64_t current) const;
 };
+
+// The per-step features a policy reads, from what the step already has: the target's logits at
+// the accepted node (the distribution the next root came from) and the drafter's own candidates.
+struct TopologyFeatures {
+  double top1 = 0.0;         // the target's top-1 probability at the accepted node
+  double path_value = 0.0;   // top1 times the drafter's top-1 probability at every depth (EAGLE-2)
+  double entropy_ema = 0.0;  // EMA of the target's entropy (nats) at the accepted node
+  double accept_ema = 0.0;   // EMA of the drafts accepted per step
+  bool seen = false;         // the EMAs start at the first step's values
+
+  // One step in; `ema` is the newest step's weight in the EMAs.
+  void update(double top1, double path_value, double entropy, double accepted, double ema);
+  // The policy's score, higher when deeper drafts are likelier to be accepted: "path_value", "top1",
+  // "entropy" (exp(-entropy_ema)) or "accept" (throws std::invalid_argument for another name).
+  double score(const std::string& feature) const;
+};
+
+// Whether `feature` names a TopologyFeatures score.
+bool is_topology_feature(const std::string& feature);
 
 }  // namespace mtprobe::core

@@ -23,6 +23,9 @@ core::CircuitStructure make_structure(const HeadsOptions& o) {
 
 const float* data_or_null(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
+// The shortlist width of a bank: its deepest rank + 1, but never below this.
+constexpr int64_t kMinBankWidth = 16;
+
 }  // namespace
 
 HeadsDrafter::HeadsDrafter(HeadFn head, HeadsOptions options) : head_(std::move(head)), options_(options) {
@@ -35,6 +38,27 @@ HeadsDrafter::HeadsDrafter(HeadFn head, HeadsOptions options) : head_(std::move(
   TORCH_CHECK_VALUE(options_.min_path_prob >= 0.0 && options_.min_path_prob < 1.0,
                     "min_path_prob must be in [0, 1), got ", options_.min_path_prob);
   structure_ = make_structure(options_);
+  if (!options_.bank.empty()) {
+    for (size_t i = 0; i < options_.bank.size(); ++i) {
+      const core::Topology& t = options_.bank[i];
+      TORCH_CHECK_VALUE(t.max_depth <= options_.window - 1, "bank topology ", i, " reaches depth ",
+                        t.max_depth, " but a window of ", options_.window, " tokens drafts depths 1..",
+                        options_.window - 1, " only");
+      bank_width_ = std::max(bank_width_, t.max_rank + 1);
+    }
+    // At least kMinBankWidth, so that ranks recorded with one bank mean the same with another.
+    bank_width_ = std::min(std::max(bank_width_, kMinBankWidth), options_.vocab);
+    try {
+      options_.policy.validate(static_cast<int64_t>(options_.bank.size()));
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    TORCH_CHECK_VALUE(core::is_topology_feature(options_.feature), "unknown policy feature '",
+                      options_.feature, "' (path_value, top1, entropy or accept)");
+    TORCH_CHECK_VALUE(options_.ema > 0.0 && options_.ema <= 1.0, "ema must be in (0, 1], got ", options_.ema);
+  } else {
+    TORCH_CHECK_VALUE(!options_.record, "record needs a topology bank (the records are its trees' ranks)");
+  }
 }
 
 void HeadsDrafter::begin(const at::Tensor& prompt) {
@@ -42,24 +66,63 @@ void HeadsDrafter::begin(const at::Tensor& prompt) {
   params_.clear();
   bonus_ = -1;
   head_calls_ = 0;
+  shortlist_.clear();
+  current_tree_ = uses_bank() ? options_.policy.initial() : 0;
+  features_ = core::TopologyFeatures{};
+  tree_choices_.clear();
+  records_.clear();
+  pending_.clear();
 }
 
-void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_nodes, int64_t depth,
-                               std::vector<int64_t>& tokens, std::vector<int64_t>& parents) const {
+core::Circuit<float> HeadsDrafter::circuit(const std::vector<at::Tensor>& p) const {
+  return core::Circuit<float>(structure_, data_or_null(p[0]), p[0].numel(), data_or_null(p[1]), p[1].numel(),
+                              data_or_null(p[2]), p[2].numel());
+}
+
+std::vector<std::vector<int64_t>> HeadsDrafter::make_shortlist(int64_t width) const {
+  // Exact for FF (one state); for a mixture a token outside every state's shortlist can in principle
+  // outrank one inside, so a tree may miss it (never a wrong draft: every candidate's conditional is
+  // exact, and the target verifies everything).
   const int64_t V = options_.vocab, n = options_.window;
-  // The shortlist of window position i: the union over latent states z of the max_nodes most likely
-  // tokens of q(x_i | z). Exact for FF (one state); for a mixture a token outside every state's
-  // shortlist can in principle outrank one inside, so the tree may miss it (never a wrong draft:
-  // every candidate's conditional is exact, and the target verifies everything).
   at::Tensor e = params_[2];  // FF [n, V]; CP [r, n, V]; HMM, BTree [n, r, V]
   e = options_.circuit == "ff" ? e.unsqueeze(1) : options_.circuit == "cp" ? e.transpose(0, 1) : e;
-  const int64_t k = std::min(max_nodes, V);
-  at::Tensor top = std::get<1>(e.topk(k, -1)).reshape({n, -1});  // [n, r k] token ids
+  at::Tensor top = std::get<1>(e.topk(std::min(width, V), -1)).reshape({n, -1});  // [n, r * width] token ids
   std::vector<std::vector<int64_t>> shortlist(static_cast<size_t>(n));
   for (int64_t i = 1; i < n; ++i) {
     at::Tensor ids = std::get<0>(at::_unique(top[i].contiguous(), /*sorted=*/true));
     shortlist[i].assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
   }
+  return shortlist;
+}
+
+void HeadsDrafter::ranked_children(const core::Circuit<float>& circuit, const std::vector<int64_t>& prefix,
+                                   const std::vector<int64_t>& cand, int64_t want,
+                                   std::vector<int64_t>& tokens, std::vector<float>& log_probs) {
+  const auto m = static_cast<int64_t>(cand.size());
+  want = std::min(want, m);
+  tokens.clear();
+  log_probs.clear();
+  if (want <= 0) return;
+  std::vector<float> next(static_cast<size_t>(m));  // log q(v | prefix) of the candidates
+  circuit.candidate_log_probs(prefix.data(), static_cast<int64_t>(prefix.size()), cand.data(), m,
+                              next.data());
+  std::vector<int64_t> order(static_cast<size_t>(m));
+  std::iota(order.begin(), order.end(), 0);
+  auto better = [&](int64_t a, int64_t b) { return next[a] > next[b] || (next[a] == next[b] && a < b); };
+  std::partial_sort(order.begin(), order.begin() + want, order.end(), better);
+  for (int64_t j = 0; j < want; ++j) {
+    const float lp = next[order[j]];
+    if (!std::isfinite(lp)) break;  // probability 0 (or a prefix of probability 0)
+    tokens.push_back(cand[order[j]]);
+    log_probs.push_back(lp);
+  }
+}
+
+void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_nodes, int64_t depth,
+                               std::vector<int64_t>& tokens, std::vector<int64_t>& parents) const {
+  // The shortlist of window position i: the union over latent states z of the max_nodes most likely
+  // tokens of q(x_i | z), so an expansion costs O(r * shortlist), not O(r V).
+  const std::vector<std::vector<int64_t>> shortlist = make_shortlist(max_nodes);
   struct Candidate {
     double score;    // log q(path | root): the conditional probability of the whole path
     int64_t parent;  // draft index, -1 for the root
@@ -68,26 +131,13 @@ void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_
   };
   std::priority_queue<Candidate> frontier;
   std::vector<std::vector<int64_t>> prefixes;  // [window position 0 (the root), drafts...] per draft
-  std::vector<float> next;                     // log q(v | prefix) of the shortlist
-  std::vector<int64_t> order;
+  std::vector<int64_t> kids;
+  std::vector<float> log_probs;
   // Push the best children of a prefix: never more than the nodes still to place.
   auto expand = [&](const std::vector<int64_t>& prefix, int64_t parent, double score) {
-    const std::vector<int64_t>& cand = shortlist[prefix.size()];
-    const int64_t m = static_cast<int64_t>(cand.size());
-    const int64_t want = std::min<int64_t>(max_nodes - static_cast<int64_t>(tokens.size()), m);
-    if (want <= 0) return;
-    next.resize(static_cast<size_t>(m));
-    circuit.candidate_log_probs(prefix.data(), static_cast<int64_t>(prefix.size()), cand.data(), m,
-                                next.data());
-    order.resize(static_cast<size_t>(m));
-    std::iota(order.begin(), order.end(), 0);
-    auto better = [&](int64_t a, int64_t b) { return next[a] > next[b] || (next[a] == next[b] && a < b); };
-    std::partial_sort(order.begin(), order.begin() + want, order.end(), better);
-    for (int64_t j = 0; j < want; ++j) {
-      const float lp = next[order[j]];
-      if (!std::isfinite(lp)) break;  // probability 0 (or a prefix of probability 0)
-      frontier.push({score + lp, parent, cand[order[j]]});
-    }
+    ranked_children(circuit, prefix, shortlist[prefix.size()],
+                    max_nodes - static_cast<int64_t>(tokens.size()), kids, log_probs);
+    for (size_t j = 0; j < kids.size(); ++j) frontier.push({score + log_probs[j], parent, kids[j]});
   };
   expand({bonus_}, -1, 0.0);
   // log 0 = -inf keeps every candidate; the frontier pops best first, so the first one below the
@@ -109,17 +159,56 @@ void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_
   }
 }
 
+std::vector<int64_t> HeadsDrafter::fill_bank_tree(const core::Topology& t) const {
+  const core::Circuit<float> c = circuit(params_);
+  const int64_t N = t.num_nodes();
+  std::vector<int64_t> tokens(static_cast<size_t>(N));
+  std::vector<std::vector<int64_t>> paths(static_cast<size_t>(N));  // [root, drafts down to the node]
+  tokens[0] = bonus_;
+  paths[0] = {bonus_};
+  std::vector<int64_t> kids;
+  std::vector<float> log_probs;
+  // Nodes come by depth, so a parent's path is known before its children's.
+  for (int64_t node = 0; node < N; ++node) {
+    const std::vector<int64_t>& children = t.children[node];  // ascending rank
+    if (children.empty()) continue;
+    ranked_children(c, paths[node], shortlist_[paths[node].size()], t.ranks[children.back()] + 1, kids,
+                    log_probs);
+    for (int64_t child : children) {
+      const int64_t r = t.ranks[child];
+      if (r >= static_cast<int64_t>(kids.size())) return {};  // fewer candidates than the shape needs
+      tokens[child] = kids[r];
+      paths[child] = paths[node];
+      paths[child].push_back(kids[r]);
+    }
+  }
+  return tokens;
+}
+
 DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
-  (void)prefix_len;
   const int64_t c = committed.size(0);
   // Drafts need the head's window for this root: none at prefill (no hidden state yet).
   const int64_t depth = std::min({options_.window - 1, limits.max_depth, limits.tokens_left - 1});
   const int64_t max_nodes = limits.budget - 1;
-  if (params_.empty() || c != 1 || depth < 1 || max_nodes < 1) return token_block(committed, {}, {});
-  const core::Circuit<float> circuit(structure_, data_or_null(params_[0]), params_[0].numel(),
-                                     data_or_null(params_[1]), params_[1].numel(),
-                                     params_[2].data_ptr<float>(), params_[2].numel());
+  const bool drafts = !params_.empty() && c == 1 && depth >= 1 && max_nodes >= 1;
   std::vector<int64_t> tokens, parents;
+  if (uses_bank()) {
+    // The policy's tree, filled with this step's ranked children: the same shape every time it runs.
+    const core::Topology& t = options_.bank[static_cast<size_t>(current_tree_)];
+    const std::vector<int64_t> filled = drafts ? fill_bank_tree(t) : std::vector<int64_t>{};
+    // The loop's limits (the budget, the sequence's end) cut it: nodes come by depth, so the first
+    // ones form a tree.
+    for (int64_t i = 1; i < static_cast<int64_t>(filled.size()) && t.depths[i] <= depth &&
+                        static_cast<int64_t>(tokens.size()) < max_nodes;
+         ++i) {
+      tokens.push_back(filled[i]);
+      parents.push_back(t.parents[i] - 1);  // node 0 is the root: draft index parent - 1
+    }
+    if (prefix_len > 0) tree_choices_.push_back(filled.empty() ? -1 : current_tree_);
+    return token_block(committed, tokens, parents);
+  }
+  if (!drafts) return token_block(committed, {}, {});
+  const core::Circuit<float> circuit = this->circuit(params_);
   if (!options_.do_sample) {
     greedy_tree(circuit, max_nodes, depth, tokens, parents);
     return token_block(committed, tokens, parents);
@@ -160,6 +249,7 @@ DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len
 
 void HeadsDrafter::observe(const StepOutcome& outcome) {
   params_.clear();
+  if (options_.record) advance_records(outcome);
   if (outcome.finished || outcome.new_tokens.empty()) return;
   TORCH_CHECK(outcome.hidden.has_value(),
               "HeadsDrafter needs the target's hidden states (the loop passes them "
@@ -186,6 +276,89 @@ void HeadsDrafter::observe(const StepOutcome& outcome) {
                        data_or_null(out[2]), out[2].numel());
   params_ = std::move(out);
   bonus_ = outcome.new_tokens.back();
+  if (uses_bank()) bank_observe(outcome);
+}
+
+void HeadsDrafter::bank_observe(const StepOutcome& outcome) {
+  shortlist_ = make_shortlist(bank_width_);
+  const core::Circuit<float> c = circuit(params_);
+  // The target's distribution at the accepted node, the one the root came from: its top-1
+  // probability and entropy.
+  at::Tensor p = outcome.logits[outcome.path.back()].to(at::kFloat).softmax(-1);  // [V]
+  at::Tensor stats = at::stack({p.max(), at::special_entr(p).sum()}).to(at::kDouble).cpu();
+  const double top1 = stats[0].item<double>(), entropy = stats[1].item<double>();
+  // EAGLE-2's path value down the head's greedy chain: p_target(top-1) * prod_d q(best | chain so far).
+  double path_value = top1;
+  std::vector<int64_t> chain{bonus_}, kids;
+  std::vector<float> log_probs;
+  for (int64_t d = 1; d < options_.window; ++d) {
+    ranked_children(c, chain, shortlist_[d], 1, kids, log_probs);
+    if (kids.empty()) {
+      path_value = 0.0;
+      break;
+    }
+    path_value *= std::exp(static_cast<double>(log_probs[0]));
+    chain.push_back(kids[0]);
+  }
+  const double accepted = static_cast<double>(outcome.path.size()) - 1.0;
+  features_.update(top1, path_value, entropy, accepted, options_.ema);
+  current_tree_ = options_.policy.choose(features_.score(options_.feature), current_tree_);
+  if (options_.record) {
+    // The next root sits right after the accepted path: prefix + committed chain + accepted drafts.
+    const int64_t position =
+        outcome.prefix_len + outcome.path.front() + static_cast<int64_t>(outcome.path.size());
+    pending_.push_back({StepRecord{position, {}, features_, current_tree_}, params_, shortlist_, bonus_, {}});
+  }
+}
+
+std::vector<int64_t> HeadsDrafter::true_ranks(const Pending& p) const {
+  const int64_t D = options_.window - 1;
+  std::vector<int64_t> ranks(static_cast<size_t>(D), -1);
+  const core::Circuit<float> c = circuit(p.params);
+  std::vector<int64_t> prefix{p.root};
+  std::vector<float> next;
+  for (int64_t d = 1; d <= D && d <= static_cast<int64_t>(p.continuation.size()); ++d) {
+    const std::vector<int64_t>& cand = p.shortlist[d];  // ascending ids
+    const int64_t want = p.continuation[d - 1];
+    const auto it = std::lower_bound(cand.begin(), cand.end(), want);
+    if (it == cand.end() || *it != want) break;  // not a candidate: no tree reaches it or below
+    const auto idx = static_cast<int64_t>(it - cand.begin());
+    next.resize(cand.size());
+    c.candidate_log_probs(prefix.data(), static_cast<int64_t>(prefix.size()), cand.data(),
+                          static_cast<int64_t>(cand.size()), next.data());
+    if (!std::isfinite(next[idx])) break;
+    // Its rank in ranked_children's order: more probable candidates, then equal ones of lower index.
+    int64_t rank = 0;
+    for (int64_t j = 0; j < static_cast<int64_t>(cand.size()); ++j)
+      rank += next[j] > next[idx] || (next[j] == next[idx] && j < idx);
+    ranks[d - 1] = rank;
+    prefix.push_back(want);
+  }
+  return ranks;
+}
+
+void HeadsDrafter::advance_records(const StepOutcome& outcome) {
+  const auto D = static_cast<size_t>(options_.window - 1);
+  std::vector<Pending> still;
+  for (Pending& p : pending_) {
+    p.continuation.insert(p.continuation.end(), outcome.new_tokens.begin(), outcome.new_tokens.end());
+    if (p.continuation.size() >= D || outcome.finished) {
+      p.record.ranks = true_ranks(p);
+      records_.push_back(std::move(p.record));
+    } else {
+      still.push_back(std::move(p));
+    }
+  }
+  pending_ = std::move(still);
+}
+
+std::vector<HeadsDrafter::StepRecord> HeadsDrafter::step_log() const {
+  std::vector<StepRecord> out = records_;
+  for (const Pending& p : pending_) {
+    out.push_back(p.record);
+    out.back().ranks = true_ranks(p);
+  }
+  return out;
 }
 
 }  // namespace mtprobe

@@ -18,7 +18,14 @@
 //   - sampling: `top_branches` independent windows, each drawn token by token from the circuit's
 //     conditionals, as chains below the root. The first tokens are i.i.d. draws of one distribution
 //     (SpecInfer's multi-draft rule keeps the rejection sampling exact, csrc/core/verify.h) and every
-//     draft node carries the exact q it was drawn from (DraftBlock::draft_probs).
+//     draft node carries the exact q it was drawn from (DraftBlock::draft_probs);
+//   - EntMTP (seed 002), greedy and sampling alike: a bank of static trees by child rank
+//     (core/topology.h), one chosen per step by the policy. Node (r_1, .., r_d) drafts the r_d-th
+//     most probable token of q(. | root, the tokens of node (r_1, .., r_{d-1})'s path), ranked over
+//     the shortlist of width HeadsDrafter::bank_width(). The shape is fixed, the tokens change, and
+//     the drafts are deterministic (under sampling the loop verifies them by sample matching).
+//     With `record`, every step logs the true continuation's child ranks, computed once its tokens
+//     are known (at most window - 1 steps later): what mtprobe.topology.build_bank reads.
 //
 // The head itself is a callback (Python: mtprobe.heads.CircuitHead), so a trained torch module is
 // used as is; everything after its parameters — conditioning, the tree, the draws — is here.
@@ -33,6 +40,7 @@
 #include <vector>
 
 #include "core/circuit.h"
+#include "core/topology.h"
 #include "drafters/drafter.h"
 
 namespace mtprobe {
@@ -59,6 +67,12 @@ struct HeadsOptions {
   // Greedy tree: drafts whose path probability q(path | root) under the circuit is below this are
   // left out, so a confident step verifies fewer inputs (0: the tree fills the budget).
   double min_path_prob = 0.0;
+  // EntMTP: a non-empty bank replaces the best-first tree and the sampled chains.
+  std::vector<core::Topology> bank;
+  core::TopologyPolicy policy;
+  std::string feature = "path_value";  // path_value | top1 | entropy | accept (core::TopologyFeatures)
+  double ema = 0.5;                    // weight of the newest step in the entropy and accept EMAs
+  bool record = false;                 // log every step's true child ranks and features
 };
 
 class HeadsDrafter : public Drafter {
@@ -73,10 +87,54 @@ class HeadsDrafter : public Drafter {
 
   int64_t head_calls() const { return head_calls_; }
 
+  // EntMTP mode: the bank tree each decode step drafted (-1: none), and with `record`, per step with a
+  // head window: the next root's position in the sequence, the true continuation's child ranks
+  // [window - 1] (-1: not among the shortlist, past the sequence's end, or below a miss), the
+  // features, and the tree the policy chose from them.
+  bool uses_bank() const { return !options_.bank.empty(); }
+  // Candidates per window position the bank trees are filled from (and ranks are counted among).
+  int64_t bank_width() const { return bank_width_; }
+  const std::vector<int64_t>& tree_choices() const { return tree_choices_; }
+  struct StepRecord {
+    int64_t position = 0;
+    std::vector<int64_t> ranks;  // [window - 1]
+    core::TopologyFeatures features;
+    int64_t tree = 0;
+  };
+  // The records so far; the steps whose continuation is still incomplete are ranked over the tokens known.
+  std::vector<StepRecord> step_log() const;
+
  private:
   // The greedy tree below the root: tokens and parents (-1: the root) of at most `max_nodes` drafts.
   void greedy_tree(const core::Circuit<float>& circuit, int64_t max_nodes, int64_t depth,
                    std::vector<int64_t>& tokens, std::vector<int64_t>& parents) const;
+
+  // A step of the bank's record whose continuation is still being generated.
+  struct Pending {
+    StepRecord record;
+    std::vector<at::Tensor> params;               // the step's circuit parameters
+    std::vector<std::vector<int64_t>> shortlist;  // its shortlist
+    int64_t root = -1;
+    std::vector<int64_t> continuation;  // the tokens after the root, so far
+  };
+
+  core::Circuit<float> circuit(const std::vector<at::Tensor>& params) const;
+  // Per window position i >= 1: the union over latent states of each state's `width` most likely
+  // tokens, ascending token ids (position 0, the root, is left empty).
+  std::vector<std::vector<int64_t>> make_shortlist(int64_t width) const;
+  // The `want` most probable next tokens after `prefix` among `cand`, best first (ties: lower index),
+  // with their log-probabilities; tokens of probability 0 are left out.
+  static void ranked_children(const core::Circuit<float>& circuit, const std::vector<int64_t>& prefix,
+                              const std::vector<int64_t>& cand, int64_t want, std::vector<int64_t>& tokens,
+                              std::vector<float>& log_probs);
+  // The bank tree's tokens ([nodes], the root first) for this step, or empty when a node has no candidate.
+  std::vector<int64_t> fill_bank_tree(const core::Topology& t) const;
+  // EntMTP after a head call: features, the next tree, and the record.
+  void bank_observe(const StepOutcome& outcome);
+  // The child ranks of a pending step's continuation (the tokens known so far).
+  std::vector<int64_t> true_ranks(const Pending& p) const;
+  // The step's new tokens into the pending records; the complete ones (or all, at the end) logged.
+  void advance_records(const StepOutcome& outcome);
 
   HeadFn head_;
   HeadsOptions options_;
@@ -84,6 +142,14 @@ class HeadsDrafter : public Drafter {
   std::vector<at::Tensor> params_;  // the last head output (CPU float32, contiguous), or empty
   int64_t bonus_ = -1;              // the token the params' window starts with (the next root)
   int64_t head_calls_ = 0;
+  // EntMTP state.
+  int64_t bank_width_ = 0;
+  std::vector<std::vector<int64_t>> shortlist_;  // of params_, in bank mode
+  int64_t current_tree_ = 0;
+  core::TopologyFeatures features_;
+  std::vector<int64_t> tree_choices_;
+  std::vector<StepRecord> records_;
+  std::vector<Pending> pending_;
 };
 
 }  // namespace mtprobe

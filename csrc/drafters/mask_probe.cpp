@@ -51,9 +51,8 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
-    TORCH_CHECK_VALUE(
-        o.feature == "path_value" || o.feature == "top1" || o.feature == "entropy" || o.feature == "accept",
-        "unknown policy feature '", o.feature, "' (path_value, top1, entropy or accept)");
+    TORCH_CHECK_VALUE(core::is_topology_feature(o.feature), "unknown policy feature '", o.feature,
+                      "' (path_value, top1, entropy or accept)");
     TORCH_CHECK_VALUE(o.ema > 0.0 && o.ema <= 1.0, "ema must be in (0, 1], got ", o.ema);
   } else if (!o.dynamic_tree) {
     TORCH_CHECK_VALUE(static_cast<int64_t>(o.branches.size()) == o.num_masks,
@@ -110,8 +109,7 @@ void MaskProbeDrafter::begin(const at::Tensor& prompt) {
   have_candidates_ = false;
   mask_input_of_node_.clear();
   if (uses_bank()) current_tree_ = options_.policy.initial();
-  features_ = TopologyFeatures{};
-  features_seen_ = false;
+  features_ = core::TopologyFeatures{};
   tree_choices_.clear();
   log_positions_.clear();
   log_tokens_.clear();
@@ -256,27 +254,14 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
   }
 }
 
-double MaskProbeDrafter::score() const {
-  const std::string& f = options_.feature;
-  if (f == "top1") return features_.top1;
-  if (f == "entropy") return std::exp(-features_.entropy_ema);  // higher: more confident
-  if (f == "accept") return features_.accept_ema;
-  return features_.path_value;
-}
-
 void MaskProbeDrafter::update_features(const StepOutcome& outcome, double top1, double entropy) {
   const int64_t k = options_.num_masks;
   // EAGLE-2's path value down the drafter's greedy chain: p_target(top-1) * prod_d q_d(top-1).
   double path_value = top1;
   for (int64_t d = 0; d < k; ++d) path_value *= static_cast<double>(cand_probs_[d * cand_width_]);
   const double accepted = static_cast<double>(outcome.path.size()) - 1.0;
-  const double a = features_seen_ ? options_.ema : 1.0;
-  features_seen_ = true;
-  features_.top1 = top1;
-  features_.path_value = path_value;
-  features_.entropy_ema = a * entropy + (1.0 - a) * features_.entropy_ema;
-  features_.accept_ema = a * accepted + (1.0 - a) * features_.accept_ema;
-  current_tree_ = options_.policy.choose(score(), current_tree_);
+  features_.update(top1, path_value, entropy, accepted, options_.ema);
+  current_tree_ = options_.policy.choose(features_.score(options_.feature), current_tree_);
   if (options_.record) {
     // The next root sits right after the accepted path: prefix + committed chain + accepted drafts.
     log_positions_.push_back(outcome.prefix_len + outcome.path.front() +

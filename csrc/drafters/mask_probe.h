@@ -37,18 +37,9 @@ struct MaskProbeOptions {
   // policy from a confidence score. A non-empty bank replaces `branches`.
   std::vector<core::Topology> bank;
   core::TopologyPolicy policy;
-  std::string feature = "path_value";  // path_value | top1 | entropy | accept (see TopologyFeatures)
+  std::string feature = "path_value";  // path_value | top1 | entropy | accept (core::TopologyFeatures)
   double ema = 0.5;                    // weight of the newest step in the entropy and accept EMAs
   bool record = false;                 // keep every step's candidates and features (frontier building)
-};
-
-// The per-step features an EntMTP policy reads, from the logits the step already has.
-struct TopologyFeatures {
-  double top1 = 0.0;  // the target's top-1 probability at the accepted node (the root's distribution)
-  double path_value =
-      0.0;  // top1 times the drafter's top-1 probability at every depth (EAGLE-2's path value)
-  double entropy_ema = 0.0;  // EMA of the target's entropy (nats) at the accepted node
-  double accept_ema = 0.0;   // EMA of the drafts accepted per step
 };
 
 class MaskProbeDrafter : public Drafter {
@@ -83,7 +74,7 @@ class MaskProbeDrafter : public Drafter {
   int64_t candidate_width() const { return cand_width_; }
   const std::vector<int64_t>& log_positions() const { return log_positions_; }
   const std::vector<int64_t>& log_tokens() const { return log_tokens_; }
-  const std::vector<TopologyFeatures>& log_features() const { return log_features_; }
+  const std::vector<core::TopologyFeatures>& log_features() const { return log_features_; }
   const std::vector<int64_t>& log_trees() const { return log_trees_; }
 
  private:
@@ -100,13 +91,11 @@ class MaskProbeDrafter : public Drafter {
   std::vector<int64_t> mask_input_of_node_;  // node -> input index of its m_1, or -1
   // EntMTP state.
   int64_t current_tree_ = 0;
-  TopologyFeatures features_;
-  bool features_seen_ = false;  // the EMAs start at the first step's values
+  core::TopologyFeatures features_;
   std::vector<int64_t> tree_choices_;
   std::vector<int64_t> log_positions_, log_tokens_, log_trees_;
-  std::vector<TopologyFeatures> log_features_;
+  std::vector<core::TopologyFeatures> log_features_;
 
-  double score() const;
   void update_features(const StepOutcome& outcome, double top1, double entropy);
 };
 

@@ -311,6 +311,75 @@ def _check_int(name: str, value: object) -> None:
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
 
 
+def _load_bank(config: Any, drafter: str) -> Any:
+    """``config.bank`` (a TopologyBank, a saved one's path, or its dict) as a TopologyBank of ``drafter``'s
+    trees; a dict is replaced by the bank in ``config`` so that the configuration holds a value."""
+    from mtprobe.topology import TopologyBank
+
+    bank = config.bank
+    if isinstance(bank, TopologyBank):
+        resolved = bank
+    elif isinstance(bank, (str, os.PathLike)):
+        resolved = TopologyBank.load(bank)
+    elif isinstance(bank, Mapping):
+        resolved = TopologyBank.from_dict(bank)
+        object.__setattr__(config, "bank", resolved)
+    else:
+        raise TypeError(
+            f"bank must be a TopologyBank, the path of a saved one (python -m mtprobe.topology), or None, got "
+            f"{type(bank).__name__}"
+        )
+    if resolved.drafter != drafter:
+        use = "HeadsConfig(bank=...)" if resolved.drafter == "heads" else "EntMTPConfig(bank=...)"
+        raise ValueError(
+            f"{type(config).__name__} needs a bank of {drafter!r} trees; this one holds {resolved.drafter!r} trees "
+            f"(use it with {use})"
+        )
+    return resolved
+
+
+def _resolve_policy(config: Any, bank: Any) -> None:
+    """Fill ``config``'s ``policy``, ``trees``, ``thresholds`` and ``feature`` left at ``None`` from
+    ``bank``'s calibration (else uncalibrated defaults) and validate them and ``ema``."""
+    from mtprobe.topology import FEATURES, POLICIES, check_policy
+
+    if config.policy not in POLICIES:
+        raise ValueError(f"policy={config.policy!r} must be one of {', '.join(POLICIES)}")
+    n = len(bank.trees)
+    calibrated = bank.policies.get(config.policy, {})
+    trees = config.trees
+    if trees is None:
+        trees = calibrated.get("trees")
+    if trees is None:
+        if config.policy == "static":
+            trees = [bank.best if bank.best is not None else n - 1]
+        elif config.policy == "hysteretic":
+            trees = [min(1, n - 1), n - 1] if n > 1 else [0, 0]
+        else:
+            trees = list(range(n))
+    thresholds = config.thresholds
+    if thresholds is None:
+        thresholds = calibrated.get("thresholds")
+    if thresholds is None:
+        if config.policy == "hysteretic":
+            thresholds = [0.3, 0.5]
+        elif config.policy == "ladder":
+            thresholds = [0.1 + 0.6 * j / max(1, len(trees) - 2) for j in range(len(trees) - 1)]
+        else:
+            thresholds = []
+    object.__setattr__(config, "trees", tuple(trees))
+    object.__setattr__(config, "thresholds", tuple(thresholds))
+    check_policy(config.policy, config.trees, config.thresholds, n)
+    object.__setattr__(config, "thresholds", tuple(float(h) for h in config.thresholds))
+    feature = config.feature if config.feature is not None else calibrated.get("feature", "path_value")
+    if feature not in FEATURES:
+        raise ValueError(f"feature={feature!r} must be one of {', '.join(FEATURES)}")
+    object.__setattr__(config, "feature", feature)
+    ema = config.ema
+    if isinstance(ema, bool) or not isinstance(ema, (int, float)) or not 0 < ema <= 1:
+        raise ValueError(f"ema={ema!r} must be a number in (0, 1]")
+
+
 # The C++ drafters take the seed as an int64 and seed a uint64 generator with it (csrc/bindings/drafters.cpp,
 # csrc/drafters/mask_probe.cpp): the seeds both sides carry unchanged are 0 .. 2**63 - 1.
 SEED_MAX = 2**63 - 1
@@ -742,58 +811,11 @@ class EntMTPConfig(_ConfigData):
     block_complexity: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        from mtprobe.topology import FEATURES, POLICIES, TopologyBank, check_policy, default_bank
+        from mtprobe.topology import default_bank
 
-        bank = self.bank
-        if bank is None:
-            resolved = default_bank()
-        elif isinstance(bank, TopologyBank):
-            resolved = bank
-        elif isinstance(bank, (str, os.PathLike)):
-            resolved = TopologyBank.load(bank)
-        elif isinstance(bank, Mapping):
-            resolved = TopologyBank.from_dict(bank)
-            object.__setattr__(self, "bank", resolved)
-        else:
-            raise TypeError(
-                f"bank must be a TopologyBank, the path of a saved one, or None (the default bank), got "
-                f"{type(bank).__name__}"
-            )
+        resolved = default_bank() if self.bank is None else _load_bank(self, "probe")
         object.__setattr__(self, "_bank", resolved)
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy={self.policy!r} must be one of {', '.join(POLICIES)}")
-        n = len(resolved.trees)
-        calibrated = resolved.policies.get(self.policy, {})
-        trees = self.trees
-        if trees is None:
-            trees = calibrated.get("trees")
-        if trees is None:
-            if self.policy == "static":
-                trees = [resolved.best if resolved.best is not None else n - 1]
-            elif self.policy == "hysteretic":
-                trees = [min(1, n - 1), n - 1] if n > 1 else [0, 0]
-            else:
-                trees = list(range(n))
-        thresholds = self.thresholds
-        if thresholds is None:
-            thresholds = calibrated.get("thresholds")
-        if thresholds is None:
-            if self.policy == "hysteretic":
-                thresholds = [0.3, 0.5]
-            elif self.policy == "ladder":
-                thresholds = [0.1 + 0.6 * j / max(1, len(trees) - 2) for j in range(len(trees) - 1)]
-            else:
-                thresholds = []
-        object.__setattr__(self, "trees", tuple(trees))
-        object.__setattr__(self, "thresholds", tuple(thresholds))
-        check_policy(self.policy, self.trees, self.thresholds, n)
-        object.__setattr__(self, "thresholds", tuple(float(h) for h in self.thresholds))
-        feature = self.feature if self.feature is not None else calibrated.get("feature", "path_value")
-        if feature not in FEATURES:
-            raise ValueError(f"feature={feature!r} must be one of {', '.join(FEATURES)}")
-        object.__setattr__(self, "feature", feature)
-        if isinstance(self.ema, bool) or not isinstance(self.ema, (int, float)) or not 0 < self.ema <= 1:
-            raise ValueError(f"ema={self.ema!r} must be a number in (0, 1]")
+        _resolve_policy(self, resolved)
         for name in ("record_steps", "incremental_masks"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -827,6 +849,15 @@ class HeadsConfig(_ConfigData):
             ``token_counts``), so a step computes K LM-head rows instead of V; ``None`` keeps the
             whole vocabulary. Drafts can then never hold the other tokens, which costs acceptance
             when they come; verification keeps the output exact either way.
+        bank: EntMTP (seed 002) over the head: a :class:`~mtprobe.topology.TopologyBank` of static
+            trees (``drafter="heads"``, built for this head by ``python -m mtprobe.topology --head
+            DIR``) or its path. Every step the policy picks one of its trees and fills it with the
+            head's ranked next tokens (child r of a node: the r-th most probable token given the
+            node's path), under greedy decoding and sampling alike. ``None``: the best-first tree.
+        policy, trees, thresholds, feature, ema: the bank's policy, as for
+            :class:`EntMTPConfig` (``policy=None``: ``"static"``, the bank's throughput-optimal tree).
+        record_steps: with a bank, log every step's true child ranks and features in
+            ``GenerateOutput.topology_log`` (what :func:`mtprobe.topology.build_bank` reads).
 
     >>> HeadsConfig(path="heads/cp4").block_complexity
     30
@@ -841,6 +872,13 @@ class HeadsConfig(_ConfigData):
     top_branches: int = 4
     min_path_prob: float = 0.0
     vocab_top_k: int | None = None
+    bank: Any = None
+    policy: str | None = None
+    trees: tuple[int, ...] | None = None
+    thresholds: tuple[float, ...] | None = None
+    feature: str | None = None
+    ema: float = 0.5
+    record_steps: bool = False
 
     def __post_init__(self) -> None:
         if self.path is None:
@@ -868,6 +906,35 @@ class HeadsConfig(_ConfigData):
                 raise ValueError(
                     f"vocab_top_k={self.vocab_top_k} must be >= 1 (tokens the head may emit), or None for all"
                 )
+        if not isinstance(self.record_steps, bool):
+            raise TypeError(f"record_steps must be a bool, got {self.record_steps!r}")
+        if self.bank is None:
+            given = [
+                name
+                for name in ("policy", "trees", "thresholds", "feature")
+                if getattr(self, name) is not None
+            ]
+            if given or self.record_steps:
+                raise ValueError(
+                    f"{', '.join(given + ['record_steps'] * self.record_steps)} set without bank=...: the policy "
+                    "switches between a topology bank's trees; build one with python -m mtprobe.topology --head DIR"
+                )
+            return
+        bank = _load_bank(self, "heads")
+        object.__setattr__(self, "_bank", bank)
+        if self.policy is None:
+            object.__setattr__(self, "policy", "static")
+        _resolve_policy(self, bank)
+        if bank.block_complexity > self.block_complexity:
+            raise ValueError(
+                f"the bank's largest tree needs block_complexity {bank.block_complexity}, above "
+                f"block_complexity={self.block_complexity}; raise it or use a bank of smaller trees"
+            )
+
+    @property
+    def resolved_bank(self) -> Any:
+        """The TopologyBank in use (loaded from ``bank`` when it is a path), or ``None`` (best-first trees)."""
+        return getattr(self, "_bank", None)
 
 
 @_method("auto")

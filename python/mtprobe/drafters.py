@@ -186,16 +186,31 @@ def draft_model_drafter(
 
 
 def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: bool = False) -> _C.HeadsDrafter:
-    """The circuit-head drafter of ``config``: its checkpoint loaded (cached) and checked against ``model``."""
+    """The circuit-head drafter of ``config``: its checkpoint loaded (cached) and checked against ``model``;
+    with a topology bank, the bank checked against both (ValueError naming what differs)."""
     from mtprobe import heads
 
     head = heads.load_cached(config.path, model)
+    bank = config.resolved_bank
+    entmtp: dict[str, Any] = {}
+    if bank is not None:
+        bank.check(model, head=head, vocab_top_k=config.vocab_top_k)
+        entmtp = {
+            "bank": [bank.topology(i) for i in range(len(bank.trees))],
+            "policy": _C.TopologyPolicy(
+                config.policy, list(config.trees), list(config.thresholds), bank_size=len(bank.trees)
+            ),
+            "feature": config.feature,
+            "ema": float(config.ema),
+            "record": config.record_steps,
+        }
     return heads.heads_drafter(
         head,
         do_sample=do_sample,
         top_branches=config.top_branches,
         min_path_prob=config.min_path_prob,
         vocab_top_k=config.vocab_top_k,
+        **entmtp,
     )
 
 

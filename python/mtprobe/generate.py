@@ -19,7 +19,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from mtprobe import _C
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions, sliding_window
-from mtprobe.config import EntMTPConfig
+from mtprobe.config import EntMTPConfig, HeadsConfig
 from mtprobe.drafters import (
     DecodingConfig,
     as_decoding_config,
@@ -71,11 +71,14 @@ class GenerateOutput:
         choices: with :class:`~mtprobe.AutoConfig`, one ``(method, block size T)`` per decode step:
             the drafter whose block (or cut of it) was verified, or ``("plain", 1)``; ``timings``
             then also holds ``draft_s`` (the drafters' own work) and ``schedule_s`` (the scheduler's).
-            With :class:`~mtprobe.EntMTPConfig`: ``("tree<i>", T)``, the bank tree the policy chose,
-            or ``("none", 1 + k)`` for a step without candidates (the root and its masks).
+            With :class:`~mtprobe.EntMTPConfig` or a ``HeadsConfig`` with a bank: ``("tree<i>", T)``,
+            the bank tree the policy chose, or ``("none", 1 + k)`` for a step without candidates (the
+            root and its k masks; k = 0 for a head).
         topology_log: with ``EntMTPConfig(record_steps=True)``: per step with candidates, ``positions``
             (the next root's index in ``sequences[0]``), ``candidates`` ``[n, k, m]``, ``features``
             ``[n, 4]`` (top1, path_value, entropy_ema, accept_ema) and ``trees`` (the tree chosen next).
+            With ``HeadsConfig(bank=..., record_steps=True)``: ``ranks`` ``[n, window - 1]`` (the true
+            continuation's child ranks, -1 for none) instead of the candidates.
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
@@ -360,8 +363,8 @@ def custom_generate(
         output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
         output.timings["draft_s"] = drafter.draft_seconds
         output.timings["schedule_s"] = drafter.schedule_seconds
-    if isinstance(config, EntMTPConfig):
-        bank = config.resolved_bank
+    bank = config.resolved_bank if isinstance(config, (EntMTPConfig, HeadsConfig)) else None
+    if bank is not None:
         output.choices = [
             (f"tree{i}", bank.block_size(i)) if i >= 0 else ("none", 1 + bank.num_masks)
             for i in drafter.tree_choices()

@@ -55,6 +55,7 @@ torch.Size([5, 3])
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -274,6 +275,17 @@ class CircuitHead(nn.Module):
     @property
     def r(self) -> int:
         return 1 if self.spec.circuit == "ff" else self.spec.rank
+
+    def fingerprint(self) -> str:
+        """The head's identity for what was built for it (a topology bank): its spec and a hash of its
+        trained parameters (``cp:1a2b...``). Token counts are left out: adding them (``heads count``)
+        does not change what the head drafts."""
+        digest = hashlib.sha256(json.dumps(asdict(self.spec), sort_keys=True).encode())
+        for name, value in sorted(self.state_dict().items()):
+            if name != "token_counts":
+                digest.update(name.encode())
+                digest.update(value.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        return f"{self.spec.circuit}:{digest.hexdigest()[:12]}"
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``E h`` (+ bias): the backbone's next-token logits from its hidden states ``[B, d]`` -> ``[B, V]``."""
@@ -601,10 +613,12 @@ def heads_drafter(
     top_branches: int = 1,
     min_path_prob: float = 0.0,
     vocab_top_k: int | None = None,
+    **entmtp: Any,
 ) -> Any:
     """The C++ drafter over a trained ``head`` (ValueError for an untrained one). The block-complexity
     budget is the decode loop's (StepLimits), not the drafter's; ``min_path_prob`` and
-    ``vocab_top_k``: see :class:`mtprobe.HeadsConfig`."""
+    ``vocab_top_k``: see :class:`mtprobe.HeadsConfig`; ``entmtp``: the bank's compiled trees, policy,
+    feature, ema and record (:func:`mtprobe.drafters.heads_drafter` builds them from a HeadsConfig)."""
     from mtprobe import _C
 
     if int(head.trained_steps) < 1:
@@ -624,6 +638,7 @@ def heads_drafter(
         top_branches=top_branches,
         committed_rows=head.draft is not None,  # only draft layers read the rows before the last
         min_path_prob=min_path_prob,
+        **entmtp,
     )
 
 

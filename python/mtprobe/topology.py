@@ -1,14 +1,17 @@
-"""EntMTP (seed 002) for mask-token probing: a bank of static draft trees, the offline frontiers
-that choose it, and the policies that switch between its trees every step.
+"""EntMTP (seed 002) for mask-token probing and circuit heads: a bank of static draft trees, the
+offline frontiers that choose it, and the policies that switch between its trees every step.
 
 A tree is a tuple of rank paths (the root is implicit): ``(0,)`` is the best depth-1 candidate,
 ``(1,)`` the second, ``(0, 0)`` the best depth-2 candidate below the best depth-1 one
-(csrc/core/topology.h; the reference is :mod:`mtprobe.reference.topology`).
+(csrc/core/topology.h; the reference is :mod:`mtprobe.reference.topology`). For probing, depth d's
+candidates are the d-th mask's top tokens; for a circuit head (``drafter="heads"``) the children of a
+node are the head's most probable next tokens given the node's path (csrc/drafters/heads.h).
 
 Building a bank for a model (:func:`build_bank`, ``python -m mtprobe.topology``):
 
-1. **Self-rollouts.** Greedy generation on calibration prompts with probing, recording at every
-   step the candidates of each depth and the features the policies read. Under greedy decoding the
+1. **Self-rollouts.** Greedy generation on calibration prompts with the drafter, recording at every
+   step the true continuation's child ranks (probing: from its candidates of each depth; a head:
+   computed in C++ from its circuit) and the features the policies read. Under greedy decoding the
    accepted path is the true continuation, so the candidates at a root position do not depend on
    the tree that ran; the rollout's tree only decides which positions are step starts.
 2. **Acceptance frontier** (seed 002, section 3.1): from the root alone, add one node at a time,
@@ -16,20 +19,25 @@ Building a bank for a model (:func:`build_bank`, ``python -m mtprobe.topology``)
    smaller rank sum, then shallower): a nested sequence of trees, one per size.
 3. **Debiasing** (App. B): the one-step estimate scores every tree on the step starts of the
    rollout's tree; each kept tree is re-run with its own topology and its τ measured.
-4. **Throughput frontier** (section 3.2): predicted tokens/s = τ / t(T) with t from the measured
-   forward profile (:func:`mtprobe.profile_forward`) and T = (k + 1) × nodes; the bank keeps the
-   trees that raise τ over every cheaper tree, and ``best`` is the throughput-optimal one (EntMTP*).
+4. **Throughput frontier** (section 3.2): predicted tokens/s = τ / (t(T) + c) with t from the
+   measured forward profile (:func:`mtprobe.profile_forward`), T = (k + 1) × nodes (k = 0 for a
+   head: its drafts need no extra inputs) and c the drafter's own time per step (everything outside
+   the model's forwards, measured in the tree's rollout: a head's call, the tree's fill); the bank
+   keeps the trees that raise τ over every cheaper tree, and ``best`` is the throughput-optimal one
+   (EntMTP*).
 5. **Policy calibration** (section 4): thresholds for the ladder and the hysteretic rule from a
    sweep that replays the recorded steps (which tree the policy would choose, what it would accept,
    what it would cost), per feature.
 
-The banks are JSON files that record the model they were built for and refuse another.
+The banks are JSON files that record the model (and head) they were built for and refuse another.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import itertools
 import math
 import os
 import time
@@ -43,6 +51,7 @@ import torch
 from mtprobe._jsonl import read_json, write_json
 
 BANK_FORMAT = 1
+DRAFTERS = ("probe", "heads")
 POLICIES = ("static", "ladder", "hysteretic")
 FEATURES = ("path_value", "top1", "entropy", "accept")
 _FEATURE_COLUMN = {"top1": 0, "path_value": 1, "entropy": 2, "accept": 3}  # of the drafter's step log
@@ -73,14 +82,18 @@ def model_fingerprint(model: Any) -> str:
 
 @dataclass(frozen=True)
 class TopologyBank:
-    """Static draft trees for mask-token probing, the probing settings they were built with, and
-    what was measured when they were built.
+    """Static draft trees for mask-token probing or a circuit head, the drafter settings they were
+    built with, and what was measured when they were built.
 
     Attributes:
         trees: each tree's non-root nodes as rank paths, cheapest tree first.
+        drafter: ``"probe"`` (mask-token probing) or ``"heads"`` (a circuit head, :class:`mtprobe.HeadsConfig`).
         num_masks, prune, mask_init, mask_lambda: the probing drafter the trees are for (k mask
             tokens draft depths 1..k; every node carries k masks, so a tree of N nodes costs a
-            forward over T = (k + 1) N inputs).
+            forward over T = (k + 1) N inputs). A head's bank has ``num_masks=0``: T = N.
+        head, window, vocab_top_k: a head's bank: :meth:`mtprobe.heads.CircuitHead.fingerprint` of
+            the head it was built for (``None``: any head), its window n (trees reach depth n - 1 at
+            most) and the ``vocab_top_k`` its ranks were counted with.
         model: :func:`model_fingerprint` of the model it was built for, ``None`` for a bank that
             fits any model (the uncalibrated :func:`default_bank`).
         device, dtype: where its throughput frontier was measured (``None`` for the default bank).
@@ -96,6 +109,9 @@ class TopologyBank:
     Traceback (most recent call last):
     ...
     ValueError: tree 1 of the bank: topology: path (0, 0) has no parent node (0,); every prefix of a path must be a node too
+    >>> heads = TopologyBank(trees=(((0,), (1,), (0, 0)),), drafter="heads", num_masks=0, window=4)
+    >>> heads.block_size(0)
+    4
     """
 
     trees: tuple[Tree, ...]
@@ -104,6 +120,9 @@ class TopologyBank:
     mask_init: str = "prompt_mean"
     mask_lambda: float = 0.1
     drafter: str = "probe"
+    head: str | None = None
+    window: int | None = None
+    vocab_top_k: int | None = None
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
@@ -118,26 +137,45 @@ class TopologyBank:
         object.__setattr__(self, "trees", trees)
         if not trees:
             raise ValueError("the topology bank is empty: give at least one tree (a tuple of rank paths)")
+        if self.drafter not in DRAFTERS:
+            raise ValueError(
+                f"drafter={self.drafter!r}: a bank holds trees for mask-token probing ('probe') or a circuit "
+                "head ('heads')"
+            )
+        heads = self.drafter == "heads"
+        lo, hi = (0, 0) if heads else (1, 4)
         if (
             isinstance(self.num_masks, bool)
             or not isinstance(self.num_masks, int)
-            or not 1 <= self.num_masks <= 4
+            or not lo <= self.num_masks <= hi
         ):
-            raise ValueError(f"num_masks={self.num_masks!r} must be an int in [1, 4]")
-        if self.drafter != "probe":
-            raise ValueError(
-                f"drafter={self.drafter!r}: this bank format holds mask-probing trees ('probe') only"
-            )
+            want = "0 for a head's bank (its drafts need no mask inputs)" if heads else "an int in [1, 4]"
+            raise ValueError(f"num_masks={self.num_masks!r} must be {want}")
+        if heads:
+            if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 2:
+                raise ValueError(
+                    f"window={self.window!r}: a head's bank needs the head's window, an int >= 2"
+                )
+            k = self.vocab_top_k
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise ValueError(f"vocab_top_k={k!r} must be an int >= 1 or None")
+        elif (self.head, self.window, self.vocab_top_k) != (None, None, None):
+            raise ValueError("head, window and vocab_top_k describe a circuit head's bank (drafter='heads')")
+        max_depth = self.window - 1 if heads else self.num_masks
         compiled = []
         for i, t in enumerate(trees):
             try:
                 compiled.append(_C.Topology([list(p) for p in t]))
             except ValueError as e:
                 raise ValueError(f"tree {i} of the bank: {e}") from None
-            if compiled[-1].max_depth > self.num_masks:
+            if compiled[-1].max_depth > max_depth:
+                why = (
+                    f"a head of window {self.window} drafts depths 1..{max_depth}"
+                    if heads
+                    else f"{self.num_masks} mask token(s) draft depths 1..{self.num_masks}"
+                )
                 raise ValueError(
-                    f"tree {i} of the bank reaches depth {compiled[-1].max_depth}, but {self.num_masks} mask "
-                    f"token(s) draft depths 1..{self.num_masks} only"
+                    f"tree {i} of the bank reaches depth {compiled[-1].max_depth}, but {why} only"
                 )
         object.__setattr__(self, "_compiled", tuple(compiled))
         if self.best is not None and not 0 <= self.best < len(trees):
@@ -164,8 +202,33 @@ class TopologyBank:
         """The largest tree's T: the budget a bank needs."""
         return max(self.block_size(i) for i in range(len(self.trees)))
 
-    def check(self, model: Any) -> None:
-        """Raise ValueError when the bank was built for another model, device or dtype than ``model``'s."""
+    def check(self, model: Any, head: Any = None, vocab_top_k: int | None = None) -> None:
+        """Raise ValueError when the bank was built for another model, device or dtype than ``model``'s,
+        or (a head's bank) for another head than ``head`` (a :class:`~mtprobe.heads.CircuitHead`) or
+        another ``vocab_top_k``."""
+        if self.drafter == "heads":
+            if head is None:
+                raise ValueError(
+                    "this topology bank holds a circuit head's trees: use it with HeadsConfig(bank=...)"
+                )
+            if self.window != head.spec.window:
+                raise ValueError(
+                    f"this topology bank is for a head of window {self.window}, not {head.spec.window}"
+                )
+            if self.head is not None and self.head != head.fingerprint():
+                raise ValueError(
+                    f"this topology bank was built for another circuit head ({self.head}, this one is "
+                    f"{head.fingerprint()}); build one for it with `python -m mtprobe.topology --head DIR ...`"
+                )
+            if self.head is not None and self.vocab_top_k != vocab_top_k:
+                raise ValueError(
+                    f"this topology bank was built with vocab_top_k={self.vocab_top_k}, not {vocab_top_k}: its "
+                    "trees' ranks were counted over that vocabulary; use the same setting or build a bank for this one"
+                )
+        elif head is not None:
+            raise ValueError(
+                "this topology bank holds mask-probing trees, not a circuit head's: use EntMTPConfig"
+            )
         if self.model is None:
             return
         from mtprobe.profile import ProfileKey
@@ -195,6 +258,9 @@ class TopologyBank:
             "mask_init": self.mask_init,
             "mask_lambda": self.mask_lambda,
             "drafter": self.drafter,
+            "head": self.head,
+            "window": self.window,
+            "vocab_top_k": self.vocab_top_k,
             "model": self.model,
             "device": self.device,
             "dtype": self.dtype,
@@ -295,6 +361,25 @@ def true_ranks(
     return out
 
 
+def _bank_config(bank: TopologyBank, tree: int, head: Any = None) -> Any:
+    """The configuration that runs bank tree ``tree`` every step and records: EntMTP for a probing bank,
+    ``head`` (a HeadsConfig) with the bank for a head's."""
+    import mtprobe
+
+    if bank.drafter == "heads":
+        return dataclasses.replace(
+            head,
+            bank=bank,
+            policy="static",
+            trees=(tree,),
+            thresholds=None,
+            feature=None,
+            record_steps=True,
+            block_complexity=max(head.block_complexity, bank.block_complexity),
+        )
+    return mtprobe.EntMTPConfig(bank=bank, policy="static", trees=(tree,), record_steps=True)
+
+
 def rollout(
     model: Any,
     prompts: Sequence[torch.Tensor],
@@ -302,34 +387,45 @@ def rollout(
     tree: int,
     max_new_tokens: int,
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[StepRecord], float, int]:
-    """Greedy generation of every prompt with bank tree ``tree`` every step: (step records, tau, context
-    length at the middle of the generations)."""
+    head: Any = None,
+) -> tuple[list[StepRecord], float, int, float]:
+    """Greedy generation of every prompt with bank tree ``tree`` every step (``head``: the HeadsConfig of
+    a head's bank): (step records, tau, context length at the middle of the generations, seconds per
+    forward spent outside the model's forwards: the drafter's own work and the loop's)."""
     import mtprobe
 
-    config = mtprobe.EntMTPConfig(bank=bank, policy="static", trees=(tree,), record_steps=True)
+    config = _bank_config(bank, tree, head)
     records: list[StepRecord] = []
-    gained = steps = 0
+    gained = steps = forwards = 0
+    outside = 0.0
     contexts = []
     for r, ids in enumerate(prompts):
         out = mtprobe.generate(model, ids, config, max_new_tokens=max_new_tokens, do_sample=False)
         seq = out.sequences[0].tolist()
         log = out.topology_log
-        for pos, cands, feats in zip(
-            log["positions"], log["candidates"].tolist(), log["features"], strict=True
-        ):
+        if "ranks" in log:  # a head's: ranked in C++ from its circuit
+            ranks = log["ranks"]
+        else:
+            ranks = [
+                true_ranks(c, seq, pos, bank.prune)
+                for pos, c in zip(log["positions"], log["candidates"].tolist(), strict=True)
+            ]
+        for pos, rk, feats in zip(log["positions"], ranks, log["features"], strict=True):
             if pos < len(seq):
-                records.append(StepRecord(r, tuple(true_ranks(cands, seq, pos, bank.prune)), tuple(feats)))
+                records.append(StepRecord(r, tuple(rk), tuple(feats)))
         gained += sum(out.accept_lengths)
         steps += out.steps
+        forwards += out.forward_calls
+        outside += out.timings["total_s"] - out.timings["forward_s"]
         contexts.append(ids.shape[-1] + out.new_tokens // 2)
         if progress:
             progress(f"tree {tree}: prompt {r + 1}/{len(prompts)}, tau so far {gained / max(1, steps):.3f}")
-    return records, gained / max(1, steps), int(sorted(contexts)[len(contexts) // 2]) if contexts else 0
+    context = int(sorted(contexts)[len(contexts) // 2]) if contexts else 0
+    return records, gained / max(1, steps), context, outside / max(1, forwards)
 
 
 def acceptance_frontier(
-    records: Sequence[StepRecord], num_masks: int, max_nodes: int, max_rank: int = 15
+    records: Sequence[StepRecord], depth: int, max_nodes: int, max_rank: int = 15
 ) -> list[Tree]:
     """Seed 002's greedy acceptance frontier: trees of 1, 2, ..., ``max_nodes`` - 1 drafts, each the
     previous plus the one node that raises the mean accepted depth over ``records`` most (ties:
@@ -337,12 +433,12 @@ def acceptance_frontier(
     with its path, so its gain is the share of such steps.
 
     >>> recs = [StepRecord(0, (0, 0), (0, 0, 0, 0))] * 3 + [StepRecord(0, (1, -1), (0, 0, 0, 0))]
-    >>> acceptance_frontier(recs, num_masks=2, max_nodes=4)
+    >>> acceptance_frontier(recs, depth=2, max_nodes=4)
     [((0,),), ((0,), (0, 0)), ((0,), (0, 0), (1,))]
     """
     reach: dict[tuple[int, ...], int] = {}
     for rec in records:
-        for d in range(1, num_masks + 1):
+        for d in range(1, depth + 1):
             if rec.ranks[d - 1] < 0:
                 break
             reach[rec.ranks[:d]] = reach.get(rec.ranks[:d], 0) + 1
@@ -350,7 +446,7 @@ def acceptance_frontier(
     frontier: list[Tree] = []
     children: dict[tuple[int, ...], int] = {(): 0}  # node -> children so far (the next child's rank)
     while len(tree) + 1 < max_nodes:
-        options = [node + (n,) for node, n in children.items() if len(node) < num_masks and n <= max_rank]
+        options = [node + (n,) for node, n in children.items() if len(node) < depth and n <= max_rank]
         if not options:
             break
         best = max(options, key=lambda c: (reach.get(c, 0), -sum(c), -len(c)))
@@ -359,6 +455,39 @@ def acceptance_frontier(
         children[best] = 0
         frontier.append(tuple(tree))
     return frontier
+
+
+def replay_policy(
+    records: Sequence[StepRecord],
+    accepted: Sequence[Sequence[int]],
+    policy: str,
+    trees: Sequence[int],
+    thresholds: Sequence[float],
+    feature: str,
+    ema: float = 0.5,
+) -> list[int]:
+    """The tree a policy picks at every step of ``records`` (``accepted[s][i]``: drafts tree ``i``
+    accepts at step ``s``), as the drafters pick it: record ``s``'s features (read where its
+    candidates were made) choose the tree step ``s`` drafts. The accept feature is re-derived from the
+    replayed choices (it starts at the prefill's 0 accepted drafts); the others are as recorded."""
+    from mtprobe.reference.topology import choose
+
+    col = _FEATURE_COLUMN[feature]
+    chosen: list[int] = []
+    current, rollout_id, accept_ema = trees[0], -1, 0.0
+    for s, rec in enumerate(records):
+        if rec.rollout != rollout_id:  # a new generation: the policy starts over
+            rollout_id, current, accept_ema = rec.rollout, trees[0], 0.0
+        if feature == "accept":
+            score = accept_ema
+        elif feature == "entropy":
+            score = math.exp(-rec.features[col])
+        else:
+            score = rec.features[col]
+        current = choose(policy, trees, thresholds, score, current)
+        chosen.append(current)
+        accept_ema = ema * accepted[s][current] + (1 - ema) * accept_ema
+    return chosen
 
 
 def simulate_policy(
@@ -371,29 +500,11 @@ def simulate_policy(
     feature: str,
     ema: float = 0.5,
 ) -> float:
-    """Tokens per second a policy would reach replaying ``records`` (``accepted[s][i]``: drafts tree
-    ``i`` accepts at step ``s``; ``costs[i]``: seconds of its forward). The accept feature is
-    re-derived from the replayed choices; the other features are as recorded."""
-    from mtprobe.reference.topology import choose
-
-    col = _FEATURE_COLUMN[feature]
-    tokens = seconds = 0.0
-    current, rollout_id, accept_ema, seen = trees[0], -1, 0.0, False
-    for s, rec in enumerate(records):
-        if rec.rollout != rollout_id:  # a new generation: the policy starts over
-            rollout_id, current, accept_ema, seen = rec.rollout, trees[0], 0.0, False
-        got = accepted[s][current]
-        tokens += got + 1
-        seconds += costs[current]
-        if feature == "accept":
-            accept_ema = got if not seen else ema * got + (1 - ema) * accept_ema
-            score = accept_ema
-        elif feature == "entropy":
-            score = math.exp(-rec.features[col])
-        else:
-            score = rec.features[col]
-        seen = True
-        current = choose(policy, trees, thresholds, score, current)
+    """Tokens per second a policy would reach replaying ``records`` (:func:`replay_policy`;
+    ``costs[i]``: seconds of tree ``i``'s forward)."""
+    chosen = replay_policy(records, accepted, policy, trees, thresholds, feature, ema)
+    tokens = sum(accepted[s][t] + 1 for s, t in enumerate(chosen))
+    seconds = sum(costs[t] for t in chosen)
     return tokens / seconds if seconds else 0.0
 
 
@@ -407,6 +518,17 @@ def _scores(records: Sequence[StepRecord], feature: str) -> list[float]:
 def _quantiles(values: Sequence[float], qs: Iterable[float]) -> list[float]:
     v = sorted(values)
     return [v[min(len(v) - 1, max(0, int(q * len(v))))] for q in qs] if v else []
+
+
+def policy_trees(bank: TopologyBank, feature: str) -> list[int]:
+    """The bank's trees a policy on ``feature`` may switch between: all of them, except that on the
+    root alone nothing is ever accepted, so a policy on the accept EMA that reached it would never
+    leave it; that feature gets the trees with drafts only.
+
+    >>> policy_trees(TopologyBank(trees=((), ((0,),), chain_tree([3]))), "accept")
+    [1, 2]
+    """
+    return [i for i, t in enumerate(bank.trees) if feature != "accept" or t]
 
 
 def calibrate_policies(
@@ -434,21 +556,22 @@ def calibrate_policies(
         )
     for feature in FEATURES:
         qs = _quantiles(_scores(records, feature), grid)
+        usable = policy_trees(bank, feature)
         if feature == "accept":
             qs = sorted(set(qs) | {0.25, 0.5, 1.0, 1.5, 2.0})
-        for lo in range(n):
-            for hi in range(lo + 1, n):
-                for a in range(len(qs)):
-                    for b in range(a, len(qs)):
-                        th = [qs[a], qs[b]]
-                        rate = simulate_policy(records, accepted, costs, "hysteretic", [lo, hi], th, feature)
-                        keep("hysteretic", rate, trees=[lo, hi], thresholds=th, feature=feature)
-        # The ladder over the whole bank: thresholds at evenly spaced quantiles, shifted by the sweep.
-        for shift in [s / 20 for s in range(-8, 9)]:
-            cuts = [min(0.99, max(0.01, j / n + shift)) for j in range(1, n)]
+        for lo, hi in itertools.combinations(usable, 2):
+            for a in range(len(qs)):
+                for b in range(a, len(qs)):
+                    th = [qs[a], qs[b]]
+                    rate = simulate_policy(records, accepted, costs, "hysteretic", [lo, hi], th, feature)
+                    keep("hysteretic", rate, trees=[lo, hi], thresholds=th, feature=feature)
+        # The ladder over the usable trees: thresholds at evenly spaced quantiles, shifted by the sweep.
+        m = len(usable)
+        for shift in [s / 20 for s in range(-8, 9)] if m else []:
+            cuts = [min(0.99, max(0.01, j / m + shift)) for j in range(1, m)]
             th = sorted(_quantiles(_scores(records, feature), cuts))
-            rate = simulate_policy(records, accepted, costs, "ladder", list(range(n)), th, feature)
-            keep("ladder", rate, trees=list(range(n)), thresholds=th, feature=feature)
+            rate = simulate_policy(records, accepted, costs, "ladder", usable, th, feature)
+            keep("ladder", rate, trees=usable, thresholds=th, feature=feature)
     return best
 
 
@@ -457,6 +580,7 @@ def build_bank(
     prompts: Sequence[torch.Tensor],
     *,
     num_masks: int = 1,
+    head: Any = None,
     max_nodes: int = 15,
     debias_sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 11, 14),
     max_new_tokens: int = 64,
@@ -464,29 +588,50 @@ def build_bank(
     progress: Callable[[str], None] | None = None,
 ) -> TopologyBank:
     """The calibrated bank for ``model`` on ``prompts`` (token tensors ``[1, L]``): the five steps of
-    the module docstring. ``debias_sizes``: drafts counts of the frontier trees re-run on their own
-    (each one rollout over all prompts); ``profile``: the forward profile (measured if ``None``)."""
+    the module docstring. ``head``: a :class:`mtprobe.HeadsConfig` to build the bank of its circuit
+    head (its ``vocab_top_k`` and ``block_complexity`` apply; ``num_masks`` is then unused), else the
+    bank is for probing with ``num_masks`` masks. ``debias_sizes``: drafts counts of the frontier
+    trees re-run on their own (each one rollout over all prompts); ``profile``: the forward profile
+    (measured if ``None``)."""
     from mtprobe import _C
+    from mtprobe.config import HeadsConfig
     from mtprobe.profile import ProfileKey, profile_forward
 
     if not prompts:
         raise ValueError("build_bank needs at least one calibration prompt")
     if max_nodes < 2:
         raise ValueError(f"max_nodes={max_nodes} must be >= 2 (the root and one draft)")
+    if head is not None and not isinstance(head, HeadsConfig):
+        raise TypeError(
+            f"head must be a HeadsConfig (the circuit head the bank is for), got {type(head).__name__}"
+        )
     started = time.perf_counter()
     profile = profile_forward(model) if profile is None else profile
     profile.check(model)
     key = ProfileKey.of(model)
-    k = num_masks
-    # 1. Self-rollouts with the widest tree of the seed-001 shape (its rank lists are long enough to
-    # score every augmentation up to max_nodes).
-    scout = TopologyBank(
-        trees=(chain_tree([max_nodes - 1] + [1] * (k - 1)) if k > 1 else chain_tree([max_nodes - 1]),),
-        num_masks=k,
+    if head is not None:
+        from mtprobe import heads
+
+        loaded = heads.load_cached(head.path, model)
+        head = dataclasses.replace(head, bank=None, policy=None, trees=None, thresholds=None, feature=None)
+        # A head drafts no mask inputs (T = nodes) and reaches depth n - 1.
+        drafter = {
+            "drafter": "heads",
+            "num_masks": 0,
+            "window": loaded.spec.window,
+            "vocab_top_k": head.vocab_top_k,
+        }
+        depth, identity = loaded.spec.window - 1, {"head": loaded.fingerprint()}
+    else:
+        drafter, depth, identity = {"num_masks": num_masks}, num_masks, {}
+    # 1. Self-rollouts with a wide first depth and a chain below it (seed 001's shape): every step's
+    # ranks are recorded whatever the tree, which only decides where steps start.
+    scout = TopologyBank(trees=(chain_tree([max_nodes - 1] + [1] * (depth - 1)),), **drafter)
+    records, scout_tau, context, scout_overhead = rollout(
+        model, prompts, scout, 0, max_new_tokens, progress, head
     )
-    records, scout_tau, context = rollout(model, prompts, scout, 0, max_new_tokens, progress)
     # 2. Acceptance frontier.
-    frontier = acceptance_frontier(records, k, max_nodes)
+    frontier = acceptance_frontier(records, depth, max_nodes)
     one_step = {}
     for t in frontier:
         topo = _C.Topology([list(p) for p in t])  # compiled once per tree, not per step
@@ -494,25 +639,29 @@ def build_bank(
     # 3. Debiasing: the chosen sizes re-run with their own tree.
     chosen = [t for t in frontier if len(t) in set(debias_sizes)]
     candidates: list[Tree] = [(), *chosen]
-    debiased = {0: 1.0}
+    # The drafter's own time per step (outside the forwards): the root alone pays what the scout paid
+    # (a head still runs every step; probing still reads its masks).
+    debiased, overhead = {0: 1.0}, {0: scout_overhead}
     for t in chosen:
-        _, tau, _ = rollout(
-            model, prompts, TopologyBank(trees=(t,), num_masks=k), 0, max_new_tokens, progress
+        _, tau, _, overhead[len(t)] = rollout(
+            model, prompts, TopologyBank(trees=(t,), **drafter), 0, max_new_tokens, progress, head
         )
         debiased[len(t)] = tau
-    # 4. Throughput frontier: keep the trees that raise tau over every cheaper one.
+    # 4. Throughput frontier: keep the trees that raise tau over every cheaper one; a step costs its
+    # forward over T = (k + 1) nodes inputs plus the drafter's own time.
     kept: list[Tree] = []
     for t in candidates:
         if not kept or debiased[len(t)] > debiased[len(kept[-1])]:
             kept.append(t)
-    rates = [debiased[len(t)] / profile.time((k + 1) * (len(t) + 1), context) for t in kept]
-    bank = TopologyBank(trees=tuple(kept), num_masks=k)
-    costs = [profile.time(bank.block_size(i), context) for i in range(len(kept))]
+    bank = TopologyBank(trees=tuple(kept), **drafter)
+    costs = [profile.time(bank.block_size(i), context) + overhead[len(t)] for i, t in enumerate(kept)]
+    rates = [debiased[len(t)] / cost for t, cost in zip(kept, costs, strict=True)]
     # 5. Policy thresholds.
     policies = calibrate_policies(records, bank, costs)
     return TopologyBank(
         trees=tuple(kept),
-        num_masks=k,
+        **drafter,
+        **identity,
         model=model_fingerprint(model),
         device=key.device,
         dtype=key.dtype,
@@ -526,6 +675,7 @@ def build_bank(
             "context": context,
             "one_step_tau": {str(n): v for n, v in sorted(one_step.items())},
             "debiased_tau": {str(n): v for n, v in sorted(debiased.items())},
+            "drafter_seconds_per_step": [overhead[len(t)] for t in kept],
             "predicted_tokens_per_s": rates,
             "plain_tokens_per_s": 1.0 / profile.time(1, context),
             "build_seconds": time.perf_counter() - started,
@@ -536,13 +686,25 @@ def build_bank(
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mtprobe.topology",
-        description="Build an EntMTP topology bank for mask-token probing on a model (seed 002): "
-        "self-rollouts on calibration prompts, the acceptance and throughput frontiers, policy thresholds.",
+        description="Build an EntMTP topology bank for mask-token probing (or, with --head, a circuit head) on a "
+        "model (seed 002): self-rollouts on calibration prompts, the acceptance and throughput frontiers, policy "
+        "thresholds.",
     )
     from mtprobe.data import add_calibration_arguments
 
     add_calibration_arguments(parser)
     parser.add_argument("--num-masks", type=int, default=1, help="k, mask tokens per node (1..4)")
+    parser.add_argument(
+        "--head",
+        default=None,
+        help="a circuit head's folder (python -m mtprobe.heads train): build the bank of its trees instead",
+    )
+    parser.add_argument(
+        "--vocab-top-k",
+        type=int,
+        default=None,
+        help="with --head: the head's restricted vocabulary (HeadsConfig.vocab_top_k) the bank is for",
+    )
     parser.add_argument(
         "--max-nodes", type=int, default=15, help="largest tree, root included (BC = (k+1) nodes)"
     )
@@ -565,12 +727,20 @@ def _main(argv: Sequence[str] | None = None) -> int:
     from mtprobe.data import calibration_prompts, print_progress
     from mtprobe.profile import ForwardProfile
 
+    if args.vocab_top_k is not None and args.head is None:
+        parser.error("--vocab-top-k is a circuit head's setting: give --head DIR too")
+    from mtprobe.config import HeadsConfig
+
+    head = None
+    if args.head is not None:
+        head = HeadsConfig(path=args.head, vocab_top_k=args.vocab_top_k)
     model, _, ids = calibration_prompts(args)
 
     bank = build_bank(
         model,
         ids,
         num_masks=args.num_masks,
+        head=head,
         max_nodes=args.max_nodes,
         max_new_tokens=args.max_new_tokens,
         debias_sizes=debias,

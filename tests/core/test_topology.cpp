@@ -5,8 +5,10 @@
 //   test_topology
 //   ./test_topology
 // The same trees, fills and choices run against the Python reference in tests/test_topology.py.
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/topology.h"
@@ -17,7 +19,9 @@ namespace {
 using mtprobe::core::accepted_depth;
 using mtprobe::core::compile_topology;
 using mtprobe::core::fill_topology;
+using mtprobe::core::is_topology_feature;
 using mtprobe::core::Topology;
+using mtprobe::core::TopologyFeatures;
 using mtprobe::core::TopologyPolicy;
 using mtprobe::core::TopologyPolicyKind;
 
@@ -111,6 +115,25 @@ void test_policies() {
   CHECK(thrown == 6);
 }
 
+// The EMAs start at the first step's values, then weigh the newest step by `ema`.
+void test_features() {
+  TopologyFeatures f;
+  f.update(/*top1=*/0.8, /*path_value=*/0.4, /*entropy=*/2.0, /*accepted=*/0.0, /*ema=*/0.25);
+  CHECK(f.seen && f.entropy_ema == 2.0 && f.accept_ema == 0.0);
+  f.update(0.6, 0.3, 1.0, 4.0, 0.25);  // entropy .25 * 1 + .75 * 2 = 1.75; accept .25 * 4 = 1
+  CHECK(f.top1 == 0.6 && f.path_value == 0.3 && f.entropy_ema == 1.75 && f.accept_ema == 1.0);
+  CHECK(f.score("top1") == 0.6 && f.score("path_value") == 0.3 && f.score("accept") == 1.0);
+  CHECK(std::abs(f.score("entropy") - std::exp(-1.75)) < 1e-12);
+  CHECK(is_topology_feature("entropy") && !is_topology_feature("depth"));
+  bool thrown = false;
+  try {
+    f.score("depth");
+  } catch (const std::invalid_argument&) {
+    thrown = true;
+  }
+  CHECK(thrown);
+}
+
 }  // namespace
 
 int main() {
@@ -119,6 +142,7 @@ int main() {
       {"pruning_skips_parent_and_root", test_pruning_skips_parent_and_root},
       {"bad_paths_throw", test_bad_paths_throw},
       {"policies", test_policies},
+      {"features", test_features},
   };
   return mtprobe_test::run_tests(tests);
 }

@@ -791,6 +791,29 @@ register(
                 "vocab",
                 "the head emits only its K most frequent training tokens (default: the whole vocabulary)",
             ),
+            Option(
+                "--bank",
+                "bank",
+                str,
+                "bank-",
+                "EntMTP over the head: a topology bank built for it with `python -m mtprobe.topology --head DIR` "
+                "(default: none, the best-first tree)",
+            ),
+            Option(
+                "--policy",
+                "policy",
+                str,
+                "",
+                "with --bank: static, ladder or hysteretic (default: static, the bank's best tree)",
+            ),
+            Option(
+                "--feature",
+                "feature",
+                str,
+                "f-",
+                "with --bank: the policy's score, path_value, top1, entropy or accept (default: the bank's "
+                "calibrated one, else path_value)",
+            ),
         ),
         steps_doc="forward calls, prefill included",
     )
