@@ -39,16 +39,22 @@ from mtprobe.specbench.questions import first_per_category, load_questions
 
 
 def head_cost(
-    model, head: heads.CircuitHead, ids: torch.Tensor, vocab_top_k: int | None = None, repeats: int = 30
+    model,
+    head: heads.CircuitHead,
+    ids: torch.Tensor,
+    vocab_top_k: int | None = None,
+    dtype: torch.dtype | None = None,
+    repeats: int = 30,
 ) -> tuple[float, float]:
     """(seconds per head call, seconds per single-token decode forward with ``ids`` cached). A head call
     is the drafter's callback over one committed token (after a prefill over ``ids``): with LoRA draft
     layers it includes them, their cache growing by one token per call as in decoding;
-    ``vocab_top_k``: the head restricted as ``HeadsConfig(vocab_top_k=K)`` restricts it."""
+    ``vocab_top_k``, ``dtype``: the head restricted and cast as ``HeadsConfig(vocab_top_k=K,
+    head_dtype=...)`` does it."""
     with torch.no_grad():
         out = model(ids, use_cache=True, output_hidden_states=True)
         hidden, logits = out.hidden_states[head.hidden_layer][0], out.logits[0, -1]  # [P, d], [V]
-        step, p = head.step_fn(vocab_top_k), hidden.shape[0]
+        step, p = head.step_fn(vocab_top_k, dtype), hidden.shape[0]
         step(hidden, logits, 0)  # warm-up (the prefill; and E C precomputed once, as in decoding)
         t0 = time.perf_counter()
         for i in range(repeats):
@@ -113,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         help="HeadsConfig.vocab_top_k: the head emits only its K most frequent training tokens (0: the whole "
         "vocabulary); several give a row each (top-K vocab)",
     )
+    ap.add_argument(
+        "--head-dtype",
+        nargs="+",
+        default=["none"],
+        choices=["none", "float32", "bfloat16", "float16"],
+        help="HeadsConfig.head_dtype (none: the default); several give a row each",
+    )
     ap.add_argument("--seed", type=int, default=0, help="sampling: torch seed before every generation")
     ap.add_argument("--baselines", nargs="*", default=["stand"], help="rows of bench_baselines.py to add")
     ap.add_argument("--mask-path", default=None, help="mask calibration for the *-cal baseline rows")
@@ -125,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         model.generation_config.eos_token_id = None  # continue a text for the full length
     prompts = load_prompts(args, tok)
     loaded = {path: heads.load_head(path, model) for path in args.heads}  # a broken head fails first
-    costs = {}  # (path, vocab_top_k) -> head cost
-    for (path, head), k in itertools.product(loaded.items(), args.vocab_top_k):
-        head_s, fwd_s = head_cost(model, head, prompts[0][1], k or None)
-        costs[path, k] = head_s / fwd_s
+    dtypes = [None if d == "none" else d for d in args.head_dtype]
+    costs = {}  # (path, vocab_top_k, head_dtype) -> head cost
+    for (path, head), k, d in itertools.product(loaded.items(), args.vocab_top_k, dtypes):
+        head_s, fwd_s = head_cost(
+            model, head, prompts[0][1], k or None, None if d is None else getattr(torch, d)
+        )
+        costs[path, k, d] = head_s / fwd_s
 
     def sampling(temp: float) -> dict:
         if temp == 0:
@@ -156,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             # Sampling drafts top_branches windows drawn from the circuit; greedy drafts one best-first tree.
             branches = args.top_branches if temp > 0 else args.top_branches[:1]
             floors = args.min_path_prob if temp == 0 else [0.0]
-            for path, tb, floor, k in itertools.product(args.heads, branches, floors, args.vocab_top_k):
+            for path, tb, floor, k, d in itertools.product(
+                args.heads, branches, floors, args.vocab_top_k, dtypes
+            ):
                 head = loaded[path]
                 s = head.spec
                 name = f"{s.circuit} n{s.window} r{head.r}" + (
@@ -169,14 +187,16 @@ def main(argv: list[str] | None = None) -> int:
                 name += f" b{tb}" if temp > 0 and len(args.top_branches) > 1 else ""
                 name += f" p≥{floor:g}" if floor > 0 else ""
                 name += f" top-{k} vocab" if k else ""
+                name += f" {d}" if d else ""
                 cfg = mtprobe.HeadsConfig(
                     path=path,
                     block_complexity=bc,
                     top_branches=tb,
                     min_path_prob=floor,
                     vocab_top_k=k or None,
+                    head_dtype=d,
                 )
-                runs[name] = (cfg, costs[path, k])
+                runs[name] = (cfg, costs[path, k, d])
             for name, (cfg, cost) in runs.items():
                 t0 = time.perf_counter()
                 per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -224,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "- τ = tokens gained per decode forward (prefill not counted); ms/cycle = decode-loop time after the "
         "prefill over decode forwards (one draft + verify cycle each); tok/s = new tokens over the wall time "
         "of all prompts; × HF = tok/s over HF `generate`'s at the same T; heads rows: HeadsConfig(path, "
-        "block_complexity=BC, top_branches=b, min_path_prob=X for p≥X, vocab_top_k=K for top-K vocab), circuit, "
+        "block_complexity=BC, top_branches=b, min_path_prob=X for p≥X, vocab_top_k=K for top-K vocab, "
+        "head_dtype=D when a dtype is named), circuit, "
         "window n, rank r, adapter rank ρ "
         "(lowrank emissions; none: one "
         "unembedding per position and state); head cost = one head call (step_fn) over one single-token decode "

@@ -79,6 +79,7 @@ NON_DEFAULT = {
         top_branches=2,
         min_path_prob=0.01,
         vocab_top_k=48,
+        head_dtype="bfloat16",
         bank=mtprobe.TopologyBank(
             trees=((), ((0,),), ((0,), (1,), (0, 0))), drafter="heads", num_masks=0, window=3, vocab_top_k=48
         ),

@@ -16,6 +16,7 @@ from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import heads
 from mtprobe.calibrate import calibration_sequences
 from mtprobe.ops import circuit_prefix_log_marginals
+from tolerances import dtype_id
 
 KINDS = ("ff", "cp", "hmm", "btree")
 
@@ -190,17 +191,55 @@ def test_a_restricted_head_is_the_whole_head_renormalised_over_its_tokens(
             assert torch.isneginf(part[..., dropped]).all()
 
 
+@pytest.mark.parametrize("emission", heads.EMISSIONS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_a_half_precision_restricted_head_is_the_float32_one_rounded(model, trained, emission, dtype):
+    # Its tables are the float32 ones rounded to dtype, its products accumulate from them, and it
+    # normalises in float32: the log-probabilities differ from float32's by about the rounding of
+    # logits of this size, and the dropped tokens stay impossible.
+    head = heads.load_head(trained["btree", emission], model)
+    exact, half = head.restricted_vocab(20), head.restricted_vocab(20, dtype)
+    assert half.table.dtype == half.lm_head.dtype == dtype and torch.equal(half.ids, exact.ids)
+    torch.testing.assert_close(half.table, exact.table.to(dtype), atol=0, rtol=0)
+    hidden = torch.randn(3, 64)
+    with torch.no_grad():
+        want, got = head(hidden, None, exact).emissions, head(hidden, None, half).emissions
+    assert got.dtype == torch.float32
+    kept = torch.isfinite(want)
+    assert torch.equal(kept, torch.isfinite(got))
+    # Each product's output is rounded to dtype once (half an ulp, eps / 2 relative) and the
+    # log-softmax adds the rounding of the log-normaliser: a few half-ulps at the size of the
+    # log-probabilities (measured: 0.45 eps max|log q| in bfloat16, 0.44 in float16).
+    bound = 2 * torch.finfo(dtype).eps * float(want[kept].abs().max())
+    assert float((got[kept] - want[kept]).abs().max()) <= bound
+
+
 @pytest.mark.parametrize("kind", ["ff", "btree"])
 def test_a_restricted_head_is_token_identical(model, trained, kind):
     prompt = _prompts(1, seed=3)[0]
     ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30)
     calls = {}
-    for k in (None, 40, 1):  # the random tiny model's text holds 80 of its 96 tokens
-        cfg = mtprobe.HeadsConfig(path=trained[kind, "lowrank"], block_complexity=12, vocab_top_k=k)
+    for k, dtype in itertools.product((None, 40, 1), (None, "bfloat16")):  # the text holds 80 of 96 tokens
+        cfg = mtprobe.HeadsConfig(
+            path=trained[kind, "lowrank"], block_complexity=12, vocab_top_k=k, head_dtype=dtype
+        )
         out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
-        assert torch.equal(out.sequences, ref), (kind, k)
-        calls[k] = out.forward_calls
-    assert calls[40] < 30  # still drafts that are accepted
+        assert torch.equal(out.sequences, ref), (kind, k, dtype)
+        calls[k, dtype] = out.forward_calls
+    assert calls[40, None] < 30 and calls[40, "bfloat16"] < 30  # still drafts that are accepted
+
+
+def test_what_inference_builds_is_cached_until_the_parameters_change(model, trained):
+    # The restricted tables and the fingerprint are built once per head, not per generate call, and
+    # rebuilt after a training step (an in-place update of a parameter).
+    head = heads.load_head(trained["btree", "lowrank"], model)
+    vocab, print_ = head.restricted_vocab(20), head.fingerprint()
+    assert head.restricted_vocab(20) is vocab and head.restricted_vocab(30) is not vocab
+    with torch.no_grad():
+        head.up.add_(0.5)
+    again = head.restricted_vocab(20)
+    assert again is not vocab and not torch.allclose(again.table, vocab.table)
+    assert head.fingerprint() != print_
 
 
 def test_vocab_top_k_needs_token_counts_and_a_size_below_the_vocabulary(
@@ -312,8 +351,12 @@ def test_bad_configs():
     for bad in (1.0, -0.1, True, "0.1"):
         with pytest.raises(ValueError, match=f"min_path_prob={bad!r} must be a number in \\[0, 1\\)"):
             mtprobe.HeadsConfig(path="x", min_path_prob=bad)
-    cfg = mtprobe.HeadsConfig(path="x", block_complexity=12)
-    assert mtprobe.config_from_dict(cfg.to_dict()) == cfg
+    for bad in ("bf16", "float64", 16):
+        with pytest.raises(ValueError, match=f"head_dtype={bad!r}: expected one of 'float32', 'bfloat16'"):
+            mtprobe.HeadsConfig(path="x", head_dtype=bad)
+    assert mtprobe.HeadsConfig(path="x", head_dtype=torch.bfloat16).head_dtype == "bfloat16"
+    cfg = mtprobe.HeadsConfig(path="x", block_complexity=12, head_dtype="float16")
+    assert mtprobe.config_from_dict(cfg.to_dict()) == cfg and cfg.torch_head_dtype == torch.float16
 
 
 def test_a_head_that_returns_wrong_shapes_is_an_error(model):

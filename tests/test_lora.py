@@ -11,7 +11,7 @@ import mtprobe
 from conftest import tiny_llama
 from mtprobe import heads
 from mtprobe.calibrate import calibration_sequences
-from mtprobe.lora import DraftLayers
+from mtprobe.lora import DraftLayers, LoraLinear
 from test_heads import _prompts
 
 
@@ -199,6 +199,77 @@ def test_checkpoint_round_trip(model, lora_heads):
         )
     saved = {k for k in head.state_dict() if k.startswith("draft.")}
     assert saved and all("lora_" in k or "norm" in k for k in saved)  # never the backbone's linear weights
+
+
+def test_the_folded_draft_is_the_draft(model, lora_heads):
+    # merged(): one linear map W + s B A per adapter, the same function up to rounding, whether it
+    # sees the sequence at once or through its cache; in bfloat16 up to bfloat16's rounding.
+    from transformers import DynamicCache
+
+    from tolerances import tolerance
+
+    head = heads.load_head(lora_heads[2], model)
+    draft = head.draft
+    assert any(float(p.detach().abs().max()) > 0 for n, p in draft.named_parameters() if "lora_b" in n)
+    x = torch.randn(1, 9, model.config.hidden_size)  # [1, T, d]
+    pos = torch.arange(9)[None]
+    backbone = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        want = draft(x, pos)
+        for dtype in (None, torch.bfloat16):
+            folded = draft.merged(dtype)
+            assert not any(isinstance(m, LoraLinear) for m in folded.modules())
+            assert not any(p.requires_grad for p in folded.parameters())
+            cache = DynamicCache()
+            chunks = torch.cat(
+                [folded(x[:, a:b], pos[:, a:b], cache) for a, b in ((0, 5), (5, 6), (6, 9))], 1
+            )
+            whole = folded(x, pos)
+            assert whole.dtype == (dtype or torch.float32) and cache.get_seq_length() == 9
+            tol = tolerance(dtype or torch.float32)
+            # Rounding of the folded weights and of every layer's output in dtype: a few ulps per layer.
+            scale = 1.0 if dtype is None else 4.0
+            torch.testing.assert_close(
+                whole.float(), want, atol=scale * tol["atol"], rtol=scale * tol["rtol"]
+            )
+            torch.testing.assert_close(chunks, whole, **tolerance(dtype or torch.float32))
+            # Its weights are its own: changing them leaves the backbone and the trained draft alone.
+            folded.layers[0].mlp.up_proj.weight.add_(1.0)
+            torch.testing.assert_close(draft(x, pos), want, atol=0, rtol=0)
+    assert all(torch.equal(p, backbone[n]) for n, p in model.named_parameters())
+
+
+def test_the_inference_draft_follows_training(model, lora_heads):
+    # The folded copy is cached on the head, and rebuilt once an adapter changes (a training step).
+    head = heads.load_head(lora_heads[1], model)
+    first = head.inference_draft()
+    assert head.inference_draft() is first and head.inference_draft(torch.bfloat16) is not first
+    x = torch.randn(1, 3, model.config.hidden_size)
+    with torch.no_grad():
+        before = first(x, torch.arange(3)[None])
+        head.draft.layers[0].mlp.down_proj.lora_b.mul_(2.0)
+        again = head.inference_draft()
+        assert again is not first
+        assert not torch.allclose(again(x, torch.arange(3)[None]), before)
+        torch.testing.assert_close(again(x, torch.arange(3)[None]), head.draft(x, torch.arange(3)[None]))
+    with pytest.raises(ValueError, match="no LoRA draft layers"):
+        heads.new_head(model, _spec(model)).inference_draft()
+
+
+@pytest.mark.parametrize("head_dtype", ["bfloat16", "float16"])
+def test_greedy_is_token_identical_with_a_half_precision_draft(model, lora_heads, head_dtype):
+    # A half-precision head drafts slightly different tokens at most; the output never differs.
+    for k in (1, "draft"):
+        cfg = mtprobe.HeadsConfig(path=lora_heads[k], block_complexity=6, head_dtype=head_dtype)
+        calls, new = 0, 0
+        for prompt in _prompts(3):
+            ref = model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30
+            )
+            out = mtprobe.generate(model, prompt, cfg, max_new_tokens=30, do_sample=False)
+            assert torch.equal(out.sequences, ref), (k, head_dtype, prompt.tolist())
+            calls, new = calls + out.forward_calls, new + 30
+        assert calls < 0.9 * new, (k, calls, new)  # its drafts are still accepted
 
 
 def test_command_line(tmp_path, capsys, base_head):

@@ -307,17 +307,20 @@ def test_run_heads_with_a_floor_and_a_small_vocabulary_answers_as_ar_does(tiny: 
         "0.05",
         "--vocab-top-k",
         "8",
+        "--head-dtype",
+        "bfloat16",
     )
     assert _run_cli(*common, *method, "--answer-file", str(out)) == 0
     lines = _lines(out)
     _check_lines(
         lines,
         {q.question_id: q for q in load_questions(MINI)},
-        f"{tiny.name}-heads-head-head-bc6-floor0.05-vocab8",
+        f"{tiny.name}-heads-head-head-bc6-floor0.05-vocab8-hd-bfloat16",
     )
     assert [x["choices"][0]["turns"] for x in lines] == [x["choices"][0]["turns"] for x in _lines(ar)]
     assert lines[0]["mtprobe"]["method_config"]["min_path_prob"] == 0.05
     assert lines[0]["mtprobe"]["method_config"]["vocab_top_k"] == 8
+    assert lines[0]["mtprobe"]["method_config"]["head_dtype"] == "bfloat16"
     # EntMTP over the head: a bank of its trees and a policy.
     from mtprobe.topology import TopologyBank
 

@@ -577,3 +577,13 @@ def test_heads_bank_refusals(tiny_head):
             mtprobe.HeadsConfig(path=path, bank=dataclasses_replace(bank, model="X:1")),
             max_new_tokens=4,
         )
+
+
+@pytest.mark.parametrize("flag", [["--vocab-top-k", "8"], ["--head-dtype", "bfloat16"]])
+def test_the_command_line_refuses_head_settings_without_a_head(flag, capsys):
+    from mtprobe.topology import _main
+
+    with pytest.raises(SystemExit) as e:
+        _main([*flag, "--out", "bank.json"])
+    assert e.value.code == 2
+    assert f"{flag[0]} is a circuit head's setting: give --head DIR too" in capsys.readouterr().err

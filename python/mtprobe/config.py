@@ -8,8 +8,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+import torch
+
 MASK_INITS = ("prompt_mean", "prompt_last", "gaussian", "gaussian_5sigma", "gaussian_10sigma", "calibrated")
 TREES = ("static", "dynamic")
+_HEAD_DTYPES = ("float32", "bfloat16", "float16")  # HeadsConfig.head_dtype
 
 
 _C = TypeVar("_C", bound="_ConfigData")
@@ -849,6 +852,13 @@ class HeadsConfig(_ConfigData):
             ``token_counts``), so a step computes K LM-head rows instead of V; ``None`` keeps the
             whole vocabulary. Drafts can then never hold the other tokens, which costs acceptance
             when they come; verification keeps the output exact either way.
+        head_dtype: the dtype the head's per-step products read their weights in: its LoRA draft
+            layers (folded, one product per linear map) and, with ``vocab_top_k``, the restricted
+            LM-head rows and adapters; ``"bfloat16"`` or ``"float16"`` halves the memory a step reads,
+            most of a one-row product's time on a CPU (check that yours multiplies them natively:
+            AVX512-BF16 or AMX for bfloat16). Normalisation stays float32; the drafts may differ
+            by rounding, the output never does. ``None``: the draft layers in the model's dtype and
+            the rest in float32, as trained.
         bank: EntMTP (seed 002) over the head: a :class:`~mtprobe.topology.TopologyBank` of static
             trees (``drafter="heads"``, built for this head by ``python -m mtprobe.topology --head
             DIR``) or its path. Every step the policy picks one of its trees and fills it with the
@@ -872,6 +882,7 @@ class HeadsConfig(_ConfigData):
     top_branches: int = 4
     min_path_prob: float = 0.0
     vocab_top_k: int | None = None
+    head_dtype: str | None = None
     bank: Any = None
     policy: str | None = None
     trees: tuple[int, ...] | None = None
@@ -906,6 +917,13 @@ class HeadsConfig(_ConfigData):
                 raise ValueError(
                     f"vocab_top_k={self.vocab_top_k} must be >= 1 (tokens the head may emit), or None for all"
                 )
+        if isinstance(self.head_dtype, torch.dtype):
+            object.__setattr__(self, "head_dtype", str(self.head_dtype).removeprefix("torch."))
+        if self.head_dtype is not None and self.head_dtype not in _HEAD_DTYPES:
+            raise ValueError(
+                f"head_dtype={self.head_dtype!r}: expected one of {', '.join(map(repr, _HEAD_DTYPES))} "
+                "(or None: the model's dtype for the draft layers, float32 for the rest)"
+            )
         if not isinstance(self.record_steps, bool):
             raise TypeError(f"record_steps must be a bool, got {self.record_steps!r}")
         if self.bank is None:
@@ -935,6 +953,11 @@ class HeadsConfig(_ConfigData):
     def resolved_bank(self) -> Any:
         """The TopologyBank in use (loaded from ``bank`` when it is a path), or ``None`` (best-first trees)."""
         return getattr(self, "_bank", None)
+
+    @property
+    def torch_head_dtype(self) -> torch.dtype | None:
+        """``head_dtype`` as a torch dtype (``None`` stays ``None``)."""
+        return None if self.head_dtype is None else getattr(torch, self.head_dtype)
 
 
 @_method("auto")

@@ -78,6 +78,20 @@ def mask_probe_drafter(model: PreTrainedModel, config: ProbeConfig) -> _C.MaskPr
     )
 
 
+def _bank_arguments(config: EntMTPConfig | HeadsConfig, bank: Any) -> dict[str, Any]:
+    """The C++ drafters' EntMTP keyword arguments (csrc/bindings/drafters.cpp, ``set_bank``): ``bank``'s
+    compiled trees and ``config``'s policy over them."""
+    return {
+        "bank": [bank.topology(i) for i in range(len(bank.trees))],
+        "policy": _C.TopologyPolicy(
+            config.policy, list(config.trees), list(config.thresholds), bank_size=len(bank.trees)
+        ),
+        "feature": config.feature,
+        "ema": float(config.ema),
+        "record": config.record_steps,
+    }
+
+
 def entmtp_drafter(model: PreTrainedModel, config: EntMTPConfig) -> _C.MaskProbeDrafter:
     """Mask-token probing over ``config``'s topology bank, one tree per step by its policy; the bank is
     checked against ``model`` (ValueError when it was built for another model, device or dtype)."""
@@ -94,13 +108,7 @@ def entmtp_drafter(model: PreTrainedModel, config: EntMTPConfig) -> _C.MaskProbe
         mask_init="gaussian" if init in _GAUSSIAN_SHIFT else init,
         gaussian_shift=_GAUSSIAN_SHIFT.get(init, 0.0),
         mask_lambda=float(bank.mask_lambda),
-        bank=[bank.topology(i) for i in range(len(bank.trees))],
-        policy=_C.TopologyPolicy(
-            config.policy, list(config.trees), list(config.thresholds), bank_size=len(bank.trees)
-        ),
-        feature=config.feature,
-        ema=float(config.ema),
-        record=config.record_steps,
+        **_bank_arguments(config, bank),
     )
 
 
@@ -195,21 +203,14 @@ def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: boo
     entmtp: dict[str, Any] = {}
     if bank is not None:
         bank.check(model, head=head, vocab_top_k=config.vocab_top_k)
-        entmtp = {
-            "bank": [bank.topology(i) for i in range(len(bank.trees))],
-            "policy": _C.TopologyPolicy(
-                config.policy, list(config.trees), list(config.thresholds), bank_size=len(bank.trees)
-            ),
-            "feature": config.feature,
-            "ema": float(config.ema),
-            "record": config.record_steps,
-        }
+        entmtp = _bank_arguments(config, bank)
     return heads.heads_drafter(
         head,
         do_sample=do_sample,
         top_branches=config.top_branches,
         min_path_prob=config.min_path_prob,
         vocab_top_k=config.vocab_top_k,
+        dtype=config.torch_head_dtype,
         **entmtp,
     )
 

@@ -271,15 +271,35 @@ class CircuitHead(nn.Module):
             noise = 0.02 * torch.randn(n * r, v, d) * self.lm_head.std()
             self.unembed = nn.Parameter(self.lm_head.expand(n * r, v, d) + noise)  # [n r, V, d]
         self._projected: tuple[int, torch.Tensor] | None = None  # (version, E C) cached for inference
+        # What inference builds once from the parameters, keyed by what it depends on and by
+        # :meth:`_version`, so a training step in between rebuilds it.
+        self._inference_cache: dict[tuple[Any, ...], tuple[int, Any]] = {}
 
     @property
     def r(self) -> int:
         return 1 if self.spec.circuit == "ff" else self.spec.rank
 
+    def _version(self) -> int:
+        """Changes whenever a parameter or buffer is updated in place (a training step, a loaded state
+        dict). Inference tensors (a head loaded under ``torch.inference_mode()``) have no version
+        counter, and cannot change outside it."""
+        return sum(0 if t.is_inference() else t._version for t in (*self.parameters(), *self.buffers()))
+
+    def _cached(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """``build()``, kept until the parameters change (:meth:`_version`)."""
+        version = self._version()
+        hit = self._inference_cache.get(key)
+        if hit is None or hit[0] != version:
+            hit = self._inference_cache[key] = (version, build())
+        return hit[1]
+
     def fingerprint(self) -> str:
         """The head's identity for what was built for it (a topology bank): its spec and a hash of its
         trained parameters (``cp:1a2b...``). Token counts are left out: adding them (``heads count``)
-        does not change what the head drafts."""
+        does not change what the head drafts. Cached until the parameters change."""
+        return self._cached(("fingerprint",), self._fingerprint)
+
+    def _fingerprint(self) -> str:
         digest = hashlib.sha256(json.dumps(asdict(self.spec), sort_keys=True).encode())
         for name, value in sorted(self.state_dict().items()):
             if name != "token_counts":
@@ -302,13 +322,14 @@ class CircuitHead(nn.Module):
             self._projected = (version, torch.einsum("vd,kdp->kvp", self.lm_head, self.up).contiguous())
         return self._projected[1]
 
-    def restricted_vocab(self, k: int) -> RestrictedVocab:
+    def restricted_vocab(self, k: int, dtype: torch.dtype | None = None) -> RestrictedVocab:
         """The head's emissions cut down to the ``k`` tokens it saw most often in training (ties: the
         smaller id), for :meth:`forward`'s ``vocab``: the LM-head rows and projected adapters of those
-        tokens, gathered once. Every other token gets probability 0, so the drafts never hold it; the
-        target's verification keeps the output exact all the same (a restricted head is only a
-        cheaper, slightly weaker proposal). ValueError for a checkpoint without token counts or a
-        ``k`` outside [1, V)."""
+        tokens, gathered once (and cached until the parameters change), in ``dtype`` (default float32;
+        :meth:`forward` multiplies in it and normalises in float32). Every other token gets
+        probability 0, so the drafts never hold it; the target's verification keeps the output exact
+        all the same (a restricted head is only a cheaper, slightly weaker proposal). ValueError for a
+        checkpoint without token counts or a ``k`` outside [1, V)."""
         v = self.spec.vocab_size
         _check_int("vocab_top_k", k)
         if not 1 <= k < v:
@@ -323,18 +344,31 @@ class CircuitHead(nn.Module):
                 "cannot rank its vocabulary for vocab_top_k; record them with python -m mtprobe.heads "
                 "count DIR --features FILE (the features it was trained on), or retrain it"
             )
+        return self._cached(("restricted_vocab", k, dtype), lambda: self._restrict(k, dtype or torch.float32))
+
+    def _restrict(self, k: int, dtype: torch.dtype) -> RestrictedVocab:
+        v = self.spec.vocab_size
         # Stable sort of -counts: the most frequent first, ties by id; then in id order.
-        order = torch.sort(-counts.cpu(), stable=True).indices[:k]
+        order = torch.sort(-self.token_counts.cpu(), stable=True).indices[:k]
         ids = order.sort().values.to(self.lm_head.device)  # [K]
-        member = torch.zeros(v, dtype=torch.bool, device=ids.device)
+        member = torch.zeros(v, dtype=torch.bool, device=ids.device)  # [V]
         member[ids] = True
         with torch.no_grad():
             if self.spec.emission == "lowrank":
-                table = self._projected_up()[:, ids].contiguous()  # [n r, K, rho]
+                table = self._projected_up()[:, ids]  # [n r, K, rho]
             else:
-                table = self.unembed[:, ids].contiguous()  # [n r, K, d]
-            bias = None if self.lm_bias is None else self.lm_bias[ids].contiguous()
-            return RestrictedVocab(ids, member, self.lm_head[ids].contiguous(), bias, table)
+                table = self.unembed[:, ids]  # [n r, K, d]
+            bias = None if self.lm_bias is None else self.lm_bias[ids].to(dtype).contiguous()  # [K]
+            lm_rows = self.lm_head[ids].to(dtype).contiguous()  # [K, d]
+            return RestrictedVocab(ids, member, lm_rows, bias, table.to(dtype).contiguous())
+
+    def inference_draft(self, dtype: torch.dtype | None = None) -> nn.Module:
+        """The draft layers folded for decoding (:meth:`mtprobe.lora.DraftLayers.merged`: one product
+        per linear map instead of three) in ``dtype`` (default: the backbone's), cached until the
+        parameters change. ValueError for a head without draft layers."""
+        if self.draft is None:
+            raise ValueError("this head has no LoRA draft layers (spec.lora_layers=0): nothing to fold")
+        return self._cached(("inference_draft", dtype), lambda: self.draft.merged(dtype))
 
     def forward(
         self, hidden: torch.Tensor, base: torch.Tensor | None = None, vocab: RestrictedVocab | None = None
@@ -352,12 +386,14 @@ class CircuitHead(nn.Module):
         def rows(
             lm_head: torch.Tensor, lm_bias: torch.Tensor | None, table: torch.Tensor, base: Any
         ) -> torch.Tensor:
-            """Emission logits ``[B, n r, N]`` of the N tokens whose LM-head rows and table rows these are."""
+            """Emission logits ``[B, n r, N]`` (float32) of the N tokens whose LM-head rows and table rows
+            these are; the products in the tables' dtype (a restricted vocabulary's may be half precision)."""
+            x = h.to(table.dtype)  # [B, d]
             if not lowrank:
-                return torch.einsum("bd,kvd->bkv", h, table)
+                return torch.einsum("bd,kvd->bkv", x, table).float()
             if base is None:
-                base = F.linear(h, lm_head, lm_bias)  # [B, N]: E h
-            return base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a, table)
+                base = F.linear(x, lm_head, lm_bias)  # [B, N]: E h
+            return base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a.to(table.dtype), table).float()
 
         whole = self._projected_up() if lowrank else self.unembed  # [n r, V, rho or d]
         if vocab is None:
@@ -399,7 +435,7 @@ class CircuitHead(nn.Module):
         return -1 if self.draft is None else int(self.draft.first)
 
     def step_fn(
-        self, vocab_top_k: int | None = None
+        self, vocab_top_k: int | None = None, dtype: torch.dtype | None = None
     ) -> Callable[[torch.Tensor, torch.Tensor, int], list[torch.Tensor]]:
         """The C++ drafter's callback, with its own state (one per drafter): ``(hidden [a, d], logits
         [V], prefix_len)`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts.
@@ -410,12 +446,15 @@ class CircuitHead(nn.Module):
         is the context the window starts after. ``logits``: the target's raw logits there. With LoRA
         draft layers, they run over all ``a`` rows with their own KV cache, which must hold exactly
         the ``prefix_len`` tokens before (RuntimeError otherwise); a prefill (``prefix_len`` 0)
-        starts a new cache.
+        starts a new cache. The draft layers run folded (:meth:`inference_draft`); ``dtype``: theirs
+        and the restricted vocabulary's tables' (:meth:`restricted_vocab`), default the backbone's and
+        float32. Normalisation is always float32.
         """
         from transformers import DynamicCache
 
         cache: list[Any] = [None]
-        restricted = None if vocab_top_k is None else self.restricted_vocab(vocab_top_k)
+        restricted = None if vocab_top_k is None else self.restricted_vocab(vocab_top_k, dtype)
+        draft = None if self.draft is None else self.inference_draft(dtype)
 
         def step(hidden: torch.Tensor, logits: torch.Tensor, prefix_len: int) -> list[torch.Tensor]:
             with torch.no_grad():
@@ -432,7 +471,7 @@ class CircuitHead(nn.Module):
                         "committed token must pass through the drafter's observe once, in order"
                     )
                 positions = torch.arange(prefix_len, prefix_len + hidden.shape[0], device=hidden.device)
-                h = self.draft(hidden[None], positions[None], cache[0])[0, -1:]  # [1, d]
+                h = draft(hidden[None], positions[None], cache[0])[0, -1:]  # [1, d]
                 return self(h, base, vocab).core_layout(0)  # base None: the draft's own E h
 
         return step
@@ -613,11 +652,12 @@ def heads_drafter(
     top_branches: int = 1,
     min_path_prob: float = 0.0,
     vocab_top_k: int | None = None,
+    dtype: torch.dtype | None = None,
     **entmtp: Any,
 ) -> Any:
     """The C++ drafter over a trained ``head`` (ValueError for an untrained one). The block-complexity
-    budget is the decode loop's (StepLimits), not the drafter's; ``min_path_prob`` and
-    ``vocab_top_k``: see :class:`mtprobe.HeadsConfig`; ``entmtp``: the bank's compiled trees, policy,
+    budget is the decode loop's (StepLimits), not the drafter's; ``min_path_prob``, ``vocab_top_k``
+    and ``dtype`` (``head_dtype``): see :class:`mtprobe.HeadsConfig`; ``entmtp``: the bank's compiled trees, policy,
     feature, ema and record (:func:`mtprobe.drafters.heads_drafter` builds them from a HeadsConfig)."""
     from mtprobe import _C
 
@@ -629,7 +669,7 @@ def heads_drafter(
     head.eval()
     spec = head.spec
     return _C.HeadsDrafter(
-        head.step_fn(vocab_top_k),
+        head.step_fn(vocab_top_k, dtype),
         circuit=spec.circuit,
         window=spec.window,
         rank=head.r,

@@ -679,6 +679,8 @@ def build_bank(
             "predicted_tokens_per_s": rates,
             "plain_tokens_per_s": 1.0 / profile.time(1, context),
             "build_seconds": time.perf_counter() - started,
+            # What the drafter's measured time per step depends on besides the machine.
+            **({} if head is None else {"head_dtype": head.head_dtype}),
         },
     )
 
@@ -706,6 +708,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
         help="with --head: the head's restricted vocabulary (HeadsConfig.vocab_top_k) the bank is for",
     )
     parser.add_argument(
+        "--head-dtype",
+        default=None,
+        help="with --head: the dtype of the head's per-step products (HeadsConfig.head_dtype), which its "
+        "measured time per step depends on",
+    )
+    parser.add_argument(
         "--max-nodes", type=int, default=15, help="largest tree, root included (BC = (k+1) nodes)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -727,13 +735,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
     from mtprobe.data import calibration_prompts, print_progress
     from mtprobe.profile import ForwardProfile
 
-    if args.vocab_top_k is not None and args.head is None:
-        parser.error("--vocab-top-k is a circuit head's setting: give --head DIR too")
+    for flag, value in (("--vocab-top-k", args.vocab_top_k), ("--head-dtype", args.head_dtype)):
+        if value is not None and args.head is None:
+            parser.error(f"{flag} is a circuit head's setting: give --head DIR too")
     from mtprobe.config import HeadsConfig
 
     head = None
     if args.head is not None:
-        head = HeadsConfig(path=args.head, vocab_top_k=args.vocab_top_k)
+        head = HeadsConfig(path=args.head, vocab_top_k=args.vocab_top_k, head_dtype=args.head_dtype)
     model, _, ids = calibration_prompts(args)
 
     bank = build_bank(

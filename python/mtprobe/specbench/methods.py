@@ -792,6 +792,14 @@ register(
                 "the head emits only its K most frequent training tokens (default: the whole vocabulary)",
             ),
             Option(
+                "--head-dtype",
+                "head_dtype",
+                str,
+                "hd-",
+                "the dtype of the head's per-step products: float32, bfloat16 or float16 (default: the "
+                "model's for the LoRA draft layers, float32 for the rest)",
+            ),
+            Option(
                 "--bank",
                 "bank",
                 str,
