@@ -219,7 +219,8 @@ def test_a_restricted_head_is_token_identical(model, trained, kind):
     prompt = _prompts(1, seed=3)[0]
     ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30)
     calls = {}
-    for k, dtype in itertools.product((None, 40, 1), (None, "bfloat16")):  # the text holds 80 of 96 tokens
+    # The tiny model's text holds 80 of its 96 tokens; head_dtype needs vocab_top_k on a head without LoRA.
+    for k, dtype in ((None, None), (40, None), (1, None), (40, "bfloat16"), (1, "bfloat16")):
         cfg = mtprobe.HeadsConfig(
             path=trained[kind, "lowrank"], block_complexity=12, vocab_top_k=k, head_dtype=dtype
         )
@@ -227,6 +228,12 @@ def test_a_restricted_head_is_token_identical(model, trained, kind):
         assert torch.equal(out.sequences, ref), (kind, k, dtype)
         calls[k, dtype] = out.forward_calls
     assert calls[40, None] < 30 and calls[40, "bfloat16"] < 30  # still drafts that are accepted
+    # Without draft layers or a restricted vocabulary there is nothing for head_dtype to change.
+    cfg = mtprobe.HeadsConfig(path=trained[kind, "lowrank"], head_dtype="bfloat16")
+    with pytest.raises(
+        ValueError, match=r"head_dtype='bfloat16' .* this head has neither .* set vocab_top_k"
+    ):
+        mtprobe.generate(model, prompt, cfg, max_new_tokens=4)
 
 
 def test_what_inference_builds_is_cached_until_the_parameters_change(model, trained):

@@ -858,7 +858,8 @@ class HeadsConfig(_ConfigData):
             most of a one-row product's time on a CPU (check that yours multiplies them natively:
             AVX512-BF16 or AMX for bfloat16). Normalisation stays float32; the drafts may differ
             by rounding, the output never does. ``None``: the draft layers in the model's dtype and
-            the rest in float32, as trained.
+            the rest in float32, as trained. A head with neither draft layers nor ``vocab_top_k``
+            refuses it (it would change nothing).
         bank: EntMTP (seed 002) over the head: a :class:`~mtprobe.topology.TopologyBank` of static
             trees (``drafter="heads"``, built for this head by ``python -m mtprobe.topology --head
             DIR``) or its path. Every step the policy picks one of its trees and fills it with the

@@ -666,6 +666,12 @@ def heads_drafter(
             "this circuit head has not been trained (0 steps): its drafts would be noise; train it with "
             "python -m mtprobe.heads train, or load a checkpoint with mtprobe.heads.load_head"
         )
+    if dtype is not None and head.draft is None and vocab_top_k is None:
+        raise ValueError(
+            f"head_dtype={str(dtype).removeprefix('torch.')!r} sets the dtype of a head's LoRA draft layers and "
+            "of its restricted vocabulary's tables, and this head has neither (lora_layers=0, vocab_top_k=None): "
+            "it would change nothing; set vocab_top_k=K too, or leave head_dtype=None"
+        )
     head.eval()
     spec = head.spec
     return _C.HeadsDrafter(
