@@ -189,4 +189,15 @@ bool is_topology_feature(const std::string& feature) {
   return feature == "path_value" || feature == "top1" || feature == "entropy" || feature == "accept";
 }
 
+void check_bank_policy(int64_t bank_size, const TopologyPolicy& policy, const std::string& feature,
+                       double ema) {
+  policy.validate(bank_size);
+  if (!is_topology_feature(feature))
+    throw std::invalid_argument("unknown policy feature '" + feature +
+                                "' (path_value, top1, entropy or accept)");
+  // Negated so that NaN fails too.
+  if (!(ema > 0.0 && ema <= 1.0))
+    throw std::invalid_argument("ema must be in (0, 1], got " + std::to_string(ema));
+}
+
 }  // namespace mtprobe::core

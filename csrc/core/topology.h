@@ -94,4 +94,10 @@ struct TopologyFeatures {
 // Whether `feature` names a TopologyFeatures score.
 bool is_topology_feature(const std::string& feature);
 
+// The checks every drafter that runs a bank makes on its policy options: the policy fits the bank,
+// `feature` names a score, and `ema` (the newest step's weight) is in (0, 1]. Throws
+// std::invalid_argument naming what is wrong.
+void check_bank_policy(int64_t bank_size, const TopologyPolicy& policy, const std::string& feature,
+                       double ema);
+
 }  // namespace mtprobe::core

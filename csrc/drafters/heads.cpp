@@ -49,13 +49,11 @@ HeadsDrafter::HeadsDrafter(HeadFn head, HeadsOptions options) : head_(std::move(
     // At least kMinBankWidth, so that ranks recorded with one bank mean the same with another.
     bank_width_ = std::min(std::max(bank_width_, kMinBankWidth), options_.vocab);
     try {
-      options_.policy.validate(static_cast<int64_t>(options_.bank.size()));
+      core::check_bank_policy(static_cast<int64_t>(options_.bank.size()), options_.policy, options_.feature,
+                              options_.ema);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
-    TORCH_CHECK_VALUE(core::is_topology_feature(options_.feature), "unknown policy feature '",
-                      options_.feature, "' (path_value, top1, entropy or accept)");
-    TORCH_CHECK_VALUE(options_.ema > 0.0 && options_.ema <= 1.0, "ema must be in (0, 1], got ", options_.ema);
   } else {
     TORCH_CHECK_VALUE(!options_.record, "record needs a topology bank (the records are its trees' ranks)");
   }
@@ -271,17 +269,16 @@ void HeadsDrafter::observe(const StepOutcome& outcome) {
   TORCH_CHECK_VALUE(out.size() == 3, "the head must return [weights, transitions, emissions], got ",
                     out.size(), " tensors");
   for (at::Tensor& t : out) t = t.detach().to(at::kCPU, at::kFloat).contiguous();
-  // The circuit checks every size against its structure (std::invalid_argument -> ValueError).
-  core::Circuit<float>(structure_, data_or_null(out[0]), out[0].numel(), data_or_null(out[1]), out[1].numel(),
-                       data_or_null(out[2]), out[2].numel());
+  // The circuit checks every size against its structure (std::invalid_argument -> ValueError) before
+  // the parameters are kept. It points into the tensors' storage, which the move below keeps.
+  const core::Circuit<float> c = circuit(out);
   params_ = std::move(out);
   bonus_ = outcome.new_tokens.back();
-  if (uses_bank()) bank_observe(outcome);
+  if (uses_bank()) bank_observe(outcome, c);
 }
 
-void HeadsDrafter::bank_observe(const StepOutcome& outcome) {
+void HeadsDrafter::bank_observe(const StepOutcome& outcome, const core::Circuit<float>& c) {
   shortlist_ = make_shortlist(bank_width_);
-  const core::Circuit<float> c = circuit(params_);
   // The target's distribution at the accepted node, the one the root came from: its top-1
   // probability and entropy.
   at::Tensor p = outcome.logits[outcome.path.back()].to(at::kFloat).softmax(-1);  // [V]

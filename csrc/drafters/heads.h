@@ -130,7 +130,7 @@ class HeadsDrafter : public Drafter {
   // The bank tree's tokens ([nodes], the root first) for this step, or empty when a node has no candidate.
   std::vector<int64_t> fill_bank_tree(const core::Topology& t) const;
   // EntMTP after a head call: features, the next tree, and the record.
-  void bank_observe(const StepOutcome& outcome);
+  void bank_observe(const StepOutcome& outcome, const core::Circuit<float>& circuit);
   // The child ranks of a pending step's continuation (the tokens known so far).
   std::vector<int64_t> true_ranks(const Pending& p) const;
   // The step's new tokens into the pending records; the complete ones (or all, at the end) logged.

@@ -47,13 +47,10 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
                         " exceeds block_complexity ", o.block_complexity);
     }
     try {
-      o.policy.validate(static_cast<int64_t>(o.bank.size()));
+      core::check_bank_policy(static_cast<int64_t>(o.bank.size()), o.policy, o.feature, o.ema);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
-    TORCH_CHECK_VALUE(core::is_topology_feature(o.feature), "unknown policy feature '", o.feature,
-                      "' (path_value, top1, entropy or accept)");
-    TORCH_CHECK_VALUE(o.ema > 0.0 && o.ema <= 1.0, "ema must be in (0, 1], got ", o.ema);
   } else if (!o.dynamic_tree) {
     TORCH_CHECK_VALUE(static_cast<int64_t>(o.branches.size()) == o.num_masks,
                       "a static tree needs one branch "

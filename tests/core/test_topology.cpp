@@ -17,6 +17,7 @@
 namespace {
 
 using mtprobe::core::accepted_depth;
+using mtprobe::core::check_bank_policy;
 using mtprobe::core::compile_topology;
 using mtprobe::core::fill_topology;
 using mtprobe::core::is_topology_feature;
@@ -113,6 +114,23 @@ void test_policies() {
   expect_throw({TopologyPolicyKind::kLadder, {0, 1}, {}}, 2);              // a threshold short
   expect_throw({TopologyPolicyKind::kHysteretic, {0}, {0.1, 0.2}}, 2);     // one tree
   CHECK(thrown == 6);
+
+  // The drafters' whole check: the policy, then the feature's name and the EMA weight.
+  int refused = 0;
+  auto expect_refused = [&](const std::string& feature, double ema, int64_t bank) {
+    try {
+      check_bank_policy(bank, fixed, feature, ema);
+    } catch (const std::invalid_argument&) {
+      ++refused;
+    }
+  };
+  check_bank_policy(3, fixed, "path_value", 1.0);  // accepted: ema 1 keeps only the newest step
+  expect_refused("path_value", 0.5, 2);            // the policy's tree 2 is outside a bank of 2
+  expect_refused("depth", 0.5, 3);                 // not a feature
+  expect_refused("entropy", 0.0, 3);               // ema 0 never moves
+  expect_refused("entropy", 1.5, 3);
+  expect_refused("entropy", std::nan(""), 3);
+  CHECK(refused == 5);
 }
 
 // The EMAs start at the first step's values, then weigh the newest step by `ema`.
