@@ -173,7 +173,10 @@ class DraftLayers(nn.Module):
                     weight = base.weight.float() + module.scale * (
                         module.lora_b.float() @ module.lora_a.float()
                     )
-                linear = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
+                # On the meta device: no random init, since both tensors are replaced just below.
+                linear = nn.Linear(
+                    base.in_features, base.out_features, bias=base.bias is not None, device="meta"
+                )
                 linear.weight = nn.Parameter(weight.to(dtype or base.weight.dtype), requires_grad=False)
                 if base.bias is not None:
                     linear.bias = nn.Parameter(base.bias.detach().clone(), requires_grad=False)

@@ -500,8 +500,10 @@ def simulate_policy(
     feature: str,
     ema: float = 0.5,
 ) -> float:
-    """Tokens per second a policy would reach replaying ``records`` (:func:`replay_policy`;
-    ``costs[i]``: seconds of tree ``i``'s forward)."""
+    """Tokens per second a policy would reach replaying ``records`` (:func:`replay_policy`).
+
+    ``costs[i]`` is the seconds of one step with tree ``i``: its forward t(T) plus the drafter's own
+    time per step, as :func:`build_bank` passes them."""
     chosen = replay_policy(records, accepted, policy, trees, thresholds, feature, ema)
     tokens = sum(accepted[s][t] + 1 for s, t in enumerate(chosen))
     seconds = sum(costs[t] for t in chosen)
