@@ -378,6 +378,105 @@ def test_a_head_that_returns_wrong_shapes_is_an_error(model):
         loop.run(torch.tensor([5, 6, 7]))
 
 
+def test_a_head_that_returns_wrong_columns_is_an_error(model):
+    # A restricted head's fourth tensor names its emission columns: ascending distinct ids in [0, V),
+    # as many as the emissions have columns.
+    from mtprobe import _C
+
+    def run(columns, width=None):
+        e = torch.zeros(3, 4, width or columns.numel()).log_softmax(-1)  # CP [r, n, N]
+
+        def head(hidden, logits, prefix_len):
+            return [torch.zeros(3).log_softmax(-1), torch.empty(0), e, columns]
+
+        drafter = _C.HeadsDrafter(head, circuit="cp", window=4, rank=3, vocab=96)
+        cpu_decode_loop(model, drafter, max_new_tokens=5, block_complexity=8, prompt_len=3).run(
+            torch.tensor([5, 6, 7])
+        )
+
+    run(torch.tensor([1, 5, 9]))  # well formed: no error
+    for bad, match in (
+        (torch.tensor([5, 1, 9]), r"ascending distinct token ids in \[0, 96\), got 1 at 1 after 5"),
+        (torch.tensor([1, 5, 5]), "ascending distinct token ids"),
+        (torch.tensor([1, 5, 96]), r"in \[0, 96\), got 96 at 2"),
+        (torch.tensor([-1, 5]), "got -1 at 0"),
+        (torch.tensor([[1, 5]]), r"non-empty 1-D tensor of token ids, got shape \[1, 2\]"),
+        (torch.tensor([], dtype=torch.long), "non-empty 1-D"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            run(bad, width=max(bad.numel(), 1))
+    with pytest.raises(ValueError, match="emissions"):
+        run(torch.tensor([1, 5, 9]), width=4)  # four columns of emissions for three ids
+
+
+def _column_heads(vocab: int, columns_of):
+    """One CP head (r = 3, window 4) two ways: over its columns ``columns_of(logits)`` (ascending ids) as
+    a restricted head returns it, and widened to the whole vocabulary at log-probability -inf. Its
+    emissions are the target's logits at the anchor plus fixed noise per (state, position)."""
+    g = torch.Generator().manual_seed(0)
+    noise = 2 * torch.randn(3, 4, vocab, generator=g)  # [r, n, V]
+    weights = torch.randn(3, generator=g).log_softmax(-1)  # [r]
+
+    def emissions(logits):
+        cols = columns_of(logits)  # [N]
+        return cols, (logits.float()[cols] + noise[..., cols]).log_softmax(-1)  # [r, n, N]
+
+    def compact(hidden, logits, prefix_len):
+        cols, e = emissions(logits)
+        return [weights, torch.empty(0), e, cols]
+
+    def whole(hidden, logits, prefix_len):
+        cols, e = emissions(logits)
+        return [weights, torch.empty(0), torch.full((3, 4, vocab), -float("inf")).index_copy_(-1, cols, e)]
+
+    return compact, whole
+
+
+@pytest.mark.parametrize("mode", ["best_first", "floor", "bank", "no_root"])
+def test_a_head_over_columns_drafts_what_it_drafts_over_the_whole_vocabulary(model, mode):
+    # The drafter runs the circuit over the N columns and maps its drafts back to ids: the same trees,
+    # acceptances and bank records as the head widened to V at -inf, and greedy's output.
+    from mtprobe import _C
+
+    V = model.config.vocab_size
+    kept = torch.randperm(V, generator=torch.Generator().manual_seed(1))[:40]
+
+    def columns_of(logits):
+        if mode == "no_root":  # never the target's choice: the root is impossible, nothing is drafted
+            return kept[kept != logits.argmax()].sort().values
+        return torch.cat([kept, logits.topk(8).indices]).unique()  # ascending
+
+    options = {}
+    if mode == "floor":
+        options = {"min_path_prob": 0.05}
+    if mode == "bank":
+        options = {
+            "bank": [_C.Topology([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]])],
+            "policy": _C.TopologyPolicy("static", [0], [], bank_size=1),
+            "record": True,
+        }
+    prompt, new = torch.tensor([5, 6, 7, 8]), 40
+    ref = model.generate(prompt[None], attention_mask=torch.ones(1, 4, dtype=torch.long), max_new_tokens=new)
+    runs = {}
+    for name, head in zip(("compact", "whole"), _column_heads(V, columns_of), strict=True):
+        drafter = _C.HeadsDrafter(head, circuit="cp", window=4, rank=3, vocab=V, **options)
+        out = cpu_decode_loop(model, drafter, max_new_tokens=new, block_complexity=12, prompt_len=4).run(
+            prompt
+        )
+        assert out.sequence == ref[0].tolist(), name
+        runs[name] = (
+            list(out.accept_lengths),
+            list(out.drafted_per_depth),
+            drafter.step_log() if "bank" in options else None,
+        )
+    assert runs["compact"] == runs["whole"]
+    accepted, drafted, _ = runs["compact"]
+    if mode == "no_root":
+        assert sum(drafted) == 0 and max(accepted) == 1
+    else:
+        assert max(accepted) > 1  # drafts were accepted, or equal trees would prove little
+
+
 @pytest.mark.parametrize("committed_rows", [False, True])
 def test_the_head_sees_the_rows_it_asks_for(model, committed_rows):
     """Without committed_rows the head gets the last committed row only (no gather); with it, every

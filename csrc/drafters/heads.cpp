@@ -10,18 +10,26 @@ namespace mtprobe {
 
 namespace {
 
-core::CircuitStructure make_structure(const HeadsOptions& o) {
+// The options' circuit over `vocab` emission columns.
+core::CircuitStructure make_structure(const HeadsOptions& o, int64_t vocab) {
   if (o.circuit == "ff") {
     TORCH_CHECK_VALUE(o.rank == 1, "an FF circuit has no latent states: rank must be 1, got ", o.rank);
-    return core::CircuitStructure::ff(o.window, o.vocab);
+    return core::CircuitStructure::ff(o.window, vocab);
   }
-  if (o.circuit == "cp") return core::CircuitStructure::cp(o.window, o.rank, o.vocab);
-  if (o.circuit == "hmm") return core::CircuitStructure::hmm(o.window, o.rank, o.vocab);
-  if (o.circuit == "btree") return core::CircuitStructure::btree(o.window, o.rank, o.vocab);
+  if (o.circuit == "cp") return core::CircuitStructure::cp(o.window, o.rank, vocab);
+  if (o.circuit == "hmm") return core::CircuitStructure::hmm(o.window, o.rank, vocab);
+  if (o.circuit == "btree") return core::CircuitStructure::btree(o.window, o.rank, vocab);
   TORCH_CHECK_VALUE(false, "unknown circuit '", o.circuit, "': expected 'ff', 'cp', 'hmm' or 'btree'");
 }
 
 const float* data_or_null(const at::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+// The column of `token` among ascending `columns` (empty: the whole vocabulary), -1 when absent.
+int64_t column_in(const std::vector<int64_t>& columns, int64_t token) {
+  if (columns.empty()) return token;
+  const auto it = std::lower_bound(columns.begin(), columns.end(), token);
+  return it != columns.end() && *it == token ? static_cast<int64_t>(it - columns.begin()) : -1;
+}
 
 // The shortlist width of a bank: its deepest rank + 1, but never below this.
 constexpr int64_t kMinBankWidth = 16;
@@ -37,7 +45,7 @@ HeadsDrafter::HeadsDrafter(HeadFn head, HeadsOptions options) : head_(std::move(
   TORCH_CHECK_VALUE(options_.top_branches >= 1, "top_branches must be >= 1, got ", options_.top_branches);
   TORCH_CHECK_VALUE(options_.min_path_prob >= 0.0 && options_.min_path_prob < 1.0,
                     "min_path_prob must be in [0, 1), got ", options_.min_path_prob);
-  structure_ = make_structure(options_);
+  structure_ = make_structure(options_, options_.vocab);
   if (!options_.bank.empty()) {
     for (size_t i = 0; i < options_.bank.size(); ++i) {
       const core::Topology& t = options_.bank[i];
@@ -62,7 +70,10 @@ HeadsDrafter::HeadsDrafter(HeadFn head, HeadsOptions options) : head_(std::move(
 void HeadsDrafter::begin(const at::Tensor& prompt) {
   (void)prompt;
   params_.clear();
+  columns_.clear();
+  columns_tensor_ = at::Tensor();
   bonus_ = -1;
+  root_ = -1;
   head_calls_ = 0;
   shortlist_.clear();
   current_tree_ = uses_bank() ? options_.policy.initial() : 0;
@@ -72,17 +83,22 @@ void HeadsDrafter::begin(const at::Tensor& prompt) {
   pending_.clear();
 }
 
-core::Circuit<float> HeadsDrafter::circuit(const std::vector<at::Tensor>& p) const {
-  return core::Circuit<float>(structure_, data_or_null(p[0]), p[0].numel(), data_or_null(p[1]), p[1].numel(),
+core::Circuit<float> HeadsDrafter::circuit(const std::vector<at::Tensor>& p, int64_t columns) const {
+  return core::Circuit<float>(columns == options_.vocab ? structure_ : make_structure(options_, columns),
+                              data_or_null(p[0]), p[0].numel(), data_or_null(p[1]), p[1].numel(),
                               data_or_null(p[2]), p[2].numel());
+}
+
+int64_t HeadsDrafter::num_columns() const {
+  return columns_.empty() ? options_.vocab : static_cast<int64_t>(columns_.size());
 }
 
 std::vector<std::vector<int64_t>> HeadsDrafter::make_shortlist(int64_t width) const {
   // Exact for FF (one state); for a mixture a token outside every state's shortlist can in principle
   // outrank one inside, so a tree may miss it (never a wrong draft: every candidate's conditional is
   // exact, and the target verifies everything).
-  const int64_t V = options_.vocab, n = options_.window;
-  at::Tensor e = params_[2];  // FF [n, V]; CP [r, n, V]; HMM, BTree [n, r, V]
+  const int64_t V = num_columns(), n = options_.window;
+  at::Tensor e = params_[2];  // FF [n, V]; CP [r, n, V]; HMM, BTree [n, r, V] (V: the emission columns)
   e = options_.circuit == "ff" ? e.unsqueeze(1) : options_.circuit == "cp" ? e.transpose(0, 1) : e;
   at::Tensor top = std::get<1>(e.topk(std::min(width, V), -1)).reshape({n, -1});  // [n, r * width] token ids
   std::vector<std::vector<int64_t>> shortlist(static_cast<size_t>(n));
@@ -137,7 +153,7 @@ void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_
                     max_nodes - static_cast<int64_t>(tokens.size()), kids, log_probs);
     for (size_t j = 0; j < kids.size(); ++j) frontier.push({score + log_probs[j], parent, kids[j]});
   };
-  expand({bonus_}, -1, 0.0);
+  expand({root_}, -1, 0.0);
   // log 0 = -inf keeps every candidate; the frontier pops best first, so the first one below the
   // floor ends the tree (a child's path is never more probable than its parent's).
   const double floor = std::log(options_.min_path_prob);
@@ -145,7 +161,7 @@ void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_
     const Candidate c = frontier.top();
     frontier.pop();
     if (c.score < floor) break;
-    std::vector<int64_t> prefix = c.parent < 0 ? std::vector<int64_t>{bonus_} : prefixes[c.parent];
+    std::vector<int64_t> prefix = c.parent < 0 ? std::vector<int64_t>{root_} : prefixes[c.parent];
     prefix.push_back(c.token);
     tokens.push_back(c.token);
     parents.push_back(c.parent);
@@ -158,12 +174,12 @@ void HeadsDrafter::greedy_tree(const core::Circuit<float>& circuit, int64_t max_
 }
 
 std::vector<int64_t> HeadsDrafter::fill_bank_tree(const core::Topology& t) const {
-  const core::Circuit<float> c = circuit(params_);
+  const core::Circuit<float> c = circuit(params_, num_columns());
   const int64_t N = t.num_nodes();
-  std::vector<int64_t> tokens(static_cast<size_t>(N));
+  std::vector<int64_t> tokens(static_cast<size_t>(N));              // columns
   std::vector<std::vector<int64_t>> paths(static_cast<size_t>(N));  // [root, drafts down to the node]
-  tokens[0] = bonus_;
-  paths[0] = {bonus_};
+  tokens[0] = root_;
+  paths[0] = {root_};
   std::vector<int64_t> kids;
   std::vector<float> log_probs;
   // Nodes come by depth, so a parent's path is known before its children's.
@@ -188,7 +204,7 @@ DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len
   // Drafts need the head's window for this root: none at prefill (no hidden state yet).
   const int64_t depth = std::min({options_.window - 1, limits.max_depth, limits.tokens_left - 1});
   const int64_t max_nodes = limits.budget - 1;
-  const bool drafts = !params_.empty() && c == 1 && depth >= 1 && max_nodes >= 1;
+  const bool drafts = !params_.empty() && root_ >= 0 && c == 1 && depth >= 1 && max_nodes >= 1;
   std::vector<int64_t> tokens, parents;
   if (uses_bank()) {
     // The policy's tree, filled with this step's ranked children: the same shape every time it runs.
@@ -199,35 +215,40 @@ DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len
     for (int64_t i = 1; i < static_cast<int64_t>(filled.size()) && t.depths[i] <= depth &&
                         static_cast<int64_t>(tokens.size()) < max_nodes;
          ++i) {
-      tokens.push_back(filled[i]);
+      tokens.push_back(token_of(filled[i]));
       parents.push_back(t.parents[i] - 1);  // node 0 is the root: draft index parent - 1
     }
     if (prefix_len > 0) tree_choices_.push_back(filled.empty() ? -1 : current_tree_);
     return token_block(committed, tokens, parents);
   }
   if (!drafts) return token_block(committed, {}, {});
-  const core::Circuit<float> circuit = this->circuit(params_);
+  const core::Circuit<float> circuit = this->circuit(params_, num_columns());
+  auto to_tokens = [&](std::vector<int64_t>& columns) {
+    for (int64_t& x : columns) x = token_of(x);
+  };
   if (!options_.do_sample) {
     greedy_tree(circuit, max_nodes, depth, tokens, parents);
+    to_tokens(tokens);
     return token_block(committed, tokens, parents);
   }
-  // Sampling: m chains of `depth` tokens, each token drawn from q(. | root, the chain so far).
-  const int64_t V = options_.vocab;
+  // Sampling: m chains of `depth` tokens, each token drawn from q(. | root, the chain so far); the
+  // draws are columns, mapped to token ids at the end.
+  const int64_t N = num_columns();
   const int64_t m = std::max<int64_t>(1, std::min(options_.top_branches, max_nodes / depth));
   const int64_t d = std::min(depth, max_nodes);                 // one chain always fits
-  auto conditional = [&](const std::vector<int64_t>& prefix) {  // [V] q(. | prefix), float32
-    at::Tensor logq = at::empty({V}, at::kFloat);
+  auto conditional = [&](const std::vector<int64_t>& prefix) {  // [N] q(. | prefix), float32
+    at::Tensor logq = at::empty({N}, at::kFloat);
     circuit.next_token_log_probs(prefix.data(), static_cast<int64_t>(prefix.size()), logq.data_ptr<float>());
     return logq.exp_();
   };
-  at::Tensor q_root = conditional({bonus_});  // [V]
+  at::Tensor q_root = conditional({root_});  // [N]
   // A root the circuit gives probability 0 (an emission underflowed) leaves its conditionals undefined:
   // no drafts this step, rather than an error.
   if (!(q_root.sum().item<float>() > 0.5f)) return token_block(committed, {}, {});
   at::Tensor firsts = at::multinomial(q_root, m, /*replacement=*/true);  // [m]
-  std::vector<at::Tensor> rows;  // [V] the q each draft was drawn from
+  std::vector<at::Tensor> rows;  // [N] the q each draft was drawn from
   for (int64_t chain = 0; chain < m; ++chain) {
-    std::vector<int64_t> prefix{bonus_, firsts[chain].item<int64_t>()};
+    std::vector<int64_t> prefix{root_, firsts[chain].item<int64_t>()};
     tokens.push_back(prefix.back());
     parents.push_back(-1);
     rows.push_back(q_root);
@@ -240,8 +261,13 @@ DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len
       rows.push_back(q);
     }
   }
+  to_tokens(tokens);
+  at::Tensor probs = at::stack(rows);  // [drafts, N]
+  if (!columns_.empty()) {             // back to [drafts, V], probability 0 outside the columns
+    probs = at::zeros({probs.size(0), options_.vocab}, at::kFloat).index_copy_(1, columns_tensor_, probs);
+  }
   DraftBlock b = token_block(committed, tokens, parents);
-  b.draft_probs = at::stack(rows).to(committed.device());  // [drafts, V]
+  b.draft_probs = probs.to(committed.device());  // [drafts, V]
   return b;
 }
 
@@ -266,14 +292,34 @@ void HeadsDrafter::observe(const StepOutcome& outcome) {
   }
   std::vector<at::Tensor> out = head_(rows, outcome.logits[node], outcome.prefix_len);
   ++head_calls_;
-  TORCH_CHECK_VALUE(out.size() == 3, "the head must return [weights, transitions, emissions], got ",
+  TORCH_CHECK_VALUE(out.size() == 3 || out.size() == 4,
+                    "the head must return [weights, transitions, emissions] or [weights, transitions, "
+                    "emissions, columns], got ",
                     out.size(), " tensors");
+  columns_.clear();
+  columns_tensor_ = at::Tensor();
+  if (out.size() == 4) {
+    columns_tensor_ = out[3].detach().to(at::kCPU, at::kLong).contiguous();  // [N]
+    out.pop_back();
+    TORCH_CHECK_VALUE(columns_tensor_.dim() == 1 && columns_tensor_.numel() >= 1,
+                      "the head's columns must be a non-empty 1-D tensor of token ids, got shape ",
+                      columns_tensor_.sizes());
+    const int64_t* ids = columns_tensor_.data_ptr<int64_t>();
+    columns_.assign(ids, ids + columns_tensor_.numel());
+    for (size_t i = 0; i < columns_.size(); ++i) {
+      TORCH_CHECK_VALUE(
+          columns_[i] >= 0 && columns_[i] < options_.vocab && (i == 0 || columns_[i - 1] < columns_[i]),
+          "the head's columns must be ascending distinct token ids in [0, ", options_.vocab, "), got ",
+          columns_[i], " at ", i, i ? " after " : "", i ? std::to_string(columns_[i - 1]) : "");
+    }
+  }
   for (at::Tensor& t : out) t = t.detach().to(at::kCPU, at::kFloat).contiguous();
   // The circuit checks every size against its structure (std::invalid_argument -> ValueError) before
   // the parameters are kept. It points into the tensors' storage, which the move below keeps.
-  const core::Circuit<float> c = circuit(out);
+  const core::Circuit<float> c = circuit(out, num_columns());
   params_ = std::move(out);
   bonus_ = outcome.new_tokens.back();
+  root_ = column_in(columns_, bonus_);
   if (uses_bank()) bank_observe(outcome, c);
 }
 
@@ -285,10 +331,10 @@ void HeadsDrafter::bank_observe(const StepOutcome& outcome, const core::Circuit<
   at::Tensor stats = at::stack({p.max(), at::special_entr(p).sum()}).to(at::kDouble).cpu();
   const double top1 = stats[0].item<double>(), entropy = stats[1].item<double>();
   // EAGLE-2's path value down the head's greedy chain: p_target(top-1) * prod_d q(best | chain so far).
-  double path_value = top1;
-  std::vector<int64_t> chain{bonus_}, kids;
+  double path_value = root_ < 0 ? 0.0 : top1;  // a root the head cannot emit: no drafts
+  std::vector<int64_t> chain{root_}, kids;
   std::vector<float> log_probs;
-  for (int64_t d = 1; d < options_.window; ++d) {
+  for (int64_t d = 1; d < options_.window && root_ >= 0; ++d) {
     ranked_children(c, chain, shortlist_[d], 1, kids, log_probs);
     if (kids.empty()) {
       path_value = 0.0;
@@ -304,19 +350,23 @@ void HeadsDrafter::bank_observe(const StepOutcome& outcome, const core::Circuit<
     // The next root sits right after the accepted path: prefix + committed chain + accepted drafts.
     const int64_t position =
         outcome.prefix_len + outcome.path.front() + static_cast<int64_t>(outcome.path.size());
-    pending_.push_back({StepRecord{position, {}, features_, current_tree_}, params_, shortlist_, bonus_, {}});
+    pending_.push_back(
+        {StepRecord{position, {}, features_, current_tree_}, params_, columns_, shortlist_, root_, {}});
   }
 }
 
 std::vector<int64_t> HeadsDrafter::true_ranks(const Pending& p) const {
   const int64_t D = options_.window - 1;
   std::vector<int64_t> ranks(static_cast<size_t>(D), -1);
-  const core::Circuit<float> c = circuit(p.params);
+  if (p.root < 0) return ranks;  // the head could not emit the root: it drafted nothing
+  const core::Circuit<float> c =
+      circuit(p.params, p.columns.empty() ? options_.vocab : static_cast<int64_t>(p.columns.size()));
   std::vector<int64_t> prefix{p.root};
   std::vector<float> next;
   for (int64_t d = 1; d <= D && d <= static_cast<int64_t>(p.continuation.size()); ++d) {
-    const std::vector<int64_t>& cand = p.shortlist[d];  // ascending ids
-    const int64_t want = p.continuation[d - 1];
+    const std::vector<int64_t>& cand = p.shortlist[d];  // ascending columns
+    const int64_t want = column_in(p.columns, p.continuation[d - 1]);
+    if (want < 0) break;  // a token the head cannot emit
     const auto it = std::lower_bound(cand.begin(), cand.end(), want);
     if (it == cand.end() || *it != want) break;  // not a candidate: no tree reaches it or below
     const auto idx = static_cast<int64_t>(it - cand.begin());

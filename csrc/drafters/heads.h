@@ -54,6 +54,10 @@ namespace mtprobe {
 // once; otherwise only the last of them ([1, hidden], a view: no gather). The last row is the
 // context the window starts after. logits: the target's raw logits at that last node (the head may
 // build on them).
+// A head restricted to part of the vocabulary may return a fourth tensor, columns [N] (ascending
+// token ids in [0, V)): its emissions then hold only those N columns (V above reads N) and every
+// other token has probability 0. The drafter runs the circuit over the N columns and maps its drafts
+// back to token ids: the same trees as with -inf over the rest of V, for O(N) instead of O(V) a step.
 using HeadFn = std::function<std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, int64_t)>;
 
 struct HeadsOptions {
@@ -105,7 +109,8 @@ class HeadsDrafter : public Drafter {
   std::vector<StepRecord> step_log() const;
 
  private:
-  // The greedy tree below the root: tokens and parents (-1: the root) of at most `max_nodes` drafts.
+  // The greedy tree below the root: tokens (emission columns) and parents (-1: the root) of at most
+  // `max_nodes` drafts.
   void greedy_tree(const core::Circuit<float>& circuit, int64_t max_nodes, int64_t depth,
                    std::vector<int64_t>& tokens, std::vector<int64_t>& parents) const;
 
@@ -113,12 +118,17 @@ class HeadsDrafter : public Drafter {
   struct Pending {
     StepRecord record;
     std::vector<at::Tensor> params;               // the step's circuit parameters
-    std::vector<std::vector<int64_t>> shortlist;  // its shortlist
-    int64_t root = -1;
-    std::vector<int64_t> continuation;  // the tokens after the root, so far
+    std::vector<int64_t> columns;                 // their emission columns' token ids (empty: all V)
+    std::vector<std::vector<int64_t>> shortlist;  // its shortlist (columns)
+    int64_t root = -1;                            // the root's column, -1 when the head cannot emit it
+    std::vector<int64_t> continuation;            // the tokens after the root, so far (token ids)
   };
 
-  core::Circuit<float> circuit(const std::vector<at::Tensor>& params) const;
+  // The circuit of a head output over `columns` emission columns (each size checked; std::invalid_argument).
+  core::Circuit<float> circuit(const std::vector<at::Tensor>& params, int64_t columns) const;
+  // Emission columns <-> token ids of the last head output (columns_ empty: the whole vocabulary).
+  int64_t num_columns() const;
+  int64_t token_of(int64_t column) const { return columns_.empty() ? column : columns_[column]; }
   // Per window position i >= 1: the union over latent states of each state's `width` most likely
   // tokens, ascending token ids (position 0, the root, is left empty).
   std::vector<std::vector<int64_t>> make_shortlist(int64_t width) const;
@@ -127,7 +137,8 @@ class HeadsDrafter : public Drafter {
   static void ranked_children(const core::Circuit<float>& circuit, const std::vector<int64_t>& prefix,
                               const std::vector<int64_t>& cand, int64_t want, std::vector<int64_t>& tokens,
                               std::vector<float>& log_probs);
-  // The bank tree's tokens ([nodes], the root first) for this step, or empty when a node has no candidate.
+  // The bank tree's tokens as emission columns ([nodes], the root first) for this step, or empty when
+  // a node has no candidate.
   std::vector<int64_t> fill_bank_tree(const core::Topology& t) const;
   // EntMTP after a head call: features, the next tree, and the record.
   void bank_observe(const StepOutcome& outcome, const core::Circuit<float>& circuit);
@@ -140,7 +151,10 @@ class HeadsDrafter : public Drafter {
   HeadsOptions options_;
   core::CircuitStructure structure_;
   std::vector<at::Tensor> params_;  // the last head output (CPU float32, contiguous), or empty
+  std::vector<int64_t> columns_;    // its emission columns' token ids, ascending (empty: all V)
+  at::Tensor columns_tensor_;       // the same [N] (int64), for scattering a sampled q back to [V]
   int64_t bonus_ = -1;              // the token the params' window starts with (the next root)
+  int64_t root_ = -1;               // its column, -1 when the head gives it probability 0 (no drafts)
   int64_t head_calls_ = 0;
   // EntMTP state.
   int64_t bank_width_ = 0;

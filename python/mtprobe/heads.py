@@ -376,8 +376,23 @@ class CircuitHead(nn.Module):
         """Circuit parameters for hidden states ``[B, d]``; ``base`` ``[B, V]``: the backbone's logits at
         the same positions when the caller has them (else computed from the LM head); ``vocab``: emit
         only these tokens (:meth:`restricted_vocab`; inference only), the rest at log-probability -inf."""
+        params, columns = self.compact(hidden, base, vocab)
+        if columns is None:
+            return params
+        e = params.emissions  # [B, n, r, N]
+        full = e.new_full((*e.shape[:-1], self.spec.vocab_size), -math.inf)  # [B, n, r, V]
+        return params._replace(emissions=full.index_copy_(-1, columns, e))
+
+    def compact(
+        self, hidden: torch.Tensor, base: torch.Tensor | None = None, vocab: RestrictedVocab | None = None
+    ) -> tuple[CircuitParams, torch.Tensor | None]:
+        """:meth:`forward` without widening a restricted head's emissions back to the vocabulary:
+        ``(params, columns)``, the emissions ``[B, n, r, N]`` over the ``N`` tokens ``columns`` ``[N]``
+        (ascending ids; the kept ones and the step's extra ones), every other token at probability 0.
+        Without ``vocab``, ``columns`` is None and the emissions span the whole vocabulary. What the
+        C++ drafter takes (its fourth tensor): no ``[n r, V]`` fill, and its top-k runs over N."""
         spec, r = self.spec, self.r
-        n, v = spec.window, spec.vocab_size
+        n = spec.window
         h = hidden.float()  # [B, d]
         batch = h.shape[0]
         lowrank = spec.emission == "lowrank"
@@ -396,6 +411,7 @@ class CircuitHead(nn.Module):
             return base.float()[:, None, :] + torch.einsum("bkp,kvp->bkv", a.to(table.dtype), table).float()
 
         whole = self._projected_up() if lowrank else self.unembed  # [n r, V, rho or d]
+        columns = None
         if vocab is None:
             logits = rows(self.lm_head, self.lm_bias, whole, base).log_softmax(-1)  # [B, n r, V]
         else:  # K (+ m) rows instead of V: the same arithmetic on the kept tokens
@@ -409,18 +425,18 @@ class CircuitHead(nn.Module):
                     whole[:, e],
                     None if base is None else base[:, e],
                 )
-                part, ids = torch.cat([part, more], -1), torch.cat([ids, e])
-            # Back to the whole vocabulary, the dropped tokens impossible.
-            full = part.new_full((batch, n * r, v), -math.inf)
-            logits = full.index_copy_(-1, ids, part.log_softmax(-1))
-        emissions = logits.view(batch, n, r, v)  # [B, n, r, V]
+                # The extra tokens into id order: the drafter ranks ties by column, as by id over V.
+                ids, order = torch.cat([ids, e]).sort()
+                part = torch.cat([part, more], -1)[..., order]
+            logits, columns = part.log_softmax(-1), ids  # [B, n r, N], [N]
+        emissions = logits.view(batch, n, r, -1)  # [B, n, r, V or N]
         weights = transitions = None
         if spec.circuit != "ff":
             weights = self.weights(h).log_softmax(-1)  # [B, r]
         if spec.circuit in ("hmm", "btree"):
             t = self.transitions(h).view(batch, spec.num_latents - 1, r, r)
             transitions = t.log_softmax(-1)  # [B, L - 1, r, r]
-        return CircuitParams(spec.circuit, weights, transitions, emissions)
+        return CircuitParams(spec.circuit, weights, transitions, emissions), columns
 
     @property
     def target_base(self) -> bool:
@@ -438,7 +454,8 @@ class CircuitHead(nn.Module):
         self, vocab_top_k: int | None = None, dtype: torch.dtype | None = None
     ) -> Callable[[torch.Tensor, torch.Tensor, int], list[torch.Tensor]]:
         """The C++ drafter's callback, with its own state (one per drafter): ``(hidden [a, d], logits
-        [V], prefix_len)`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts.
+        [V], prefix_len)`` -> ``[weights, transitions, emissions]`` in csrc/core/circuit.h's layouts,
+        and with ``vocab_top_k`` a fourth tensor, the emission columns' token ids (:meth:`compact`).
 
         ``hidden``: the backbone's :attr:`hidden_layer` states of the tokens the step committed (the
         block's committed chain, then the accepted drafts; positions ``prefix_len`` on) for a head with
@@ -456,12 +473,18 @@ class CircuitHead(nn.Module):
         restricted = None if vocab_top_k is None else self.restricted_vocab(vocab_top_k, dtype)
         draft = None if self.draft is None else self.inference_draft(dtype)
 
+        def layout(
+            h: torch.Tensor, base: torch.Tensor | None, vocab: RestrictedVocab | None
+        ) -> list[torch.Tensor]:
+            params, columns = self.compact(h, base, vocab)
+            return params.core_layout(0) + ([] if columns is None else [columns])
+
         def step(hidden: torch.Tensor, logits: torch.Tensor, prefix_len: int) -> list[torch.Tensor]:
             with torch.no_grad():
                 base = logits[None] if self.target_base else None  # [1, V]
                 vocab = None if restricted is None else restricted.widened(logits, ROOT_CANDIDATES)
                 if self.draft is None:
-                    return self(hidden[-1:], base, vocab).core_layout(0)
+                    return layout(hidden[-1:], base, vocab)
                 if prefix_len == 0:
                     cache[0] = DynamicCache()
                 have = -1 if cache[0] is None else cache[0].get_seq_length()
@@ -472,7 +495,7 @@ class CircuitHead(nn.Module):
                     )
                 positions = torch.arange(prefix_len, prefix_len + hidden.shape[0], device=hidden.device)
                 h = draft(hidden[None], positions[None], cache[0])[0, -1:]  # [1, d]
-                return self(h, base, vocab).core_layout(0)  # base None: the draft's own E h
+                return layout(h, base, vocab)  # base None: the draft's own E h
 
         return step
 
