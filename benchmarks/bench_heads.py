@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, (cfg, cost) in runs.items():
                 t0 = time.perf_counter()
                 per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-                bad, got, cycle_s, drafted = 0, 0, 0.0, 0
+                bad, got, cycle_s, outside_s, drafted = 0, 0, 0.0, 0.0, 0
                 for (task, ids), ref in zip(prompts, refs, strict=True):
                     torch.manual_seed(args.seed)
                     out = mtprobe.generate(
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                     bad += temp == 0 and not torch.equal(out.sequences, ref)  # sampling: see test_sampling.py
                     got += out.new_tokens
                     cycle_s += out.timings["total_s"] - out.timings["prefill_s"]
+                    outside_s += out.timings["total_s"] - out.timings["forward_s"]
                     drafted += sum(out.drafted_per_depth)
                     for key in (task, "all"):
                         per_task[key][0] += sum(out.accept_lengths)
@@ -221,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.perf_counter() - t0
                 taus = {k: g / max(1, n) for k, (g, n) in per_task.items()}
                 steps = max(1, per_task["all"][1])
-                ms = 1000 * cycle_s / steps
-                rows.append((temp, bc, name, taus, bad, ms, got / wall, cost, 1 + drafted / steps))
+                ms, outside = 1000 * cycle_s / steps, 1000 * outside_s / steps
+                rows.append((temp, bc, name, taus, bad, ms, outside, got / wall, cost, 1 + drafted / steps))
                 print(f"T {temp} BC {bc} {name}: tau {taus['all']:.3f} [{wall:.0f}s]", file=sys.stderr)
 
     tasks = sorted({t for _, _, _, taus, *_ in rows for t in taus if t != "all"})
@@ -242,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(temperature T, no top-k/top-p), seed {args.seed} before every generation",
         f"- HF `model.generate` (same prompts, one process, {torch.get_num_threads()} torch thread(s)): {hf_line}",
         "- τ = tokens gained per decode forward (prefill not counted); ms/cycle = decode-loop time after the "
-        "prefill over decode forwards (one draft + verify cycle each); tok/s = new tokens over the wall time "
+        "prefill over decode forwards (one draft + verify cycle each); outside = the loop's time outside the "
+        "model's forwards (the drafter's work, the head's calls included, and the loop's own) over decode forwards; tok/s = new tokens over the wall time "
         "of all prompts; × HF = tok/s over HF `generate`'s at the same T; heads rows: HeadsConfig(path, "
         "block_complexity=BC, top_branches=b, min_path_prob=X for p≥X, vocab_top_k=K for top-K vocab, "
         "head_dtype=D when a dtype is named), circuit, "
@@ -255,15 +257,15 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| T | BC | drafter | τ | "
         + "".join(f"{t} | " for t in tasks if len(tasks) > 1)
-        + "T/step | ms/cycle | tok/s | × HF | head cost | mismatches |",
-        "|---|---|---|---|" + "---|" * (len(tasks) if len(tasks) > 1 else 0) + "---|---|---|---|---|---|",
+        + "T/step | ms/cycle | outside ms | tok/s | × HF | head cost | mismatches |",
+        "|---|---|---|---|" + "---|" * (len(tasks) if len(tasks) > 1 else 0) + "---|---|---|---|---|---|---|",
     ]
-    for temp, bc, name, taus, bad, ms, tok_s, cost, inputs in rows:
+    for temp, bc, name, taus, bad, ms, outside, tok_s, cost, inputs in rows:
         cells = "".join(f"{taus.get(t, float('nan')):.3f} | " for t in tasks if len(tasks) > 1)
         c = "" if cost is None else f"{100 * cost:.1f} %"
         m = str(bad) if temp == 0 else "–"
         lines.append(
-            f"| {temp:g} | {bc} | {name} | **{taus['all']:.3f}** | {cells}{inputs:.1f} | {ms:.1f} | {tok_s:.2f} | "
+            f"| {temp:g} | {bc} | {name} | **{taus['all']:.3f}** | {cells}{inputs:.1f} | {ms:.1f} | {outside:.1f} | {tok_s:.2f} | "
             f"{tok_s / hf[temp]:.2f} | {c} | {m} |"
         )
     write_report(args.out, lines)
