@@ -340,6 +340,16 @@ class StepRecord:
     features: tuple[float, float, float, float]  # top1, path_value, entropy_ema, accept_ema
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """What :func:`rollout` measured over its prompts."""
+
+    records: list[StepRecord]  # every decode step's record, prompt by prompt
+    tau: float  # tokens gained per decode step
+    context: int  # the median context length at the middle of the generations
+    overhead_s: float  # seconds per forward outside the model's forwards: the drafter's and the loop's
+
+
 def true_ranks(
     candidates: Sequence[Sequence[int]], sequence: Sequence[int], pos: int, prune: bool
 ) -> list[int]:
@@ -388,10 +398,9 @@ def rollout(
     max_new_tokens: int,
     progress: Callable[[str], None] | None = None,
     head: Any = None,
-) -> tuple[list[StepRecord], float, int, float]:
+) -> Rollout:
     """Greedy generation of every prompt with bank tree ``tree`` every step (``head``: the HeadsConfig of
-    a head's bank): (step records, tau, context length at the middle of the generations, seconds per
-    forward spent outside the model's forwards: the drafter's own work and the loop's)."""
+    a head's bank), recording every step."""
     import mtprobe
 
     config = _bank_config(bank, tree, head)
@@ -421,7 +430,7 @@ def rollout(
         if progress:
             progress(f"tree {tree}: prompt {r + 1}/{len(prompts)}, tau so far {gained / max(1, steps):.3f}")
     context = int(sorted(contexts)[len(contexts) // 2]) if contexts else 0
-    return records, gained / max(1, steps), context, outside / max(1, forwards)
+    return Rollout(records, gained / max(1, steps), context, outside / max(1, forwards))
 
 
 def acceptance_frontier(
@@ -629,9 +638,8 @@ def build_bank(
     # 1. Self-rollouts with a wide first depth and a chain below it (seed 001's shape): every step's
     # ranks are recorded whatever the tree, which only decides where steps start.
     scout = TopologyBank(trees=(chain_tree([max_nodes - 1] + [1] * (depth - 1)),), **drafter)
-    records, scout_tau, context, scout_overhead = rollout(
-        model, prompts, scout, 0, max_new_tokens, progress, head
-    )
+    scouted = rollout(model, prompts, scout, 0, max_new_tokens, progress, head)
+    records, context = scouted.records, scouted.context
     # 2. Acceptance frontier.
     frontier = acceptance_frontier(records, depth, max_nodes)
     one_step = {}
@@ -643,12 +651,10 @@ def build_bank(
     candidates: list[Tree] = [(), *chosen]
     # The drafter's own time per step (outside the forwards): the root alone pays what the scout paid
     # (a head still runs every step; probing still reads its masks).
-    debiased, overhead = {0: 1.0}, {0: scout_overhead}
+    debiased, overhead = {0: 1.0}, {0: scouted.overhead_s}
     for t in chosen:
-        _, tau, _, overhead[len(t)] = rollout(
-            model, prompts, TopologyBank(trees=(t,), **drafter), 0, max_new_tokens, progress, head
-        )
-        debiased[len(t)] = tau
+        run = rollout(model, prompts, TopologyBank(trees=(t,), **drafter), 0, max_new_tokens, progress, head)
+        debiased[len(t)], overhead[len(t)] = run.tau, run.overhead_s
     # 4. Throughput frontier: keep the trees that raise tau over every cheaper one; a step costs its
     # forward over T = (k + 1) nodes inputs plus the drafter's own time.
     kept: list[Tree] = []
@@ -673,7 +679,7 @@ def build_bank(
             "prompts": len(prompts),
             "max_new_tokens": max_new_tokens,
             "recorded_steps": len(records),
-            "scout_tau": scout_tau,
+            "scout_tau": scouted.tau,
             "context": context,
             "one_step_tau": {str(n): v for n, v in sorted(one_step.items())},
             "debiased_tau": {str(n): v for n, v in sorted(debiased.items())},
