@@ -101,3 +101,29 @@ def test_bad_profiles(tmp_path):
 
 def test_public_names():
     assert mtprobe.profile_forward is profile_forward and mtprobe.ForwardProfile is ForwardProfile
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN")
+def test_the_packed_linear_layers_of_bench_cpu_linear_compute_the_same_model():
+    # benchmarks/bench_cpu_linear.py times the model with every nn.Linear on a oneDNN-packed weight.
+    # Its patch must be the same function: logits within float32's tolerance (another kernel may
+    # round differently), greedy output unchanged, and mtprobe's output still greedy's on it.
+    from conftest import load_benchmark
+    from tolerances import tolerance
+
+    bench = load_benchmark("bench_cpu_linear")
+    model = tiny_llama(seed=3)
+    ids = torch.randint(3, 96, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert bench.pack_linears(model) == linears > 0
+    with torch.no_grad():
+        got = model(ids).logits
+    assert all(hasattr(m, "_packed") for m in model.modules() if isinstance(m, torch.nn.Linear))
+    torch.testing.assert_close(got, want, **tolerance(torch.float32))
+    packed = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+    assert torch.equal(packed, ref)
+    out = mtprobe.generate(model, ids, mtprobe.StandConfig(block_complexity=10), max_new_tokens=24)
+    assert torch.equal(out.sequences, packed)
