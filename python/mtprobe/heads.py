@@ -172,7 +172,9 @@ class HeadSpec:
 
 
 class CircuitParams(NamedTuple):
-    """A batch of circuits' log-parameters, emissions always ``[B, n, r, V]``."""
+    """A batch of circuits' log-parameters, emissions ``[B, n, r, V]``: over the whole vocabulary,
+    except from :meth:`CircuitHead.compact` with a restricted vocabulary, which returns its ``N``
+    columns' ids beside them."""
 
     circuit: str
     weights: torch.Tensor | None  # [B, r] log q(z_root); None for FF
