@@ -46,9 +46,10 @@ def head_cost(
     dtype: torch.dtype | None = None,
     repeats: int = 30,
 ) -> tuple[float, float]:
-    """(seconds per head call, seconds per single-token decode forward with ``ids`` cached). A head call
-    is the drafter's callback over one committed token (after a prefill over ``ids``): with LoRA draft
-    layers it includes them, their cache growing by one token per call as in decoding;
+    """(seconds per head call, seconds per single-token decode forward with ``ids`` cached), medians of
+    ``repeats`` of each, timed alternately so that a drift of the machine's speed moves both. A head
+    call is the drafter's callback over one committed token (after a prefill over ``ids``): with LoRA
+    draft layers it includes them, their cache growing by one token per call as in decoding;
     ``vocab_top_k``, ``dtype``: the head restricted and cast as ``HeadsConfig(vocab_top_k=K,
     head_dtype=...)`` does it."""
     with torch.no_grad():
@@ -56,19 +57,18 @@ def head_cost(
         hidden, logits = out.hidden_states[head.hidden_layer][0], out.logits[0, -1]  # [P, d], [V]
         step, p = head.step_fn(vocab_top_k, dtype), hidden.shape[0]
         step(hidden, logits, 0)  # warm-up (the prefill; and E C precomputed once, as in decoding)
-        t0 = time.perf_counter()
-        for i in range(repeats):
-            step(hidden[-1:], logits, p + i)
-        head_s = (time.perf_counter() - t0) / repeats
         nxt = logits.argmax().view(1, 1)
-        fwd = []
-        for _ in range(repeats):
-            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        calls, fwd = [], []
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            step(hidden[-1:], logits, p + i)
+            calls.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             model(nxt, use_cache=True, **{cache_argument(model): cache})
             fwd.append(time.perf_counter() - t0)
             cache.crop(-1)  # back to the prompt, so every forward sees the same context
-    return head_s, sorted(fwd)[len(fwd) // 2]
+    return sorted(calls)[len(calls) // 2], sorted(fwd)[len(fwd) // 2]
 
 
 def load_prompts(args, tok) -> list[tuple[str, torch.Tensor]]:
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "window n, rank r, adapter rank ρ "
         "(lowrank emissions; none: one "
         "unembedding per position and state); head cost = one head call (step_fn) over one single-token decode "
-        "forward (mean of 30 calls over the median of 30 forwards, the first prompt cached); T/step = inputs of one "
+        "forward (medians of 30 each, calls and forwards alternating, the first prompt cached); T/step = inputs of one "
         "decode forward, the root and its drafts, averaged over steps; mismatches: greedy runs not token-identical to "
         "HF greedy (sampling is checked by the chi-square tests of tests/test_sampling.py instead)",
         "",
