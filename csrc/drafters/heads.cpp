@@ -84,9 +84,15 @@ void HeadsDrafter::begin(const at::Tensor& prompt) {
 }
 
 core::Circuit<float> HeadsDrafter::circuit(const std::vector<at::Tensor>& p, int64_t columns) const {
-  return core::Circuit<float>(columns == options_.vocab ? structure_ : make_structure(options_, columns),
-                              data_or_null(p[0]), p[0].numel(), data_or_null(p[1]), p[1].numel(),
-                              data_or_null(p[2]), p[2].numel());
+  auto make = [&](const core::CircuitStructure& s) {
+    return core::Circuit<float>(s, data_or_null(p[0]), p[0].numel(), data_or_null(p[1]), p[1].numel(),
+                                data_or_null(p[2]), p[2].numel());
+  };
+  // A restricted head returns the same column count step after step: its structure is made once, in
+  // observe, not per call; a pending record's older count is the rare miss.
+  if (columns == options_.vocab) return make(structure_);
+  if (columns == columns_structure_.vocab) return make(columns_structure_);
+  return make(make_structure(options_, columns));
 }
 
 int64_t HeadsDrafter::num_columns() const {
@@ -306,6 +312,8 @@ void HeadsDrafter::observe(const StepOutcome& outcome) {
                       columns_tensor_.sizes());
     const int64_t* ids = columns_tensor_.data_ptr<int64_t>();
     columns_.assign(ids, ids + columns_tensor_.numel());
+    if (columns_structure_.vocab != columns_tensor_.numel())
+      columns_structure_ = make_structure(options_, columns_tensor_.numel());
     for (size_t i = 0; i < columns_.size(); ++i) {
       TORCH_CHECK_VALUE(
           columns_[i] >= 0 && columns_[i] < options_.vocab && (i == 0 || columns_[i - 1] < columns_[i]),

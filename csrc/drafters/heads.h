@@ -149,7 +149,9 @@ class HeadsDrafter : public Drafter {
 
   HeadFn head_;
   HeadsOptions options_;
-  core::CircuitStructure structure_;
+  core::CircuitStructure structure_;  // over the whole vocabulary
+  // Over the column count the last restricted head output had (remade when the count changes).
+  core::CircuitStructure columns_structure_;
   std::vector<at::Tensor> params_;  // the last head output (CPU float32, contiguous), or empty
   std::vector<int64_t> columns_;    // its emission columns' token ids, ascending (empty: all V)
   at::Tensor columns_tensor_;       // the same [N] (int64), for scattering a sampled q back to [V]
