@@ -467,7 +467,8 @@ class CircuitHead(nn.Module):
         the ``prefix_len`` tokens before (RuntimeError otherwise); a prefill (``prefix_len`` 0)
         starts a new cache. The draft layers run folded (:meth:`inference_draft`); ``dtype``: theirs
         and the restricted vocabulary's tables' (:meth:`restricted_vocab`), default the backbone's and
-        float32. Normalisation is always float32.
+        float32. Normalisation is always float32. The callback calls :meth:`compact`, not the module:
+        hooks registered on the head (``register_forward_hook``) do not run during decoding.
         """
         from transformers import DynamicCache
 
