@@ -1,6 +1,6 @@
 """What the benchmark scripts share: the SmolLM2 prompts of a Spec-Bench question file, the lines
-every report starts with (command, date, machine, model), the device's description, and writing
-the report."""
+every report starts with (command, date, machine, model), the device's description, the load
+average, and writing the report."""
 
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ def device_name(device: torch.device) -> str:
         f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} torch thread(s)"
     )
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, or "n/a". Other jobs on a small box skew CPU timings
+    badly; reports state the load so readers can judge the numbers."""
+    try:
+        return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def write_report(out: str | Path, lines: list[str]) -> None:

@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from _common import load_average
+
 # (answer file stem, method arguments): HF's own baselines, every mtprobe method at a static setting,
 # and the scheduler.
 METHODS = [
@@ -42,13 +44,6 @@ METHODS = [
     ("entmtp-ladder", ["--method", "entmtp", "--policy", "ladder"]),
     ("entmtp-hysteretic", ["--method", "entmtp", "--policy", "hysteretic"]),
 ]
-
-
-def _load() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             method_args = [*method_args, "--bank", str(args.bank)]
         cmd = [sys.executable, "-m", "mtprobe.specbench", "run", *common, *method_args,
                "--answer-file", str(answers / f"{stem}.jsonl")]  # fmt: skip
-        start, load0 = dt.datetime.now(dt.timezone.utc), _load()
+        start, load0 = dt.datetime.now(dt.timezone.utc), load_average()
         subprocess.run(cmd, check=True)
-        end, load1 = dt.datetime.now(dt.timezone.utc), _load()
+        end, load1 = dt.datetime.now(dt.timezone.utc), load_average()
         log.append(
             f"| {stem} | `{shlex.join(['python', *cmd[1:]])}` | {start:%H:%M:%S}–{end:%H:%M:%S} | {load0} → {load1} |"
         )

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mtprobe
-from _common import first_turn_prompts, run_lines, write_report
+from _common import first_turn_prompts, load_average, run_lines, write_report
 from mtprobe import models
 from mtprobe.specbench.questions import first_per_category, load_questions
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)")
     torch.set_num_threads(args.threads)
     questions = first_per_category(load_questions(args.question_file), args.per_category)
-    load0 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    load0 = load_average()
     rows, profiles, sequences = [], {}, {}
     for variant in ("stock", "packed"):
         model, tok = models.load("smollm2-135m")
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((variant, name, tau, tok_s, tok_s / hf_tok_s, ident))
             print(f"{variant} {name}: {tok_s:.2f} tok/s", file=sys.stderr)
     agree = sum(torch.equal(sequences["stock", i], sequences["packed", i]) for i in range(len(questions)))
-    load1 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    load1 = load_average()
     sizes = args.block_sizes
     lines = [
         "# The forward's cost with stock and oneDNN-packed linear layers on this CPU",

@@ -36,7 +36,7 @@ import transformers
 import mtprobe
 import mtprobe.models
 import mtprobe.tree_attention
-from _common import device_name
+from _common import device_name, load_average
 from mtprobe.data import load_prompts, prompts_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -219,7 +219,7 @@ def build_report(
         f"- machine: processor `{platform.processor() or platform.machine()}`, "
         f"os.cpu_count()={os.cpu_count()}, torch threads={torch.get_num_threads()}, "
         f"{platform.system()} {platform.release()}, "
-        f"load average at start/end {args.load_start} / {_loadavg()}",
+        f"load average at start/end {args.load_start} / {load_average()}",
         f"- torch {torch.__version__}, transformers {transformers.__version__}, "
         f"Python {platform.python_version()}",
         f"- device: {device_name(next(model.parameters()).device)}; attention: "
@@ -362,14 +362,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _loadavg() -> str:
-    # Other jobs on a small box skew CPU timings badly; record the load so readers can judge the numbers.
-    try:
-        return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
 def log(msg: str) -> None:
     # Progress goes to stderr so stdout carries only the report.
     print(msg, file=sys.stderr, flush=True)
@@ -377,7 +369,7 @@ def log(msg: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    args.load_start = _loadavg()
+    args.load_start = load_average()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -24,6 +24,7 @@ import torch
 import transformers
 
 import mtprobe
+from _common import load_average
 from mtprobe import models
 from mtprobe.specbench.run import encode_conversation
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             seen[q["category"]] += 1
             questions.append(q)
     skip = mtprobe.PromptLookupConfig(num_tokens=10)
-    load0 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    load0 = load_average()
     rows = []
     for q in questions:
         ids = encode_conversation(tok, [{"role": "user", "content": q["turns"][0]}], "cpu")  # [1, L]
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{med['hf'] / med['skip']:.3f}× |"
         )
         print(rows[-1], file=sys.stderr)
-    load1 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    load1 = load_average()
     text = [
         "# The prefill's LM head over the prompt: skipped vs computed (prompt lookup, 10 tokens)",
         "",
