@@ -406,10 +406,11 @@ def calibrate_masks(
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                run += float(loss)
+                value = loss.item()  # a plain float: float() on a tensor that requires grad warns
+                run += value
                 step += 1
                 if step % max(1, total_steps // 20) == 0 or step == total_steps:
-                    say(f"step {step}/{total_steps} (epoch {epoch + 1}) loss {float(loss):.3f}")
+                    say(f"step {step}/{total_steps} (epoch {epoch + 1}) loss {value:.3f}")
             say(f"epoch {epoch + 1}/{epochs}: mean training loss {run / max(1, len(order)):.3f}")
         after = _evaluate(model, masks.detach(), held) if held else {}
         if held:
