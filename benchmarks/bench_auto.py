@@ -46,6 +46,15 @@ METHODS = [
 ]
 
 
+def round_sizes(per_category: int, rounds: int) -> list[int]:
+    """The --per-category of each round: round r answers the first ceil(r * P / K) questions of every
+    category, and the harness skips those an earlier round answered, so each round adds the next
+    slice to the same answer files. ``round_sizes(20, 4) == [5, 10, 15, 20]``."""
+    if not 1 <= rounds <= per_category:
+        raise ValueError(f"rounds must be between 1 and per_category ({per_category}), got {rounds}")
+    return [-(-r * per_category // rounds) for r in range(1, rounds + 1)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--question-file", type=Path, required=True)
@@ -54,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the methods in turn K times, each round answering the next slice of every category's "
+        "questions, so that a drift in the machine's speed falls on every method alike (default %(default)s)",
+    )
     ap.add_argument(
         "--methods", default=",".join(n for n, _ in METHODS), help="comma list of the stems above"
     )
@@ -65,28 +81,32 @@ def main(argv: list[str] | None = None) -> int:
         help="the topology bank of the entmtp rows (default %(default)s)",
     )
     args = ap.parse_args(argv)
+    try:
+        sizes = round_sizes(args.per_category, args.rounds)
+    except ValueError as e:
+        ap.error(f"--{e}")
     chosen = [m for m in METHODS if m[0] in args.methods.split(",")]
     answers = args.out_dir / "answers"
     answers.mkdir(parents=True, exist_ok=True)
     common = [
-        "--question-file", str(args.question_file), "--model", args.model,
-        "--per-category", str(args.per_category), "--first-turn-only",
+        "--question-file", str(args.question_file), "--model", args.model, "--first-turn-only",
         "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
         "--repeats", str(args.repeats), "--warmup", "1", "--no-progress",
     ]  # fmt: skip
     log = []
-    for stem, method_args in chosen:
-        if stem.startswith("entmtp"):
-            method_args = [*method_args, "--bank", str(args.bank)]
-        cmd = [sys.executable, "-m", "mtprobe.specbench", "run", *common, *method_args,
-               "--answer-file", str(answers / f"{stem}.jsonl")]  # fmt: skip
-        start, load0 = dt.datetime.now(dt.timezone.utc), load_average()
-        subprocess.run(cmd, check=True)
-        end, load1 = dt.datetime.now(dt.timezone.utc), load_average()
-        log.append(
-            f"| {stem} | `{shlex.join(['python', *cmd[1:]])}` | {start:%H:%M:%S}–{end:%H:%M:%S} | {load0} → {load1} |"
-        )
-        print(f"bench_auto: {stem} done, load {load0} -> {load1}", file=sys.stderr)
+    for r, per_category in enumerate(sizes, 1):
+        for stem, method_args in chosen:
+            if stem.startswith("entmtp"):
+                method_args = [*method_args, "--bank", str(args.bank)]
+            cmd = [sys.executable, "-m", "mtprobe.specbench", "run", *common, "--per-category", str(per_category),
+                   *method_args, "--answer-file", str(answers / f"{stem}.jsonl")]  # fmt: skip
+            start, load0 = dt.datetime.now(dt.timezone.utc), load_average()
+            subprocess.run(cmd, check=True)
+            end, load1 = dt.datetime.now(dt.timezone.utc), load_average()
+            log.append(
+                f"| {stem} | `{shlex.join(['python', *cmd[1:]])}` | {start:%H:%M:%S}–{end:%H:%M:%S} | {load0} → {load1} |"
+            )
+            print(f"bench_auto: {stem} (round {r}) done, load {load0} -> {load1}", file=sys.stderr)
     compare = [sys.executable, "-m", "mtprobe.specbench", "compare", str(answers), "--tokenizer", args.model,
                "--out-dir", str(args.out_dir)]  # fmt: skip
     subprocess.run(compare, check=True)
@@ -99,10 +119,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{transformers.__version__}; model `{args.model}`, float32, CPU",
         f"- questions: the first {args.per_category} question(s) of every category of `{args.question_file.name}`, "
         f"first turns, at most {args.max_new_tokens} new tokens, greedy, {args.repeats} timed run(s) each",
-        "- every method ran in its own process, one after another; the load average (1, 5, 15 minutes) at the "
-        "start and end of each run is below",
+        "- every method ran in its own process, one after another"
+        + (
+            f", in {args.rounds} rounds (each round ran every method on the next slice of every category's "
+            "questions, so a drift in the machine's speed falls on all methods alike)"
+            if args.rounds > 1
+            else ""
+        )
+        + "; the load average (1, 5, 15 minutes) at the start and end of each run is below",
         "- the table and figure: `compare.md`, `compare.png` (speedup over `ar`, HF greedy)",
-        f"- EntMTP rows: the topology bank `{args.bank}` (trees, thresholds and how it was built are in the file)",
+        *(
+            [
+                f"- EntMTP rows: the topology bank `{args.bank}` (trees, thresholds and how it was built are in the file)"
+            ]
+            if any(stem.startswith("entmtp") for stem, _ in chosen)
+            else []
+        ),
         "",
         "| run | command | time (UTC) | load average |",
         "| --- | --- | --- | --- |",

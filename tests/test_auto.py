@@ -212,3 +212,17 @@ def test_auto_on_the_real_model(smollm2, slope, with_probe):
         out = mtprobe.generate(model, ids, cfg, max_new_tokens=32)
         assert torch.equal(out.sequences, ref), (p["id"], slope, with_probe)
         assert any(m != "plain" for m, _ in out.choices) or slope > 0  # a free forward always drafts
+
+
+def test_bench_auto_rounds_slice_every_category():
+    # benchmarks/bench_auto.py --rounds K: each round's --per-category; the last covers them all, each
+    # round adds questions, and a round count the questions cannot fill is refused.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    assert bench.round_sizes(20, 4) == [5, 10, 15, 20]
+    assert bench.round_sizes(7, 3) == [3, 5, 7]
+    assert bench.round_sizes(2, 1) == [2]
+    for bad in (0, 21):
+        with pytest.raises(ValueError, match="rounds must be between 1 and per_category"):
+            bench.round_sizes(20, bad)
