@@ -229,3 +229,44 @@ def test_command_line(tmp_path, capsys):
         _main([*argv, "--epochs", "0"])
     assert e.value.code == 2
     assert "epochs=0 must be an int >= 1" in capsys.readouterr().err
+
+
+def test_command_line_with_corpus_prompts(tmp_path, capsys):
+    # --corpus-prompts: passages of local text files become more prompts, placed before the set's so
+    # that the held-out prompts stay the set's last ones; --gen-batch-size generates several at once.
+    from mtprobe.calibrate import _main
+    from test_cli import _save_tiny
+
+    folder = _save_tiny(tmp_path / "tiny")
+    corpus = tmp_path / "fortunes"
+    corpus.write_text(
+        "\n%\n".join(f"Passage {i}: " + "a quiet sentence of plain words. " * 3 for i in range(5))
+    )
+    out = tmp_path / "masks.safetensors"
+    argv = ["--model", str(folder), "--out", str(out), "--num-prompts", "2", "--holdout", "1"]
+    argv += ["--max-new-tokens", "6", "--epochs", "1", "--gen-batch-size", "3"]
+    assert _main([*argv, "--corpus-prompts", str(corpus), "--num-corpus-prompts", "3"]) == 0
+    stats = MaskCalibration.load(out).stats
+    assert stats["prompts"] == 4 and stats["holdout_prompts"] == 1  # 3 corpus + 2 set prompts, 1 held out
+    assert stats["gen_batch_size"] == 3
+    assert stats["sources"] == {
+        "prompts": "built-in",
+        "num_prompts": 2,
+        "corpus_prompts": ["fortunes"],
+        "num_corpus_prompts": 3,
+    }
+    capsys.readouterr()
+    for bad, says in (
+        (["--corpus-prompts", str(tmp_path / "nothing")], "no such file; give local text files"),
+        (["--corpus-prompts", str(corpus), "--num-corpus-prompts", "0"], "must be >= 1"),
+        (["--gen-batch-size", "0"], "--gen-batch-size 0 must be >= 1"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            _main([*argv, *bad])
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err
+    empty = tmp_path / "short"
+    empty.write_text("too short")
+    with pytest.raises(SystemExit):
+        _main([*argv, "--corpus-prompts", str(empty)])
+    assert "no passage of 60 to 600 characters" in capsys.readouterr().err

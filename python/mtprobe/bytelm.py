@@ -263,11 +263,11 @@ def passage_prompts(
     prompt_bytes: int = 96,
     seed: int = 0,
 ) -> list[str]:
-    """``num`` texts to continue: passages (split by :func:`mtprobe.heads.split_passages`) of the
+    """``num`` texts to continue: passages (split by :func:`mtprobe.data.split_passages`) of the
     ``"heldout"`` tail of the text files (what :func:`train_byte_lm` never saw; the first ``num``) or of
     their ``"train"`` part (``num`` drawn at random with ``seed``), each cut to its first
     ``prompt_bytes`` bytes at a character boundary."""
-    from mtprobe.heads import split_passages
+    from mtprobe.data import split_passages
 
     if part not in ("heldout", "train"):
         raise ValueError(f"part={part!r}: expected 'heldout' or 'train'")

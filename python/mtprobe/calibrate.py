@@ -15,6 +15,9 @@ The model's own generations are the data because they are what verification comp
 a draft is accepted iff it equals the model's greedy token (self-distillation). The sequences'
 tokens run once per sequence without gradients (their keys and values do not depend on the
 masks); each step forwards only the masks, a batch of anchors at a time, over that cached prefix.
+The prompts are mtprobe's own set (or ``--prompts FILE``), and ``--corpus-prompts FILES`` adds
+passages of local text files, each under an instruction (:func:`mtprobe.data.corpus_prompts`); those
+go first, so the held-out prompts (the last ``--holdout``) stay the set's own.
 
 The result is a :class:`MaskCalibration` file (safetensors: the masks and a JSON header naming the
 model it belongs to); ``ProbeConfig(mask_init="calibrated", mask_path=FILE)`` starts every
@@ -22,6 +25,8 @@ generation's masks from it; they stay fixed (``mask_lambda`` defaults to 0 for t
 ``mask_lambda`` applies the paper's running update on top.
 
     python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2.safetensors
+    python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2.safetensors \
+        --corpus-prompts /usr/share/games/fortunes/* --num-corpus-prompts 136 --gen-batch-size 16
 """
 
 from __future__ import annotations
@@ -341,6 +346,8 @@ def calibrate_masks(
     lr: float = 0.05,
     holdout: int = 4,
     seed: int = 0,
+    gen_batch_size: int = 1,
+    sources: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> MaskCalibration:
     """Learn ``num_masks`` mask embeddings for ``model`` on its greedy continuations of ``prompts``
@@ -349,7 +356,9 @@ def calibrate_masks(
 
     Adam on the masks only; they start from the mean of the training sequences' embeddings (the
     paper's soft initialisation over the whole data), ``lr`` is relative to the embedding table's
-    RMS deviation, so it means the same for every model.
+    RMS deviation, so it means the same for every model. ``gen_batch_size`` prompts are generated at
+    once (see :func:`calibration_sequences`); ``sources`` (where the prompts came from) is recorded in
+    the result's stats.
     """
     if not 1 <= num_masks <= 4:
         raise ValueError(f"num_masks={num_masks} must be between 1 and 4")
@@ -357,6 +366,7 @@ def calibrate_masks(
         ("epochs", epochs, 1),
         ("anchors_per_step", anchors_per_step, 1),
         ("holdout", holdout, 0),
+        ("gen_batch_size", gen_batch_size, 1),
     ):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"{name}={v!r} must be an int >= {low}")
@@ -373,7 +383,7 @@ def calibrate_masks(
         p.requires_grad_(False)  # frozen: only the masks learn
     try:
         say(f"generating {len(prompts)} greedy continuations of {max_new_tokens} tokens")
-        seqs = calibration_sequences(model, prompts, max_new_tokens, say)
+        seqs = calibration_sequences(model, prompts, max_new_tokens, say, batch_size=gen_batch_size)
         data = [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
         train, held = data[: len(data) - holdout], data[len(data) - holdout :]
         table = model.get_input_embeddings().weight.detach().float()  # [vocab, hidden]
@@ -424,9 +434,11 @@ def calibrate_masks(
         model_identity(model),
         {
             "data": "greedy self-continuations",
+            "sources": dict(sources or {}),
             "prompts": len(prompts) - holdout,
             "holdout_prompts": holdout,
             "max_new_tokens": max_new_tokens,
+            "gen_batch_size": gen_batch_size,
             "epochs": epochs,
             "steps": total_steps,
             "anchors_per_step": anchors_per_step,
@@ -447,7 +459,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         description="Learn mask-token embeddings for a model: the k masks are trained (model frozen) so that "
         "their logits predict the tokens after next on the model's own greedy continuations.",
     )
-    from mtprobe.data import add_calibration_arguments
+    from mtprobe.data import add_calibration_arguments, add_corpus_arguments, corpus_argument_error
 
     add_calibration_arguments(parser)
     parser.add_argument("--num-masks", type=int, default=1, help="k, mask tokens per node (1..4)")
@@ -459,10 +471,24 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--holdout", type=int, default=4, help="prompts kept out of training and scored")
     parser.add_argument("--seed", type=int, default=0)
+    add_corpus_arguments(parser)
     args = parser.parse_args(argv)
-    from mtprobe.data import calibration_prompts, print_progress
+    error = corpus_argument_error(args)
+    if error:
+        parser.error(error)
+    from mtprobe.data import calibration_prompts, corpus_prompts, print_progress
 
-    model, _, ids = calibration_prompts(args)
+    model, tokenizer, ids = calibration_prompts(args)
+    sources = {"prompts": args.prompts or "built-in", "num_prompts": len(ids)}
+    if args.corpus_prompts:
+        try:
+            extra = corpus_prompts(tokenizer, args.corpus_prompts, args.num_corpus_prompts, args.seed)
+        except ValueError as e:
+            parser.error(str(e))
+        ids = extra + ids
+        sources.update(
+            corpus_prompts=[os.path.basename(f) for f in args.corpus_prompts], num_corpus_prompts=len(extra)
+        )
 
     try:
         cal = calibrate_masks(
@@ -475,6 +501,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             lr=args.lr,
             holdout=args.holdout,
             seed=args.seed,
+            gen_batch_size=args.gen_batch_size,
+            sources=sources,
             progress=print_progress,
         )
     except ValueError as e:

@@ -869,52 +869,6 @@ def text_sequences(
     return out
 
 
-# Instructions that turn a corpus passage into a chat prompt, in rotation: the target's answers are the
-# self-distillation data, so the prompts should ask for the kinds of text Spec-Bench asks for.
-_CORPUS_INSTRUCTIONS = (
-    "Explain what the following text means, in a short paragraph.",
-    "Summarize the following text in two sentences.",
-    "Write a short story inspired by the following text.",
-    "Is the following statement true? Reason step by step.",
-    "Translate the following text into French.",
-    "Answer in a few sentences: what would an expert say about the following?",
-    "Continue the following text.",
-    "Extract the key facts from the following text as a bulleted list.",
-)
-
-
-def corpus_passages(paths: Sequence[str], *, min_chars: int = 60, max_chars: int = 600) -> list[str]:
-    """Passages of local text files: fortune-cookie files split on their ``%`` lines, other files on
-    blank lines; passages outside [min_chars, max_chars] are dropped."""
-    out = []
-    for p in paths:
-        out += split_passages(Path(p).read_text(encoding="utf-8", errors="replace"), min_chars, max_chars)
-    return out
-
-
-def split_passages(text: str, min_chars: int, max_chars: int) -> list[str]:
-    """``text``'s passages: split on fortune-cookie ``%`` lines if it has any, else on blank lines;
-    those outside [min_chars, max_chars] characters are dropped."""
-    parts = text.split("\n%\n") if "\n%\n" in text else text.split("\n\n")
-    return [t.strip() for t in parts if min_chars <= len(t.strip()) <= max_chars]
-
-
-def corpus_prompts(tokenizer: Any, paths: Sequence[str], num: int, seed: int = 0) -> list[torch.Tensor]:
-    """``num`` chat prompts ``[1, L]`` from passages of local text files (:func:`corpus_passages`, drawn
-    without replacement), each under one of a rotation of instructions."""
-    from mtprobe.specbench.run import encode_conversation
-
-    passages = corpus_passages(paths)
-    if not passages:
-        raise ValueError(f"no passage of 60 to 600 characters in {list(paths)}")
-    order = torch.randperm(len(passages), generator=torch.Generator().manual_seed(seed))[:num].tolist()
-    prompts = []
-    for i, k in enumerate(order):
-        content = f"{_CORPUS_INSTRUCTIONS[i % len(_CORPUS_INSTRUCTIONS)]}\n\n{passages[k]}"
-        prompts.append(encode_conversation(tokenizer, [{"role": "user", "content": content}], "cpu"))
-    return prompts
-
-
 def window_token_counts(features: Features, window: int, vocab_size: int) -> torch.Tensor:
     """``[V]`` int32: how often each token occurs in ``features``'s windows of ``window`` tokens (what
     a head trained on them records in ``token_counts``, to rank its vocabulary)."""
@@ -1066,7 +1020,14 @@ def _count(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     from mtprobe.calibrate import calibration_sequences
-    from mtprobe.data import add_calibration_arguments, calibration_prompts, print_progress
+    from mtprobe.data import (
+        add_calibration_arguments,
+        add_corpus_arguments,
+        calibration_prompts,
+        corpus_argument_error,
+        corpus_prompts,
+        print_progress,
+    )
 
     parser = argparse.ArgumentParser(prog="python -m mtprobe.heads", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1102,12 +1063,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--gamma", type=float, default=None, help="discount (default 0.8, 0.9 for n > 8)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="length of each greedy continuation")
-    p.add_argument(
-        "--gen-batch-size",
-        type=int,
-        default=1,
-        help="prompts generated at once (left-padded; faster, and padding may flip near-tie greedy choices)",
-    )
     p.add_argument("--text", nargs="*", default=[], help="local text files to train on as well (a corpus)")
     p.add_argument(
         "--text-holdout",
@@ -1124,14 +1079,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "training part), continued as plain text without a chat template (for base models such as "
         "mtprobe.bytelm's)",
     )
-    p.add_argument(
-        "--corpus-prompts",
-        nargs="*",
-        default=[],
-        help="local text files whose passages become extra prompts for self-distillation (e.g. "
-        "/usr/share/games/fortunes/* from Debian's fortunes packages)",
-    )
-    p.add_argument("--num-corpus-prompts", type=int, default=200)
+    add_corpus_arguments(p)
     p.add_argument("--no-self", action="store_true", help="skip the model's own greedy continuations")
     p.add_argument("--features", default=None, help="cache the backbone's features in this file")
     p.add_argument("--seed", type=int, default=0)
@@ -1171,6 +1119,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("--passage-prompts N takes its passages from --text FILES; give them")
         if args.max_text_tokens is not None and args.max_text_tokens < 256:
             raise ValueError(f"--max-text-tokens {args.max_text_tokens} must be >= 256 (one sequence)")
+        error = corpus_argument_error(args)
+        if error:
+            raise ValueError(error)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     model, tokenizer, prompts = calibration_prompts(args)
