@@ -579,6 +579,9 @@ def test_command_line(tmp_path, capsys):
         heads._main([*argv, "--window", "1"])
     assert e.value.code == 2
     assert "window=1 must be >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the corpus options' check, shared with python -m mtprobe.calibrate
+        heads._main([*argv, "--corpus-prompts", str(tmp_path / "none")])
+    assert "no such file; give local text files" in capsys.readouterr().err
 
 
 def test_the_hf_route(model, trained):
