@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--methods", nargs="+", default=None, help="only these rows (default: all)")
     args = ap.parse_args(argv)
+    known = list(configs(args.block_complexity[0], args.mask_path))
+    unknown = sorted(set(args.methods or ()) - set(known))
+    if unknown:
+        ap.error(f"--methods {' '.join(unknown)}: no such row; the rows are {', '.join(known)}")
     torch.set_num_threads(args.threads)
 
     model, tok = models.load(args.model, dtype=torch.float32)
@@ -154,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for bc in args.block_complexity:
         rows = [r for r in results if r[0] == bc]
-        best_baseline = max(r[2]["all"] for r in rows if r[1] not in OURS)
+        baselines = [r[2]["all"] for r in rows if r[1] not in OURS]  # none when --methods left them out
+        best_baseline = max(baselines, default=None)
         for _, method, taus, bad, tok_s in rows:
-            ratio = f"{taus['all'] / best_baseline:.3f}" if method in OURS else ""
+            ratio = f"{taus['all'] / best_baseline:.3f}" if method in OURS and best_baseline else ""
             cells = " | ".join(f"{taus.get(t, float('nan')):.3f}" for t in tasks)
             lines.append(
                 f"| {bc} | {method} | **{taus['all']:.3f}** | {cells} | {ratio} | {tok_s:.2f} | {bad} |"
