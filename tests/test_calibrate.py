@@ -4,6 +4,8 @@ masks stays token-identical to greedy."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -270,3 +272,20 @@ def test_command_line_with_corpus_prompts(tmp_path, capsys):
     with pytest.raises(SystemExit):
         _main([*argv, "--corpus-prompts", str(empty)])
     assert "no passage of 60 to 600 characters" in capsys.readouterr().err
+
+
+RESULT_MASKS = sorted(
+    (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "calibrate").glob("masks-*.safetensors")
+)
+
+
+@pytest.mark.parametrize("path", RESULT_MASKS, ids=lambda p: p.name)
+def test_the_committed_masks_belong_to_smollm2(smollm2, path):
+    # The masks benchmarks/results/calibrate/README.md measured: each is accepted for SmolLM2 with the
+    # mask count its name says, and its header records held-out scores better than seed 001's masks.
+    model, _ = smollm2
+    cal = load_calibration(path)
+    cal.check(model, num_masks=int(path.stem.split("-k")[1][0]))
+    s = cal.stats
+    assert s["holdout_after"]["loss"] < s["holdout_prompt_mean"]["loss"]
+    assert s["holdout_after"]["top1"] > s["holdout_prompt_mean"]["top1"]
