@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--methods", nargs="+", default=None, help="only these rows (default: all)")
     args = ap.parse_args(argv)
-    known = list(configs(args.block_complexity[0], args.mask_path))
+    known = list(dict.fromkeys(m for bc in args.block_complexity for m in configs(bc, args.mask_path)))
     unknown = sorted(set(args.methods or ()) - set(known))
     if unknown:
         ap.error(f"--methods {' '.join(unknown)}: no such row; the rows are {', '.join(known)}")
