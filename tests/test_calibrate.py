@@ -269,8 +269,9 @@ def test_command_line_with_corpus_prompts(tmp_path, capsys):
         assert says in capsys.readouterr().err
     empty = tmp_path / "short"
     empty.write_text("too short")
-    with pytest.raises(SystemExit):
-        _main([*argv, "--corpus-prompts", str(empty)])
+    with pytest.raises(SystemExit) as e:  # refused before the model loads: a model that is not there
+        _main([*argv, "--corpus-prompts", str(empty), "--model", str(tmp_path / "no-model")])
+    assert e.value.code == 2
     assert "no passage of 60 to 600 characters" in capsys.readouterr().err
 
 

@@ -459,7 +459,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
         description="Learn mask-token embeddings for a model: the k masks are trained (model frozen) so that "
         "their logits predict the tokens after next on the model's own greedy continuations.",
     )
-    from mtprobe.data import add_calibration_arguments, add_corpus_arguments, corpus_argument_error
+    from mtprobe.data import (
+        add_calibration_arguments,
+        add_corpus_arguments,
+        calibration_prompts,
+        corpus_argument_error,
+        corpus_prompts,
+        print_progress,
+    )
 
     add_calibration_arguments(parser)
     parser.add_argument("--num-masks", type=int, default=1, help="k, mask tokens per node (1..4)")
@@ -476,7 +483,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
     error = corpus_argument_error(args)
     if error:
         parser.error(error)
-    from mtprobe.data import calibration_prompts, corpus_prompts, print_progress
 
     model, tokenizer, ids = calibration_prompts(args)
     sources = {"prompts": args.prompts or "built-in", "num_prompts": len(ids)}

@@ -141,6 +141,9 @@ def corpus_argument_error(args: Any) -> str | None:
     for f in args.corpus_prompts:
         if not Path(f).is_file():
             return f"--corpus-prompts {f}: no such file; give local text files"
+    # Checked here, before the model loads, so a wrong file costs no minutes.
+    if args.corpus_prompts and not corpus_passages(args.corpus_prompts):
+        return f"--corpus-prompts {args.corpus_prompts}: no passage of 60 to 600 characters; give text files"
     return None
 
 
