@@ -28,10 +28,10 @@ def test_worked_example():  # csrc/core/ngram_store.h
     memory = _C.NgramMemory(3, max_ngram=1)
     memory.fold([1, 2, 3, 1, 4])
     assert _keys(memory) == [(2,), (3,), (1,)]
-    assert memory.lookup([1]) == ([2, 4], [0.5, 0.5])
+    assert memory.lookup([1]) == ([2, 4], [0.25, 0.25])  # c / (total + distinct): PPM's escape
     memory.fold([5, 2])
     assert _keys(memory) == [(3,), (1,), (5,)]
-    assert memory.lookup([3]) == ([1], [1.0])
+    assert memory.lookup([3]) == ([1], [0.5])
     assert _keys(memory) == [(1,), (5,), (3,)]
     memory.fold([6, 1])
     assert _keys(memory) == [(5,), (3,), (6,)]

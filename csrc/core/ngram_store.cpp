@@ -10,11 +10,14 @@ namespace mtprobe::core {
 
 namespace {
 
-// Copies the first min(cap, table size) entries, normalised over the whole table.
+// Copies the first min(cap, table size) entries, normalised over the whole table plus `escape`
+// mass per entry (NgramMemory's counts: see lookup_ngram in ngram_store.h).
 template <typename Entry, typename P>
-int64_t write_table(const std::vector<Entry>& table, int64_t* out_tokens, P* out_probs, int64_t cap) {
+int64_t write_table(const std::vector<Entry>& table, int64_t* out_tokens, P* out_probs, int64_t cap,
+                    double escape = 0.0) {
   double total = 0.0;
   for (const Entry& e : table) total += e.mass;  // in table order, as the Python reference does
+  total += escape * static_cast<double>(table.size());
   const int64_t count = std::min<int64_t>(cap, static_cast<int64_t>(table.size()));
   for (int64_t i = 0; i < count; ++i) {
     out_tokens[i] = table[i].token;
@@ -163,7 +166,7 @@ int64_t NgramMemory::lookup_ngram(const int64_t* context, int64_t len, int64_t n
   auto found = index_.find(std::vector<int64_t>(context + len - n, context + len));
   if (found == index_.end() || found->second->table.empty()) return 0;
   ++hits_;
-  return write_table(touch(found->second)->table, out_tokens, out_probs, cap);
+  return write_table(touch(found->second)->table, out_tokens, out_probs, cap, 1.0);
 }
 
 int64_t NgramMemory::lookup(const int64_t* context, int64_t len, int64_t* out_tokens, double* out_probs,

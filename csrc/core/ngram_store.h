@@ -107,7 +107,7 @@ class NgramStore {
 //                          order [2] [3] [1]
 //   fold([5 2])         -> [5] is new and the memory is full: [2] (least recently used) goes
 //                          order [3] [1] [5]
-//   lookup([3])         -> {1: 1}, and [3] becomes the most recent: order [1] [5] [3]
+//   lookup([3])         -> {1: 1}: 1 / (1 + 1) = 0.5; [3] becomes the most recent: order [1] [5] [3]
 //   fold([6 1])         -> [6] is new: [1] goes; order [5] [3] [6]
 //
 // How drafting reads it (build_stand_tree with a memory): for n = max_ngram down to 1 (the larger
@@ -126,9 +126,12 @@ class NgramMemory {
   // Folds one generation's committed text, text[len] (prompt + output), in as stated above.
   void fold(const int64_t* text, int64_t len);
 
-  // The table of exactly the key context[len-n : len], normalised over the whole table, by
-  // count descending (ties: lower token id), at most cap entries; marks the key used and counts a
-  // hit. Returns how many (0: no such key, or n outside 1..min(max_ngram, len)).
+  // The table of exactly the key context[len-n : len], by count descending (ties: lower token id),
+  // at most cap entries, each count c as c / (total + distinct): PPM's method-C escape, which keeps
+  // mass for a continuation never seen, so a key seen once drafts at 1/2, not 1 (a bare
+  // c / total would outrank the target's own distributions in the per-request store and, in the
+  // hybrid, probing's drafts; measured in benchmarks/results/suffix_decoding/README.md). Marks the
+  // key used and counts a hit. Returns how many (0: no such key, or n outside 1..min(max_ngram, len)).
   int64_t lookup_ngram(const int64_t* context, int64_t len, int64_t n, int64_t* out_tokens, double* out_probs,
                        int64_t cap);
   // The longest matching key's table (n = max_ngram down to 1), as lookup_ngram.

@@ -67,15 +67,15 @@ void test_worked_example_eviction_order() {
   fold(memory, {1, 2, 3, 1, 4});
   CHECK((memory.keys() == Keys{{2}, {3}, {1}}));
   const Lookup one = lookup(memory, {1});
-  CHECK((one.tokens == I64{2, 4}));  // equal counts: the lower token id first
-  CHECK(probs_are(one.probs, {0.5, 0.5}));
+  CHECK((one.tokens == I64{2, 4}));               // equal counts: the lower token id first
+  CHECK(probs_are(one.probs, {0.25, 0.25}));      // c / (total + distinct): 1 / (2 + 2)
   CHECK((memory.keys() == Keys{{2}, {3}, {1}}));  // [1] was already the most recent
   fold(memory, {5, 2});
   CHECK((memory.keys() == Keys{{3}, {1}, {5}}));  // [2] evicted
   CHECK(lookup(memory, {2}).tokens.empty());
   const Lookup three = lookup(memory, {3});
   CHECK((three.tokens == I64{1}));
-  CHECK(probs_are(three.probs, {1.0}));
+  CHECK(probs_are(three.probs, {0.5}));           // seen once: 1 / (1 + 1), a guess, not a certainty
   CHECK((memory.keys() == Keys{{1}, {5}, {3}}));  // the lookup made [3] the most recent
   fold(memory, {6, 1});
   CHECK((memory.keys() == Keys{{5}, {3}, {6}}));  // [1] evicted
@@ -111,19 +111,19 @@ void test_capacity_bound() {
 void test_lookup_after_fold() {
   NgramMemory memory(100, 2, 2);
   fold(memory, {4, 5, 6, 4, 5, 7, 4, 5, 6, 9, 5, 8});
-  // [4 5] -> 6 twice, 7 once; top_k 2 keeps both.
+  // [4 5] -> 6 twice, 7 once; top_k 2 keeps both: 2 / (3 + 2), 1 / (3 + 2).
   Lookup l = lookup(memory, {0, 4, 5});
   CHECK((l.tokens == I64{6, 7}));
-  CHECK(probs_are(l.probs, {2.0 / 3.0, 1.0 / 3.0}));
+  CHECK(probs_are(l.probs, {0.4, 0.2}));
   // [9 5] has its own key (-> 8); the longest match wins over [5] (6, 7, 6, 8 -> top 2: 6, 7).
   l = lookup(memory, {9, 5});
   CHECK((l.tokens == I64{8}));
   l = lookup(memory, {3, 5});  // only the 1-gram [5] matches; its table was trimmed to 2 entries
   CHECK((l.tokens == I64{6, 7}));
-  CHECK(probs_are(l.probs, {2.0 / 3.0, 1.0 / 3.0}));
+  CHECK(probs_are(l.probs, {0.4, 0.2}));
   l = lookup(memory, {4, 5}, 1);  // cap: normalised over the whole table all the same
   CHECK((l.tokens == I64{6}));
-  CHECK(probs_are(l.probs, {2.0 / 3.0}));
+  CHECK(probs_are(l.probs, {0.4}));
   CHECK(lookup(memory, {42}).tokens.empty());
   CHECK(lookup(memory, {}).tokens.empty());
   CHECK(memory.hits() == 4);  // four lookups returned a table

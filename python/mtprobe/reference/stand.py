@@ -20,8 +20,10 @@ the higher probability, then the lower token id. ``parents[i] == -1`` marks a ch
 
 ``NgramMemory`` is the cross-request memory: ``fold(text)`` adds count 1 for ``text[i]`` to every key
 ``text[i-n:i]``, n = 1..max_ngram; at most ``capacity`` keys, the least recently used (written by a
-fold or returned by a lookup) evicted first. The tree reads it where the store has no key of the
-length looked up (the longest key of either store; at equal length the store's).
+fold or returned by a lookup) evicted first. A lookup gives each count c as c / (total + distinct)
+(PPM's method-C escape: a continuation seen once is a guess, not a certainty). The tree reads it where
+the store has no key of the length looked up (the longest key of either store; at equal length the
+store's).
 
 >>> memory = NgramMemory(capacity=3, max_ngram=1)
 >>> memory.fold([1, 2, 3, 1, 4]); memory.keys()
@@ -29,7 +31,7 @@ length looked up (the longest key of either store; at equal length the store's).
 >>> memory.fold([5, 2]); memory.keys()  # [2] was the least recently used
 [(3,), (1,), (5,)]
 >>> memory.lookup([3]), memory.keys()
-(([1], [1.0]), [(1,), (5,), (3,)])
+(([1], [0.5]), [(1,), (5,), (3,)])
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class NgramMemory:
         if not table:
             return [], []
         self.tables.move_to_end(key)
-        total = sum(table.values())
+        total = sum(table.values()) + len(table)  # PPM's method-C escape: one count per distinct token
         kept = list(table.items())[:cap]
         return [t for t, _ in kept], [m / total for _, m in kept]
 
