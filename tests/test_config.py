@@ -60,6 +60,7 @@ NON_DEFAULT = {
         table_size=3,
         logits_top_k=6,
         memory_size=33,
+        mask_value=0.25,
     ),
     "auto": mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig(block_complexity=12)),
@@ -234,7 +235,12 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
             ngram_size=1 + a, window=b, guess_set_size=c, pool_from_prompt=flag
         ),
         "hybrid": lambda: mtprobe.HybridConfig(
-            block_complexity=4 * a, num_masks=1 + c % 2, mask_lambda=lam, seed=seed, max_depth=b
+            block_complexity=4 * a,
+            num_masks=1 + c % 2,
+            mask_lambda=lam,
+            seed=seed,
+            max_depth=b,
+            mask_value=lam if flag else None,
         ),
         "auto": lambda: mtprobe.AutoConfig(
             drafters=(mtprobe.PromptLookupConfig(num_tokens=a), mtprobe.StandConfig(block_complexity=1 + b)),

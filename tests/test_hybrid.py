@@ -12,7 +12,7 @@ import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import _C
 from mtprobe.drafters import hybrid_drafter
-from mtprobe.reference.draft_tree import merge_trees
+from mtprobe.reference.draft_tree import merge_trees, plan_masks
 
 # --- the merge -----------------------------------------------------------------------------------
 
@@ -72,6 +72,57 @@ def test_merge_rejects_a_malformed_tree():
         _C.merge_draft_trees([1, 2], [-1, 1], [1.0, 0.5], [], [], [], 3)
 
 
+# --- the mask plan (HybridConfig.mask_value) ----------------------------------------------------
+
+PLAN_EXAMPLE = ([7, 5, 4, 9], [-1, 0, 1, 0], [1.0, 0.9, 0.8, 0.01])
+
+
+def test_plan_worked_example():  # csrc/core/draft_tree.h
+    expected = ([7, 5, 4], [-1, 0, 1], [1.0, 0.9, 0.8], [True, False, True])
+    assert plan_masks(PLAN_EXAMPLE, 5, 1, 0.3) == expected
+    assert _C.plan_mask_carriers(*PLAN_EXAMPLE, 5, 1, 0.3) == expected
+
+
+def test_plan_extremes():
+    star = ([7, 1, 2, 3, 4], [-1, 0, 0, 0, 0], [1.0, 0.5, 0.25, 0.125, 0.0625])
+    # Masks worth nothing: the best inputs - 1 nodes and no masks.
+    assert _C.plan_mask_carriers(*star, 5, 1, 0.0) == (*star, [False] * 5)
+    # Masks worth more than any draft: every node masked (seed 001's rule, B = inputs / (k + 1)).
+    assert _C.plan_mask_carriers(*star, 6, 1, 100.0) == ([7, 1, 2], [-1, 0, 0], [1.0, 0.5, 0.25], [True] * 3)
+    assert _C.plan_mask_carriers(*star, 9, 2, 100.0)[3] == [True] * 3
+    # A chain of sure nodes ends only at its leaf: one mask there, the rest drafts.
+    chain = ([7, 1, 2, 3], [-1, 0, 1, 2], [1.0, 1.0, 1.0, 1.0])
+    assert _C.plan_mask_carriers(*chain, 5, 1, 0.5) == (*chain, [False, False, False, True])
+    assert _C.plan_mask_carriers([], [], [], 5, 1, 0.3) == ([], [], [], [])
+    assert _C.plan_mask_carriers([7], [-1], [1.0], 1, 1, 0.3) == ([7], [-1], [1.0], [False])  # no room
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cpp_plan_matches_brute_force(seed):
+    rng = random.Random(seed)
+    for _ in range(150):
+        a, b = _random_tree(rng, 9), _random_tree(rng, 9)
+        tree = merge_trees(a, b, 8)  # the hybrid plans its merged tree; <= 8 nodes for the brute force
+        if not tree[0]:
+            continue
+        inputs, k = rng.randint(1, 12), rng.randint(1, 2)
+        mask_value = rng.choice([0.0, 0.25, 0.5, 1.0, 4.0])
+        got = _C.plan_mask_carriers(*tree, inputs, k, mask_value)
+        assert got == plan_masks(tree, inputs, k, mask_value), (tree, inputs, k, mask_value)
+        tokens, parents, _, carries = got
+        assert len(tokens) + k * sum(carries) <= inputs  # the budget holds
+        assert all(0 <= parents[i] < i for i in range(1, len(tokens)))  # a tree, parents first
+
+
+def test_plan_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="mask_value must be a finite number >= 0"):
+        _C.plan_mask_carriers(*PLAN_EXAMPLE, 5, 1, -1.0)
+    with pytest.raises(ValueError, match="inputs and k must be >= 1"):
+        _C.plan_mask_carriers(*PLAN_EXAMPLE, 5, 0, 0.3)
+    with pytest.raises(ValueError, match="parents before children"):
+        _C.plan_mask_carriers([1, 2], [-1, 1], [1.0, 0.5], 5, 1, 0.3)
+
+
 # --- decoding ------------------------------------------------------------------------------------
 
 
@@ -80,9 +131,10 @@ def tiny():
     return tiny_llama(vocab_size=24, eos_token_id=23)
 
 
+@pytest.mark.parametrize("mask_value", [None, 0.5])
 @pytest.mark.parametrize("block_complexity, num_masks", [(4, 1), (10, 1), (30, 1), (60, 2), (30, 3)])
-def test_lossless_on_tiny_llama(tiny, block_complexity, num_masks):
-    cfg = mtprobe.HybridConfig(block_complexity=block_complexity, num_masks=num_masks)
+def test_lossless_on_tiny_llama(tiny, block_complexity, num_masks, mask_value):
+    cfg = mtprobe.HybridConfig(block_complexity=block_complexity, num_masks=num_masks, mask_value=mask_value)
     gen = torch.Generator().manual_seed(block_complexity + num_masks)
     for length in (1, 9, 50):
         prompt = torch.randint(0, 6, (1, length), generator=gen)
@@ -131,6 +183,20 @@ def test_both_sources_draft_within_the_budget(tiny):
     assert any(p > 0 and n > 0 and p + n > d for p, n, d, _ in drafter.steps)
 
 
+def test_planned_masks_draft_more_within_the_budget(tiny):
+    # mask_value: masks only where the step is likely to end, so on a repetitive prompt (confident
+    # n-gram chains) a step drafts more than B - 1 = 5 nodes, and never more inputs than BC.
+    cfg = mtprobe.HybridConfig(block_complexity=12, mask_value=0.5)
+    drafter = Recorder(hybrid_drafter(tiny, cfg))
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]])
+    loop = cpu_decode_loop(tiny, drafter, max_new_tokens=40, block_complexity=12, prompt_len=prompt.shape[1])
+    seq = loop.run(prompt[0]).sequence
+    assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()
+    assert all(inputs <= 12 for _, _, _, inputs in drafter.steps)
+    assert any(drafts > 5 for _, _, drafts, _ in drafter.steps)
+    assert any(inputs < 2 * (drafts + 1) for _, _, drafts, inputs in drafter.steps)  # some nodes unmasked
+
+
 def test_smollm2_greedy_equality_and_gain_over_probing(smollm2):
     model, tok = smollm2
     text = "Repeat this list twice, exactly: apple, river, candle, mountain, violin, pepper, lantern, meadow."
@@ -152,8 +218,12 @@ def test_smollm2_greedy_equality_and_gain_over_probing(smollm2):
         (dict(max_depth=0), "max_depth=0 must be >= 1"),
         (dict(mask_lambda=2.0), "mask_lambda"),
         (dict(mask_init="zeros"), "mask_init"),
+        (dict(mask_value=-0.5), "mask_value=-0.5 must be None .* or a finite number >= 0"),
+        (dict(mask_value=float("inf")), "mask_value=inf must be None"),
     ],
 )
 def test_bad_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         mtprobe.HybridConfig(**kwargs)
+    with pytest.raises(TypeError, match="mask_value must be None or a number >= 0, got '0.5'"):
+        mtprobe.HybridConfig(mask_value="0.5")

@@ -1,6 +1,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <optional>
 
 #include "bindings/bindings.h"
@@ -67,6 +68,20 @@ py::tuple tree_lists(const std::vector<core::DraftNode>& nodes) {
   return py::make_tuple(tokens, parents, probs);
 }
 
+// A draft tree from Python lists (tokens, parents, probs), checked: root first, parents before children.
+std::vector<core::DraftNode> tree_nodes(const std::vector<int64_t>& t, const std::vector<int64_t>& p,
+                                        const std::vector<double>& s) {
+  TORCH_CHECK_VALUE(t.size() == p.size() && t.size() == s.size(),
+                    "tokens, parents and probs of a tree must have one entry per node");
+  std::vector<core::DraftNode> out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    TORCH_CHECK_VALUE(i == 0 ? p[i] == -1 : p[i] >= 0 && p[i] < static_cast<int64_t>(i), "node ", i,
+                      " has parent ", p[i], "; the root comes first and parents before children");
+    out.push_back({t[i], p[i], i == 0 ? 0 : out[static_cast<size_t>(p[i])].depth + 1, s[i]});
+  }
+  return out;
+}
+
 // The probing options MaskProbeDrafter and HybridDrafter take from Python.
 MaskProbeOptions mask_options(int64_t num_masks, int64_t block_complexity, bool prune, std::string mask_init,
                               double gaussian_shift, double mask_lambda, int64_t seed,
@@ -127,24 +142,29 @@ void bind_drafters(py::module_& m) {
       [](const std::vector<int64_t>& a_tokens, const std::vector<int64_t>& a_parents,
          const std::vector<double>& a_probs, const std::vector<int64_t>& b_tokens,
          const std::vector<int64_t>& b_parents, const std::vector<double>& b_probs, int64_t budget) {
-        auto nodes = [](const std::vector<int64_t>& t, const std::vector<int64_t>& p,
-                        const std::vector<double>& s) {
-          TORCH_CHECK_VALUE(t.size() == p.size() && t.size() == s.size(),
-                            "tokens, parents and probs of a tree must have one entry per node");
-          std::vector<core::DraftNode> out;
-          for (size_t i = 0; i < t.size(); ++i) {
-            TORCH_CHECK_VALUE(i == 0 ? p[i] == -1 : p[i] >= 0 && p[i] < static_cast<int64_t>(i), "node ", i,
-                              " has parent ", p[i], "; the root comes first and parents before children");
-            out.push_back({t[i], p[i], i == 0 ? 0 : out[static_cast<size_t>(p[i])].depth + 1, s[i]});
-          }
-          return out;
-        };
-        return tree_lists(core::merge_draft_trees(nodes(a_tokens, a_parents, a_probs),
-                                                  nodes(b_tokens, b_parents, b_probs), budget));
+        return tree_lists(core::merge_draft_trees(tree_nodes(a_tokens, a_parents, a_probs),
+                                                  tree_nodes(b_tokens, b_parents, b_probs), budget));
       },
       py::arg("a_tokens"), py::arg("a_parents"), py::arg("a_probs"), py::arg("b_tokens"),
       py::arg("b_parents"), py::arg("b_probs"), py::arg("budget"),
       "Two draft trees of one root merged, the best budget - 1 nodes kept (csrc/core/draft_tree.h).");
+
+  m.def(
+      "plan_mask_carriers",
+      [](const std::vector<int64_t>& tokens, const std::vector<int64_t>& parents,
+         const std::vector<double>& probs, int64_t inputs, int64_t k, double mask_value) {
+        TORCH_CHECK_VALUE(inputs >= 1 && k >= 1, "inputs and k must be >= 1, got ", inputs, " and ", k);
+        TORCH_CHECK_VALUE(std::isfinite(mask_value) && mask_value >= 0.0,
+                          "mask_value must be a finite number >= 0, got ", mask_value);
+        core::MaskPlan plan =
+            core::plan_mask_carriers(tree_nodes(tokens, parents, probs), inputs, k, mask_value);
+        py::tuple t = tree_lists(plan.nodes);
+        return py::make_tuple(t[0], t[1], t[2], std::vector<bool>(plan.carries.begin(), plan.carries.end()));
+      },
+      py::arg("tokens"), py::arg("parents"), py::arg("probs"), py::arg("inputs"), py::arg("k"),
+      py::arg("mask_value"),
+      "Which nodes of a draft tree carry k masks when masks and drafts share `inputs` inputs "
+      "(csrc/core/draft_tree.h): (tokens, parents, probs, carries).");
 
   m.def(
       "prompt_lookup",
@@ -445,17 +465,23 @@ void bind_drafters(py::module_& m) {
       .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool prune,
                        std::string mask_init, double gaussian_shift, double mask_lambda, int64_t seed,
                        int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k,
-                       std::shared_ptr<core::NgramMemory> memory, std::optional<at::Tensor> initial_masks) {
+                       std::shared_ptr<core::NgramMemory> memory, std::optional<at::Tensor> initial_masks,
+                       std::optional<double> mask_value) {
+             TORCH_CHECK_VALUE(!mask_value || (std::isfinite(*mask_value) && *mask_value >= 0.0),
+                               "mask_value must be None (masks on every node) or a finite number >= 0, got ",
+                               mask_value.value_or(0.0));
              return std::make_shared<HybridDrafter>(
                  std::move(embedding),
                  mask_options(num_masks, block_complexity, prune, std::move(mask_init), gaussian_shift,
                               mask_lambda, seed, initial_masks),
-                 StandOptions{max_depth, max_ngram, table_size, logits_top_k, std::move(memory)});
+                 StandOptions{max_depth, max_ngram, table_size, logits_top_k, std::move(memory)},
+                 mask_value.value_or(-1.0));
            }),
            py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
            py::arg("prune"), py::arg("mask_init"), py::arg("gaussian_shift"), py::arg("mask_lambda"),
            py::arg("seed"), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
-           py::arg("logits_top_k"), py::arg("memory") = py::none(), py::arg("initial_masks") = std::nullopt)
+           py::arg("logits_top_k"), py::arg("memory") = py::none(), py::arg("initial_masks") = std::nullopt,
+           py::arg("mask_value") = std::nullopt)
       .def_property_readonly("probe_nodes", &HybridDrafter::probe_nodes)
       .def_property_readonly("ngram_nodes", &HybridDrafter::ngram_nodes);
 

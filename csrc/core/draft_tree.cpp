@@ -1,6 +1,7 @@
 #include "core/draft_tree.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -119,6 +120,67 @@ std::vector<DraftNode> merge_draft_trees(const std::vector<DraftNode>& a, const 
     out.push_back(n);
   }
   return out;
+}
+
+MaskPlan plan_mask_carriers(const std::vector<DraftNode>& nodes, int64_t inputs, int64_t k,
+                            double mask_value) {
+  if (nodes.empty()) return {};
+  // Score order, parents before children on ties (a parent's score is never below a child's).
+  std::vector<int64_t> order(nodes.size() - 1);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i) + 1;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return nodes[x].prob > nodes[y].prob; });
+  const int64_t most = std::clamp<int64_t>(inputs - 1, 0, static_cast<int64_t>(order.size()));
+  std::vector<double> ends(nodes.size());  // P(the step ends at node i) = p_i - sum_{children} p_c
+  std::vector<double> top;
+  double best = -1.0, drafts = 0.0;
+  int64_t best_n = 0;
+  for (int64_t n = 0; n <= most; ++n) {  // the best n nodes
+    if (n > 0) drafts += nodes[order[n - 1]].prob;
+    const int64_t carriers = std::min<int64_t>(n + 1, (inputs - 1 - n) / k);
+    double value = drafts;
+    if (carriers > 0) {
+      std::fill(ends.begin(), ends.end(), 0.0);
+      ends[0] = 1.0;
+      for (int64_t j = 0; j < n; ++j) {
+        const DraftNode& d = nodes[order[j]];
+        ends[order[j]] += d.prob;
+        ends[d.parent] -= d.prob;
+      }
+      top.clear();
+      top.push_back(ends[0]);
+      for (int64_t j = 0; j < n; ++j) top.push_back(ends[order[j]]);
+      std::partial_sort(top.begin(), top.begin() + carriers, top.end(), std::greater<double>());
+      for (int64_t j = 0; j < carriers; ++j) value += mask_value * std::max(top[j], 0.0);
+    }
+    if (value > best) best = value, best_n = n;
+  }
+  // The plan: the best_n nodes in the input's order (parents first), masks on the most likely ends.
+  std::vector<bool> kept(nodes.size(), false);
+  kept[0] = true;
+  for (int64_t j = 0; j < best_n; ++j) kept[order[j]] = true;
+  std::vector<int64_t> new_index(nodes.size(), -1);
+  MaskPlan plan;
+  std::vector<double> plan_ends;
+  for (size_t u = 0; u < nodes.size(); ++u) {
+    if (!kept[u]) continue;
+    DraftNode d = nodes[u];
+    d.parent = u == 0 ? -1 : new_index[static_cast<size_t>(d.parent)];
+    new_index[u] = static_cast<int64_t>(plan.nodes.size());
+    plan.nodes.push_back(d);
+    plan_ends.push_back(u == 0 ? 1.0 : d.prob);
+    if (u != 0) plan_ends[static_cast<size_t>(d.parent)] -= d.prob;
+  }
+  const int64_t n = static_cast<int64_t>(plan.nodes.size());
+  const int64_t carriers = std::clamp<int64_t>((inputs - n) / k, 0, n);
+  std::vector<int64_t> by_end(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) by_end[i] = i;
+  std::stable_sort(by_end.begin(), by_end.end(),
+                   [&](int64_t x, int64_t y) { return plan_ends[x] > plan_ends[y]; });
+  plan.carries.assign(static_cast<size_t>(n), false);
+  // (a node the step cannot end at gets none: its inputs would buy nothing)
+  for (int64_t j = 0; j < carriers && plan_ends[by_end[j]] > 0.0; ++j) plan.carries[by_end[j]] = true;
+  return plan;
 }
 
 }  // namespace mtprobe::core

@@ -53,4 +53,29 @@ std::vector<DraftNode> build_dynamic_tree(int64_t root_token, const int64_t* can
 std::vector<DraftNode> merge_draft_trees(const std::vector<DraftNode>& a, const std::vector<DraftNode>& b,
                                          int64_t budget);
 
+// Which nodes of a tree carry the k mask tokens when masks and drafts share one budget (the
+// hybrid drafter with HybridConfig.mask_value). A node's masks only matter if the step ends there:
+// they hold the next step's probing candidates. So the plan takes the best N nodes by score (a
+// prefix of the score order is a tree) and masks on the M of them most likely to be the last
+// accepted, maximising
+//   sum_{drafts i} p_i + mask_value * sum_{carriers i} (p_i - sum_{children c of i} p_c)
+// subject to 1 + N + k M <= inputs: p_i estimates P(i accepted), p_i - sum p_c P(the step ends at i),
+// and mask_value is the tokens probing adds to the next step. Over all nodes the second sum is
+// sum p_i - sum_{non-root} p_i = p_root = 1: masks everywhere (seed 001's rule, B - 1 = inputs /
+// (k + 1) - 1 drafts) is one plan among those compared. Ties keep the smaller N.
+//
+// nodes: [root, ...], parents first, root prob 1, each prob at most its parent's.
+// Returns the plan's nodes (parents first, root first) and carries[i] for each of them.
+//
+// Example, k = 1, inputs 5, mask_value 0.3; root 7 -> 5 (.9) -> 4 (.8), 7 -> 9 (.01):
+//   N = 2 (5, 4) with masks on 7 (ends there: .1) and 4 (.8): .9 + .8 + .3 * .9 = 1.97, the best
+//   (every node masked fits only N = 1: .9 + .3 = 1.2; N = 3 leaves one mask: 1.71 + .3 * .8 = 1.95)
+//   nodes = [7, 5, 4], carries = [1, 0, 1]
+struct MaskPlan {
+  std::vector<DraftNode> nodes;
+  std::vector<bool> carries;
+};
+MaskPlan plan_mask_carriers(const std::vector<DraftNode>& nodes, int64_t inputs, int64_t k,
+                            double mask_value);
+
 }  // namespace mtprobe::core

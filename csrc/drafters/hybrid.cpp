@@ -5,15 +5,21 @@
 namespace mtprobe {
 
 namespace {
-MaskProbeOptions dynamic(MaskProbeOptions o) {
+MaskProbeOptions dynamic(MaskProbeOptions o, double mask_value) {
   o.dynamic_tree = true;  // the union is selected by score, as probing's dynamic tree
   o.branches.clear();
+  // Planned masks leave room for up to BC - k nodes (only the root masked).
+  if (mask_value >= 0.0) o.tree_nodes = o.block_complexity - o.num_masks;
   return o;
 }
 }  // namespace
 
-HybridDrafter::HybridDrafter(at::Tensor embedding, MaskProbeOptions probe, StandOptions stand)
-    : probe_(std::move(embedding), dynamic(std::move(probe))), stand_(stand), stand_depth_(stand.max_depth) {}
+HybridDrafter::HybridDrafter(at::Tensor embedding, MaskProbeOptions probe, StandOptions stand,
+                             double mask_value)
+    : probe_(std::move(embedding), dynamic(std::move(probe), mask_value)),
+      stand_(stand),
+      stand_depth_(stand.max_depth),
+      mask_value_(mask_value) {}
 
 void HybridDrafter::begin(const at::Tensor& prompt) {
   probe_.begin(prompt);
@@ -24,7 +30,9 @@ DraftBlock HybridDrafter::propose(const at::Tensor& committed, int64_t prefix_le
   probe_nodes_ = ngram_nodes_ = 0;
   if (committed.size(0) != 1) return probe_.propose(committed, prefix_len, limits);  // prefill
   const int64_t k = probe_.options().num_masks;
-  const int64_t budget = probe_.budget_nodes();  // B nodes, root included
+  // Nodes the block can hold, root included: B when every node carries masks, else up to BC - k.
+  const int64_t inputs = probe_.options().block_complexity;
+  const int64_t budget = mask_value_ < 0.0 ? probe_.budget_nodes() : inputs - k;
   const int64_t root_token = committed.to(at::kCPU).data_ptr<int64_t>()[0];
   std::vector<core::DraftNode> probed = probe_.candidate_tree(root_token, limits);
   // The store's tree: no deeper than the tokens still wanted, and room for the masks below it.
@@ -32,7 +40,10 @@ DraftBlock HybridDrafter::propose(const at::Tensor& committed, int64_t prefix_le
   std::vector<core::DraftNode> copied = stand_.tree_nodes(root_token, budget - 1, depth);
   probe_nodes_ = std::max<int64_t>(0, static_cast<int64_t>(probed.size()) - 1);
   ngram_nodes_ = static_cast<int64_t>(copied.size()) - 1;
-  return probe_.block_with_masks(committed, core::merge_draft_trees(probed, copied, budget), limits);
+  std::vector<core::DraftNode> merged = core::merge_draft_trees(probed, copied, budget);
+  if (mask_value_ < 0.0) return probe_.block_with_masks(committed, std::move(merged), limits);
+  core::MaskPlan plan = core::plan_mask_carriers(merged, inputs, k, mask_value_);
+  return probe_.block_with_masks(committed, std::move(plan.nodes), limits, &plan.carries);
 }
 
 void HybridDrafter::observe(const StepOutcome& outcome) {

@@ -5,7 +5,9 @@
 // last accepted node (csrc/drafters/mask_probe.h), STAND's from the store after the history
 // (csrc/drafters/stand.h), each node scored by its cumulative probability. The union keeps the best
 // B - 1 nodes, B = BC / (k + 1) (core::merge_draft_trees), and, as in probing, every node carries k
-// mask tokens, so whichever node is accepted yields the next step's probing candidates.
+// mask tokens, so whichever node is accepted yields the next step's probing candidates. With a
+// mask value, masks go only where the step is likely to end and the inputs they free take more
+// drafts (core::plan_mask_carriers): a node inside a confident n-gram chain rarely ends the step.
 // n-gram nodes reach deeper than k (copied text, up to STAND's max_depth); probing supplies the
 // breadth where the store knows nothing. Both learn from every step: the masks follow the output,
 // the store takes the logits of every accepted node. A cross-request memory (StandOptions::memory)
@@ -22,8 +24,9 @@ namespace mtprobe {
 class HybridDrafter : public Drafter {
  public:
   // probe: options of the probing half (its dynamic tree and budget BC / (k + 1) are the hybrid's);
-  // stand: options of the n-gram half.
-  HybridDrafter(at::Tensor embedding, MaskProbeOptions probe, StandOptions stand);
+  // stand: options of the n-gram half. mask_value < 0: every node carries masks (B - 1 drafts);
+  // >= 0: drafts and masks share the BC inputs as core::plan_mask_carriers weighs them.
+  HybridDrafter(at::Tensor embedding, MaskProbeOptions probe, StandOptions stand, double mask_value = -1.0);
 
   std::string name() const override { return "hybrid"; }
   void begin(const at::Tensor& prompt) override;
@@ -38,6 +41,7 @@ class HybridDrafter : public Drafter {
   MaskProbeDrafter probe_;
   StandDrafter stand_;
   int64_t stand_depth_;
+  double mask_value_;
   int64_t probe_nodes_ = 0;
   int64_t ngram_nodes_ = 0;
 };

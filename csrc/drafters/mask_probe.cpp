@@ -65,9 +65,13 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
                       " drafts: (k + 1)(1 + sum K) = ", (o.num_masks + 1) * nodes,
                       " exceeds block_complexity ", o.block_complexity);
   }
+  TORCH_CHECK_VALUE(o.tree_nodes == 0 || (o.dynamic_tree && o.tree_nodes >= 2 &&
+                                          o.tree_nodes + o.num_masks <= o.block_complexity),
+                    "tree_nodes ", o.tree_nodes, " must be 0 (B) or, for the dynamic tree, in [2, ",
+                    o.block_complexity - o.num_masks, "] (the root's masks must fit)");
   int64_t widest = 1;
   if (o.dynamic_tree) {
-    widest = budget_nodes() - 1;
+    widest = tree_nodes() - 1;
   } else if (!o.bank.empty()) {
     for (const auto& t : o.bank) widest = std::max(widest, t.max_rank + 1);
   } else {
@@ -162,7 +166,7 @@ DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix
 }
 
 DraftBlock MaskProbeDrafter::block_with_masks(const at::Tensor& committed, std::vector<core::DraftNode> tree,
-                                              const StepLimits& limits) {
+                                              const StepLimits& limits, const std::vector<bool>* carries) {
   const int64_t k = options_.num_masks;
   const int64_t c = committed.size(0);
   const int64_t root = c - 1;
@@ -189,18 +193,23 @@ DraftBlock MaskProbeDrafter::block_with_masks(const at::Tensor& committed, std::
     b.tokens = committed;
   }
 
-  // k chained masks on the root and on every draft node.
+  // k chained masks on the root and on every draft node (or on those `carries` names).
+  if (tree.empty()) carries = nullptr;  // no drafts (or cleared above): the root's masks
+  TORCH_CHECK(carries == nullptr || carries->size() == tree.size(), "carries names ", carries->size(),
+              " nodes for a tree of ", tree.size());
   mask_input_of_node_.assign(static_cast<size_t>(b.num_nodes), -1);
   int64_t carriers = 0;
   if (masks) {
     for (int64_t node = root; node < b.num_nodes; ++node) {
+      if (carries != nullptr && !(*carries)[static_cast<size_t>(node - root)]) continue;
       mask_input_of_node_[node] = static_cast<int64_t>(b.parents.size());
       for (int64_t j = 0; j < k; ++j)
         b.parents.push_back(j == 0 ? node : static_cast<int64_t>(b.parents.size()) - 1);
       ++carriers;
     }
     // Every node's masks share the same k embeddings; position and context make them differ.
-    b.embeds = masks_.to(embedding_.scalar_type()).repeat({carriers, 1});  // [carriers * k, hidden]
+    if (carriers > 0)
+      b.embeds = masks_.to(embedding_.scalar_type()).repeat({carriers, 1});  // [carriers * k, hidden]
   }
   return b;
 }
@@ -220,7 +229,7 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
     tree_root_ = outcome.new_tokens.back();
     at::Tensor root = at::scalar_tensor(tree_root_, at::kLong).to(outcome.logits.device());
     auto [tokens, parents, probs, num_nodes] = ops::dispatch::expand_draft_tree(
-        outcome.logits.narrow(0, first, k), root, budget_nodes(), cand_width_, options_.prune);
+        outcome.logits.narrow(0, first, k), root, tree_nodes(), cand_width_, options_.prune);
     tree_ = at::stack({tokens.to(at::kDouble), parents.to(at::kDouble), probs});  // [3, budget]
     have_candidates_ = true;
   } else if (first >= 0 && !outcome.finished) {

@@ -33,6 +33,7 @@ struct MaskProbeOptions {
   at::Tensor initial_masks;               // calibrated: [>= k, hidden] learned masks (mtprobe.calibrate)
   double mask_lambda = 0.1;               // in [0, 1]; 0 keeps the initial masks
   int64_t seed = 0;                       // for gaussian masks
+  int64_t tree_nodes = 0;  // dynamic tree's most nodes, root included (0: B); the hybrid plans more
   // EntMTP (seed 002): static trees by child rank (core/topology.h), one chosen per step by the
   // policy from a confidence score. A non-empty bank replaces `branches`.
   std::vector<core::Topology> bank;
@@ -58,13 +59,16 @@ class MaskProbeDrafter : public Drafter {
   // drafts, then k chained masks on the root and on every draft. observe() reads the masks of
   // whichever node the step accepted.
   std::vector<core::DraftNode> candidate_tree(int64_t root_token, const StepLimits& limits) const;
+  // carries: which tree nodes get masks (core::plan_mask_carriers); none given: every node.
   DraftBlock block_with_masks(const at::Tensor& committed, std::vector<core::DraftNode> tree,
-                              const StepLimits& limits);
+                              const StepLimits& limits, const std::vector<bool>* carries = nullptr);
 
   const at::Tensor& mask_embeddings() const { return masks_; }
   const MaskProbeOptions& options() const { return options_; }
   // B = BC / (k + 1): the most tree nodes, root included, when every node carries k masks.
   int64_t budget_nodes() const { return options_.block_complexity / (options_.num_masks + 1); }
+  // The dynamic tree's most nodes, root included: tree_nodes, else B.
+  int64_t tree_nodes() const { return options_.tree_nodes > 0 ? options_.tree_nodes : budget_nodes(); }
 
   // EntMTP mode: the bank tree each decode step drafted (-1: none, e.g. no candidates yet), and with
   // `record`, per step that produced candidates: the next root's position in the sequence, the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -706,6 +707,12 @@ class HybridConfig(_ConfigData):
             (its tree is the dynamic one).
         max_depth, max_ngram, table_size, logits_top_k, memory_size: the n-gram half, as in
             :class:`StandConfig` (``memory_size``: the cross-request memory, off by default).
+        mask_value: ``None``: every node carries k masks (seed 001's rule, B - 1 drafts). A number
+            >= 0: masks and drafts share the BC inputs, masks only where the step is likely to end
+            (a node inside a confident n-gram chain rarely does) and more drafts with the inputs
+            that frees; the plan maximises the expected accepted drafts plus ``mask_value`` times
+            the chance that the step ends at a masked node (the tokens the next step's probing is
+            taken to add). Verification is the same either way: greedy output stays identical.
 
     >>> HybridConfig(block_complexity=30).probe
     ProbeConfig(block_complexity=30, num_masks=1, tree='dynamic', branches=None, prune=True, mask_init='prompt_mean', mask_path=None, mask_lambda=0.5, incremental_masks=True, seed=0)
@@ -727,12 +734,21 @@ class HybridConfig(_ConfigData):
     table_size: int = 8
     logits_top_k: int = 8
     memory_size: int | None = None
+    mask_value: float | None = None
 
     reads_prompt_logits: ClassVar[bool] = True  # its STAND half
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mask_lambda", self.probe.mask_lambda)  # resolved (None: by mask_init)
         self.stand  # noqa: B018  (each half validates its own fields)
+        if self.mask_value is not None:
+            if isinstance(self.mask_value, bool) or not isinstance(self.mask_value, (int, float)):
+                raise TypeError(f"mask_value must be None or a number >= 0, got {self.mask_value!r}")
+            if not math.isfinite(self.mask_value) or self.mask_value < 0:
+                raise ValueError(
+                    f"mask_value={self.mask_value} must be None (masks on every node) or a finite number >= 0"
+                )
+            object.__setattr__(self, "mask_value", float(self.mask_value))
         if self.mask_path is not None:
             object.__setattr__(self, "mask_path", os.fspath(self.mask_path))
 

@@ -160,6 +160,7 @@ def hybrid_drafter(model: PreTrainedModel, config: HybridConfig) -> _C.HybridDra
         table_size=stand.table_size,
         logits_top_k=stand.logits_top_k,
         memory=ngram_memory(model, config),
+        mask_value=config.mask_value,
         **_mask_options(model, config.probe),
     )
 

@@ -173,3 +173,46 @@ def merge_trees(
             out_parents.append(-1 if u == 0 else new_index[parent])
             out_probs.append(score)
     return out_tokens, out_parents, out_probs
+
+
+def plan_masks(
+    tree: tuple[Sequence[int], Sequence[int], Sequence[float]], inputs: int, k: int, mask_value: float
+) -> tuple[list[int], list[int], list[float], list[bool]]:
+    """Which nodes carry the k mask tokens when masks and drafts share ``inputs`` (the hybrid with
+    ``mask_value``). For every N, the best N nodes by score (ties: the earlier) with masks on as many
+    of them as fit (1 + N + k * masked <= inputs), those most likely to end the step first (ties: the
+    earlier; none where that chance is 0); the plan is the N maximising
+
+        sum_{drafts} p_i + mask_value * sum_{masked} (p_i - sum_{children c of i} p_c)
+
+    (p_i - sum p_c: the chance the step ends at node i), the smaller N on ties. Returns ``(tokens,
+    parents, probs, carries)`` in the tree's order.
+
+    >>> plan_masks(([7, 5, 4, 9], [-1, 0, 1, 0], [1.0, 0.9, 0.8, 0.01]), inputs=5, k=1, mask_value=0.3)
+    ([7, 5, 4], [-1, 0, 1], [1.0, 0.9, 0.8], [True, False, True])
+    """
+    tokens, parents, probs = (list(x) for x in tree)
+    if not tokens:
+        return [], [], [], []
+    order = sorted(range(1, len(tokens)), key=lambda i: -probs[i])
+    best: tuple[float, list[int], list[int]] | None = None
+    for n in range(min(inputs - 1, len(order)) + 1):
+        kept = sorted([0, *order[:n]])
+        ends = {
+            i: (1.0 if i == 0 else probs[i]) - sum(probs[c] for c in kept if c and parents[c] == i)
+            for i in kept
+        }
+        by_end = sorted(kept, key=lambda i: -ends[i])
+        masked = [i for i in by_end[: (inputs - 1 - n) // k] if ends[i] > 0]
+        value = sum(probs[i] for i in kept if i) + mask_value * sum(ends[i] for i in masked)
+        if best is None or value > best[0]:
+            best = (value, kept, masked)
+    assert best is not None
+    _, kept, masked = best
+    index = {u: j for j, u in enumerate(kept)}
+    return (
+        [tokens[u] for u in kept],
+        [-1 if u == 0 else index[parents[u]] for u in kept],
+        [probs[u] for u in kept],
+        [u in masked for u in kept],
+    )

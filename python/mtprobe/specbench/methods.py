@@ -540,6 +540,14 @@ register(
             Option("--max-depth", "max_depth", int, "d", "deepest draft of the n-gram half"),
             *_MASK_OPTIONS,
             _memory_option(),
+            Option(
+                "--mask-value",
+                "mask_value",
+                float,
+                "mv",
+                "masks only where the step is likely to end, drafts with the inputs freed, valuing the "
+                "next step's probing at V tokens (default: masks on every node, seed 001's rule)",
+            ),
         ),
         steps_doc="forward calls, prefill included",
     )
