@@ -131,22 +131,22 @@ MaskPlan plan_mask_carriers(const std::vector<DraftNode>& nodes, int64_t inputs,
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return nodes[x].prob > nodes[y].prob; });
   const int64_t most = std::clamp<int64_t>(inputs - 1, 0, static_cast<int64_t>(order.size()));
-  std::vector<double> ends(nodes.size());  // P(the step ends at node i) = p_i - sum_{children} p_c
+  // P(the step ends at node i) = p_i - sum_{kept children} p_c, updated as each node joins.
+  std::vector<double> ends(nodes.size(), 0.0);
+  ends[0] = 1.0;
   std::vector<double> top;
   double best = -1.0, drafts = 0.0;
   int64_t best_n = 0;
   for (int64_t n = 0; n <= most; ++n) {  // the best n nodes
-    if (n > 0) drafts += nodes[order[n - 1]].prob;
+    if (n > 0) {
+      const DraftNode& d = nodes[order[n - 1]];
+      drafts += d.prob;
+      ends[order[n - 1]] = d.prob;
+      ends[d.parent] -= d.prob;
+    }
     const int64_t carriers = std::min<int64_t>(n + 1, (inputs - 1 - n) / k);
     double value = drafts;
     if (carriers > 0) {
-      std::fill(ends.begin(), ends.end(), 0.0);
-      ends[0] = 1.0;
-      for (int64_t j = 0; j < n; ++j) {
-        const DraftNode& d = nodes[order[j]];
-        ends[order[j]] += d.prob;
-        ends[d.parent] -= d.prob;
-      }
       top.clear();
       top.push_back(ends[0]);
       for (int64_t j = 0; j < n; ++j) top.push_back(ends[order[j]]);
