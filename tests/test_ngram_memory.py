@@ -191,6 +191,23 @@ def test_memory_is_shared_per_model_and_settings(llama):
     assert len(drafters._NGRAM_MEMORIES) == count - 1
 
 
+def test_an_auto_generation_folds_its_text_once(llama):
+    # AutoConfig's STAND and hybrid share one memory; the finished generation goes in once, as the
+    # reference's single fold of the same text (twice would double every count).
+    stand = mtprobe.StandConfig(block_complexity=8, memory_size=50_000)
+    auto = mtprobe.AutoConfig(drafters=(stand, mtprobe.HybridConfig(block_complexity=8, memory_size=50_000)))
+    memory = ngram_memory(llama, stand)
+    memory.clear()
+    ids = _prompts(1, seed=21)[0]
+    out = mtprobe.generate(llama, ids, auto, max_new_tokens=30)
+    ref = NgramMemory(50_000, 3, 8)
+    ref.fold(out.sequences[0].tolist())
+    assert sorted(_keys(memory)) == sorted(ref.keys())
+    for key in ref.keys():
+        assert memory.lookup(list(key)) == pytest.approx(ref.lookup(list(key)))
+    memory.clear()
+
+
 def test_capacity_bounds_the_memory_and_stays_lossless(llama):
     cfg = mtprobe.StandConfig(block_complexity=10, memory_size=7)
     memory = ngram_memory(llama, cfg)

@@ -88,7 +88,7 @@ void StandDrafter::observe(const StepOutcome& outcome) {
   }
   history_.insert(history_.end(), outcome.new_tokens.begin() + appended, outcome.new_tokens.end());
   // The generation is over: history_ is its committed text (new_tokens stop at EOS or the limit).
-  if (outcome.finished && options_.memory) {
+  if (outcome.finished && options_.memory && options_.fold_memory) {
     options_.memory->fold(history_.data(), static_cast<int64_t>(history_.size()));
   }
 }

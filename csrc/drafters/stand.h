@@ -34,6 +34,10 @@ struct StandOptions {
 
   // The cross-request memory (shared with other drafters), or none.
   std::shared_ptr<core::NgramMemory> memory;
+  // Whether this drafter folds its finished generation into `memory`. False for all but one of the
+  // drafters that share a memory within one generation (an AutoConfig's), or each would fold the same
+  // text again and double its counts.
+  bool fold_memory = true;
 };
 
 class StandDrafter : public Drafter {

@@ -150,8 +150,11 @@ def ngram_memories(model: PreTrainedModel, config: object) -> list[_C.NgramMemor
     return []
 
 
-def hybrid_drafter(model: PreTrainedModel, config: HybridConfig) -> _C.HybridDrafter:
-    """Probing and STAND drafting one tree over ``model``'s input embedding table."""
+def hybrid_drafter(
+    model: PreTrainedModel, config: HybridConfig, *, fold_memory: bool = True
+) -> _C.HybridDrafter:
+    """Probing and STAND drafting one tree over ``model``'s input embedding table (``fold_memory``: see
+    :func:`stand_drafter`)."""
     stand = config.stand
     return _C.HybridDrafter(
         model.get_input_embeddings().weight,
@@ -160,6 +163,7 @@ def hybrid_drafter(model: PreTrainedModel, config: HybridConfig) -> _C.HybridDra
         table_size=stand.table_size,
         logits_top_k=stand.logits_top_k,
         memory=ngram_memory(model, config),
+        fold_memory=fold_memory,
         mask_value=config.mask_value,
         **_mask_options(model, config.probe),
     )
@@ -254,7 +258,20 @@ def auto_drafter(model: PreTrainedModel, config: AutoConfig) -> _C.AutoDrafter:
     cost = _C.CostTable(
         list(profile.block_sizes), list(profile.context_lengths), [s for row in profile.seconds for s in row]
     )
-    children = [make_drafter(model, c) for c in config.drafters]
+    # Drafters that share a cross-request memory all read it, but only the first folds the generation
+    # into it: the same text folded twice would double its counts.
+    children, folding = [], set()
+    for c in config.drafters:
+        memory = ngram_memory(model, c) if isinstance(c, (StandConfig, HybridConfig)) else None
+        if memory is None:
+            children.append(make_drafter(model, c))
+            continue
+        children.append(
+            stand_drafter(model, c, fold_memory=id(memory) not in folding)
+            if isinstance(c, StandConfig)
+            else hybrid_drafter(model, c, fold_memory=id(memory) not in folding)
+        )
+        folding.add(id(memory))
     # Each drafter drafts within its own block complexity; the step's budget is the largest of them.
     budgets = [c.block_complexity for c in config.drafters]
     return _C.AutoDrafter(
@@ -315,10 +332,20 @@ def make_drafter(
             guess_set_size=config.guess_set_size,
             pool_from_prompt=config.pool_from_prompt,
         )
-    return _C.StandDrafter(  # StandConfig, the last of DECODING_CONFIGS
+    return stand_drafter(model, config)  # StandConfig, the last of DECODING_CONFIGS
+
+
+def stand_drafter(
+    model: PreTrainedModel, config: StandConfig, *, fold_memory: bool = True
+) -> _C.StandDrafter:
+    """STAND's drafter, with the cross-request memory of ``config.memory_size`` if set; ``fold_memory``
+    False: it reads the memory but leaves folding the finished generation in to another drafter of the
+    same generation (an AutoConfig's drafters sharing one memory)."""
+    return _C.StandDrafter(
         max_depth=config.max_depth,
         max_ngram=config.max_ngram,
         table_size=config.table_size,
         logits_top_k=config.logits_top_k,
         memory=ngram_memory(model, config),
+        fold_memory=fold_memory,
     )
