@@ -168,7 +168,10 @@ def test_bad_calibration_arguments(model):
 )
 def test_calibrated_masks_are_token_identical_to_greedy(model, calibration, make):
     _, path = calibration
-    cfg = make(path)
+    _assert_greedy(model, make(path))
+
+
+def _assert_greedy(model, cfg) -> None:
     drafted = 0
     for prompt in _prompts(3, seed=9):
         ref = model.generate(
@@ -212,6 +215,128 @@ def test_the_drafter_starts_from_the_file(model, calibration):
         raw("prompt_mean", torch.zeros(1, 64))
 
 
+@pytest.fixture(scope="module")
+def offsets_calibration(model, tmp_path_factory) -> tuple[MaskCalibration, str]:
+    cal = calibrate_masks(
+        model, _prompts(6), num_masks=1, max_new_tokens=24, epochs=3, holdout=2, lr=0.2, layer_offsets=True
+    )
+    path = tmp_path_factory.mktemp("cal") / "tiny-offsets.safetensors"
+    cal.save(path)
+    return cal, str(path)
+
+
+def test_layer_offset_zero_is_a_shift_of_the_mask(model):
+    # The input of decoder layer 0 is the embedding itself: offsets [v, 0, ...] must score exactly as
+    # masks m + v without offsets (an independent check that the offsets land where they should).
+    torch.manual_seed(11)
+    ids = torch.randint(0, 96, (15,))
+    masks = torch.randn(2, 64) * 0.3  # [k, hidden]
+    v = torch.randn(64) * 0.5  # [hidden]
+    anchors = torch.tensor([1, 4, 9, 12])
+    offsets = torch.zeros(2, 64)  # [num_layers, hidden]
+    offsets[0] = v
+    with torch.no_grad():
+        shifted, n1 = mask_loss(model, masks + v, ids, anchors)
+        placed, n2 = mask_loss(model, masks, ids, anchors, layer_offsets=offsets)
+        deeper, _ = mask_loss(model, masks, ids, anchors, layer_offsets=offsets.roll(1, dims=0))
+    assert int(n1) == int(n2)
+    torch.testing.assert_close(placed, shifted, rtol=1e-5, atol=1e-6)
+    assert abs(float(deeper) - float(shifted)) > 1e-3  # the same vector before layer 1 is another thing
+
+
+def test_calibration_with_layer_offsets(model, offsets_calibration):
+    cal, path = offsets_calibration
+    assert cal.layer_offsets is not None and cal.layer_offsets.shape == (2, 64)
+    assert cal.layer_offsets.abs().sum() > 0
+    s = cal.stats
+    assert s["layer_offsets"] is True
+    assert s["holdout_after"]["loss"] < s["holdout_before"]["loss"] - 0.05, s
+    back = MaskCalibration.load(path)
+    assert torch.equal(back.layer_offsets, cal.layer_offsets) and torch.equal(back.masks, cal.masks)
+    back.check(model, num_masks=1)
+    deeper = tiny_llama(seed=3, num_hidden_layers=3)
+    with torch.no_grad():
+        deeper.get_input_embeddings().weight.copy_(model.get_input_embeddings().weight)
+    assert model_identity(deeper) == model_identity(model)  # same embeddings: only the depth differs
+    with pytest.raises(ValueError, match="layer offsets for 2 decoder layers but the model has 3"):
+        back.check(deeper)
+
+
+def test_layer_offsets_must_fit_the_masks():
+    ident = {"model_class": "M", "vocab_size": 8, "hidden_size": 4, "embedding_sha256": "0"}
+    with pytest.raises(ValueError, match=r"layer_offsets must be a \[num_layers, 4\] tensor"):
+        MaskCalibration(torch.zeros(1, 4), ident, layer_offsets=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="layer_offsets hold NaN"):
+        MaskCalibration(torch.zeros(1, 4), ident, layer_offsets=torch.full((2, 4), float("inf")))
+
+
+@pytest.mark.parametrize("method", ["probe", "hybrid", "auto"])
+def test_layer_offsets_are_token_identical_to_greedy(model, offsets_calibration, method):
+    _, path = offsets_calibration
+    cal = dict(mask_init="calibrated", mask_path=path)
+    cfg = {
+        "probe": mtprobe.ProbeConfig(block_complexity=10, **cal),
+        "hybrid": mtprobe.HybridConfig(block_complexity=12, **cal),
+        "auto": mtprobe.AutoConfig(
+            drafters=(mtprobe.PromptLookupConfig(), mtprobe.ProbeConfig(block_complexity=6, **cal))
+        ),
+    }[method]
+    _assert_greedy(model, cfg)
+    # The hooks live only inside mtprobe's own forwards.
+    assert all(not layer._forward_pre_hooks for layer in model.model.layers)
+
+
+def test_decoding_adds_the_offsets_to_the_masks_only(model, tmp_path):
+    # Offsets [v, 0] on masks m draft exactly as masks m + v without offsets (layer 0's input is the
+    # embedding), while the token inputs of the same forwards get nothing: the step-by-step acceptance
+    # is the same, and differs from m alone.
+    torch.manual_seed(5)
+    ident = model_identity(model)
+    m = torch.randn(1, 64) * 0.3
+    v = torch.randn(64) * 2.0
+    offsets = torch.zeros(2, 64)
+    offsets[0] = v
+    files = {}
+    for name, cal in {
+        "offsets": MaskCalibration(m, ident, layer_offsets=offsets),
+        "shifted": MaskCalibration(m + v, ident),
+        "plain": MaskCalibration(m, ident),
+    }.items():
+        files[name] = str(cal.save(tmp_path / f"{name}.safetensors"))
+    runs = {}
+    for name, path in files.items():
+        cfg = mtprobe.ProbeConfig(block_complexity=10, mask_init="calibrated", mask_path=path)
+        runs[name] = [
+            mtprobe.generate(model, p, cfg, max_new_tokens=32).accept_lengths for p in _prompts(3, seed=2)
+        ]
+    assert runs["offsets"] == runs["shifted"]
+    assert runs["offsets"] != runs["plain"]
+
+
+def test_auto_refuses_two_different_sets_of_offsets(model, offsets_calibration, tmp_path):
+    cal, path = offsets_calibration
+    other = MaskCalibration(cal.masks, cal.model, layer_offsets=cal.layer_offsets + 1.0)
+    other_path = str(other.save(tmp_path / "other.safetensors"))
+    cfg = mtprobe.AutoConfig(
+        drafters=(
+            mtprobe.ProbeConfig(block_complexity=6, mask_init="calibrated", mask_path=path),
+            mtprobe.HybridConfig(block_complexity=8, mask_init="calibrated", mask_path=other_path),
+        )
+    )
+    with pytest.raises(ValueError, match="different layer offsets"):
+        mtprobe.generate(model, torch.tensor([[5, 6, 7]]), cfg, max_new_tokens=4)
+
+
+def test_decoder_layers_of_a_model_without_them():
+    from mtprobe.adapter import decoder_layers
+
+    model = tiny_llama(seed=1)
+    assert decoder_layers(model) is model.model.layers
+    model.model.layers = torch.nn.ModuleList(list(model.model.layers)[:1])  # not num_hidden_layers of them
+    with pytest.raises(ValueError, match="found no list of its 2 decoder layers"):
+        decoder_layers(model)
+
+
 def test_command_line(tmp_path, capsys):
     from mtprobe import models
     from mtprobe.calibrate import _main
@@ -227,6 +352,13 @@ def test_command_line(tmp_path, capsys):
     cal = MaskCalibration.load(out)
     cal.check(model, num_masks=2)
     assert cal.stats["prompts"] == 3 and cal.stats["holdout_prompts"] == 1
+    assert cal.layer_offsets is None
+    deep = tmp_path / "deep.safetensors"
+    assert (
+        _main([*argv[:3], str(deep), *argv[4:], "--max-new-tokens", "8", "--epochs", "1", "--layer-offsets"])
+        == 0
+    )
+    assert MaskCalibration.load(deep).layer_offsets.shape == (model.config.num_hidden_layers, cal.hidden_size)
     with pytest.raises(SystemExit) as e:  # argparse's usage error, naming the bad value
         _main([*argv, "--epochs", "0"])
     assert e.value.code == 2

@@ -16,8 +16,10 @@ m_sw}``; Mistral-style models (one window, every layer) take ``m_sw`` alone.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -190,6 +192,61 @@ def sliding_mask(
     return mask.masked_fill(too_far, torch.finfo(mask.dtype).min)
 
 
+def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+    """The model's decoder layers, in order: the ``ModuleList`` of ``num_hidden_layers`` modules under
+    ``model.get_decoder()`` (``model.model.layers`` in Llama-style models), or ValueError."""
+    n = model.config.get_text_config(decoder=True).num_hidden_layers
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList) and len(layers) == n:
+        return layers
+    for name, layers in model.named_modules():
+        if name.split(".")[-1] in ("layers", "h", "blocks") and isinstance(layers, torch.nn.ModuleList):
+            if len(layers) == n:
+                return layers
+    raise ValueError(
+        f"{type(model).__name__}: found no list of its {n} decoder layers (model.get_decoder().layers, or a "
+        "ModuleList named layers, h or blocks); calibrated layer offsets need it. Use a calibration "
+        "without layer offsets (python -m mtprobe.calibrate without --layer-offsets)"
+    )
+
+
+@contextlib.contextmanager
+def layer_offsets(
+    layers: torch.nn.ModuleList,
+    offsets: torch.Tensor,  # [num_layers, hidden]
+    start: int,
+) -> Iterator[None]:
+    """While open, the input of decoder layer l gains ``offsets[l]`` at every position from ``start``
+    on (the mask tokens: a forward's embedding-only inputs follow its token inputs).
+
+    Calibrated mask tokens with layer offsets (mtprobe.calibrate) are a mask embedding plus one learned
+    vector per layer: more of the model's computation at the mask is fitted to predicting the token
+    after next, while the model's weights and every token input's computation stay as they were (no
+    draft token attends to a mask, so verification is untouched). Forward pre-hooks, removed on exit.
+    """
+    if offsets.shape[0] != len(layers):
+        raise ValueError(f"{offsets.shape[0]} layer offsets for a model with {len(layers)} decoder layers")
+
+    def hook(index: int) -> Callable[[torch.nn.Module, tuple, dict], tuple[tuple, dict]]:
+        def pre(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            h = args[0] if args else kwargs["hidden_states"]  # [batch, T, hidden]
+            add = offsets[index].to(h.dtype)  # [hidden]
+            h = h + add if start == 0 else torch.cat([h[:, :start], h[:, start:] + add], dim=1)
+            if args:
+                return (h, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": h}
+
+        return pre
+
+    handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 class HFAdapter:
     """Runs one draft block through ``model``; owns the model's KV cache for one sequence.
 
@@ -216,6 +273,22 @@ class HFAdapter:
         # Which of the model's hidden_states a drafter reads: -1, the last (final-normed); a circuit
         # head with LoRA draft layers reads the input of the first of them (mtprobe.lora).
         self.hidden_layer = -1
+        # [num_layers, hidden] added before each decoder layer to the mask inputs (calibrated masks with
+        # layer offsets, mtprobe.calibrate), or None: see set_mask_layer_offsets.
+        self._mask_offsets: torch.Tensor | None = None
+        self._layers: torch.nn.ModuleList | None = None
+
+    def set_mask_layer_offsets(self, offsets: torch.Tensor | None) -> None:
+        """Add ``offsets[l]`` (``[num_layers, hidden]``) to every mask input before decoder layer l from now
+        on (None: nothing); ValueError, before any forward, if the model's layers cannot be found or
+        their number differs."""
+        if offsets is not None:
+            self._layers = decoder_layers(self.model)
+            if offsets.shape[0] != len(self._layers):
+                raise ValueError(
+                    f"{offsets.shape[0]} layer offsets for a model with {len(self._layers)} decoder layers"
+                )
+        self._mask_offsets = offsets
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
@@ -244,16 +317,20 @@ class HFAdapter:
         T = position_ids.shape[-1]
         skip = self.prefill_logits_from if prefix_len == 0 and self._logits_to_keep else 0
         kwargs = {"logits_to_keep": T - skip} if skip > 0 else {}
-        out = self.model(
-            inputs_embeds=x,
-            attention_mask=self._attention_mask(mask, position_ids, prefix_len),
-            position_ids=position_ids,
-            use_cache=True,
-            output_hidden_states=want_hidden,
-            **{self._cache_arg: self.cache},
-            return_dict=True,
-            **kwargs,
-        )
+        offsets = contextlib.nullcontext()
+        if self._layers is not None and self._mask_offsets is not None and embeds is not None:
+            offsets = layer_offsets(self._layers, self._mask_offsets, tokens.shape[0])
+        with offsets:
+            out = self.model(
+                inputs_embeds=x,
+                attention_mask=self._attention_mask(mask, position_ids, prefix_len),
+                position_ids=position_ids,
+                use_cache=True,
+                output_hidden_states=want_hidden,
+                **{self._cache_arg: self.cache},
+                return_dict=True,
+                **kwargs,
+            )
         hidden = out.hidden_states[self.hidden_layer][0] if want_hidden else None  # [T, hidden]
         logits = out.logits[0]  # [T - skip, vocab]
         if skip > 0:

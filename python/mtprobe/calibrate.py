@@ -19,19 +19,27 @@ The prompts are mtprobe's own set (or ``--prompts FILE``), and ``--corpus-prompt
 passages of local text files, each under an instruction (:func:`mtprobe.data.corpus_prompts`); those
 go first, so the held-out prompts (the last ``--holdout``) stay the set's own.
 
-The result is a :class:`MaskCalibration` file (safetensors: the masks and a JSON header naming the
-model it belongs to); ``ProbeConfig(mask_init="calibrated", mask_path=FILE)`` starts every
+``--layer-offsets`` also learns one vector per decoder layer, added to the masks' hidden state before
+that layer (``[num_layers, hidden]``, 17 280 numbers for SmolLM2; :func:`mtprobe.adapter.layer_offsets`).
+A mask embedding only chooses the first layer's input; the offsets steer every layer's computation at
+the mask, which a 576-number input cannot. The model's weights and every token input stay untouched
+(no draft token attends to a mask), so verification, and the output, are unchanged.
+
+The result is a :class:`MaskCalibration` file (safetensors: the masks, the layer offsets if learned,
+and a JSON header naming the model it belongs to); ``ProbeConfig(mask_init="calibrated", mask_path=FILE)`` starts every
 generation's masks from it; they stay fixed (``mask_lambda`` defaults to 0 for them), and a positive
 ``mask_lambda`` applies the paper's running update on top.
 
     python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2.safetensors
     python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2.safetensors \
         --corpus-prompts /usr/share/games/fortunes/* --num-corpus-prompts 136 --gen-batch-size 16
+    python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2-offsets.safetensors --layer-offsets
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
@@ -44,6 +52,7 @@ from typing import Any
 
 import torch
 
+from mtprobe import adapter
 from mtprobe.adapter import cache_argument
 
 __all__ = [
@@ -79,6 +88,8 @@ class MaskCalibration:
         masks: ``[k, hidden]`` float32; row j - 1 is mask j (predicts the token j + 1 after its node).
         model: :func:`model_identity` of the model they were learned on.
         stats: how they were learned (data, steps, held-out loss and accuracy before and after).
+        layer_offsets: ``[num_layers, hidden]`` float32 or None; row l is added to every mask input's
+            hidden state before decoder layer l (``--layer-offsets``; :func:`mtprobe.adapter.layer_offsets`).
 
     >>> cal = MaskCalibration(torch.zeros(2, 4), {"model_class": "M", "vocab_size": 8, "hidden_size": 4,
     ...                                            "embedding_sha256": "0"})
@@ -93,6 +104,7 @@ class MaskCalibration:
     masks: torch.Tensor  # [k, hidden] float32
     model: dict[str, Any]
     stats: dict[str, Any] = field(default_factory=dict)
+    layer_offsets: torch.Tensor | None = None  # [num_layers, hidden] float32
 
     def __post_init__(self) -> None:
         m = self.masks
@@ -114,6 +126,19 @@ class MaskCalibration:
                 f"{self.model['hidden_size']}: a calibration file is [num_masks, hidden_size]"
             )
         object.__setattr__(self, "masks", m.detach().to("cpu", torch.float32).contiguous())
+        o = self.layer_offsets
+        if o is not None:
+            if not isinstance(o, torch.Tensor) or o.dim() != 2 or o.shape[0] < 1 or o.shape[1] != m.shape[1]:
+                raise ValueError(
+                    f"layer_offsets must be a [num_layers, {m.shape[1]}] tensor (one vector per decoder layer, "
+                    f"the masks' hidden size), got "
+                    f"{tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__}"
+                )
+            if not torch.isfinite(o).all():
+                raise ValueError(
+                    "layer_offsets hold NaN or infinite values: the calibration diverged or the file is corrupt"
+                )
+            object.__setattr__(self, "layer_offsets", o.detach().to("cpu", torch.float32).contiguous())
 
     @property
     def num_masks(self) -> int:
@@ -132,6 +157,13 @@ class MaskCalibration:
                 "this mask calibration was learned for another model (" + "; ".join(bad) + "); "
                 "learn one for this model with python -m mtprobe.calibrate --model ... --out FILE"
             )
+        if self.layer_offsets is not None:
+            layers = model.config.get_text_config(decoder=True).num_hidden_layers
+            if layers != self.layer_offsets.shape[0]:
+                raise ValueError(
+                    f"this mask calibration has layer offsets for {self.layer_offsets.shape[0]} decoder layers but "
+                    f"the model has {layers}; learn one for this model with python -m mtprobe.calibrate"
+                )
         if num_masks is not None and num_masks > self.num_masks:
             raise ValueError(
                 f"num_masks={num_masks} but the calibration holds {self.num_masks} mask(s); calibrate with "
@@ -144,7 +176,10 @@ class MaskCalibration:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT, "model": json.dumps(self.model), "stats": json.dumps(self.stats)}
-        save_file({"masks": self.masks}, str(path), metadata=meta)
+        tensors = {"masks": self.masks}
+        if self.layer_offsets is not None:
+            tensors["layer_offsets"] = self.layer_offsets
+        save_file(tensors, str(path), metadata=meta)
         return path
 
     @classmethod
@@ -162,6 +197,7 @@ class MaskCalibration:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
                 masks = f.get_tensor("masks")
+                offsets = f.get_tensor("layer_offsets") if "layer_offsets" in f.keys() else None
         except Exception as e:  # safetensors raises its own types for a damaged header
             raise ValueError(
                 f"{str(path)!r} is not a mask calibration file (not readable as safetensors: {e})"
@@ -173,7 +209,7 @@ class MaskCalibration:
             stats = json.loads(meta.get("stats", "{}"))
         except (KeyError, json.JSONDecodeError) as e:
             raise ValueError(f"{str(path)!r} has a damaged header ({e})") from e
-        return cls(masks, model, stats)
+        return cls(masks, model, stats, offsets)
 
 
 _CACHE: dict[tuple[str, int, int], MaskCalibration] = {}
@@ -259,6 +295,7 @@ def mask_loss(
     anchors: torch.Tensor,  # [a] node positions p, each with p + 2 <= n - 1 (mask 1 has a target)
     cache: Any = None,
     *,
+    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden]
     return_hits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean cross-entropy, number of targets) of the k chained masks on every anchor, predicting
@@ -266,7 +303,8 @@ def mask_loss(
 
     One forward over the a * k mask inputs on the cached prefix ``ids`` (``cache``: the sequence's own,
     left unchanged: the forward runs on a copy): mask j of anchor p sits at position p + j and attends to ids[0..p] and to
-    masks 1..j-1 of its own anchor.
+    masks 1..j-1 of its own anchor. ``layer_offsets`` (or None) are added to every mask's hidden state
+    before each decoder layer, as in decoding.
     """
     n = int(ids.shape[0])
     k = int(masks.shape[0])
@@ -289,14 +327,18 @@ def mask_loss(
     additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     device = model.get_input_embeddings().weight.device
     embeds = masks.to(dtype).repeat(a, 1).unsqueeze(0).to(device)  # [1, a*k, hidden]
-    out = model(
-        inputs_embeds=embeds,
-        attention_mask=additive[None, None].to(device),
-        position_ids=pos[None].to(device),
-        use_cache=True,
-        # The forward appends the masks' keys; keep the prefix's.
-        **{cache_argument(model): copy.deepcopy(cache)},
-    )
+    offsets = contextlib.nullcontext()
+    if layer_offsets is not None:  # every input of this forward is a mask: offsets from position 0
+        offsets = adapter.layer_offsets(adapter.decoder_layers(model), layer_offsets.to(device), 0)
+    with offsets:
+        out = model(
+            inputs_embeds=embeds,
+            attention_mask=additive[None, None].to(device),
+            position_ids=pos[None].to(device),
+            use_cache=True,
+            # The forward appends the masks' keys; keep the prefix's.
+            **{cache_argument(model): copy.deepcopy(cache)},
+        )
     logits = out.logits[0].float()  # [a*k, vocab]
     ce = torch.nn.functional.cross_entropy(logits, targets.to(device), reduction="none")  # [a*k]
     count = valid.sum()
@@ -313,7 +355,11 @@ def _anchors(n: int, start: int) -> torch.Tensor:
 
 
 def _evaluate(
-    model: Any, masks: torch.Tensor | None, data: list[tuple[torch.Tensor, int, Any]], k: int = 1
+    model: Any,
+    masks: torch.Tensor | None,
+    data: list[tuple[torch.Tensor, int, Any]],
+    k: int = 1,
+    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden]
 ) -> dict[str, float]:
     """Held-out loss and top-1 of ``masks`` ([k, hidden]; ``None``: seed 001's soft initialisation,
     the mean of each prompt's embeddings, the baseline calibration has to beat)."""
@@ -328,7 +374,9 @@ def _evaluate(
                 m = table[ids[:start].to(table.device)].float().mean(0).repeat(k, 1).cpu()  # [k, hidden]
             else:
                 m = masks
-            loss, c, h = mask_loss(model, m, ids, anchors, cache, return_hits=True)
+            loss, c, h = mask_loss(
+                model, m, ids, anchors, cache, layer_offsets=layer_offsets, return_hits=True
+            )
             total += float(loss) * int(c)
             count += int(c)
             hits += int(h)
@@ -347,6 +395,7 @@ def calibrate_masks(
     holdout: int = 4,
     seed: int = 0,
     gen_batch_size: int = 1,
+    layer_offsets: bool = False,
     sources: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> MaskCalibration:
@@ -359,6 +408,11 @@ def calibrate_masks(
     RMS deviation, so it means the same for every model. ``gen_batch_size`` prompts are generated at
     once (see :func:`calibration_sequences`); ``sources`` (where the prompts came from) is recorded in
     the result's stats.
+
+    ``layer_offsets``: also learn one vector per decoder layer, added to the masks' hidden state
+    before that layer (``[num_layers, hidden]``, starting at zero, with the same step size): 30 x 576
+    more numbers for SmolLM2, still nothing of the model's own. They shape the model's computation at
+    the mask, not only its input, and token inputs never see them.
     """
     if not 1 <= num_masks <= 4:
         raise ValueError(f"num_masks={num_masks} must be between 1 and 4")
@@ -390,6 +444,12 @@ def calibrate_masks(
         sigma = float((table - table.mean(0)).pow(2).mean().sqrt())
         first = torch.cat([table[ids.to(table.device)].cpu() for ids, _, _ in train]).mean(0)  # [hidden]
         masks = first.repeat(num_masks, 1).clone().requires_grad_(True)  # [k, hidden]
+        learned = [masks]
+        offsets = None
+        if layer_offsets:
+            num_layers = len(adapter.decoder_layers(model))
+            offsets = torch.zeros(num_layers, masks.shape[1], requires_grad=True)  # [num_layers, hidden]
+            learned.append(offsets)
         paper = _evaluate(model, None, held, num_masks) if held else {}
         before = _evaluate(model, masks.detach(), held) if held else {}
         if held:
@@ -397,7 +457,7 @@ def calibrate_masks(
                 f"held out, prompt-mean masks (seed 001): loss {paper['loss']:.3f}, top-1 {paper['top1']:.3f}; "
                 f"calibration's start: loss {before['loss']:.3f}, top-1 {before['top1']:.3f}"
             )
-        opt = torch.optim.Adam([masks], lr=lr * sigma)
+        opt = torch.optim.Adam(learned, lr=lr * sigma)
         gen = torch.Generator().manual_seed(seed)
         batches = []
         for i, (ids, start, _) in enumerate(train):
@@ -412,7 +472,7 @@ def calibrate_masks(
             for b in order:
                 i, chunk = batches[b]
                 ids, _, cache = train[i]
-                loss, _ = mask_loss(model, masks, ids, chunk, cache)
+                loss, _ = mask_loss(model, masks, ids, chunk, cache, layer_offsets=offsets)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -422,7 +482,8 @@ def calibrate_masks(
                 if step % max(1, total_steps // 20) == 0 or step == total_steps:
                     say(f"step {step}/{total_steps} (epoch {epoch + 1}) loss {value:.3f}")
             say(f"epoch {epoch + 1}/{epochs}: mean training loss {run / max(1, len(order)):.3f}")
-        after = _evaluate(model, masks.detach(), held) if held else {}
+        offsets = offsets.detach() if offsets is not None else None
+        after = _evaluate(model, masks.detach(), held, layer_offsets=offsets) if held else {}
         if held:
             say(f"held out after: loss {after['loss']:.3f}, top-1 {after['top1']:.3f}")
     finally:
@@ -439,6 +500,7 @@ def calibrate_masks(
             "holdout_prompts": holdout,
             "max_new_tokens": max_new_tokens,
             "gen_batch_size": gen_batch_size,
+            "layer_offsets": bool(layer_offsets),
             "epochs": epochs,
             "steps": total_steps,
             "anchors_per_step": anchors_per_step,
@@ -450,6 +512,7 @@ def calibrate_masks(
             "seconds": time.perf_counter() - started,
             "torch": torch.__version__,
         },
+        offsets,
     )
 
 
@@ -478,6 +541,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--holdout", type=int, default=4, help="prompts kept out of training and scored")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--layer-offsets",
+        action="store_true",
+        help="also learn one vector per decoder layer added to the masks' hidden state before it",
+    )
     add_corpus_arguments(parser)
     args = parser.parse_args(argv)
     error = corpus_argument_error(args)
@@ -508,6 +576,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             holdout=args.holdout,
             seed=args.seed,
             gen_batch_size=args.gen_batch_size,
+            layer_offsets=args.layer_offsets,
             sources=sources,
             progress=print_progress,
         )

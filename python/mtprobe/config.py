@@ -161,7 +161,9 @@ class ProbeConfig(_ConfigData):
             ``"calibrated"``: masks learned once for the model (``python -m mtprobe.calibrate``), read
             from ``mask_path`` (beyond seed 001).
         mask_path: the calibration file of ``mask_init="calibrated"`` (checked against the model when
-            the drafter is built); ``None`` for every other initialisation.
+            the drafter is built); ``None`` for every other initialisation. A file made with
+            ``--layer-offsets`` also adds its per-layer vectors to the masks' hidden states in every
+            forward (the running update moves the masks only).
         mask_lambda: step of the running update m <- m + lambda (e_new - m), in [0, 1]; 0 keeps the
             initial masks. ``None``: 0.5 for the prompt and Gaussian initialisations (the paper's 0.1
             raised to what the sweep on Spec-Bench's dev split shows: τ 1.257 with 0.1, 1.319 with

@@ -240,6 +240,30 @@ def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
     return -1
 
 
+def mask_layer_offsets(model: PreTrainedModel, config: DecodingConfig) -> torch.Tensor | None:
+    """The layer offsets (``[num_layers, hidden]``, the model's dtype and device) of the calibrated masks
+    ``config`` probes with, or None when its masks have none; ValueError if two drafters of an
+    AutoConfig bring different ones (one forward adds one set)."""
+    from mtprobe.calibrate import load_calibration
+
+    configs = config.drafters if isinstance(config, AutoConfig) else (config,)
+    found: dict[str, torch.Tensor] = {}
+    for c in configs:
+        if isinstance(c, (ProbeConfig, HybridConfig)) and c.mask_init == "calibrated":
+            offsets = load_calibration(c.mask_path).layer_offsets
+            if offsets is not None:
+                found[c.mask_path] = offsets
+    if len(found) > 1 and any(not torch.equal(o, next(iter(found.values()))) for o in found.values()):
+        raise ValueError(
+            f"AutoConfig's drafters probe with calibrations that have different layer offsets ({sorted(found)}); "
+            "one forward adds one set: use the same mask_path for every probing drafter"
+        )
+    if not found:
+        return None
+    weight = model.get_input_embeddings().weight
+    return next(iter(found.values())).to(weight.device, weight.dtype)
+
+
 def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:
     """The forward profile ``config`` names, checked against ``model`` (ValueError naming what differs),
     or the one :func:`~mtprobe.profile.profile_forward` measures (and caches) for ``model``."""

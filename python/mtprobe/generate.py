@@ -26,6 +26,7 @@ from mtprobe.drafters import (
     check_decoding_config,
     hidden_layer,
     make_drafter,
+    mask_layer_offsets,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
@@ -294,6 +295,7 @@ def custom_generate(
     drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     adapter = HFAdapter(model, capacity, max_capacity=max_capacity)
     adapter.hidden_layer = hidden_layer(model, config)
+    adapter.set_mask_layer_offsets(mask_layer_offsets(model, config))
     if not config.reads_prompt_logits:
         adapter.prefill_logits_from = prompt_len - 1
     stop = None
