@@ -11,13 +11,16 @@ each run. This is a benchmark: nothing here asserts a speed.
         --per-category 2 --max-new-tokens 64 --out-dir benchmarks/results/auto
 
 The EntMTP rows use the topology bank ``--bank`` (built by the first command on mtprobe's own
-prompts, not on Spec-Bench's questions).
+prompts, not on Spec-Bench's questions). The ``-mem`` rows use one cross-request n-gram memory per run
+(``--shared-ngram-memory``), ``auto-hybrid-mem`` also the calibrated masks ``MASKS``; they run only
+when named in ``--methods``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -30,6 +33,18 @@ import transformers
 
 from _common import load_average
 
+MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
+MASKS = "benchmarks/results/calibrate/masks-smollm2-135m-k1-offsets.safetensors"
+PLD = {"method": "pld"}
+STAND_MEM = {"method": "stand", "block_complexity": 10, "memory_size": MEMORY}
+HYBRID_MEM = {
+    "method": "hybrid",
+    "block_complexity": 10,
+    "mask_init": "calibrated",
+    "mask_path": MASKS,
+    "memory_size": MEMORY,
+}
+
 # (answer file stem, method arguments): HF's own baselines, every mtprobe method at a static setting,
 # and the scheduler.
 METHODS = [
@@ -40,6 +55,11 @@ METHODS = [
     ("probe-bc10", ["--method", "probe", "--block-complexity", "10"]),
     ("hybrid-bc10", ["--method", "hybrid", "--block-complexity", "10"]),
     ("auto", ["--method", "auto"]),
+    # AutoConfig's drafters with the cross-request n-gram memory (issue 14), and with the hybrid beside
+    # them (its calibrated masks with layer offsets; memory too).
+    ("stand-bc10-mem", ["--method", "stand", "--block-complexity", "10", "--shared-ngram-memory"]),
+    ("auto-mem", ["--method", "auto", "--drafters", json.dumps([PLD, STAND_MEM])]),
+    ("auto-hybrid-mem", ["--method", "auto", "--drafters", json.dumps([PLD, STAND_MEM, HYBRID_MEM])]),
     ("entmtp-static", ["--method", "entmtp", "--policy", "static"]),
     ("entmtp-ladder", ["--method", "entmtp", "--policy", "ladder"]),
     ("entmtp-hysteretic", ["--method", "entmtp", "--policy", "hysteretic"]),
@@ -71,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         "questions, so that a drift in the machine's speed falls on every method alike (default %(default)s)",
     )
     ap.add_argument(
-        "--methods", default=",".join(n for n, _ in METHODS), help="comma list of the stems above"
+        "--methods",
+        default=",".join(n for n, _ in METHODS if "mem" not in n),
+        help="comma list of the stems above (default: all but the -mem rows)",
     )
     ap.add_argument("--out-dir", type=Path, required=True)
     ap.add_argument(

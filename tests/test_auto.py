@@ -226,3 +226,21 @@ def test_bench_auto_rounds_slice_every_category():
     for bad in (0, 21):
         with pytest.raises(ValueError, match="rounds must be between 1 and per_category"):
             bench.round_sizes(20, bad)
+
+
+def test_bench_auto_memory_rows_name_valid_drafters():
+    # The -mem rows pass --drafters JSON to the harness: each parses into AutoConfig's drafters, and the
+    # calibrated masks they name are the committed file.
+    from pathlib import Path
+
+    from conftest import load_benchmark
+    from mtprobe.specbench.methods import _drafter_configs
+
+    bench = load_benchmark("bench_auto")
+    rows = {stem: args for stem, args in bench.METHODS if stem.startswith("auto-")}
+    assert set(rows) == {"auto-mem", "auto-hybrid-mem"}
+    for args in rows.values():
+        drafters = _drafter_configs(args[args.index("--drafters") + 1])
+        mtprobe.AutoConfig(drafters=drafters)
+        assert all(getattr(d, "memory_size", 1 << 18) == 1 << 18 for d in drafters)
+    assert (Path(__file__).resolve().parents[1] / bench.MASKS).is_file()
