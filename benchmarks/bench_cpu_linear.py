@@ -11,6 +11,7 @@ This is a benchmark: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import types
@@ -22,7 +23,7 @@ from torch import nn
 
 import mtprobe
 from _common import first_turn_prompts, load_average, run_lines, write_report
-from mtprobe import models
+from mtprobe import models, small_batch_linear
 from mtprobe.specbench.questions import first_per_category, load_questions
 
 
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    # This benchmark is about torch's own linear layers: mtprobe's small-batch op stays off here.
+    os.environ[small_batch_linear.ENV] = "0"
     if not torch.backends.mkldnn.is_available():
         raise SystemExit("this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)")
     torch.set_num_threads(args.threads)

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings/bindings.h"
+#include "ops/ops.h"
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "mtprobe C++ core: drafters and the decode loop (tensor ops live in torch.ops.mtprobe)";
@@ -20,4 +21,7 @@ PYBIND11_MODULE(_C, m) {
   mtprobe::bindings::bind_drafters(m);
   mtprobe::bindings::bind_schedule(m);  // after the drafters: AutoDrafter is one
   mtprobe::bindings::bind_decode_loop(m);
+  m.def("small_batch_linear_simd", &mtprobe::ops::small_batch_linear_simd,
+        "Whether torch.ops.mtprobe.small_batch_linear runs its AVX2/FMA kernel on this CPU (otherwise a "
+        "portable scalar loop, slower than torch's own linear)");
 }

@@ -94,6 +94,13 @@ at::Tensor check_circuit_tokens(const char* op, const char* what, const at::Tens
 at::Tensor check_circuit_prefix(const char* op, const CircuitBatch& c, const at::Tensor& prefix);
 at::Tensor check_circuit_uniforms(const char* op, const CircuitBatch& c, const at::Tensor& uniforms);
 
+// y = x weight^T + bias for a few rows of x, the weight read once (csrc/core/small_batch_linear.h).
+// x [..., in] float32 CPU, weight [out, in] contiguous float32, bias [out] or none. Returns [..., out].
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias);
+// Whether the AVX2/FMA kernel runs on this CPU (otherwise a scalar loop, slower than BLAS).
+bool small_batch_linear_simd();
+
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);
 void check_parents_or_throw(const std::vector<int64_t>& parents);

@@ -17,6 +17,8 @@ TORCH_LIBRARY(mtprobe, m) {
       "expand_draft_tree(Tensor logits, Tensor root_token, int budget, int width, bool prune) -> (Tensor, "
       "Tensor, Tensor, Tensor)");
   m.def("tree_attention(Tensor q, Tensor k, Tensor v, Tensor ancestor_bits, float scale) -> Tensor");
+  // A linear layer over a few rows on the CPU (csrc/ops/small_batch_linear.cpp).
+  m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   // Circuit heads (csrc/ops/circuit.cpp; CUDA: circuit_cuda.cu).
   m.def(
       "circuit_log_prob(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor tokens) -> "
@@ -41,6 +43,7 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("tree_ancestor_bits", &mtprobe::ops::tree_ancestor_bits);
   m.impl("tree_attention", &mtprobe::ops::tree_attention);
   m.impl("expand_draft_tree", &mtprobe::ops::expand_draft_tree);
+  m.impl("small_batch_linear", &mtprobe::ops::small_batch_linear);
   m.impl("circuit_log_prob", &mtprobe::ops::circuit_log_prob);
   m.impl("circuit_prefix_log_marginals", &mtprobe::ops::circuit_prefix_log_marginals);
   m.impl("circuit_next_token_log_probs", &mtprobe::ops::circuit_next_token_log_probs);

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationMixin, PreTrainedModel
 
+from mtprobe import small_batch_linear
 from mtprobe.cache import TreeKVCache
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
@@ -277,6 +278,10 @@ class HFAdapter:
         # layer offsets, mtprobe.calibrate), or None: see set_mask_layer_offsets.
         self._mask_offsets: torch.Tensor | None = None
         self._layers: torch.nn.ModuleList | None = None
+        # The linear layers a decode step's forward over 2..MAX_ROWS inputs runs through mtprobe's
+        # small-batch op (the weights read once, as for one input); the prefill keeps torch's GEMM.
+        # Empty on a GPU, in other dtypes, or when turned off (mtprobe.small_batch_linear).
+        self._small_batch_linears = small_batch_linear.routable_linears(model)
 
     def set_mask_layer_offsets(self, offsets: torch.Tensor | None) -> None:
         """Add ``offsets[l]`` (``[num_layers, hidden]``) to every mask input before decoder layer l from now
@@ -320,7 +325,10 @@ class HFAdapter:
         offsets = contextlib.nullcontext()
         if self._layers is not None and self._mask_offsets is not None and embeds is not None:
             offsets = layer_offsets(self._layers, self._mask_offsets, tokens.shape[0])
-        with offsets:
+        linears = contextlib.nullcontext()
+        if self._small_batch_linears and prefix_len > 0 and 2 <= T <= small_batch_linear.MAX_ROWS:
+            linears = small_batch_linear.routed(self._small_batch_linears)
+        with offsets, linears:
             out = self.model(
                 inputs_embeds=x,
                 attention_mask=self._attention_mask(mask, position_ids, prefix_len),

@@ -20,6 +20,7 @@ __all__ = [
     "verify_greedy",
     "verify_rejection",
     "compact_kv_",
+    "small_batch_linear",
     "circuit_log_prob",
     "circuit_prefix_log_marginals",
     "circuit_next_token_log_probs",
@@ -84,6 +85,13 @@ def _verify_rejection_fake(
 @torch.library.register_fake("mtprobe::compact_kv_")
 def _compact_kv_fake(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -> None:
     return None
+
+
+@torch.library.register_fake("mtprobe::small_batch_linear")
+def _small_batch_linear_fake(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _circuit_out_dtype(emissions: torch.Tensor) -> torch.dtype:
@@ -186,6 +194,16 @@ def verify_rejection(
 def compact_kv_(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -> None:
     """In place: ``cache[:, :, dst_start + j] = cache[:, :, src[j]]`` for every cache tensor."""
     torch.ops.mtprobe.compact_kv_(caches, src, dst_start)
+
+
+def small_batch_linear(
+    x: torch.Tensor,  # [..., in] float32, CPU
+    weight: torch.Tensor,  # [out, in] float32, contiguous
+    bias: torch.Tensor | None = None,  # [out]
+) -> torch.Tensor:  # [..., out]
+    """``x @ weight.T + bias`` with the weight read from memory once for up to 12 rows of ``x``
+    (csrc/core/small_batch_linear.h); reference: :func:`mtprobe.reference.small_batch_linear`."""
+    return torch.ops.mtprobe.small_batch_linear(x, weight, bias)
 
 
 def tree_ancestor_bits(parents: torch.Tensor) -> torch.Tensor:

@@ -42,10 +42,13 @@ from typing import Any
 
 import torch
 
+from mtprobe import small_batch_linear
 from mtprobe._jsonl import read_json, write_json
 
 PROFILE_FORMAT = 1
-DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+# 13: a step in the cost on CPUs where the small-batch linear op covers T <= 12 and torch's GEMM the rest
+# (mtprobe.small_batch_linear); without it, interpolation would smooth the step over 12..16.
+DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 12, 13, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
 
 # Config entries that name or date a checkpoint without changing its arithmetic.
@@ -81,6 +84,9 @@ def _architecture(model: Any) -> str:
     return f"{type(model).__name__}:{digest}"
 
 
+_COMPARED = ("model", "device", "dtype", "threads", "linear")
+
+
 @dataclass(frozen=True)
 class ProfileKey:
     """What a forward's cost depends on. A profile is valid only for a model with the same key."""
@@ -95,6 +101,10 @@ class ProfileKey:
     """torch's CPU threads when measured (0 on a GPU, where it does not matter)."""
     torch: str = ""
     """torch version (informative: not compared)."""
+    linear: str = "stock"
+    """How the forward's linear layers ran over a few inputs: ``small-batch`` (mtprobe's op, the weights
+    read once; :mod:`mtprobe.small_batch_linear`) or ``stock`` (torch's own; every profile measured
+    before the op existed)."""
 
     @classmethod
     def of(cls, model: Any) -> ProfileKey:
@@ -105,13 +115,14 @@ class ProfileKey:
             dtype=str(model.dtype).removeprefix("torch."),
             threads=torch.get_num_threads() if device.type == "cpu" else 0,
             torch=torch.__version__,
+            linear="small-batch" if small_batch_linear.routable_linears(model) else "stock",
         )
 
     def mismatches(self, other: ProfileKey) -> list[str]:
         """The fields (all but ``torch``) on which ``other`` differs, as ``name: this vs other``."""
         return [
             f"{f}: profile {getattr(self, f)!r} vs now {getattr(other, f)!r}"
-            for f in ("model", "device", "dtype", "threads")
+            for f in _COMPARED
             if getattr(self, f) != getattr(other, f)
         ]
 
@@ -237,7 +248,7 @@ def profile_dir() -> Path:
 
 
 def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Sequence[int]) -> Path:
-    ident = json.dumps([dataclasses.astuple(key)[:4], list(block_sizes), list(context_lengths)])
+    ident = json.dumps([[getattr(key, f) for f in _COMPARED], list(block_sizes), list(context_lengths)])
     return profile_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
 
 

@@ -1,0 +1,35 @@
+// A linear layer over a few rows (2 to ~12 inputs): y = x W^T + b with W streamed from memory once.
+// Torch-free, C++17.
+//
+// Why: on a CPU, verifying a draft block runs every linear layer of the target over T inputs. For
+// T = 1 BLAS takes a matrix-vector path that reads each weight once; for T >= 2 it takes its GEMM
+// path, which packs the whole weight into panels first. A decoder's weights are far larger than the
+// cache, so that packing is a second pass over them: on a 2-core CPU with SmolLM2-135M a forward
+// over 2 inputs cost 1.6-1.7x one over 1 input (benchmarks/results/small_batch_linear.md). Here
+// each weight row is loaded once and multiplied into up to 12 inputs' accumulators, so a forward over
+// T <= 12 inputs reads the weights once, like T = 1.
+//
+// Layout (nn.Linear's): x [rows, in] row-major, weight [out, in] row-major, bias [out] or null,
+// y [rows, out] row-major. Sums run over `in` in 8 interleaved partial sums that are then added;
+// the result differs from BLAS's only in rounding.
+//
+// Example: x = [[1, 2], [3, 4]], W = [[1, 0], [1, 1], [0, 2]], b = [0, 0, 1]
+//   y = [[1, 3, 5], [3, 7, 9]].
+#pragma once
+
+#include <cstdint>
+
+namespace mtprobe::core {
+
+// True when this CPU runs the AVX2/FMA path; otherwise a portable scalar loop computes the same
+// values (slowly: callers should then keep their BLAS).
+bool small_batch_linear_simd();
+
+// Computes output columns [out_begin, out_end) of y for every row: callers split the columns
+// across threads (each column reads one weight row). rows >= 1 of any count (rows above 12 are taken
+// 12 at a time, each weight row reused from cache). simd = false forces the portable loop (tests).
+void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
+                        const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
+                        bool simd = true);
+
+}  // namespace mtprobe::core

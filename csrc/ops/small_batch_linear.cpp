@@ -1,0 +1,60 @@
+// ATen launcher of csrc/core/small_batch_linear.h: shape and dtype checks, then the columns split
+// across torch's CPU threads.
+#include "core/small_batch_linear.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "ops/ops.h"
+
+namespace mtprobe::ops {
+
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias) {
+  constexpr const char* op = "small_batch_linear";
+  TORCH_CHECK_VALUE(weight.dim() == 2, op, ": weight must be [out_features, in_features], got shape ",
+                    weight.sizes());
+  const int64_t out = weight.size(0), in = weight.size(1);
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == in, op,
+                    ": x must be [..., in_features] with in_features = ", in,
+                    " (the weight's second dimension), got shape ", x.sizes());
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, op,
+                    ": x and weight must be float32 (other dtypes keep torch's own linear), got ",
+                    x.scalar_type(), " and ", weight.scalar_type());
+  TORCH_CHECK_VALUE(x.is_cpu() && weight.is_cpu(), op, ": x and weight must be CPU tensors, got ", x.device(),
+                    " and ", weight.device());
+  // Copying a weight would cost more than the pass it saves: the caller keeps weights contiguous.
+  TORCH_CHECK_VALUE(weight.is_contiguous(), op,
+                    ": weight must be contiguous (row-major [out_features, in_features]); call .contiguous() "
+                    "once on the module's weight");
+  const float* b = nullptr;
+  at::Tensor bias_c;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == out, op, ": bias must be [out_features] = [", out,
+                      "], got shape ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->scalar_type() == at::kFloat && bias->is_cpu(), op,
+                      ": bias must be a float32 CPU tensor, got ", bias->scalar_type(), " on ",
+                      bias->device());
+    bias_c = bias->contiguous();
+    b = bias_c.const_data_ptr<float>();
+  }
+  const at::Tensor x2 = x.reshape({-1, in}).contiguous();  // [rows, in]
+  const int64_t rows = x2.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = out;
+  at::Tensor y = at::empty({rows, out}, x.options());  // [rows, out]
+  if (rows == 0 || out == 0) return y.reshape(out_shape);
+  const float* xp = x2.const_data_ptr<float>();
+  const float* wp = weight.const_data_ptr<float>();
+  float* yp = y.mutable_data_ptr<float>();
+  // A grain of 64 columns: a thread's share is then at least 64 weight rows (the tiny k/v
+  // projections of a GQA model are not worth splitting further).
+  at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
+    core::small_batch_linear(xp, rows, in, wp, b, yp, out, begin, end);
+  });
+  return y.reshape(out_shape);
+}
+
+bool small_batch_linear_simd() { return core::small_batch_linear_simd(); }
+
+}  // namespace mtprobe::ops

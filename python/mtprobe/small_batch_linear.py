@@ -1,0 +1,95 @@
+"""The target's linear layers over a few inputs on the CPU, the weights read once.
+
+Verifying a draft block of T inputs runs every linear layer of the model over T rows. On a CPU,
+torch's linear takes a matrix-vector path for one row, reading each weight once, and a GEMM path for
+two or more, which first packs the whole weight: a second pass over weights far larger than the
+cache. With SmolLM2-135M on a 2-core CPU a forward over 2 inputs cost 1.6-1.7x one over 1
+(benchmarks/results/small_batch_linear.md), so a draft paid for itself only when it was long and
+likely. ``torch.ops.mtprobe.small_batch_linear`` multiplies each weight row into up to
+:data:`MAX_ROWS` inputs at once and reads it once.
+
+mtprobe routes only its own verification forwards there: :class:`~mtprobe.adapter.HFAdapter` swaps
+the ``forward`` of the model's float32 CPU ``nn.Linear`` modules for the length of one forward over
+2 to :data:`MAX_ROWS` inputs, and puts them back after it. Plain decoding (one input), the prefill and
+anything the user runs stay on torch's own linear, so HF's ``generate`` is compared with the same
+one-input forward it runs itself. The values differ from torch's only in rounding, as two BLAS
+kernels do (the greedy-identity tests run with the route on).
+
+``MTPROBE_SMALL_BATCH_LINEAR=0`` in the environment turns the route off (read when a generation
+starts); it is also off on CPUs without AVX2 and FMA, where the op's portable loop would be slower
+than BLAS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ENV = "MTPROBE_SMALL_BATCH_LINEAR"
+
+MAX_ROWS = 12
+"""The most inputs a forward may have to be routed: one pass of the kernel (12 rows' accumulators
+fill the AVX2 registers). Past it each weight tile takes a second pass; while choosing 12, a forward
+over 16 inputs that way was no faster than torch's GEMM on the 2-core CPU (exploratory, not kept)."""
+
+
+def enabled() -> bool:
+    """Whether the route is on: ``MTPROBE_SMALL_BATCH_LINEAR`` is not ``0``/``false``/``off`` and this CPU
+    runs the op's AVX2/FMA kernel."""
+    from mtprobe import _C
+
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    return bool(_C.small_batch_linear_simd())
+
+
+def routable_linears(model: nn.Module) -> list[nn.Linear]:
+    """The modules of ``model`` the route would swap (none while it is off): exactly ``nn.Linear``
+    (subclasses, such as quantized linears, compute something else), float32 weights on the CPU,
+    contiguous, and no ``forward`` of their own already (accelerate's hooks, another patch)."""
+    if not enabled():
+        return []
+    found = []
+    for m in model.modules():
+        if type(m) is not nn.Linear or "forward" in vars(m) or hasattr(m, "_hf_hook"):
+            continue
+        w, b = m.weight, m.bias
+        if w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
+            continue
+        if b is not None and (b.dtype != torch.float32 or b.device.type != "cpu"):
+            continue
+        found.append(m)
+    return found
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` through the op; anything it is not for goes to ``F.linear`` as before."""
+    if (
+        x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or x.numel() > MAX_ROWS * x.shape[-1]
+        or (
+            torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        )  # the op has no backward
+    ):
+        return F.linear(x, self.weight, self.bias)
+    return torch.ops.mtprobe.small_batch_linear(x, self.weight, self.bias)
+
+
+@contextlib.contextmanager
+def routed(linears: list[nn.Linear]) -> Iterator[None]:
+    """While open, each of ``linears`` (from :func:`routable_linears`) runs :func:`_forward`; on exit,
+    its class's ``forward`` again (the instance attribute is removed, whatever happened inside)."""
+    for m in linears:
+        m.forward = types.MethodType(_forward, m)
+    try:
+        yield
+    finally:
+        for m in linears:
+            vars(m).pop("forward", None)
