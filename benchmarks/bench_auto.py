@@ -12,8 +12,9 @@ each run. This is a benchmark: nothing here asserts a speed.
 
 The EntMTP rows use the topology bank ``--bank`` (built by the first command on mtprobe's own
 prompts, not on Spec-Bench's questions). The ``-mem`` rows use one cross-request n-gram memory per run
-(``--shared-ngram-memory``), ``auto-hybrid-mem`` also the calibrated masks ``MASKS``; they run only
-when named in ``--methods``.
+(``--shared-ngram-memory``), ``auto-hybrid-mem`` also the calibrated masks ``MASKS``; the ``-stock``
+rows run with mtprobe's small-batch linear op turned off (``MTPROBE_SMALL_BATCH_LINEAR=0``, torch's
+own linear layers for every forward). Both kinds run only when named in ``--methods``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 import transformers
 
 from _common import load_average
+from mtprobe import small_batch_linear
 
 MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
 MASKS = "benchmarks/results/calibrate/masks-smollm2-135m-k1-offsets.safetensors"
@@ -60,10 +62,20 @@ METHODS = [
     ("stand-bc10-mem", ["--method", "stand", "--block-complexity", "10", "--shared-ngram-memory"]),
     ("auto-mem", ["--method", "auto", "--drafters", json.dumps([PLD, STAND_MEM])]),
     ("auto-hybrid-mem", ["--method", "auto", "--drafters", json.dumps([PLD, STAND_MEM, HYBRID_MEM])]),
+    # The same with torch's own linear layers for every forward (MTPROBE_SMALL_BATCH_LINEAR=0), as
+    # before mtprobe's small-batch op: what the op itself brings, in the same run.
+    ("stand-bc10-stock", ["--method", "stand", "--block-complexity", "10"]),
+    ("auto-stock", ["--method", "auto"]),
     ("entmtp-static", ["--method", "entmtp", "--policy", "static"]),
     ("entmtp-ladder", ["--method", "entmtp", "--policy", "ladder"]),
     ("entmtp-hysteretic", ["--method", "entmtp", "--policy", "hysteretic"]),
 ]
+
+
+# Rows run with mtprobe's small-batch linear op turned off (mtprobe.small_batch_linear).
+STOCK_LINEAR = {"stand-bc10-stock", "auto-stock"}
+# What runs without --methods: all but the -mem and -stock rows.
+DEFAULT_METHODS = [n for n, _ in METHODS if "mem" not in n and n not in STOCK_LINEAR]
 
 
 def round_sizes(per_category: int, rounds: int) -> list[int]:
@@ -92,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--methods",
-        default=",".join(n for n, _ in METHODS if "mem" not in n),
+        default=",".join(DEFAULT_METHODS),
         help="comma list of the stems above (default: all but the -mem rows)",
     )
     ap.add_argument("--out-dir", type=Path, required=True)
@@ -123,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "mtprobe.specbench", "run", *common, "--per-category", str(per_category),
                    *method_args, "--answer-file", str(answers / f"{stem}.jsonl")]  # fmt: skip
             start, load0 = dt.datetime.now(dt.timezone.utc), load_average()
-            subprocess.run(cmd, check=True)
+            env = {**os.environ, small_batch_linear.ENV: "0"} if stem in STOCK_LINEAR else None
+            subprocess.run(cmd, check=True, env=env)
             end, load1 = dt.datetime.now(dt.timezone.utc), load_average()
-            log.append(
-                f"| {stem} | `{shlex.join(['python', *cmd[1:]])}` | {start:%H:%M:%S}–{end:%H:%M:%S} | {load0} → {load1} |"
-            )
+            shown = shlex.join(["python", *cmd[1:]])
+            if env is not None:
+                shown = f"{small_batch_linear.ENV}=0 {shown}"
+            log.append(f"| {stem} | `{shown}` | {start:%H:%M:%S}–{end:%H:%M:%S} | {load0} → {load1} |")
             print(f"bench_auto: {stem} (round {r}) done, load {load0} -> {load1}", file=sys.stderr)
     compare = [sys.executable, "-m", "mtprobe.specbench", "compare", str(answers), "--tokenizer", args.model,
                "--out-dir", str(args.out_dir)]  # fmt: skip

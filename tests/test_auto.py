@@ -228,6 +228,19 @@ def test_bench_auto_rounds_slice_every_category():
             bench.round_sizes(20, bad)
 
 
+def test_bench_auto_stock_rows_are_their_rows_with_the_small_batch_op_off():
+    # A -stock row runs its base row's method with MTPROBE_SMALL_BATCH_LINEAR=0, and only when named.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    methods = dict(bench.METHODS)
+    assert bench.STOCK_LINEAR == {"stand-bc10-stock", "auto-stock"}
+    for stem in bench.STOCK_LINEAR:
+        assert methods[stem] == methods[stem.removesuffix("-stock")]
+    assert bench.small_batch_linear.ENV == "MTPROBE_SMALL_BATCH_LINEAR"
+    assert "auto" in bench.DEFAULT_METHODS and not bench.STOCK_LINEAR & set(bench.DEFAULT_METHODS)
+
+
 def test_bench_auto_memory_rows_name_valid_drafters():
     # The -mem rows pass --drafters JSON to the harness: each parses into AutoConfig's drafters, and the
     # calibrated masks they name are the committed file.
@@ -237,7 +250,7 @@ def test_bench_auto_memory_rows_name_valid_drafters():
     from mtprobe.specbench.methods import _drafter_configs
 
     bench = load_benchmark("bench_auto")
-    rows = {stem: args for stem, args in bench.METHODS if stem.startswith("auto-")}
+    rows = {stem: args for stem, args in bench.METHODS if stem.startswith("auto-") and stem.endswith("-mem")}
     assert set(rows) == {"auto-mem", "auto-hybrid-mem"}
     for args in rows.values():
         drafters = _drafter_configs(args[args.index("--drafters") + 1])
