@@ -8,6 +8,8 @@ takes it exactly for forwards over 2..MAX_ROWS inputs, and that the logits stay 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -27,8 +29,11 @@ SHAPES = [  # (leading dims of x, in_features, out_features)
     ((3,), 8, 64),
     ((7,), 9, 67),
     ((8,), 577, 130),
-    ((12,), 64, 33),  # one full pass
-    ((13,), 64, 33),  # past one pass of 12 rows
+    ((4,), 64, 33),  # one register block of 4 inputs, 11 of 3 weight rows
+    ((5,), 64, 34),  # a second block of 1 input; a last block of 1 weight row
+    ((12,), 64, 35),  # a last block of 2 weight rows
+    ((20,), 64, 33),  # MAX_ROWS
+    ((33,), 64, 33),  # past MAX_ROWS (the op itself takes any count)
     ((17,), 20, 7),
     ((1, 4), 576, 192),  # [batch, T, in], as a model calls it
     ((2, 3), 33, 1),
@@ -176,7 +181,7 @@ def test_a_routed_linear_falls_back_where_the_op_does_not_apply():
 
 
 @requires_simd
-@pytest.mark.parametrize("t", [1, 2, 5, 12, 13, 20])
+@pytest.mark.parametrize("t", [1, 2, 5, 12, 20, 21])
 def test_the_adapter_routes_forwards_over_2_to_max_rows_inputs(t, monkeypatch):
     model = tiny_llama()
     entered = []
@@ -214,10 +219,16 @@ def test_the_adapter_routes_forwards_over_2_to_max_rows_inputs(t, monkeypatch):
 def test_profiles_record_the_route_and_refuse_the_other(monkeypatch):
     model = tiny_llama()
     key = ProfileKey.of(model)
-    assert key.linear == "small-batch"
+    assert key.linear == small_batch_linear.PROFILE_TAG == "small-batch v2, 2..20 inputs"
     stock = ForwardProfile(ProfileKey(**{**key.__dict__, "linear": "stock"}), (1, 2), (0,), ((1.0, 1.7),))
-    with pytest.raises(ValueError, match="linear: profile 'stock' vs now 'small-batch'"):
+    with pytest.raises(ValueError, match=re.escape(f"linear: profile 'stock' vs now '{key.linear}'")):
         stock.check(model)
+    # The first kernel (2..12 inputs, other costs) recorded "small-batch": its profiles are not this one's.
+    first = ForwardProfile(
+        ProfileKey(**{**key.__dict__, "linear": "small-batch"}), (1, 2), (0,), ((1.0, 1.0),)
+    )
+    with pytest.raises(ValueError, match="linear: profile 'small-batch' vs now"):
+        first.check(model)
     # A profile saved before the field existed was measured with torch's linear.
     data = stock.to_dict()
     del data["key"]["linear"]

@@ -10,8 +10,8 @@
 namespace mtprobe::core {
 namespace {
 
-// Inputs per pass over a weight row: 12 accumulators of 8 lanes, the row's vector and one input's
-// fit the 16 AVX2 registers; more rows take another pass over the (then cached) weight rows.
+// The portable path's inputs per pass over a weight row (its speed matters little: callers keep their
+// BLAS on CPUs without AVX2/FMA).
 constexpr int kMaxRowsPerPass = 12;
 
 // One pass: rows [0, R) of x (row stride ldx) against weight rows [begin, end).
@@ -43,23 +43,82 @@ __attribute__((target("avx2,fma"))) inline float sum_lanes(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-template <int R>
-__attribute__((target("avx2,fma"))) void pass_avx2(const float* x, int64_t ldx, int64_t in, const float* w,
-                                                   const float* bias, float* y, int64_t ldy, int64_t begin,
-                                                   int64_t end) {
-  for (int64_t n = begin; n < end; ++n) {
-    const float* wn = w + n * in;
-    __m256 acc[R];  // acc[r]: 8 partial sums of row r's dot product with weight row n
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 <= in; k += 8) {
-      const __m256 wv = _mm256_loadu_ps(wn + k);  // the weight is read once for all R rows
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k), wv, acc[r]);
+// One register block: weight rows [n, n + NC) against inputs [0, RR) of x, over the whole of `in`.
+// NC * RR accumulators (8 partial sums each) plus the NC weight vectors and one input vector fit the
+// 16 AVX2 registers at NC = 3, RR = 4: each k step loads 7 vectors for 12 FMAs, so the FMA units, not
+// the loads, set the pace. Every accumulator sums its k in the order pass_scalar does, so the result
+// does not depend on the blocking. While computing, the block prefetches [pf, pf_end): the next weight
+// rows, which would otherwise be fetched from memory only after this block's compute, not during it.
+template <int NC, int RR>
+__attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx, int64_t in, const float* wn,
+                                                    const float* bias, float* y, int64_t ldy, const char* pf,
+                                                    const char* pf_end) {
+  __m256 acc[NC][RR];  // acc[c][r]: 8 partial sums of input r's dot product with weight row n + c
+  for (int c = 0; c < NC; ++c) {
+    for (int r = 0; r < RR; ++r) acc[c][r] = _mm256_setzero_ps();
+  }
+  int64_t k = 0;
+  for (; k + 8 <= in; k += 8) {
+    __m256 wv[NC];
+    for (int c = 0; c < NC; ++c) wv[c] = _mm256_loadu_ps(wn + c * in + k);
+    if (pf < pf_end) {
+      _mm_prefetch(pf, _MM_HINT_T0);
+      pf += 64;
     }
-    for (int r = 0; r < R; ++r) {
-      float s = sum_lanes(acc[r]);
-      for (int64_t j = k; j < in; ++j) s += x[r * ldx + j] * wn[j];
-      y[r * ldy + n] = bias ? s + bias[n] : s;
+    for (int r = 0; r < RR; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+      for (int c = 0; c < NC; ++c) acc[c][r] = _mm256_fmadd_ps(xv, wv[c], acc[c][r]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    for (int r = 0; r < RR; ++r) {
+      float s = sum_lanes(acc[c][r]);
+      for (int64_t j = k; j < in; ++j) s += x[r * ldx + j] * wn[c * in + j];
+      y[r * ldy + c] = bias ? s + bias[c] : s;
+    }
+  }
+}
+
+constexpr int kBlockCols = 3;  // NC
+constexpr int kBlockRows = 4;  // RR
+
+using Block = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, int64_t,
+                       const char*, const char*);
+
+template <int NC>
+Block avx2_block_rows(int rr) {
+  static constexpr Block table[kBlockRows + 1] = {nullptr, block_avx2<NC, 1>, block_avx2<NC, 2>,
+                                                  block_avx2<NC, 3>, block_avx2<NC, 4>};
+  return table[rr];
+}
+
+Block avx2_block(int nc, int rr) {
+  switch (nc) {
+    case 1:
+      return avx2_block_rows<1>(rr);
+    case 2:
+      return avx2_block_rows<2>(rr);
+    default:
+      return avx2_block_rows<3>(rr);
+  }
+}
+
+// Weight rows [begin, end) in groups of kBlockCols; each group's rows are read from memory once and
+// reused from cache by its ceil(rows / kBlockRows) blocks, which prefetch the next group in equal parts.
+void linear_avx2(const float* x, int64_t rows, int64_t in, const float* weight, const float* bias, float* y,
+                 int64_t out, int64_t begin, int64_t end) {
+  const int64_t passes = (rows + kBlockRows - 1) / kBlockRows;
+  for (int64_t n = begin; n < end; n += kBlockCols) {
+    const int nc = static_cast<int>(std::min<int64_t>(kBlockCols, end - n));
+    const char* next = reinterpret_cast<const char*>(weight + std::min(end, n + kBlockCols) * in);
+    const char* next_end = reinterpret_cast<const char*>(weight + std::min(end, n + 2 * kBlockCols) * in);
+    const int64_t part = ((next_end - next) / passes + 63) / 64 * 64;  // bytes, whole cache lines
+    for (int64_t p = 0; p < passes; ++p) {
+      const int64_t r0 = p * kBlockRows;
+      const int rr = static_cast<int>(std::min<int64_t>(kBlockRows, rows - r0));
+      const char* pf = std::min(next_end, next + p * part);
+      avx2_block(nc, rr)(x + r0 * in, in, in, weight + n * in, bias ? bias + n : nullptr, y + r0 * out + n,
+                         out, pf, std::min(next_end, pf + part));
     }
   }
 }
@@ -81,15 +140,6 @@ Pass scalar_pass(int r) {
   return table[r];
 }
 
-#ifdef MTPROBE_X86_SIMD
-Pass avx2_pass(int r) {
-  static constexpr Pass table[kMaxRowsPerPass + 1] = {
-      nullptr,      pass_avx2<1>, pass_avx2<2>, pass_avx2<3>,  pass_avx2<4>,  pass_avx2<5>, pass_avx2<6>,
-      pass_avx2<7>, pass_avx2<8>, pass_avx2<9>, pass_avx2<10>, pass_avx2<11>, pass_avx2<12>};
-  return table[r];
-}
-#endif
-
 }  // namespace
 
 bool small_batch_linear_simd() {
@@ -103,21 +153,21 @@ bool small_batch_linear_simd() {
 void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
                         const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
                         bool simd) {
-  simd = simd && small_batch_linear_simd();
-  // Weight rows in tiles that stay in L2 while every pass over the inputs reuses them.
+#ifdef MTPROBE_X86_SIMD
+  if (simd && cpu_has_avx2_fma()) {
+    linear_avx2(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end);
+    return;
+  }
+#endif
+  (void)simd;
+  // Weight rows in tiles that stay in cache while every pass over the inputs reuses them.
   constexpr int64_t kTile = 32;
   for (int64_t n0 = out_begin; n0 < out_end; n0 += kTile) {
     const int64_t n1 = std::min(out_end, n0 + kTile);
     for (int64_t r0 = 0; r0 < rows; r0 += kMaxRowsPerPass) {
       const int r = static_cast<int>(std::min<int64_t>(kMaxRowsPerPass, rows - r0));
-#ifdef MTPROBE_X86_SIMD
-      Pass pass = simd ? avx2_pass(r) : scalar_pass(r);
-#else
-      (void)simd;
-      Pass pass = scalar_pass(r);
-#endif
-      pass(x + r0 * in_features, in_features, in_features, weight, bias, y + r0 * out_features, out_features,
-           n0, n1);
+      scalar_pass(r)(x + r0 * in_features, in_features, in_features, weight, bias, y + r0 * out_features,
+                     out_features, n0, n1);
     }
   }
 }

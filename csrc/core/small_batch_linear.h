@@ -1,13 +1,14 @@
-// A linear layer over a few rows (2 to ~12 inputs): y = x W^T + b with W streamed from memory once.
+// A linear layer over a few rows (2 to ~32 inputs): y = x W^T + b with W streamed from memory once.
 // Torch-free, C++17.
 //
 // Why: on a CPU, verifying a draft block runs every linear layer of the target over T inputs. For
 // T = 1 BLAS takes a matrix-vector path that reads each weight once; for T >= 2 it takes its GEMM
 // path, which packs the whole weight into panels first. A decoder's weights are far larger than the
 // cache, so that packing is a second pass over them: on a 2-core CPU with SmolLM2-135M a forward
-// over 2 inputs cost 1.6-1.7x one over 1 input (benchmarks/results/small_batch_linear.md). Here
-// each weight row is loaded once and multiplied into up to 12 inputs' accumulators, so a forward over
-// T <= 12 inputs reads the weights once, like T = 1.
+// over 2 inputs cost about 1.8x one over 1 input (benchmarks/results/small_batch_linear.md). Here
+// each weight row is read from memory once, into registers for 4 inputs at a time and from cache for
+// the next 4, while the next weight rows are prefetched; so a forward over a few inputs reads the
+// weights once, like T = 1, and more inputs add only their multiply-adds.
 //
 // Layout (nn.Linear's): x [rows, in] row-major, weight [out, in] row-major, bias [out] or null,
 // y [rows, out] row-major. Sums run over `in` in 8 interleaved partial sums that are then added;
@@ -26,8 +27,8 @@ namespace mtprobe::core {
 bool small_batch_linear_simd();
 
 // Computes output columns [out_begin, out_end) of y for every row: callers split the columns
-// across threads (each column reads one weight row). rows >= 1 of any count (rows above 12 are taken
-// 12 at a time, each weight row reused from cache). simd = false forces the portable loop (tests).
+// across threads (each column reads one weight row). rows >= 1 of any count. simd = false forces the
+// portable loop (tests); both give the same sums in the same order, up to the fused multiply-adds.
 void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
                         const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
                         bool simd = true);

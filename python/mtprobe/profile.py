@@ -46,9 +46,9 @@ from mtprobe import small_batch_linear
 from mtprobe._jsonl import read_json, write_json
 
 PROFILE_FORMAT = 1
-# 13: a step in the cost on CPUs where the small-batch linear op covers T <= 12 and torch's GEMM the rest
-# (mtprobe.small_batch_linear); without it, interpolation would smooth the step over 12..16.
-DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 12, 13, 16, 24, 32, 48, 64)
+# 20 and 21: where the small-batch linear op hands over to torch's GEMM on the CPU (T <= MAX_ROWS = 20,
+# mtprobe.small_batch_linear); without both, interpolation would smooth the step over 16..24.
+DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 12, 16, 20, 21, 24, 32, 48, 64)
 DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
 
 # Config entries that name or date a checkpoint without changing its arithmetic.
@@ -102,9 +102,10 @@ class ProfileKey:
     torch: str = ""
     """torch version (informative: not compared)."""
     linear: str = "stock"
-    """How the forward's linear layers ran over a few inputs: ``small-batch`` (mtprobe's op, the weights
-    read once; :mod:`mtprobe.small_batch_linear`) or ``stock`` (torch's own; every profile measured
-    before the op existed)."""
+    """How the forward's linear layers ran over a few inputs: mtprobe's op, the weights read once
+    (:data:`mtprobe.small_batch_linear.PROFILE_TAG`, which names the kernel's version and range; the first
+    kernel's profiles say ``small-batch``), or ``stock`` (torch's own; every profile measured before the
+    op existed)."""
 
     @classmethod
     def of(cls, model: Any) -> ProfileKey:
@@ -115,7 +116,7 @@ class ProfileKey:
             dtype=str(model.dtype).removeprefix("torch."),
             threads=torch.get_num_threads() if device.type == "cpu" else 0,
             torch=torch.__version__,
-            linear="small-batch" if small_batch_linear.routable_linears(model) else "stock",
+            linear=small_batch_linear.PROFILE_TAG if small_batch_linear.routable_linears(model) else "stock",
         )
 
     def mismatches(self, other: ProfileKey) -> list[str]:

@@ -3,10 +3,10 @@
 Verifying a draft block of T inputs runs every linear layer of the model over T rows. On a CPU,
 torch's linear takes a matrix-vector path for one row, reading each weight once, and a GEMM path for
 two or more, which first packs the whole weight: a second pass over weights far larger than the
-cache. With SmolLM2-135M on a 2-core CPU a forward over 2 inputs cost 1.6-1.7x one over 1
+cache. With SmolLM2-135M on a 2-core CPU a forward over 2 inputs cost about 1.8x one over 1
 (benchmarks/results/small_batch_linear.md), so a draft paid for itself only when it was long and
-likely. ``torch.ops.mtprobe.small_batch_linear`` multiplies each weight row into up to
-:data:`MAX_ROWS` inputs at once and reads it once.
+likely. ``torch.ops.mtprobe.small_batch_linear`` reads each weight row from memory once, multiplies
+it into 4 inputs from registers and into the others from cache, and prefetches the next rows meanwhile.
 
 mtprobe routes only its own verification forwards there: :class:`~mtprobe.adapter.HFAdapter` swaps
 the ``forward`` of the model's float32 CPU ``nn.Linear`` modules for the length of one forward over
@@ -15,9 +15,9 @@ anything the user runs stay on torch's own linear, so HF's ``generate`` is compa
 one-input forward it runs itself. The values differ from torch's only in rounding, as two BLAS
 kernels do (the greedy-identity tests run with the route on).
 
-``MTPROBE_SMALL_BATCH_LINEAR=0`` in the environment turns the route off (read when a generation
-starts); it is also off on CPUs without AVX2 and FMA, where the op's portable loop would be slower
-than BLAS.
+``MTPROBE_SMALL_BATCH_LINEAR=0`` in the environment turns the route off (read when an adapter is
+made, i.e. when a generation or a cost profile starts); it is also off on CPUs without AVX2 and FMA,
+where the op's portable loop would be slower than BLAS.
 """
 
 from __future__ import annotations
@@ -33,10 +33,15 @@ from torch import nn
 
 ENV = "MTPROBE_SMALL_BATCH_LINEAR"
 
-MAX_ROWS = 12
-"""The most inputs a forward may have to be routed: one pass of the kernel (12 rows' accumulators
-fill the AVX2 registers). Past it each weight tile takes a second pass; while choosing 12, a forward
-over 16 inputs that way was no faster than torch's GEMM on the 2-core CPU (exploratory, not kept)."""
+MAX_ROWS = 20
+"""The most inputs a forward may have to be routed. Past a few inputs the op's cost grows with its
+multiply-adds, torch's GEMM more slowly: with SmolLM2-135M on the 2-core CPU a forward over 16 inputs
+was 7-12 % faster routed, over 20 3-4 %, over 24 5 % slower (benchmarks/results/small_batch_linear.md)."""
+
+PROFILE_TAG = f"small-batch v2, 2..{MAX_ROWS} inputs"
+"""What :class:`mtprobe.profile.ProfileKey` records for a model routed here: it names the kernel's
+version and the routed range, so a cost profile measured with another kernel or range (``small-batch``,
+the first kernel with 2..12 inputs) is not taken for this one."""
 
 
 def enabled() -> bool:

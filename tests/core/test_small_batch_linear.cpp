@@ -32,7 +32,7 @@ void test_shapes_against_double() {
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const double u = std::ldexp(1.0, -24);
-  for (int64_t rows : {1, 2, 3, 7, 8, 12, 13, 25}) {
+  for (int64_t rows : {1, 2, 3, 4, 5, 7, 8, 12, 13, 25, 32, 33}) {
     for (int64_t in : {1, 7, 8, 9, 33, 577}) {
       for (int64_t out : {1, 5, 64, 67}) {
         for (bool with_bias : {true, false}) {
