@@ -159,6 +159,17 @@ def test_routed_swaps_forward_and_puts_it_back_even_on_error():
             assert all("forward" in vars(m) for m in linears)
             raise RuntimeError("inside")
     assert not any("forward" in vars(m) for m in model.modules())
+    # Bound once, reused by every later forward; and the same with a plain list of modules.
+    bound = linears.bound
+    with small_batch_linear.routed(linears), torch.no_grad():
+        assert linears.bound is bound
+        assert all(vars(m)["forward"].__self__ is m for m in linears)
+        q = linears[0]
+        x = torch.randn(3, q.in_features)
+        assert torch.equal(q(x), torch.ops.mtprobe.small_batch_linear(x, q.weight, q.bias))
+    with small_batch_linear.routed(list(linears)):
+        assert all(vars(m)["forward"].__self__ is m for m in linears)
+    assert not any("forward" in vars(m) for m in model.modules())
 
 
 @requires_simd

@@ -23,9 +23,10 @@ where the op's portable loop would be slower than BLAS.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -54,13 +55,24 @@ def enabled() -> bool:
     return bool(_C.small_batch_linear_simd())
 
 
-def routable_linears(model: nn.Module) -> list[nn.Linear]:
+class Linears(list):
+    """The modules :func:`routable_linears` found, each one's routed ``forward`` bound once, at the first
+    :func:`routed`: later forwards then only write the modules' instance dictionaries (0.1 ms per
+    forward for SmolLM2's 211 linears, against 1.1-1.4 ms when binding the methods and going through
+    ``nn.Module.__setattr__`` every time; 2-core CPU). Not to be changed once routed."""
+
+    @functools.cached_property
+    def bound(self) -> tuple[tuple[dict, types.MethodType], ...]:
+        return tuple((vars(m), types.MethodType(_forward, m)) for m in self)
+
+
+def routable_linears(model: nn.Module) -> Linears:
     """The modules of ``model`` the route would swap (none while it is off): exactly ``nn.Linear``
     (subclasses, such as quantized linears, compute something else), float32 weights on the CPU,
     contiguous, and no ``forward`` of their own already (accelerate's hooks, another patch)."""
+    found = Linears()
     if not enabled():
-        return []
-    found = []
+        return found
     for m in model.modules():
         if type(m) is not nn.Linear or "forward" in vars(m) or hasattr(m, "_hf_hook"):
             continue
@@ -88,13 +100,19 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def routed(linears: list[nn.Linear]) -> Iterator[None]:
+def routed(linears: Sequence[nn.Linear]) -> Iterator[None]:
     """While open, each of ``linears`` (from :func:`routable_linears`) runs :func:`_forward`; on exit,
     its class's ``forward`` again (the instance attribute is removed, whatever happened inside)."""
-    for m in linears:
-        m.forward = types.MethodType(_forward, m)
+    if isinstance(linears, Linears):
+        bound = linears.bound
+    else:
+        bound = tuple((vars(m), types.MethodType(_forward, m)) for m in linears)
+    # The instance dictionary directly: what nn.Module.__setattr__ ends up doing for a method, minus
+    # its checks for parameters, buffers and submodules.
+    for attrs, forward in bound:
+        attrs["forward"] = forward
     try:
         yield
     finally:
-        for m in linears:
-            vars(m).pop("forward", None)
+        for attrs, _ in bound:
+            attrs.pop("forward", None)
