@@ -78,6 +78,12 @@ STOCK_LINEAR = {"stand-bc10-stock", "auto-stock"}
 DEFAULT_METHODS = [n for n, _ in METHODS if "mem" not in n and n not in STOCK_LINEAR]
 
 
+def method_env(stem: str) -> dict[str, str] | None:
+    """The environment a row's process runs in: the small-batch op turned off for a -stock row, else the
+    inherited one (None)."""
+    return {**os.environ, small_batch_linear.ENV: "0"} if stem in STOCK_LINEAR else None
+
+
 def round_sizes(per_category: int, rounds: int) -> list[int]:
     """The --per-category of each round: round r answers the first ceil(r * P / K) questions of every
     category, and the harness skips those an earlier round answered, so each round adds the next
@@ -135,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "mtprobe.specbench", "run", *common, "--per-category", str(per_category),
                    *method_args, "--answer-file", str(answers / f"{stem}.jsonl")]  # fmt: skip
             start, load0 = dt.datetime.now(dt.timezone.utc), load_average()
-            env = {**os.environ, small_batch_linear.ENV: "0"} if stem in STOCK_LINEAR else None
+            env = method_env(stem)
             subprocess.run(cmd, check=True, env=env)
             end, load1 = dt.datetime.now(dt.timezone.utc), load_average()
             shown = shlex.join(["python", *cmd[1:]])

@@ -24,7 +24,7 @@ import torch
 from _common import device_name, load_average, run_lines, write_report
 from mtprobe import models, small_batch_linear
 from mtprobe.adapter import HFAdapter
-from mtprobe.profile import _chain_mask
+from mtprobe.profile import chain_mask
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.repeats + 1):  # the first round warms up
                 for t in sizes:
                     pos = torch.arange(ctx, ctx + t)[None]  # [1, T]
-                    mask = _chain_mask(model, t, ctx, torch.device("cpu"))
+                    mask = chain_mask(model, t, ctx, torch.device("cpu"))
                     for name, adapter in adapters.items():
                         t0 = time.perf_counter()
                         adapter.forward(ids[ctx : ctx + t], None, pos, mask, ctx, False)

@@ -228,7 +228,7 @@ def test_bench_auto_rounds_slice_every_category():
             bench.round_sizes(20, bad)
 
 
-def test_bench_auto_stock_rows_are_their_rows_with_the_small_batch_op_off():
+def test_bench_auto_stock_rows_are_their_rows_with_the_small_batch_op_off(monkeypatch):
     # A -stock row runs its base row's method with MTPROBE_SMALL_BATCH_LINEAR=0, and only when named.
     from conftest import load_benchmark
 
@@ -237,7 +237,13 @@ def test_bench_auto_stock_rows_are_their_rows_with_the_small_batch_op_off():
     assert bench.STOCK_LINEAR == {"stand-bc10-stock", "auto-stock"}
     for stem in bench.STOCK_LINEAR:
         assert methods[stem] == methods[stem.removesuffix("-stock")]
-    assert bench.small_batch_linear.ENV == "MTPROBE_SMALL_BATCH_LINEAR"
+    for stem in bench.STOCK_LINEAR:
+        env = bench.method_env(stem)
+        assert env is not None and env["MTPROBE_SMALL_BATCH_LINEAR"] == "0"
+        monkeypatch.setenv("MTPROBE_SMALL_BATCH_LINEAR", env["MTPROBE_SMALL_BATCH_LINEAR"])
+        assert not bench.small_batch_linear.enabled()  # what the row's process reads
+    for stem in methods.keys() - bench.STOCK_LINEAR:
+        assert bench.method_env(stem) is None
     assert "auto" in bench.DEFAULT_METHODS and not bench.STOCK_LINEAR & set(bench.DEFAULT_METHODS)
 
 

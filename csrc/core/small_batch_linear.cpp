@@ -153,6 +153,7 @@ bool small_batch_linear_simd() {
 void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
                         const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
                         bool simd) {
+  if (rows <= 0 || out_begin >= out_end) return;  // nothing to write; the AVX2 path divides by the passes
 #ifdef MTPROBE_X86_SIMD
   if (simd && cpu_has_avx2_fma()) {
     linear_avx2(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end);

@@ -46,9 +46,12 @@ from mtprobe import small_batch_linear
 from mtprobe._jsonl import read_json, write_json
 
 PROFILE_FORMAT = 1
-# 20 and 21: where the small-batch linear op hands over to torch's GEMM on the CPU (T <= MAX_ROWS = 20,
-# mtprobe.small_batch_linear); without both, interpolation would smooth the step over 16..24.
-DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 12, 16, 20, 21, 24, 32, 48, 64)
+# MAX_ROWS and MAX_ROWS + 1 (20 and 21): where the small-batch linear op hands over to torch's GEMM on the
+# CPU (mtprobe.small_batch_linear); without both, interpolation would smooth the step between the grid's
+# neighbours.
+DEFAULT_BLOCK_SIZES = tuple(
+    sorted({1, 2, 4, 8, 12, 16, 24, 32, 48, 64, small_batch_linear.MAX_ROWS, small_batch_linear.MAX_ROWS + 1})
+)
 DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
 
 # Config entries that name or date a checkpoint without changing its arithmetic.
@@ -253,8 +256,9 @@ def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Se
     return profile_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
 
 
-def _chain_mask(model: Any, t: int, context: int, device: torch.device) -> torch.Tensor | None:
-    """The mask the decode loop hands a T-input block after ``context`` positions (None for T = 1)."""
+def chain_mask(model: Any, t: int, context: int, device: torch.device) -> torch.Tensor | None:
+    """The mask the decode loop hands a T-input block after ``context`` positions (None for T = 1): what
+    :func:`profile_forward` and benchmarks/bench_small_batch_linear.py time a forward with."""
     from mtprobe import ops
     from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
@@ -331,7 +335,7 @@ def profile_forward(
             row = []
             for t in sizes:
                 pos = torch.arange(context, context + t, device=device)[None]  # [1, T]: a chain's positions
-                mask = _chain_mask(model, t, context, device)
+                mask = chain_mask(model, t, context, device)
                 tokens = ids[context : context + t]
                 times = []
                 for r in range(warmup + repeats):

@@ -57,7 +57,7 @@ def enabled() -> bool:
 
 class Linears(list):
     """The modules :func:`routable_linears` found, each one's routed ``forward`` bound once, at the first
-    :func:`routed`: later forwards then only write the modules' instance dictionaries (0.1 ms per
+    :func:`routed`: later forwards then only write the modules' instance dictionaries (0.03 ms per
     forward for SmolLM2's 211 linears, against 1.1-1.4 ms when binding the methods and going through
     ``nn.Module.__setattr__`` every time; 2-core CPU). Not to be changed once routed."""
 

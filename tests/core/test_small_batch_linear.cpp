@@ -26,6 +26,18 @@ void test_worked_example() {
   }
 }
 
+// No inputs, or an empty column range: nothing is written, on either path.
+void test_empty_calls_write_nothing() {
+  const float x[] = {1, 2};
+  const float w[] = {1, 1, 2, 2};
+  for (bool simd : {true, false}) {
+    float y[2] = {-1, -1};
+    small_batch_linear(x, 0, 2, w, nullptr, y, 2, 0, 2, simd);
+    small_batch_linear(x, 1, 2, w, nullptr, y, 2, 1, 1, simd);
+    CHECK(y[0] == -1 && y[1] == -1);
+  }
+}
+
 // Every (rows, in, out) below against the double sum, each output within gamma_m * sum |x w|
 // (m = ceil(in / 8) + 3), computed in one call and in column ranges split as a thread pool would.
 void test_shapes_against_double() {
@@ -89,6 +101,7 @@ void test_paths_agree_on_exact_inputs() {
 int main() {
   const mtprobe_test::Test tests[] = {
       {"worked_example", test_worked_example},
+      {"empty_calls_write_nothing", test_empty_calls_write_nothing},
       {"shapes_against_double", test_shapes_against_double},
       {"paths_agree_on_exact_inputs", test_paths_agree_on_exact_inputs},
   };
