@@ -11,6 +11,7 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
+from mtprobe import _C
 from mtprobe.profile import ForwardProfile, ProfileKey
 
 REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]  # prompt lookup and STAND draft here
@@ -101,6 +102,56 @@ def test_the_profile_decides():
     assert dear.forward_calls == 32 and dear.tau == 1.0
     # Prompt lookup proposed chains in 10 steps: the steep profile refused real drafts.
     assert alone.drafted_per_depth[0] >= 5 and sum(dear.drafted_per_depth) == 0
+
+
+class _ChainOracle(_C.Drafter):
+    """Proposes the next three tokens of ``truth`` (prompt + greedy continuation) as a chain, and one
+    wrong token as the depth-1 node's second sibling (rank 1)."""
+
+    def __init__(self, truth: list[int]) -> None:
+        super().__init__()
+        self.truth = truth
+
+    def name(self) -> str:
+        return "oracle"
+
+    def begin(self, prompt: torch.Tensor) -> None:
+        pass
+
+    def propose(self, committed: torch.Tensor, prefix_len: int, limits) -> _C.DraftBlock:
+        start = prefix_len + committed.numel()  # truth's index of the step's first new token
+        chain = self.truth[start : start + 3]
+        wrong = (self.truth[start] + 1) % 128
+        return _C.token_block(committed, [*chain, wrong], [-1, 0, 1, -1][: len(chain)] + [-1])
+
+    def observe(self, outcome) -> None:
+        pass
+
+
+def test_plain_steps_still_learn_deep_acceptance(monkeypatch):
+    """A plain step tells one token of the continuation; each proposed tree's walk waits for the later
+    steps' tokens, so a run that verifies nothing beyond the committed token still judges deep nodes.
+    Counted by hand (no decay): 31 decode steps after the prefill's token, each proposing the true
+    chain t_s, t_s+1, t_s+2 and a wrong depth-1 sibling; depth d of step s is judged once token
+    s + d - 1 exists (s + d - 1 <= 31)."""
+    import sys
+
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    truth = _greedy(model, ids, 40)[0].tolist()
+    table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 64])  # t(T) = T t(1): nothing pays
+    auto = _C.AutoDrafter([_ChainOracle(truth)], table, decay=1.0)
+    gen = sys.modules["mtprobe.generate"]
+    monkeypatch.setattr(gen, "make_drafter", lambda *a, **k: auto)
+    cfg = mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=63.0)
+    )
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
+    assert out.sequences[0].tolist() == truth[: ids.shape[1] + 32]
+    assert all(child == -1 for child, _, _ in auto.choices())  # every step plain
+    trials, accepts = auto.stats[0].trials, auto.stats[0].accepts  # [depth][rank]
+    assert trials == [[31, 31, 0, 0], [30, 0, 0, 0], [29, 0, 0, 0]]
+    assert accepts == [[31, 0, 0, 0], [30, 0, 0, 0], [29, 0, 0, 0]]
 
 
 def test_choices_timings_and_summary():

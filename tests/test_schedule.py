@@ -46,37 +46,80 @@ def test_cost_table_bad_input():
         _C.CostTable([1, 2], [0], [1.0, 2.0, 3.0])
 
 
+def _random_tree(rng: random.Random) -> list[int]:
+    """Parents of a random draft tree (-1: the root), parents before children."""
+    return [rng.randint(-1, k - 1) if rng.random() < 0.7 else -1 for k in range(rng.randint(0, 20))]
+
+
+def _layered(nodes_per_depth: list[int]) -> list[int]:
+    """nodes_per_depth[d] nodes at depth d + 1, all children of the first node of the depth above."""
+    parents: list[int] = []
+    first = -1
+    for n in nodes_per_depth:
+        here = len(parents)
+        parents += [first] * n
+        first = here
+    return parents
+
+
 def test_stats_and_cuts_match_the_reference():
     rng = random.Random(1)
     for case in range(100):
         decay = rng.choice([1.0, 0.95, 0.5])
         cpp, py = _C.AcceptanceStats(decay), ref.Stats(decay)
-        for _ in range(rng.randint(0, 40)):
-            tree_depth = rng.randint(0, 8)
-            reached = rng.randint(0, tree_depth)
-            known = rng.randint(reached + (reached < tree_depth), 12)
-            cpp.record(tree_depth, reached, known)
-            py.record(tree_depth, reached, known)
-        assert cpp.trials == pytest.approx(py.trials) and cpp.accepts == pytest.approx(py.accepts)
-        assert cpp.reach(10) == pytest.approx(py.reach(10))
+        for _ in range(rng.randint(0, 60)):
+            if rng.random() < 0.3:
+                cpp.step()
+                py.step()
+            depth, rank, accepted = rng.randint(1, 8), rng.randint(0, 6), rng.random() < 0.5
+            cpp.record(depth, rank, accepted)
+            py.record(depth, rank, accepted)
+        flat = lambda rows: [x for row in rows for x in row]  # noqa: E731
+        assert len(cpp.trials) == len(py.trials)
+        assert flat(cpp.trials) == pytest.approx(flat(py.trials))
+        assert flat(cpp.accepts) == pytest.approx(flat(py.accepts))
+        for depth in range(1, 11):
+            for rank in range(6):
+                assert cpp.rate(depth, rank) == pytest.approx(py.rate(depth, rank))
         p = _random_profile(rng)
         table, ctx = _table(p), rng.uniform(0, 2000)
-        per_depth = [rng.randint(1, 6) for _ in range(rng.randint(0, 6))]
+        parents = _random_tree(rng)
         extra, cuttable, committed = rng.choice([0, 0, 3]), rng.random() < 0.8, rng.choice([1, 1, 2])
-        got = _C.best_cut(cpp, table, committed, per_depth, extra, cuttable, ctx)
-        want = ref.best_cut(py, lambda t, c=ctx, q=p: q.relative(t, c), committed, per_depth, extra, cuttable)
+        got = _C.best_cut(cpp, table, committed, parents, extra, cuttable, ctx)
+        want = ref.best_cut(py, lambda t, c=ctx, q=p: q.relative(t, c), committed, parents, extra, cuttable)
         assert got[:2] == want[:2], case
         assert got[2:] == pytest.approx(want[2:])
 
 
+def test_expected_gain_is_the_sum_over_nodes_by_hand():
+    # a(1, 0) = 3/4 (2 of 2 accepted), a(1, 1) = (0 + 2 * 3/8) / (1 + 2) = 1/4 (its one verdict a
+    # rejection; prior mean half its elder's rate), a(2, 0) = 1/2 (no verdicts). The tree: two children
+    # of the root, one grandchild below the first: 1 + 3/4 + 1/4 + 3/4 * 1/2 = 2.375 on a flat profile.
+    stats = _C.AcceptanceStats(1.0)
+    for accepted in (True, True):
+        stats.record(1, 0, accepted)
+    stats.record(1, 1, False)
+    assert stats.rate(1, 0) == pytest.approx(0.75) and stats.rate(1, 1) == pytest.approx(0.25)
+    flat = _C.CostTable([1, 64], [0], [1.0, 1.0])
+    assert _C.best_cut(stats, flat, 1, [-1, -1, 0], 0, True, 0.0) == pytest.approx((2, 4, 2.375, 2.375))
+    with pytest.raises(ValueError, match="node 1 has parent 1; parents must be -1 or an earlier node"):
+        _C.best_cut(stats, flat, 1, [-1, 1], 0, True, 0.0)
+    with pytest.raises(ValueError, match="depth >= 1 and rank >= 0"):
+        stats.record(0, 0, True)
+
+
 def test_cheap_forwards_verify_deep_and_dear_ones_plain():
     stats = _C.AcceptanceStats(1.0)
-    for _ in range(20):
-        stats.record(4, 2, 10)  # depths 1 and 2 accepted, 3 rejected
+    for _ in range(20):  # depths 1 and 2 accepted, 3 rejected
+        for depth, accepted in ((1, True), (2, True), (3, False)):
+            stats.record(depth, 0, accepted)
     flat = _C.CostTable([1, 64], [0], [1.0, 1.0])  # a GPU-like profile: T inputs cost one
     steep = _C.CostTable([1, 64], [0], [1.0, 4.0])  # a small CPU: 64 inputs cost four
-    assert _C.best_cut(stats, flat, 1, [1, 1, 1, 1], 0, True, 0.0)[0] == 4  # everything
-    depth, inputs, expected, score = _C.best_cut(stats, steep, 1, [8, 8, 8, 8], 0, True, 0.0)
+    assert _C.best_cut(stats, flat, 1, [-1, 0, 1, 2], 0, True, 0.0)[0] == 4  # everything
+    depth, inputs, expected, score = _C.best_cut(stats, steep, 1, _layered([8, 8, 8, 8]), 0, True, 0.0)
     assert (depth, inputs) == (2, 17) and score > 1  # the two depths that are accepted
-    assert _C.best_cut(stats, steep, 1, [2, 40], 0, True, 0.0)[:2] == (1, 3)  # a wide depth 2 does not pay
-    assert _C.best_cut(stats, steep, 1, [30, 30], 0, True, 0.0)[:2] == (0, 1)  # nothing pays: plain
+    assert _C.best_cut(stats, steep, 1, _layered([2, 40]), 0, True, 0.0)[:2] == (
+        1,
+        3,
+    )  # a wide depth 2 does not pay
+    assert _C.best_cut(stats, steep, 1, _layered([30, 30]), 0, True, 0.0)[:2] == (0, 1)  # nothing pays: plain

@@ -19,23 +19,23 @@ void bind_schedule(py::module_& m) {
       .def("relative", &core::CostTable::relative, py::arg("block_size"), py::arg("context"));
 
   py::class_<core::AcceptanceStats>(m, "AcceptanceStats",
-                                    "Decayed per-depth acceptance counts of one drafter.")
+                                    "Decayed acceptance counts of one drafter per (depth, sibling rank).")
       .def(py::init<double>(), py::arg("decay") = 0.95)
-      .def("record", &core::AcceptanceStats::record, py::arg("tree_depth"), py::arg("reached"),
-           py::arg("known"))
-      .def("rate", &core::AcceptanceStats::rate, py::arg("depth"))
-      .def("reach", &core::AcceptanceStats::reach, py::arg("max_depth"))
+      .def_property_readonly_static("ranks", [](py::object) { return core::AcceptanceStats::kRanks; })
+      .def("step", &core::AcceptanceStats::step)
+      .def("record", &core::AcceptanceStats::record, py::arg("depth"), py::arg("rank"), py::arg("accepted"))
+      .def("rate", &core::AcceptanceStats::rate, py::arg("depth"), py::arg("rank") = 0)
       .def_property_readonly("trials", &core::AcceptanceStats::trials)
       .def_property_readonly("accepts", &core::AcceptanceStats::accepts);
 
   m.def(
       "best_cut",
       [](const core::AcceptanceStats& stats, const core::CostTable& cost, int64_t committed,
-         const std::vector<int64_t>& nodes_per_depth, int64_t extra, bool cuttable, double context) {
-        const core::Cut c = core::best_cut(stats, cost, committed, nodes_per_depth, extra, cuttable, context);
+         const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context) {
+        const core::Cut c = core::best_cut(stats, cost, committed, parents, extra, cuttable, context);
         return py::make_tuple(c.depth, c.inputs, c.expected, c.score);
       },
-      py::arg("stats"), py::arg("cost"), py::arg("committed"), py::arg("nodes_per_depth"), py::arg("extra"),
+      py::arg("stats"), py::arg("cost"), py::arg("committed"), py::arg("parents"), py::arg("extra"),
       py::arg("cuttable"), py::arg("context"),
       "(depth, inputs, expected tokens, score) of the best cut of one draft tree (csrc/core/schedule.h).");
 

@@ -71,46 +71,77 @@ AcceptanceStats::AcceptanceStats(double decay) : decay_(decay) {
     throw std::invalid_argument("acceptance statistics: decay must lie in (0, 1]");
 }
 
-void AcceptanceStats::record(int64_t tree_depth, int64_t reached, int64_t known) {
-  for (double& t : trials_) t *= decay_;
-  for (double& a : accepts_) a *= decay_;
-  const int64_t tested = std::min(tree_depth, std::min(reached + 1, known));  // deepest depth with a verdict
-  if (tested > static_cast<int64_t>(trials_.size())) {
-    trials_.resize(static_cast<size_t>(tested), 0.0);
-    accepts_.resize(static_cast<size_t>(tested), 0.0);
-  }
-  for (int64_t d = 1; d <= tested; ++d) {
-    trials_[d - 1] += 1.0;
-    if (d <= reached) accepts_[d - 1] += 1.0;
-  }
+void AcceptanceStats::step() {
+  for (auto& row : trials_)
+    for (double& t : row) t *= decay_;
+  for (auto& row : accepts_)
+    for (double& a : row) a *= decay_;
 }
 
-double AcceptanceStats::rate(int64_t depth) const {
-  const size_t i = static_cast<size_t>(depth - 1);
-  if (depth < 1 || i >= trials_.size()) return 0.5;
-  return (accepts_[i] + 1.0) / (trials_[i] + 2.0);
+void AcceptanceStats::record(int64_t depth, int64_t rank, bool accepted) {
+  if (depth < 1 || rank < 0)
+    throw std::invalid_argument("acceptance statistics: a verdict needs depth >= 1 and rank >= 0");
+  if (depth > static_cast<int64_t>(trials_.size())) {
+    trials_.resize(static_cast<size_t>(depth), std::vector<double>(kRanks, 0.0));
+    accepts_.resize(static_cast<size_t>(depth), std::vector<double>(kRanks, 0.0));
+  }
+  const size_t d = static_cast<size_t>(depth - 1), r = static_cast<size_t>(std::min(rank, kRanks - 1));
+  trials_[d][r] += 1.0;
+  if (accepted) accepts_[d][r] += 1.0;
 }
 
-std::vector<double> AcceptanceStats::reach(int64_t max_depth) const {
-  std::vector<double> out(static_cast<size_t>(std::max<int64_t>(0, max_depth)));
-  double p = 1.0;
-  for (int64_t d = 1; d <= max_depth; ++d) out[d - 1] = p *= rate(d);
-  return out;
+double AcceptanceStats::rate(int64_t depth, int64_t rank) const {
+  const int64_t r = std::min(std::max<int64_t>(rank, 0), kRanks - 1);
+  double mean = 0.5;  // the prior's mean for a first child
+  for (int64_t k = 0; k <= r; ++k) {
+    const size_t d = static_cast<size_t>(depth - 1);
+    const bool seen = depth >= 1 && d < trials_.size();
+    const double t = seen ? trials_[d][static_cast<size_t>(k)] : 0.0;
+    const double a = seen ? accepts_[d][static_cast<size_t>(k)] : 0.0;
+    const double rate_k = (a + 2.0 * mean) / (t + 2.0);
+    if (k == r) return rate_k;
+    mean = rate_k / 2;  // a later sibling: at most half its elder's rate, a priori
+  }
+  return mean;  // unreachable
 }
 
 Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t committed,
-             const std::vector<int64_t>& nodes_per_depth, int64_t extra, bool cuttable, double context) {
-  const int64_t D = static_cast<int64_t>(nodes_per_depth.size());
+             const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context) {
+  const size_t n_nodes = parents.size();
+  std::vector<int64_t> depth(n_nodes), children(n_nodes + 1, 0);  // children[k + 1]: of node k; [0]: root
+  std::vector<double> left(n_nodes + 1, 1.0);  // left[k + 1]: P(no earlier child of k accepted | k was)
+  std::vector<double> reach(n_nodes);          // P(node accepted)
+  std::vector<double> gain_at;                 // [tree depth]: sum of P at depth d
+  std::vector<int64_t> nodes_at;               // [tree depth]: nodes at depth d
+  for (size_t k = 0; k < n_nodes; ++k) {
+    const int64_t parent = parents[k];
+    if (parent < -1 || parent >= static_cast<int64_t>(k))
+      throw std::invalid_argument("best_cut: node " + std::to_string(k) + " has parent " +
+                                  std::to_string(parent) + "; parents must be -1 or an earlier node");
+    depth[k] = parent < 0 ? 1 : depth[static_cast<size_t>(parent)] + 1;
+    const int64_t rank = children[static_cast<size_t>(parent + 1)]++;
+    // Siblings exclude each other: their conditional rates never sum past 1 (a prior could).
+    double& rest = left[static_cast<size_t>(parent + 1)];
+    const double a = std::min(stats.rate(depth[k], rank), rest);
+    rest -= a;
+    reach[k] = (parent < 0 ? 1.0 : reach[static_cast<size_t>(parent)]) * a;
+    if (static_cast<int64_t>(gain_at.size()) < depth[k]) {
+      gain_at.resize(static_cast<size_t>(depth[k]), 0.0);
+      nodes_at.resize(static_cast<size_t>(depth[k]), 0);
+    }
+    gain_at[static_cast<size_t>(depth[k] - 1)] += reach[k];
+    ++nodes_at[static_cast<size_t>(depth[k] - 1)];
+  }
+  const int64_t D = static_cast<int64_t>(gain_at.size());
   Cut best;
   best.inputs = committed;
   best.score = 1.0 / cost.relative(static_cast<double>(committed), context);
   best.expected = 1.0;
-  const std::vector<double> reach = stats.reach(D);
   double expected = 1.0;
   int64_t inputs = committed;
   for (int64_t n = 1; n <= D; ++n) {
-    expected += reach[n - 1];
-    inputs += nodes_per_depth[n - 1];
+    expected += gain_at[static_cast<size_t>(n - 1)];
+    inputs += nodes_at[static_cast<size_t>(n - 1)];
     if (n < D && (!cuttable || extra > 0)) continue;  // whole or nothing
     const int64_t T = inputs + (n == D ? extra : 0);
     const double score = expected / cost.relative(static_cast<double>(T), context);

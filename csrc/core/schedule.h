@@ -7,10 +7,11 @@
 // gains 1 token for t(1, P). Per step the scheduler takes the block and cut with the most expected
 // tokens per second, E[n] / t(T_n, P), so it verifies nothing extra when no draft pays for itself.
 //
-// P(reach d) = a_1 a_2 ... a_d, where a_i is the acceptance at depth i given that depth i - 1 was
-// reached and the tree had a node at depth i. Each a_i is estimated from exponentially decayed
-// counts (recent steps weigh more, like EntMTP's EMA of accept lengths) with a Beta(1, 1) prior:
-//     a_i = (accepts_i + 1) / (trials_i + 2).
+// P(reach d) = sum over the tree's nodes v at depth d of P(v), and P(v) = P(parent) a(depth, rank):
+// the acceptance of a node given its parent was accepted, by its depth and its place among its
+// siblings (on a chain, a_1 a_2 ... a_d). Each a is estimated from exponentially decayed counts
+// (recent steps weigh more, like EntMTP's EMA of accept lengths) with a Beta prior:
+//     a = (accepts + 1) / (trials + 2)   for a first child (rank 0).
 //
 // Worked example: a_1 = 0.6, a_2 = 0.5, a chain with one node per depth, cost ratios
 // t(2)/t(1) = 1.1 and t(3)/t(1) = 1.3:
@@ -48,27 +49,32 @@ class CostTable {
   std::vector<double> seconds_;       // [C * B]
 };
 
-// Decayed acceptance counts per depth for one drafter.
+// Decayed acceptance counts of one drafter per (depth, sibling rank). A node's rank is its place
+// among its parent's children in the order the drafter proposed them (0: the first, its best guess);
+// ranks from kRanks - 1 on share one count. Trees of varying width are then priced node by node: a
+// tenth sibling is not credited with the first one's acceptance.
 class AcceptanceStats {
  public:
+  static constexpr int64_t kRanks = 4;
+
   explicit AcceptanceStats(double decay = 0.95);
 
-  // One step's evidence: the drafter's tree had nodes down to depth `tree_depth`, its path along
-  // the real continuation matched `reached` tokens, and the continuation is known for `known`
-  // tokens. Depths 1..reached were accepted; depth reached + 1 was rejected if it is <= tree_depth
-  // and <= known (otherwise unknown: nothing is recorded for it). Decays all counts first.
-  void record(int64_t tree_depth, int64_t reached, int64_t known);
-  // a_d (d >= 1): the prior mean 0.5 where nothing was recorded.
-  double rate(int64_t depth) const;
-  // P(the path reaches depth d) for d = 1..max_depth.
-  std::vector<double> reach(int64_t max_depth) const;
-  const std::vector<double>& trials() const { return trials_; }
-  const std::vector<double>& accepts() const { return accepts_; }
+  // One decode step passed: every count decays by `decay`.
+  void step();
+  // One verdict: a node at `depth` (>= 1) of sibling rank `rank` (>= 0), whose parent the real
+  // continuation reached, was (not) the continuation's next token.
+  void record(int64_t depth, int64_t rank, bool accepted);
+  // a(depth, rank) = P(the node is accepted | its parent was): (accepts + 2 m) / (trials + 2), a
+  // prior of weight 2 with mean m = 0.5 for rank 0 and m = a(depth, rank - 1) / 2 for later ranks.
+  double rate(int64_t depth, int64_t rank) const;
+  // [depth][rank]: decayed verdicts and acceptances.
+  const std::vector<std::vector<double>>& trials() const { return trials_; }
+  const std::vector<std::vector<double>>& accepts() const { return accepts_; }
 
  private:
   double decay_;
-  std::vector<double> trials_;   // [depth]: decayed steps that tested depth d
-  std::vector<double> accepts_;  // [depth]: decayed steps that accepted depth d
+  std::vector<std::vector<double>> trials_;   // [depth][kRanks]
+  std::vector<std::vector<double>> accepts_;  // [depth][kRanks]
 };
 
 // The best cut of one proposed tree.
@@ -79,10 +85,14 @@ struct Cut {
   double score = 1.0;     // expected / relative cost: tokens per plain-decoding forward time
 };
 
-// committed: the committed chain's length (1 after prefill); nodes_per_depth[d - 1]: draft nodes at
-// depth d; extra: inputs that are no draft nodes (auxiliary inputs). A block with extra > 0 (or
-// `cuttable` false) is verified whole or not at all. Ties go to the smaller block.
+// committed: the committed chain's length (1 after prefill); parents: [draft nodes], each node's
+// parent among the draft nodes (-1: the last committed token), parents before children, siblings in
+// the drafter's order; extra: inputs that are no draft nodes (auxiliary inputs). A node is reached
+// with P(node) = P(parent) a(depth, rank), each a capped so that one node's children, who exclude
+// each other, sum to at most 1; a cut at depth n gains 1 + sum of P over its nodes.
+// A block with extra > 0 (or `cuttable` false) is verified whole or not at all. Ties go to the
+// smaller block.
 Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t committed,
-             const std::vector<int64_t>& nodes_per_depth, int64_t extra, bool cuttable, double context);
+             const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context);
 
 }  // namespace mtprobe::core

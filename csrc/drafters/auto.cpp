@@ -39,6 +39,8 @@ void AutoDrafter::begin(const at::Tensor& prompt) {
   for (auto& child : children_) child->begin(prompt);
   stats_.assign(children_.size(), core::AcceptanceStats(options_.decay));
   idle_.assign(children_.size(), 0);
+  walks_.assign(children_.size(), {});
+  history_.clear();
   choices_.clear();
   prefill_ = true;
   draft_seconds_ = schedule_seconds_ = 0.0;
@@ -79,19 +81,19 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
     at::Tensor tok = b.tokens.narrow(0, 0, n).to(at::kCPU).contiguous();
     p.tokens.assign(tok.data_ptr<int64_t>(), tok.data_ptr<int64_t>() + n);
     p.depth.assign(static_cast<size_t>(n), 0);
-    std::vector<int64_t> per_depth;  // [tree depth]: draft nodes at depth d + 1
+    p.parents.assign(static_cast<size_t>(n - c), -1);
+    p.tree_depth = 0;
     for (int64_t k = c; k < n; ++k) {
       const int64_t parent = b.parents[k];
       TORCH_CHECK_VALUE(parent >= c - 1 && parent < k, who, "draft node ", k, " has parent ", parent,
                         "; it must be an earlier node or the last committed input ", c - 1);
       p.depth[k] = parent == c - 1 ? 1 : p.depth[parent] + 1;
-      if (static_cast<int64_t>(per_depth.size()) < p.depth[k]) per_depth.resize(p.depth[k], 0);
-      ++per_depth[p.depth[k] - 1];
+      p.parents[k - c] = parent == c - 1 ? -1 : parent - c;
+      p.tree_depth = std::max(p.tree_depth, p.depth[k]);
     }
-    p.tree_depth = static_cast<int64_t>(per_depth.size());
     const int64_t extra = T - n;
     if (extra > 0 && idle_[i] >= options_.explore_every && explore < 0) explore = static_cast<int64_t>(i);
-    const core::Cut cut = core::best_cut(stats_[i], cost_, c, per_depth, extra, !b.draft_probs.has_value(),
+    const core::Cut cut = core::best_cut(stats_[i], cost_, c, p.parents, extra, !b.draft_probs.has_value(),
                                          static_cast<double>(prefix_len));
     if (cut.score > best.score) {
       best = cut;
@@ -130,25 +132,39 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
   return out;
 }
 
+bool AutoDrafter::advance(Walk& walk, core::AcceptanceStats& stats) const {
+  const int64_t n = static_cast<int64_t>(walk.tokens.size());
+  while (walk.start + walk.depth < static_cast<int64_t>(history_.size())) {
+    // The reached node's children, in the drafter's order, each judged against the next token.
+    const int64_t truth = history_[walk.start + walk.depth];
+    int64_t next = -1, rank = 0;
+    for (int64_t k = walk.node + 1; k < n; ++k) {
+      if (walk.parents[k] != walk.node) continue;
+      const bool hit = next < 0 && walk.tokens[k] == truth;
+      stats.record(walk.depth + 1, rank++, hit);
+      if (hit) next = k;
+    }
+    if (next < 0) return false;  // a miss, or a leaf
+    walk.node = next;
+    ++walk.depth;
+  }
+  return true;
+}
+
 void AutoDrafter::observe(const StepOutcome& outcome) {
   auto t0 = Clock::now();
+  const int64_t start = static_cast<int64_t>(history_.size());  // where this step's tokens go
+  history_.insert(history_.end(), outcome.new_tokens.begin(), outcome.new_tokens.end());
   if (!prefill_) {
-    // The continuation is known for the step's new tokens: walk every child's tree along it.
-    const int64_t known = static_cast<int64_t>(outcome.new_tokens.size());
     for (size_t i = 0; i < children_.size(); ++i) {
+      stats_[i].step();
       const Proposal& p = proposals_[i];
-      const int64_t c = p.block.num_committed, n = static_cast<int64_t>(p.tokens.size());
-      int64_t node = c - 1, reached = 0;
-      while (reached < known) {
-        int64_t next = -1;
-        for (int64_t k = c; k < n && next < 0; ++k) {
-          if (p.block.parents[k] == node && p.tokens[k] == outcome.new_tokens[reached]) next = k;
-        }
-        if (next < 0) break;
-        node = next;
-        ++reached;
-      }
-      stats_[i].record(p.tree_depth, reached, known);
+      const int64_t c = p.block.num_committed;
+      std::vector<Walk>& walks = walks_[i];
+      if (!p.parents.empty())
+        walks.push_back(Walk{std::vector<int64_t>(p.tokens.begin() + c, p.tokens.end()), p.parents, start});
+      walks.erase(std::remove_if(walks.begin(), walks.end(), [&](Walk& w) { return !advance(w, stats_[i]); }),
+                  walks.end());
     }
     choices_.push_back(current_);
   }

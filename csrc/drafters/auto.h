@@ -7,9 +7,10 @@
 // and the logits of the path's rows belong to the block that ran, and its own auxiliary inputs did
 // not run (every drafter already handles this for the loop's non-finite fallback).
 //
-// The statistics behind the choice are counterfactual: after the step the continuation is known
-// for new_tokens.size() tokens, so each child's proposed tree is walked along it, whether it ran or
-// not, and its per-depth acceptance counts learn from every step.
+// The statistics behind the choice are counterfactual: each child's proposed tree is walked along
+// the real continuation, whether it ran or not, and its acceptance counts learn from every step.
+// A walk that outlives its step (a plain step tells one token of the continuation) waits for the
+// later steps' tokens: deep nodes are judged even while the scheduler verifies little.
 //
 // A child whose block carries auxiliary inputs (probing's mask tokens, lookahead's window) drafts
 // only after its inputs ran; one that has not run for `explore_every` steps runs whole once.
@@ -59,10 +60,21 @@ class AutoDrafter : public Drafter {
  private:
   struct Proposal {
     DraftBlock block;
-    std::vector<int64_t> tokens;  // [num_nodes] on the host
-    std::vector<int64_t> depth;   // [num_nodes]
+    std::vector<int64_t> tokens;   // [num_nodes] on the host
+    std::vector<int64_t> depth;    // [num_nodes]
+    std::vector<int64_t> parents;  // [draft nodes]: parent among the draft nodes, -1 the root
     int64_t tree_depth = 0;
   };
+  // A draft tree being walked along the continuation: its node at depth d guesses history_[start + d - 1].
+  struct Walk {
+    std::vector<int64_t> tokens;   // [draft nodes]
+    std::vector<int64_t> parents;  // [draft nodes]
+    int64_t start = 0;
+    int64_t node = -1;  // the deepest node reached; -1: the root
+    int64_t depth = 0;  // its depth
+  };
+  // Walks `walk` as far as history_ goes, recording each verdict; false once it can go no further.
+  bool advance(Walk& walk, core::AcceptanceStats& stats) const;
 
   std::vector<std::shared_ptr<Drafter>> children_;
   core::CostTable cost_;
@@ -70,6 +82,8 @@ class AutoDrafter : public Drafter {
   std::vector<core::AcceptanceStats> stats_;  // [children]
   std::vector<int64_t> idle_;                 // [children]: steps since the child's block last ran whole
   std::vector<Proposal> proposals_;           // [children]: this step's
+  std::vector<std::vector<Walk>> walks_;      // [children][walks still waiting for tokens]
+  std::vector<int64_t> history_;              // every token decoded so far (prefill's included)
   std::vector<ScheduleChoice> choices_;       // one per decode step
   ScheduleChoice current_;
   bool whole_ = false;  // the chosen child's block ran uncut

@@ -986,8 +986,9 @@ class AutoConfig(_ConfigData):
     draft tree per step, priced by this machine's own forward times).
 
     Every step each of ``drafters`` proposes its block. For each block and each cut of it at a
-    depth n the scheduler estimates the tokens it gains, E[n] = 1 + sum_{d<=n} P(reach depth d),
-    from the run's own per-depth acceptance counts (decayed, so they follow the text), and its
+    depth n the scheduler estimates the tokens it gains, E[n] = 1 + the sum of P(node accepted) over
+    the cut's nodes, from the run's own acceptance counts by depth and sibling rank (decayed, so they
+    follow the text; every candidate's tree is walked along the real continuation), and its
     cost t(T_n) / t(1) from a :class:`~mtprobe.profile.ForwardProfile` of the model on this
     machine. The step verifies the block and cut with the most tokens per unit of time, or only the
     committed token (plain decoding, T = 1) when no draft pays for itself. What it chose is in

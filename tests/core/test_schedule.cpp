@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "core/schedule.h"
@@ -59,27 +60,39 @@ void test_cost_table_rejects_bad_grids() {
 }
 
 void test_stats_count_verdicts() {
-  AcceptanceStats s(1.0);       // no decay: plain counts
-  CHECK(near(s.rate(1), 0.5));  // the prior
-  s.record(3, 1, 10);           // depth 1 accepted, depth 2 rejected, depth 3 untested
-  CHECK(s.trials().size() == 2 && near(s.trials()[0], 1) && near(s.trials()[1], 1));
-  CHECK(near(s.accepts()[0], 1) && near(s.accepts()[1], 0));
-  s.record(3, 3, 10);  // the whole chain accepted: depth 4 is no node of the tree, unknown
-  CHECK(s.trials().size() == 3 && near(s.trials()[2], 1) && near(s.accepts()[2], 1));
-  s.record(5, 2, 2);  // the continuation is known for 2 tokens only: depth 3 unknown
-  CHECK(near(s.trials()[2], 1) && near(s.trials()[1], 3) && near(s.accepts()[1], 2));
-  s.record(0, 0, 4);  // no draft: nothing learnt
-  CHECK(near(s.trials()[0], 3));
-  CHECK(near(s.rate(1), (3.0 + 1) / (3 + 2)) && near(s.rate(2), (2.0 + 1) / (3 + 2)));
-  const std::vector<double> r = s.reach(3);
-  CHECK(r.size() == 3 && near(r[0], 0.8) && near(r[1], 0.8 * 0.6) && near(r[2], 0.8 * 0.6 * (2.0 / 3)));
+  AcceptanceStats s(1.0);                                      // no decay: plain counts
+  CHECK(near(s.rate(1, 0), 0.5) && near(s.rate(1, 1), 0.25));  // the priors: a later sibling gets half
+  s.record(1, 0, true);
+  s.record(2, 0, false);  // a chain: depth 1 accepted, depth 2 rejected
+  CHECK(s.trials().size() == 2 && near(s.trials()[0][0], 1) && near(s.trials()[1][0], 1));
+  CHECK(near(s.accepts()[0][0], 1) && near(s.accepts()[1][0], 0));
+  CHECK(near(s.rate(1, 0), 2.0 / 3) && near(s.rate(2, 0), 1.0 / 3));
+  // Siblings: the second child of a reached node accepted, the first rejected.
+  s.record(1, 0, false);
+  s.record(1, 1, true);
+  CHECK(near(s.rate(1, 0), 0.5) && near(s.rate(1, 1), (1 + 2 * 0.25) / 3));
+  // Ranks from kRanks - 1 on share one count.
+  s.record(1, AcceptanceStats::kRanks - 1, false);
+  s.record(1, AcceptanceStats::kRanks + 5, false);
+  CHECK(near(s.trials()[0][AcceptanceStats::kRanks - 1], 2));
+  CHECK(near(s.rate(1, AcceptanceStats::kRanks + 5), s.rate(1, AcceptanceStats::kRanks - 1)));
+  int thrown = 0;
+  for (auto [depth, rank] : {std::pair<int64_t, int64_t>{0, 0}, {1, -1}}) {
+    try {
+      s.record(depth, rank, true);
+    } catch (const std::invalid_argument&) {
+      ++thrown;
+    }
+  }
+  CHECK(thrown == 2);
 }
 
 void test_stats_decay() {
   AcceptanceStats s(0.5);
-  s.record(1, 1, 5);
-  s.record(1, 0, 5);  // the older acceptance now counts half
-  CHECK(near(s.trials()[0], 1.5) && near(s.accepts()[0], 0.5));
+  s.record(1, 0, true);
+  s.step();  // the older acceptance now counts half
+  s.record(1, 0, false);
+  CHECK(near(s.trials()[0][0], 1.5) && near(s.accepts()[0][0], 0.5));
   int thrown = 0;
   for (double bad : {0.0, -0.1, 1.5}) {
     try {
@@ -95,41 +108,64 @@ void test_stats_decay() {
 AcceptanceStats example_stats() {
   AcceptanceStats s(1.0);
   // a_1 = (a + 1) / (t + 2) = 0.6 with t = 8, a = 5; a_2 = 0.5 with t = 4 trials, 2 accepted.
-  for (int i = 0; i < 3; ++i) s.record(1, 0, 5);  // 3 rejections at depth 1
-  s.record(1, 1, 5);                              // 1 acceptance at depth 1 only
-  for (int i = 0; i < 2; ++i) s.record(2, 1, 5);  // accepted 1, rejected 2
-  for (int i = 0; i < 2; ++i) s.record(2, 2, 5);  // accepted both
+  for (int i = 0; i < 8; ++i) s.record(1, 0, i < 5);
+  for (int i = 0; i < 4; ++i) s.record(2, 0, i < 2);
   return s;
+}
+
+// Parents of a tree with nodes_per_depth[d] nodes at depth d + 1, all below the first node of the
+// depth above.
+std::vector<int64_t> layered(const std::vector<int64_t>& nodes_per_depth) {
+  std::vector<int64_t> parents;
+  int64_t first = -1;
+  for (int64_t n : nodes_per_depth) {
+    const int64_t here = static_cast<int64_t>(parents.size());
+    for (int64_t i = 0; i < n; ++i) parents.push_back(first);
+    first = here;
+  }
+  return parents;
 }
 
 void test_best_cut_worked_example() {
   const AcceptanceStats s = example_stats();
-  CHECK(near(s.rate(1), 0.6) && near(s.rate(2), 0.5));
+  CHECK(near(s.rate(1, 0), 0.6) && near(s.rate(2, 0), 0.5));
   const CostTable steep({1, 2, 3}, {0}, {1.0, 1.1, 1.3});
-  Cut c = best_cut(s, steep, 1, {1, 1}, 0, true, 0);
+  Cut c = best_cut(s, steep, 1, {-1, 0}, 0, true, 0);
   CHECK(c.depth == 2 && c.inputs == 3 && near(c.expected, 1.9) && near(c.score, 1.9 / 1.3));
   const CostTable steeper({1, 2, 3}, {0}, {1.0, 1.1, 1.4});
-  c = best_cut(s, steeper, 1, {1, 1}, 0, true, 0);
+  c = best_cut(s, steeper, 1, {-1, 0}, 0, true, 0);
   CHECK(c.depth == 1 && c.inputs == 2 && near(c.score, 1.6 / 1.1));
   // Whole or nothing: with an auxiliary input the cut at depth 1 is not allowed.
   // The whole block (T = 6, extrapolated: 1.4 + 3 x 0.3 = 2.3) scores 1.9 / 2.3 < 1: plain decoding,
   // although the cut at depth 1 alone would have paid.
-  c = best_cut(s, steeper, 1, {1, 1}, 3, true, 0);
+  c = best_cut(s, steeper, 1, {-1, 0}, 3, true, 0);
   CHECK(c.depth == 0 && c.inputs == 1 && near(c.score, 1.0));
   // Not cuttable (draft_probs): whole at 1.9 / 1.4, though the cut at depth 1 would score 1.6 / 1.1.
-  c = best_cut(s, steeper, 1, {1, 1}, 0, false, 0);
+  c = best_cut(s, steeper, 1, {-1, 0}, 0, false, 0);
   CHECK(c.depth == 2 && c.inputs == 3 && near(c.score, 1.9 / 1.4));
-  // A free forward (a GPU-like profile) verifies everything.
+  // A second child at depth 1 adds its own rank's rate, P = 0.3 (prior: half of 0.6): 1 + 0.6 + 0.3
+  // + 0.3 (depth 2 below the first child) = 2.2 for T = 4.
   const CostTable flat({1, 64}, {0}, {1.0, 1.0});
-  c = best_cut(s, flat, 1, {3, 5}, 4, true, 0);
+  c = best_cut(s, flat, 1, {-1, -1, 0}, 0, true, 0);
+  CHECK(c.depth == 2 && c.inputs == 4 && near(c.expected, 2.2));
+  // A free forward (a GPU-like profile) verifies everything.
+  c = best_cut(s, flat, 1, layered({3, 5}), 4, true, 0);
   CHECK(c.depth == 2 && c.inputs == 1 + 8 + 4);
   // A tree too expensive for its expected gain: plain decoding.
   const CostTable cpu({1, 64}, {0}, {1.0, 4.0});
-  c = best_cut(s, cpu, 1, {30, 30}, 0, true, 0);
+  c = best_cut(s, cpu, 1, layered({30, 30}), 0, true, 0);
   CHECK(c.depth == 0 && c.inputs == 1);
   // No draft at all.
   c = best_cut(s, flat, 1, {}, 0, true, 0);
   CHECK(c.depth == 0 && c.inputs == 1 && near(c.expected, 1.0));
+  // A parent that is no earlier node.
+  int thrown = 0;
+  try {
+    best_cut(s, flat, 1, {-1, 1}, 0, true, 0);
+  } catch (const std::invalid_argument&) {
+    ++thrown;
+  }
+  CHECK(thrown == 1);
 }
 
 }  // namespace

@@ -1,86 +1,115 @@
 """Reference definition of the per-step scheduler (csrc/core/schedule.h), in plain Python.
 
-A draft tree cut at depth n gains E[n] = 1 + sum_{d<=n} prod_{i<=d} a_i tokens in expectation and
-costs t(T_n) / t(1) plain-decoding forwards, where a_i is the acceptance rate at depth i given that
-depth i - 1 was reached and the tree reached depth i. The scheduler takes the cut with the most
-tokens per unit of cost, E[n] / (t(T_n) / t(1)), and plain decoding (n = 0, score 1) when none is
-better. The forward cost t is :meth:`mtprobe.profile.ForwardProfile.time`.
+A draft node v is accepted with P(v) = P(parent) a(depth, rank): the acceptance of a node given its
+parent was accepted, by its depth and its rank among its siblings (0: the drafter's first guess).
+A tree cut at depth n gains E[n] = 1 + sum of P(v) over its nodes at depth <= n in expectation and
+costs t(T_n) / t(1) plain-decoding forwards. The scheduler takes the cut with the most tokens per
+unit of cost, E[n] / (t(T_n) / t(1)), and plain decoding (n = 0, score 1) when none is better. The
+forward cost t is :meth:`mtprobe.profile.ForwardProfile.time`.
 
-Worked example (the one of csrc/core/schedule.h): a_1 = 0.6, a_2 = 0.5 on a chain, costs
+Worked example (the one of csrc/core/schedule.h): a(1, 0) = 0.6, a(2, 0) = 0.5 on a chain, costs
 t(2)/t(1) = 1.1 and t(3)/t(1) = 1.3:
 
 >>> stats = Stats(decay=1.0)
->>> for tree_depth, reached in [(1, 0)] * 3 + [(1, 1)] + [(2, 1)] * 2 + [(2, 2)] * 2:
-...     stats.record(tree_depth, reached, known=5)
->>> round(stats.rate(1), 3), round(stats.rate(2), 3)
-(0.6, 0.5)
->>> depth, inputs, expected, score = best_cut(stats, {1: 1.0, 2: 1.1, 3: 1.3}.__getitem__, 1, [1, 1], 0, True)
->>> depth, inputs, round(expected, 3), round(score, 3)
-(2, 3, 1.9, 1.462)
+>>> for depth, accepted in [(1, False)] * 2 + [(1, True)] * 4 + [(2, False)] * 2 + [(2, True)] * 2:
+...     stats.record(depth, 0, accepted)
+>>> round(stats.rate(1, 0), 3), round(stats.rate(2, 0), 3)
+(0.625, 0.5)
+>>> depth, inputs, expected, score = best_cut(stats, {1: 1.0, 2: 1.1, 3: 1.3}.__getitem__, 1, [-1, 0], 0, True)
+>>> depth, inputs, round(expected, 4), round(score, 3)
+(2, 3, 1.9375, 1.49)
+
+A second sibling at depth 1 is priced by its own rank: with no verdicts of its own, its prior mean is
+half its elder's rate, 0.3125 here; siblings exclude each other, so the rates of one node's children
+are capped to sum to at most 1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+RANKS = 4  # sibling ranks 0..RANKS-2 apart, the rest pooled
+
 
 class Stats:
-    """Decayed per-depth acceptance counts with a Beta(1, 1) prior."""
+    """Decayed acceptance counts per (depth, sibling rank) with a Beta prior of weight 2."""
 
     def __init__(self, decay: float = 0.95) -> None:
         if not 0 < decay <= 1:
             raise ValueError(f"decay must lie in (0, 1], got {decay}")
         self.decay = decay
-        self.trials: list[float] = []
-        self.accepts: list[float] = []
+        self.trials: list[list[float]] = []  # [depth][RANKS]
+        self.accepts: list[list[float]] = []  # [depth][RANKS]
 
-    def record(self, tree_depth: int, reached: int, known: int) -> None:
-        """Depths 1..reached accepted; depth reached + 1 rejected when the tree had it and the
-        continuation is known that far; deeper depths untested."""
-        self.trials = [t * self.decay for t in self.trials]
-        self.accepts = [a * self.decay for a in self.accepts]
-        tested = min(tree_depth, reached + 1, known)
-        while len(self.trials) < tested:
-            self.trials.append(0.0)
-            self.accepts.append(0.0)
-        for d in range(1, tested + 1):
-            self.trials[d - 1] += 1.0
-            if d <= reached:
-                self.accepts[d - 1] += 1.0
+    def step(self) -> None:
+        """One decode step passed: every count decays."""
+        self.trials = [[t * self.decay for t in row] for row in self.trials]
+        self.accepts = [[a * self.decay for a in row] for row in self.accepts]
 
-    def rate(self, depth: int) -> float:
-        if depth < 1 or depth > len(self.trials):
-            return 0.5
-        return (self.accepts[depth - 1] + 1.0) / (self.trials[depth - 1] + 2.0)
+    def record(self, depth: int, rank: int, accepted: bool) -> None:
+        """A node at ``depth`` of sibling ``rank``, whose parent the continuation reached, was (not) the
+        continuation's next token."""
+        if depth < 1 or rank < 0:
+            raise ValueError("a verdict needs depth >= 1 and rank >= 0")
+        while len(self.trials) < depth:
+            self.trials.append([0.0] * RANKS)
+            self.accepts.append([0.0] * RANKS)
+        r = min(rank, RANKS - 1)
+        self.trials[depth - 1][r] += 1.0
+        self.accepts[depth - 1][r] += float(accepted)
 
-    def reach(self, max_depth: int) -> list[float]:
-        out, p = [], 1.0
-        for d in range(1, max_depth + 1):
-            p *= self.rate(d)
-            out.append(p)
-        return out
+    def rate(self, depth: int, rank: int = 0) -> float:
+        """(accepts + 2 m) / (trials + 2): prior mean m = 0.5 for a first child, half the elder
+        sibling's rate for a later one."""
+        mean = 0.5
+        for k in range(min(max(rank, 0), RANKS - 1) + 1):
+            seen = 1 <= depth <= len(self.trials)
+            t = self.trials[depth - 1][k] if seen else 0.0
+            a = self.accepts[depth - 1][k] if seen else 0.0
+            rate = (a + 2 * mean) / (t + 2)
+            mean = rate / 2
+        return rate
 
 
 def best_cut(
     stats: Stats,
     relative: Callable[[int], float],
     committed: int,
-    nodes_per_depth: Sequence[int],
+    parents: Sequence[int],
     extra: int,
     cuttable: bool,
 ) -> tuple[int, int, float, float]:
-    """``(depth, inputs, expected tokens, score)`` of the best cut; ``relative(T)`` = t(T) / t(1).
-    A block with ``extra`` auxiliary inputs, or not ``cuttable``, runs whole or not at all; ties go
-    to the smaller block."""
+    """``(depth, inputs, expected tokens, score)`` of the best cut of the draft tree ``parents``
+    (each draft node's parent among the draft nodes, -1 the last committed token; siblings in the
+    drafter's order); ``relative(T)`` = t(T) / t(1). A block with ``extra`` auxiliary inputs, or not
+    ``cuttable``, runs whole or not at all; ties go to the smaller block."""
+    depth: list[int] = []
+    reach: list[float] = []
+    children: dict[int, int] = {}
+    left: dict[int, float] = {}  # P(no earlier child accepted | the parent was)
+    gain_at: dict[int, float] = {}
+    nodes_at: dict[int, int] = {}
+    for k, parent in enumerate(parents):
+        if not -1 <= parent < k:
+            raise ValueError(f"node {k} has parent {parent}; parents must be -1 or an earlier node")
+        d = 1 if parent < 0 else depth[parent] + 1
+        rank = children.get(parent, 0)
+        children[parent] = rank + 1
+        depth.append(d)
+        a = min(stats.rate(d, rank), left.get(parent, 1.0))  # siblings exclude each other
+        left[parent] = left.get(parent, 1.0) - a
+        reach.append((1.0 if parent < 0 else reach[parent]) * a)
+        gain_at[d] = gain_at.get(d, 0.0) + reach[-1]
+        nodes_at[d] = nodes_at.get(d, 0) + 1
+    D = max(depth, default=0)
     best = (0, committed, 1.0, 1.0 / relative(committed))
-    reach = stats.reach(len(nodes_per_depth))
     expected, inputs = 1.0, committed
-    for n in range(1, len(nodes_per_depth) + 1):
-        expected += reach[n - 1]
-        inputs += nodes_per_depth[n - 1]
-        if n < len(nodes_per_depth) and (not cuttable or extra > 0):
+    for n in range(1, D + 1):
+        expected += gain_at[n]
+        inputs += nodes_at[n]
+        if n < D and (not cuttable or extra > 0):
             continue
-        t = inputs + (extra if n == len(nodes_per_depth) else 0)
+        t = inputs + (extra if n == D else 0)
         score = expected / relative(t)
         if score > best[3]:
             best = (n, t, expected, score)
