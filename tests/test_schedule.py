@@ -101,7 +101,13 @@ def test_expected_gain_is_the_sum_over_nodes_by_hand():
     stats.record(1, 1, False)
     assert stats.rate(1, 0) == pytest.approx(0.75) and stats.rate(1, 1) == pytest.approx(0.25)
     flat = _C.CostTable([1, 64], [0], [1.0, 1.0])
-    assert _C.best_cut(stats, flat, 1, [-1, -1, 0], 0, True, 0.0) == pytest.approx((2, 4, 2.375, 2.375))
+    kept, inputs, expected, score = _C.best_cut(stats, flat, 1, [-1, -1, 0], 0, True, 0.0)
+    assert (kept, inputs) == ([0, 1, 2], 4) and (expected, score) == pytest.approx((2.375, 2.375))
+    # Costs 1, 1.5, 1.7, 3 for T = 1..4: the first child (3/4) and the grandchild (3/8) beat the second
+    # child (1/4): 1 + 3/4 + 3/8 = 2.125 for T = 3 scores 1.25, above 1.75 / 1.5 and 2.375 / 3.
+    rising = _C.CostTable([1, 2, 3, 4], [0], [1.0, 1.5, 1.7, 3.0])
+    kept, inputs, expected, score = _C.best_cut(stats, rising, 1, [-1, -1, 0], 0, True, 0.0)
+    assert (kept, inputs) == ([0, 2], 3) and (expected, score) == pytest.approx((2.125, 2.125 / 1.7))
     with pytest.raises(ValueError, match="node 1 has parent 1; parents must be -1 or an earlier node"):
         _C.best_cut(stats, flat, 1, [-1, 1], 0, True, 0.0)
     with pytest.raises(ValueError, match="depth >= 1 and rank >= 0"):
@@ -110,16 +116,21 @@ def test_expected_gain_is_the_sum_over_nodes_by_hand():
 
 def test_cheap_forwards_verify_deep_and_dear_ones_plain():
     stats = _C.AcceptanceStats(1.0)
-    for _ in range(20):  # depths 1 and 2 accepted, 3 rejected
+    for _ in range(20):  # first children: depths 1 and 2 accepted, 3 rejected
         for depth, accepted in ((1, True), (2, True), (3, False)):
             stats.record(depth, 0, accepted)
     flat = _C.CostTable([1, 64], [0], [1.0, 1.0])  # a GPU-like profile: T inputs cost one
     steep = _C.CostTable([1, 64], [0], [1.0, 4.0])  # a small CPU: 64 inputs cost four
-    assert _C.best_cut(stats, flat, 1, [-1, 0, 1, 2], 0, True, 0.0)[0] == 4  # everything
-    depth, inputs, expected, score = _C.best_cut(stats, steep, 1, _layered([8, 8, 8, 8]), 0, True, 0.0)
-    assert (depth, inputs) == (2, 17) and score > 1  # the two depths that are accepted
-    assert _C.best_cut(stats, steep, 1, _layered([2, 40]), 0, True, 0.0)[:2] == (
+    assert _C.best_cut(stats, flat, 1, [-1, 0, 1, 2], 0, True, 0.0)[0] == [0, 1, 2, 3]  # everything
+    kept, inputs, expected, score = _C.best_cut(stats, steep, 1, _layered([8, 8, 8, 8]), 0, True, 0.0)
+    assert (kept, inputs) == ([0, 8], 3) and score > 1  # the first child at depths 1 and 2: the likely ones
+    assert _C.best_cut(stats, steep, 1, _layered([2, 40]), 0, True, 0.0)[:2] == ([0, 2], 3)
+    # Whole or nothing (an auxiliary input): the wide tree does not pay for itself.
+    assert _C.best_cut(stats, steep, 1, _layered([30, 30]), 1, True, 0.0)[:2] == ([], 1)
+    rejected = _C.AcceptanceStats(1.0)
+    for _ in range(40):
+        rejected.record(1, 0, False)
+    assert _C.best_cut(rejected, steep, 1, _layered([30, 30]), 0, True, 0.0)[:2] == (
+        [],
         1,
-        3,
-    )  # a wide depth 2 does not pay
-    assert _C.best_cut(stats, steep, 1, _layered([30, 30]), 0, True, 0.0)[:2] == (0, 1)  # nothing pays: plain
+    )  # nothing pays: plain

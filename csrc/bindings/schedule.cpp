@@ -33,11 +33,12 @@ void bind_schedule(py::module_& m) {
       [](const core::AcceptanceStats& stats, const core::CostTable& cost, int64_t committed,
          const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context) {
         const core::Cut c = core::best_cut(stats, cost, committed, parents, extra, cuttable, context);
-        return py::make_tuple(c.depth, c.inputs, c.expected, c.score);
+        return py::make_tuple(c.kept, c.inputs, c.expected, c.score);
       },
       py::arg("stats"), py::arg("cost"), py::arg("committed"), py::arg("parents"), py::arg("extra"),
       py::arg("cuttable"), py::arg("context"),
-      "(depth, inputs, expected tokens, score) of the best cut of one draft tree (csrc/core/schedule.h).");
+      "(kept draft nodes, inputs, expected tokens, score) of the best cut of one draft tree "
+      "(csrc/core/schedule.h).");
 
   py::class_<AutoDrafter, Drafter, std::shared_ptr<AutoDrafter>>(
       m, "AutoDrafter",
@@ -56,10 +57,10 @@ void bind_schedule(py::module_& m) {
           [](const AutoDrafter& d) {
             std::vector<py::tuple> out;
             for (const ScheduleChoice& c : d.choices())
-              out.push_back(py::make_tuple(c.child, c.inputs, c.depth));
+              out.push_back(py::make_tuple(c.child, c.inputs, c.nodes));
             return out;
           },
-          "(drafter index or -1 for plain decoding, block size T, cut depth) of every decode step")
+          "(drafter index or -1 for plain decoding, block size T, draft nodes verified) of every decode step")
       .def_property_readonly("stats", &AutoDrafter::stats)
       .def_property_readonly("draft_seconds", &AutoDrafter::draft_seconds)
       .def_property_readonly("schedule_seconds", &AutoDrafter::schedule_seconds);

@@ -111,8 +111,6 @@ Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t commit
   std::vector<int64_t> depth(n_nodes), children(n_nodes + 1, 0);  // children[k + 1]: of node k; [0]: root
   std::vector<double> left(n_nodes + 1, 1.0);  // left[k + 1]: P(no earlier child of k accepted | k was)
   std::vector<double> reach(n_nodes);          // P(node accepted)
-  std::vector<double> gain_at;                 // [tree depth]: sum of P at depth d
-  std::vector<int64_t> nodes_at;               // [tree depth]: nodes at depth d
   for (size_t k = 0; k < n_nodes; ++k) {
     const int64_t parent = parents[k];
     if (parent < -1 || parent >= static_cast<int64_t>(k))
@@ -125,28 +123,44 @@ Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t commit
     const double a = std::min(stats.rate(depth[k], rank), rest);
     rest -= a;
     reach[k] = (parent < 0 ? 1.0 : reach[static_cast<size_t>(parent)]) * a;
-    if (static_cast<int64_t>(gain_at.size()) < depth[k]) {
-      gain_at.resize(static_cast<size_t>(depth[k]), 0.0);
-      nodes_at.resize(static_cast<size_t>(depth[k]), 0);
-    }
-    gain_at[static_cast<size_t>(depth[k] - 1)] += reach[k];
-    ++nodes_at[static_cast<size_t>(depth[k] - 1)];
   }
-  const int64_t D = static_cast<int64_t>(gain_at.size());
   Cut best;
   best.inputs = committed;
   best.score = 1.0 / cost.relative(static_cast<double>(committed), context);
-  best.expected = 1.0;
-  double expected = 1.0;
-  int64_t inputs = committed;
-  for (int64_t n = 1; n <= D; ++n) {
-    expected += gain_at[static_cast<size_t>(n - 1)];
-    inputs += nodes_at[static_cast<size_t>(n - 1)];
-    if (n < D && (!cuttable || extra > 0)) continue;  // whole or nothing
-    const int64_t T = inputs + (n == D ? extra : 0);
-    const double score = expected / cost.relative(static_cast<double>(T), context);
-    if (score > best.score) best = Cut{n, T, expected, score};
+  const auto score_of = [&](double expected, int64_t inputs) {
+    return expected / cost.relative(static_cast<double>(inputs), context);
+  };
+  if (n_nodes == 0) return best;
+  if (!cuttable || extra > 0) {  // whole or nothing
+    double expected = 1.0;
+    for (double r : reach) expected += r;
+    const int64_t T = committed + static_cast<int64_t>(n_nodes) + extra;
+    const double score = score_of(expected, T);
+    if (score > best.score) {
+      best = Cut{static_cast<int64_t>(n_nodes), T, expected, score, {}};
+      for (size_t k = 0; k < n_nodes; ++k) best.kept.push_back(static_cast<int64_t>(k));
+    }
+    return best;
   }
+  // Most probable first; a stable sort keeps a parent before a child of equal P.
+  std::vector<int64_t> order(n_nodes);
+  for (size_t k = 0; k < n_nodes; ++k) order[k] = static_cast<int64_t>(k);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+    return reach[static_cast<size_t>(x)] > reach[static_cast<size_t>(y)];
+  });
+  double expected = 1.0;
+  size_t best_k = 0;
+  for (size_t k = 1; k <= n_nodes; ++k) {
+    expected += reach[static_cast<size_t>(order[k - 1])];
+    const int64_t T = committed + static_cast<int64_t>(k);
+    const double score = score_of(expected, T);
+    if (score > best.score) {
+      best = Cut{static_cast<int64_t>(k), T, expected, score, {}};
+      best_k = k;
+    }
+  }
+  best.kept.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(best_k));
+  std::sort(best.kept.begin(), best.kept.end());
   return best;
 }
 

@@ -1,22 +1,23 @@
 // The per-step scheduler's arithmetic (torch-free, C++17): a measured forward-cost table, online
-// acceptance statistics per draft depth, and the choice of how much of a draft tree to verify.
+// acceptance statistics per draft depth and sibling rank, and the choice of how much of a draft tree
+// to verify.
 //
-// Verifying a draft tree cut at depth n gains, in expectation,
-//     E[n] = 1 + sum_{d=1..n} P(the accepted path reaches depth d)      (the bonus token + drafts)
-// tokens, and costs one forward over T_n inputs after P cached positions, t(T_n, P). Plain decoding
-// gains 1 token for t(1, P). Per step the scheduler takes the block and cut with the most expected
-// tokens per second, E[n] / t(T_n, P), so it verifies nothing extra when no draft pays for itself.
-//
-// P(reach d) = sum over the tree's nodes v at depth d of P(v), and P(v) = P(parent) a(depth, rank):
-// the acceptance of a node given its parent was accepted, by its depth and its place among its
-// siblings (on a chain, a_1 a_2 ... a_d). Each a is estimated from exponentially decayed counts
-// (recent steps weigh more, like EntMTP's EMA of accept lengths) with a Beta prior:
+// A draft node v is accepted with P(v) = P(parent) a(depth, rank): the acceptance of a node given its
+// parent was accepted, by its depth and its place among its siblings (on a chain, a_1 a_2 ... a_d).
+// Verifying the k nodes of highest P (a subtree: no child outranks its parent) gains, in expectation,
+//     E[k] = 1 + sum of their P                                       (the bonus token + drafts)
+// tokens, and costs one forward over T_k = committed + k inputs after P cached positions, t(T_k, P).
+// Plain decoding gains 1 token for t(1, P). Per step the scheduler takes the block and cut with the
+// most expected tokens per second, E[k] / t(T_k, P), so it verifies nothing extra when no draft pays
+// for itself. Each a is estimated from exponentially decayed counts (recent steps weigh more, like
+// EntMTP's EMA of accept lengths) with a Beta prior:
 //     a = (accepts + 1) / (trials + 2)   for a first child (rank 0).
 //
 // Worked example: a_1 = 0.6, a_2 = 0.5, a chain with one node per depth, cost ratios
 // t(2)/t(1) = 1.1 and t(3)/t(1) = 1.3:
-//     n = 0: 1 / 1 = 1      n = 1: (1 + 0.6) / 1.1 = 1.455      n = 2: (1 + 0.6 + 0.3) / 1.3 = 1.462
-// so the whole chain is verified; with t(3)/t(1) = 1.4 instead, n = 2 scores 1.357 and the cut is at 1.
+//     k = 0: 1 / 1 = 1      k = 1: (1 + 0.6) / 1.1 = 1.455      k = 2: (1 + 0.6 + 0.3) / 1.3 = 1.462
+// so the whole chain is verified; with t(3)/t(1) = 1.4 instead, k = 2 scores 1.357 and the cut keeps
+// only the first node.
 #pragma once
 
 #include <cstddef>
@@ -77,21 +78,23 @@ class AcceptanceStats {
   std::vector<std::vector<double>> accepts_;  // [depth][kRanks]
 };
 
-// The best cut of one proposed tree.
+// The best cut of one proposed tree: the draft nodes it keeps.
 struct Cut {
-  int64_t depth = 0;      // keep the draft nodes at depth <= depth (0: plain decoding)
-  int64_t inputs = 1;     // T of the forward after the cut
-  double expected = 1.0;  // E[tokens gained]
-  double score = 1.0;     // expected / relative cost: tokens per plain-decoding forward time
+  int64_t nodes = 0;          // draft nodes kept (0: plain decoding)
+  int64_t inputs = 1;         // T of the forward after the cut
+  double expected = 1.0;      // E[tokens gained]
+  double score = 1.0;         // expected / relative cost: tokens per plain-decoding forward time
+  std::vector<int64_t> kept;  // [nodes]: indices of the kept draft nodes, ascending
 };
 
 // committed: the committed chain's length (1 after prefill); parents: [draft nodes], each node's
 // parent among the draft nodes (-1: the last committed token), parents before children, siblings in
-// the drafter's order; extra: inputs that are no draft nodes (auxiliary inputs). A node is reached
+// the drafter's order; extra: inputs that are no draft nodes (auxiliary inputs). A node is accepted
 // with P(node) = P(parent) a(depth, rank), each a capped so that one node's children, who exclude
-// each other, sum to at most 1; a cut at depth n gains 1 + sum of P over its nodes.
-// A block with extra > 0 (or `cuttable` false) is verified whole or not at all. Ties go to the
-// smaller block.
+// each other, sum to at most 1. A cut keeps the k nodes of highest P (ties: the earlier node), which
+// is a subtree since no child outranks its parent, and gains 1 + the sum of their P; the best k is
+// taken. A block with extra > 0 (or `cuttable` false) is verified whole or not at all. Ties go to
+// the smaller block.
 Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t committed,
              const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context);
 

@@ -97,12 +97,13 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
                                          static_cast<double>(prefix_len));
     if (cut.score > best.score) {
       best = cut;
-      current_ = ScheduleChoice{static_cast<int64_t>(i), cut.inputs, cut.depth};
+      current_ = ScheduleChoice{static_cast<int64_t>(i), cut.inputs, cut.nodes};
+      kept_ = cut.kept;
     }
   }
   if (explore >= 0) {  // its auxiliary inputs must run for it to draft at all
     const Proposal& p = proposals_[explore];
-    current_ = ScheduleChoice{explore, p.block.num_inputs(), p.tree_depth};
+    current_ = ScheduleChoice{explore, p.block.num_inputs(), p.block.num_nodes - c};
   }
   for (size_t i = 0; i < children_.size(); ++i) ++idle_[i];
 
@@ -111,16 +112,15 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
     out = plain_block(committed);
   } else {
     Proposal& p = proposals_[current_.child];
-    if (current_.depth == p.tree_depth) {
+    if (current_.nodes == p.block.num_nodes - c) {
       out = p.block;  // whole, auxiliary inputs included
       whole_ = true;
       idle_[current_.child] = 0;
     } else {
-      // The cut: the draft nodes at depth <= current_.depth, in their order, parents renumbered.
+      // The cut: the kept draft nodes (a subtree), in their order, parents renumbered.
       std::vector<int64_t> tokens, parents, index(p.tokens.size(), -1);
-      for (int64_t k = c; k < p.block.num_nodes; ++k) {
-        if (p.depth[k] > current_.depth) continue;
-        const int64_t parent = p.block.parents[k];
+      for (int64_t j : kept_) {
+        const int64_t k = c + j, parent = p.block.parents[k];
         index[k] = static_cast<int64_t>(tokens.size());
         tokens.push_back(p.tokens[k]);
         parents.push_back(parent == c - 1 ? -1 : index[parent]);

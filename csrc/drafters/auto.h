@@ -39,7 +39,7 @@ struct AutoOptions {
 struct ScheduleChoice {
   int64_t child = -1;  // index of the child whose block ran; -1: plain decoding
   int64_t inputs = 1;  // T of the forward
-  int64_t depth = 0;   // the cut: draft nodes at depth <= depth were verified
+  int64_t nodes = 0;   // draft nodes verified (the cut keeps the most probable ones)
 };
 
 class AutoDrafter : public Drafter {
@@ -86,7 +86,8 @@ class AutoDrafter : public Drafter {
   std::vector<int64_t> history_;              // every token decoded so far (prefill's included)
   std::vector<ScheduleChoice> choices_;       // one per decode step
   ScheduleChoice current_;
-  bool whole_ = false;  // the chosen child's block ran uncut
+  std::vector<int64_t> kept_;  // [current_.nodes]: the chosen child's kept draft nodes, ascending
+  bool whole_ = false;         // the chosen child's block ran uncut
   bool prefill_ = true;
   double draft_seconds_ = 0.0, schedule_seconds_ = 0.0;
 };

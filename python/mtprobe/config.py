@@ -985,11 +985,11 @@ class AutoConfig(_ConfigData):
     """Per-step scheduling by measured cost (beyond the papers; seed 002's idea of choosing the
     draft tree per step, priced by this machine's own forward times).
 
-    Every step each of ``drafters`` proposes its block. For each block and each cut of it at a
-    depth n the scheduler estimates the tokens it gains, E[n] = 1 + the sum of P(node accepted) over
-    the cut's nodes, from the run's own acceptance counts by depth and sibling rank (decayed, so they
-    follow the text; every candidate's tree is walked along the real continuation), and its
-    cost t(T_n) / t(1) from a :class:`~mtprobe.profile.ForwardProfile` of the model on this
+    Every step each of ``drafters`` proposes its block. For each block and each cut of it (the k
+    nodes most likely accepted) the scheduler estimates the tokens it gains, E[k] = 1 + the sum of
+    P(node accepted) over the kept nodes, from the run's own acceptance counts by depth and sibling
+    rank (decayed, so they follow the text; every candidate's tree is walked along the real
+    continuation), and its cost t(T_k) / t(1) from a :class:`~mtprobe.profile.ForwardProfile` of the model on this
     machine. The step verifies the block and cut with the most tokens per unit of time, or only the
     committed token (plain decoding, T = 1) when no draft pays for itself. What it chose is in
     ``GenerateOutput.choices``. The output is that of plain decoding whatever it chooses.
@@ -997,7 +997,7 @@ class AutoConfig(_ConfigData):
     Args:
         drafters: the candidate drafters' configurations (not ``DraftModelConfig``: its draft forwards
             are not in the profile; not ``AutoConfig``). Blocks made only of draft tokens (prompt
-            lookup, STAND) can be cut at any depth; blocks with auxiliary inputs (probing's mask
+            lookup, STAND) can be cut to any subtree; blocks with auxiliary inputs (probing's mask
             tokens, lookahead's window) run whole or not at all.
         profile: a ForwardProfile, the path of one saved with ``ForwardProfile.save``, or ``None``:
             :func:`mtprobe.profile_forward` measures the model at the first call (seconds; cached on disk).

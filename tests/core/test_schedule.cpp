@@ -131,33 +131,39 @@ void test_best_cut_worked_example() {
   CHECK(near(s.rate(1, 0), 0.6) && near(s.rate(2, 0), 0.5));
   const CostTable steep({1, 2, 3}, {0}, {1.0, 1.1, 1.3});
   Cut c = best_cut(s, steep, 1, {-1, 0}, 0, true, 0);
-  CHECK(c.depth == 2 && c.inputs == 3 && near(c.expected, 1.9) && near(c.score, 1.9 / 1.3));
+  CHECK(c.nodes == 2 && c.inputs == 3 && near(c.expected, 1.9) && near(c.score, 1.9 / 1.3));
+  CHECK((c.kept == std::vector<int64_t>{0, 1}));
   const CostTable steeper({1, 2, 3}, {0}, {1.0, 1.1, 1.4});
   c = best_cut(s, steeper, 1, {-1, 0}, 0, true, 0);
-  CHECK(c.depth == 1 && c.inputs == 2 && near(c.score, 1.6 / 1.1));
+  CHECK(c.nodes == 1 && c.inputs == 2 && near(c.score, 1.6 / 1.1));
   // Whole or nothing: with an auxiliary input the cut at depth 1 is not allowed.
   // The whole block (T = 6, extrapolated: 1.4 + 3 x 0.3 = 2.3) scores 1.9 / 2.3 < 1: plain decoding,
   // although the cut at depth 1 alone would have paid.
   c = best_cut(s, steeper, 1, {-1, 0}, 3, true, 0);
-  CHECK(c.depth == 0 && c.inputs == 1 && near(c.score, 1.0));
+  CHECK(c.nodes == 0 && c.inputs == 1 && c.kept.empty() && near(c.score, 1.0));
   // Not cuttable (draft_probs): whole at 1.9 / 1.4, though the cut at depth 1 would score 1.6 / 1.1.
   c = best_cut(s, steeper, 1, {-1, 0}, 0, false, 0);
-  CHECK(c.depth == 2 && c.inputs == 3 && near(c.score, 1.9 / 1.4));
+  CHECK(c.nodes == 2 && c.inputs == 3 && near(c.score, 1.9 / 1.4));
   // A second child at depth 1 adds its own rank's rate, P = 0.3 (prior: half of 0.6): 1 + 0.6 + 0.3
   // + 0.3 (depth 2 below the first child) = 2.2 for T = 4.
   const CostTable flat({1, 64}, {0}, {1.0, 1.0});
   c = best_cut(s, flat, 1, {-1, -1, 0}, 0, true, 0);
-  CHECK(c.depth == 2 && c.inputs == 4 && near(c.expected, 2.2));
+  CHECK(c.nodes == 3 && c.inputs == 4 && near(c.expected, 2.2));
+  // The cut keeps the most probable nodes, ties to the earlier: P = 0.6, 0.3, 0.3; with costs 1.1,
+  // 1.25, 2 for T = 2..4 the first two score 1.9 / 1.25 = 1.52, above 1.6 / 1.1 and 2.2 / 2.
+  const CostTable rising({1, 2, 3, 4}, {0}, {1.0, 1.1, 1.25, 2.0});
+  c = best_cut(s, rising, 1, {-1, -1, 0}, 0, true, 0);
+  CHECK(c.nodes == 2 && c.inputs == 3 && (c.kept == std::vector<int64_t>{0, 1}) && near(c.score, 1.52));
   // A free forward (a GPU-like profile) verifies everything.
   c = best_cut(s, flat, 1, layered({3, 5}), 4, true, 0);
-  CHECK(c.depth == 2 && c.inputs == 1 + 8 + 4);
-  // A tree too expensive for its expected gain: plain decoding.
+  CHECK(c.nodes == 8 && c.inputs == 1 + 8 + 4);
+  // A tree verified whole (an auxiliary input) and too expensive for its expected gain: plain decoding.
   const CostTable cpu({1, 64}, {0}, {1.0, 4.0});
-  c = best_cut(s, cpu, 1, layered({30, 30}), 0, true, 0);
-  CHECK(c.depth == 0 && c.inputs == 1);
+  c = best_cut(s, cpu, 1, layered({30, 30}), 1, true, 0);
+  CHECK(c.nodes == 0 && c.inputs == 1);
   // No draft at all.
   c = best_cut(s, flat, 1, {}, 0, true, 0);
-  CHECK(c.depth == 0 && c.inputs == 1 && near(c.expected, 1.0));
+  CHECK(c.nodes == 0 && c.inputs == 1 && near(c.expected, 1.0));
   // A parent that is no earlier node.
   int thrown = 0;
   try {

@@ -2,10 +2,10 @@
 
 A draft node v is accepted with P(v) = P(parent) a(depth, rank): the acceptance of a node given its
 parent was accepted, by its depth and its rank among its siblings (0: the drafter's first guess).
-A tree cut at depth n gains E[n] = 1 + sum of P(v) over its nodes at depth <= n in expectation and
-costs t(T_n) / t(1) plain-decoding forwards. The scheduler takes the cut with the most tokens per
-unit of cost, E[n] / (t(T_n) / t(1)), and plain decoding (n = 0, score 1) when none is better. The
-forward cost t is :meth:`mtprobe.profile.ForwardProfile.time`.
+A cut keeping the k nodes of highest P gains E[k] = 1 + the sum of their P in expectation and costs
+t(T_k) / t(1) plain-decoding forwards, T_k = committed + k. The scheduler takes the cut with the most
+tokens per unit of cost, E[k] / (t(T_k) / t(1)), and plain decoding (k = 0, score 1) when none is
+better. The forward cost t is :meth:`mtprobe.profile.ForwardProfile.time`.
 
 Worked example (the one of csrc/core/schedule.h): a(1, 0) = 0.6, a(2, 0) = 0.5 on a chain, costs
 t(2)/t(1) = 1.1 and t(3)/t(1) = 1.3:
@@ -15,9 +15,9 @@ t(2)/t(1) = 1.1 and t(3)/t(1) = 1.3:
 ...     stats.record(depth, 0, accepted)
 >>> round(stats.rate(1, 0), 3), round(stats.rate(2, 0), 3)
 (0.625, 0.5)
->>> depth, inputs, expected, score = best_cut(stats, {1: 1.0, 2: 1.1, 3: 1.3}.__getitem__, 1, [-1, 0], 0, True)
->>> depth, inputs, round(expected, 4), round(score, 3)
-(2, 3, 1.9375, 1.49)
+>>> kept, inputs, expected, score = best_cut(stats, {1: 1.0, 2: 1.1, 3: 1.3}.__getitem__, 1, [-1, 0], 0, True)
+>>> kept, inputs, round(expected, 4), round(score, 3)
+([0, 1], 3, 1.9375, 1.49)
 
 A second sibling at depth 1 is priced by its own rank: with no verdicts of its own, its prior mean is
 half its elder's rate, 0.3125 here; siblings exclude each other, so the rates of one node's children
@@ -78,17 +78,17 @@ def best_cut(
     parents: Sequence[int],
     extra: int,
     cuttable: bool,
-) -> tuple[int, int, float, float]:
-    """``(depth, inputs, expected tokens, score)`` of the best cut of the draft tree ``parents``
-    (each draft node's parent among the draft nodes, -1 the last committed token; siblings in the
-    drafter's order); ``relative(T)`` = t(T) / t(1). A block with ``extra`` auxiliary inputs, or not
-    ``cuttable``, runs whole or not at all; ties go to the smaller block."""
+) -> tuple[list[int], int, float, float]:
+    """``(kept draft nodes, inputs, expected tokens, score)`` of the best cut of the draft tree
+    ``parents`` (each draft node's parent among the draft nodes, -1 the last committed token; siblings
+    in the drafter's order); ``relative(T)`` = t(T) / t(1). A cut keeps the k nodes most likely
+    accepted (ties: the earlier node), a subtree since no child outranks its parent. A block with
+    ``extra`` auxiliary inputs, or not ``cuttable``, runs whole or not at all; ties go to the smaller
+    block."""
     depth: list[int] = []
     reach: list[float] = []
     children: dict[int, int] = {}
     left: dict[int, float] = {}  # P(no earlier child accepted | the parent was)
-    gain_at: dict[int, float] = {}
-    nodes_at: dict[int, int] = {}
     for k, parent in enumerate(parents):
         if not -1 <= parent < k:
             raise ValueError(f"node {k} has parent {parent}; parents must be -1 or an earlier node")
@@ -99,18 +99,19 @@ def best_cut(
         a = min(stats.rate(d, rank), left.get(parent, 1.0))  # siblings exclude each other
         left[parent] = left.get(parent, 1.0) - a
         reach.append((1.0 if parent < 0 else reach[parent]) * a)
-        gain_at[d] = gain_at.get(d, 0.0) + reach[-1]
-        nodes_at[d] = nodes_at.get(d, 0) + 1
-    D = max(depth, default=0)
-    best = (0, committed, 1.0, 1.0 / relative(committed))
-    expected, inputs = 1.0, committed
-    for n in range(1, D + 1):
-        expected += gain_at[n]
-        inputs += nodes_at[n]
-        if n < D and (not cuttable or extra > 0):
-            continue
-        t = inputs + (extra if n == D else 0)
+    best: tuple[list[int], int, float, float] = ([], committed, 1.0, 1.0 / relative(committed))
+    if not parents:
+        return best
+    if not cuttable or extra > 0:  # whole or nothing
+        t = committed + len(parents) + extra
+        expected = 1.0 + sum(reach)
         score = expected / relative(t)
+        return (list(range(len(parents))), t, expected, score) if score > best[3] else best
+    order = sorted(range(len(parents)), key=lambda k: (-reach[k], k))
+    expected = 1.0
+    for k in range(1, len(order) + 1):
+        expected += reach[order[k - 1]]
+        score = expected / relative(committed + k)
         if score > best[3]:
-            best = (n, t, expected, score)
+            best = (sorted(order[:k]), committed + k, expected, score)
     return best
