@@ -53,6 +53,7 @@ def test_per_depth_counts_of_a_scripted_drafter():
     steps = len(result.accept_lengths)
     assert list(result.drafted_per_depth) == [2 * steps, steps, steps]
     assert list(result.accepted_per_depth) == [steps, steps]
+    assert list(result.block_sizes) == [5] * steps  # the committed token and four drafts
 
 
 @pytest.mark.parametrize(
@@ -84,6 +85,11 @@ def test_statistics_agree_with_the_accept_lengths(config):
     gained = sum(n - 1 for n in out.accept_lengths)
     assert gained <= sum(accepted) <= gained + config.block_complexity
     assert sum(out.acceptance_per_depth()) == pytest.approx(sum(accepted) / out.steps)
+    # One forward per step over the committed token, the drafts and any auxiliary inputs.
+    assert len(out.block_sizes) == out.steps and min(out.block_sizes) >= 1
+    assert sum(t - 1 for t in out.block_sizes) >= sum(drafted)
+    if isinstance(config, (mtprobe.PromptLookupConfig, mtprobe.StandConfig)):  # drafts only
+        assert sum(t - 1 for t in out.block_sizes) == sum(drafted)
 
 
 def test_method_names_and_summary():

@@ -24,6 +24,7 @@ void bind_decode_loop(py::module_& m) {
   py::class_<DecodeResult>(m, "DecodeResult")
       .def_readonly("sequence", &DecodeResult::sequence)
       .def_readonly("accept_lengths", &DecodeResult::accept_lengths)
+      .def_readonly("block_sizes", &DecodeResult::block_sizes)
       .def_readonly("forward_calls", &DecodeResult::forward_calls)
       .def_readonly("total_seconds", &DecodeResult::total_seconds)
       .def_readonly("forward_seconds", &DecodeResult::forward_seconds)

@@ -273,7 +273,10 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
       tokens.assign(tok_cpu.data_ptr<int64_t>(), tok_cpu.data_ptr<int64_t>() + tok_cpu.numel());
     check_block(block, committed, tokens, prefill);
     const int64_t c = block.num_committed;
-    if (!prefill) count_drafts(block, result.drafted_per_depth);
+    if (!prefill) {
+      count_drafts(block, result.drafted_per_depth);
+      result.block_sizes.push_back(block.num_inputs());
+    }
 
     // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
     // 3. One forward of the target over all T inputs. The forward may grow the KV cache; the

@@ -38,6 +38,7 @@ struct DecodeOptions {
 struct DecodeResult {
   std::vector<int64_t> sequence;        // prompt + generated
   std::vector<int64_t> accept_lengths;  // tokens gained per decode forward (prefill excluded)
+  std::vector<int64_t> block_sizes;     // inputs T of each decode step's block (prefill excluded)
   int64_t forward_calls = 0;            // prefill included
   double total_seconds = 0, forward_seconds = 0, prefill_seconds = 0;
   int64_t mask_rebuilds = 0;

@@ -51,6 +51,8 @@ class GenerateOutput:
     Attributes:
         sequences: ``[1, prompt + new]`` tokens, identical to greedy ``model.generate``.
         accept_lengths: tokens gained per decode forward (accepted drafts + bonus), one per step.
+        block_sizes: inputs T of each decode step's forward (committed, drafts and auxiliary inputs),
+            one per step: with the forward profile, what the step cost.
         forward_calls: target forwards, prefill included.
         timings: seconds: ``total_s`` (whole loop), ``forward_s`` (inside model forwards, prefill
             included), ``prefill_s``.
@@ -83,7 +85,8 @@ class GenerateOutput:
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
-    ``accept_lengths == [2, 1]``, ``drafted_per_depth == [3, 1]``, ``accepted_per_depth == [1]``.
+    ``accept_lengths == [2, 1]``, ``drafted_per_depth == [3, 1]``, ``accepted_per_depth == [1]``,
+    ``block_sizes == [3, 3]`` (the committed token and the drafts, without auxiliary inputs).
     """
 
     sequences: torch.Tensor
@@ -98,6 +101,7 @@ class GenerateOutput:
     new_tokens: int = 0
     drafted_per_depth: list[int] = field(default_factory=list)
     accepted_per_depth: list[int] = field(default_factory=list)
+    block_sizes: list[int] = field(default_factory=list)
     choices: list[tuple[str, int]] | None = None
     topology_log: dict[str, Any] | None = None
 
@@ -344,6 +348,7 @@ def custom_generate(
     output = GenerateOutput(
         sequences=sequences,
         accept_lengths=list(result.accept_lengths),
+        block_sizes=list(result.block_sizes),
         forward_calls=result.forward_calls,
         timings={
             "total_s": result.total_seconds,
