@@ -314,3 +314,19 @@ def test_bench_auto_memory_rows_name_valid_drafters():
         mtprobe.AutoConfig(drafters=drafters)
         assert all(getattr(d, "memory_size", 1 << 18) == 1 << 18 for d in drafters)
     assert (Path(__file__).resolve().parents[1] / bench.MASKS).is_file()
+
+
+def test_bench_auto_modelled_prices_each_step_by_the_profile():
+    # Steps of T = 3, 1, 2 gaining 2, 1, 1 tokens after a 10-token prompt: t(3, 10) + t(1, 12) + t(2, 13),
+    # with t(T, c) = T + c / 100 on this profile (linear in both coordinates between its grid points).
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto_modelled")
+    key = ProfileKey(model="M:0", device="cpu", dtype="float32", threads=1)
+    profile = ForwardProfile(key, (1, 4), (0, 100), ((1.0, 4.0), (2.0, 5.0)))
+    got = bench.modelled_seconds(profile, 10, [3, 1, 2], [2, 1, 1])
+    assert got == pytest.approx((3 + 0.1) + (1 + 0.12) + (2 + 0.13))
+    with pytest.raises(ValueError):  # one block size per accept length
+        bench.modelled_seconds(profile, 10, [3, 1], [2, 1, 1])
+    for name, spec in bench.METHODS.items():
+        assert mtprobe.config_from_dict(spec).method == spec["method"], name
