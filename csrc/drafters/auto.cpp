@@ -80,16 +80,12 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
     // Host copies of the draft tree: the cut is made and the counterfactual walked on the host.
     at::Tensor tok = b.tokens.narrow(0, 0, n).to(at::kCPU).contiguous();
     p.tokens.assign(tok.data_ptr<int64_t>(), tok.data_ptr<int64_t>() + n);
-    p.depth.assign(static_cast<size_t>(n), 0);
     p.parents.assign(static_cast<size_t>(n - c), -1);
-    p.tree_depth = 0;
     for (int64_t k = c; k < n; ++k) {
       const int64_t parent = b.parents[k];
       TORCH_CHECK_VALUE(parent >= c - 1 && parent < k, who, "draft node ", k, " has parent ", parent,
                         "; it must be an earlier node or the last committed input ", c - 1);
-      p.depth[k] = parent == c - 1 ? 1 : p.depth[parent] + 1;
       p.parents[k - c] = parent == c - 1 ? -1 : parent - c;
-      p.tree_depth = std::max(p.tree_depth, p.depth[k]);
     }
     const int64_t extra = T - n;
     if (extra > 0 && idle_[i] >= options_.explore_every && explore < 0) explore = static_cast<int64_t>(i);

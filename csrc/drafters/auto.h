@@ -61,9 +61,7 @@ class AutoDrafter : public Drafter {
   struct Proposal {
     DraftBlock block;
     std::vector<int64_t> tokens;   // [num_nodes] on the host
-    std::vector<int64_t> depth;    // [num_nodes]
     std::vector<int64_t> parents;  // [draft nodes]: parent among the draft nodes, -1 the root
-    int64_t tree_depth = 0;
   };
   // A draft tree being walked along the continuation: its node at depth d guesses history_[start + d - 1].
   struct Walk {
