@@ -108,9 +108,10 @@ class _ChainOracle(_C.Drafter):
     """Proposes the next three tokens of ``truth`` (prompt + greedy continuation) as a chain, and one
     wrong token as the depth-1 node's second sibling (rank 1)."""
 
-    def __init__(self, truth: list[int]) -> None:
+    def __init__(self, truth: list[int], vocab: int = 96) -> None:  # tiny_llama's vocabulary
         super().__init__()
         self.truth = truth
+        self.vocab = vocab
 
     def name(self) -> str:
         return "oracle"
@@ -121,7 +122,7 @@ class _ChainOracle(_C.Drafter):
     def propose(self, committed: torch.Tensor, prefix_len: int, limits) -> _C.DraftBlock:
         start = prefix_len + committed.numel()  # truth's index of the step's first new token
         chain = self.truth[start : start + 3]
-        wrong = (self.truth[start] + 1) % 128
+        wrong = (self.truth[start] + 1) % self.vocab
         return _C.token_block(committed, [*chain, wrong], [-1, 0, 1, -1][: len(chain)] + [-1])
 
     def observe(self, outcome) -> None:
@@ -152,6 +153,66 @@ def test_plain_steps_still_learn_deep_acceptance(monkeypatch):
     trials, accepts = auto.stats[0].trials, auto.stats[0].accepts  # [depth][rank]
     assert trials == [[31, 31, 0, 0], [30, 0, 0, 0], [29, 0, 0, 0]]
     assert accepts == [[31, 0, 0, 0], [30, 0, 0, 0], [29, 0, 0, 0]]
+
+
+class _SampledChain(_ChainOracle):
+    """_ChainOracle's tree as sampled drafts: q one-hot on each proposed token (``draft_probs``)."""
+
+    def propose(self, committed: torch.Tensor, prefix_len: int, limits) -> _C.DraftBlock:
+        block = super().propose(committed, prefix_len, limits)
+        drafts = block.tokens[block.num_committed : block.num_nodes]
+        block.draft_probs = torch.nn.functional.one_hot(drafts, self.vocab).float()  # [drafts, vocab]
+        return block
+
+
+def test_sampled_drafts_are_judged_only_where_they_ran(monkeypatch):
+    """A sampled draft is accepted with min(1, p/q); matching a continuation another block produced
+    (probability p) would under-rate it, so its tree is not walked on steps where it did not run."""
+    import sys
+
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    truth = _greedy(model, ids, 40)[0].tolist()
+    table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 64])  # t(T) = T t(1): nothing pays
+    auto = _C.AutoDrafter([_SampledChain(truth, model.config.vocab_size)], table, decay=1.0)
+    monkeypatch.setattr(sys.modules["mtprobe.generate"], "make_drafter", lambda *a, **k: auto)
+    cfg = mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=63.0)
+    )
+    torch.manual_seed(0)
+    mtprobe.generate(model, ids, cfg, max_new_tokens=16, do_sample=True, eos_token_id=None, pad_token_id=0)
+    assert len(auto.choices()) > 0 and all(child == -1 for child, _, _ in auto.choices())
+    assert all(t == 0 for row in auto.stats[0].trials for t in row)
+
+
+def test_a_partial_cut_verifies_the_kept_subtree(monkeypatch):
+    """With each extra input costing a tenth of a forward, the cut keeps the true chain of three and
+    drops the wrong sibling once the statistics have learned it: the verified block is exactly the
+    chain (4 inputs, 3 draft nodes), and each such step gains all three drafts plus the bonus."""
+    import sys
+
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    truth = _greedy(model, ids, 40)[0].tolist()
+    table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 7.3])  # t(T) = (1 + 0.1 (T - 1)) t(1)
+    auto = _C.AutoDrafter([_ChainOracle(truth)], table, decay=1.0)
+    monkeypatch.setattr(sys.modules["mtprobe.generate"], "make_drafter", lambda *a, **k: auto)
+    cfg = mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=6.3)
+    )
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
+    assert out.sequences[0].tolist() == truth[: ids.shape[1] + 32]
+    choices = auto.choices()
+    # By hand, P(node) = product of a(depth, rank) = (accepts + 2m) / (trials + 2) along its path:
+    # step 1, priors a = 1/2 (rank 0) and 1/4 (rank 1): the chain's P are 1/2, 1/4, 1/8 and the
+    # sibling's 1/4, so the best cut keeps the sibling over the third node (2.0 / 1.3 beats 1.75 / 1.2
+    # and 2.125 / 1.4). Step 2, a = 2/3 along the chain and 2/9 for the sibling: all four nodes
+    # (2.630 / 1.4 beats 2.407 / 1.3). From step 3 on the sibling (3/16, then less) costs more than it
+    # gains: the chain alone.
+    assert choices[:2] == [(0, 4, 3), (0, 5, 4)] and out.accept_lengths[:2] == [3, 4]
+    assert len(choices) >= 6 and choices[2:-1] == [(0, 4, 3)] * (len(choices) - 3)
+    assert out.accept_lengths[2:-1] == [4] * (len(choices) - 3)
+    assert out.block_sizes[:-1] == [4, 5] + [4] * (len(choices) - 3)
 
 
 def test_choices_timings_and_summary():

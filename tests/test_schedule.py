@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -112,6 +113,33 @@ def test_expected_gain_is_the_sum_over_nodes_by_hand():
         _C.best_cut(stats, flat, 1, [-1, 1], 0, True, 0.0)
     with pytest.raises(ValueError, match="depth >= 1 and rank >= 0"):
         stats.record(0, 0, True)
+
+
+@pytest.mark.parametrize(
+    ("committed", "extra", "context", "message"),
+    [
+        (0, 0, 0.0, r"committed = 0; a block holds at least the last committed token"),
+        (1, -1, 0.0, r"extra = -1; auxiliary inputs are counted from 0"),
+        (1, 0, float("nan"), "context must be a finite number of cached positions"),
+        (1, 0, -1.0, "context must be a finite number of cached positions"),
+    ],
+)
+def test_best_cut_bad_input(committed: int, extra: int, context: float, message: str):
+    stats = _C.AcceptanceStats(1.0)
+    flat = _C.CostTable([1, 64], [0], [1.0, 1.0])
+    with pytest.raises(ValueError, match=message):
+        _C.best_cut(stats, flat, committed, [-1, 0], extra, True, context)
+    if not math.isnan(context) and context >= 0:  # the reference takes no context
+        with pytest.raises(ValueError, match=message):
+            ref.best_cut(ref.Stats(1.0), lambda t: 1.0, committed, [-1, 0], extra, True)
+
+
+def test_rate_bad_input():
+    for stats in (_C.AcceptanceStats(1.0), ref.Stats(1.0)):
+        for depth, rank in ((0, 0), (-1, 0), (1, -1)):
+            with pytest.raises(ValueError, match="a rate needs depth >= 1 and rank >= 0"):
+                stats.rate(depth, rank)
+        assert stats.rate(7, 2) == pytest.approx(0.5 / 2 / 2)  # unrecorded depth: the prior alone
 
 
 def test_cheap_forwards_verify_deep_and_dear_ones_plain():

@@ -91,11 +91,13 @@ void AcceptanceStats::record(int64_t depth, int64_t rank, bool accepted) {
 }
 
 double AcceptanceStats::rate(int64_t depth, int64_t rank) const {
-  const int64_t r = std::min(std::max<int64_t>(rank, 0), kRanks - 1);
+  if (depth < 1 || rank < 0)
+    throw std::invalid_argument("acceptance statistics: a rate needs depth >= 1 and rank >= 0");
+  const int64_t r = std::min(rank, kRanks - 1);
   double mean = 0.5;  // the prior's mean for a first child
   for (int64_t k = 0; k <= r; ++k) {
     const size_t d = static_cast<size_t>(depth - 1);
-    const bool seen = depth >= 1 && d < trials_.size();
+    const bool seen = d < trials_.size();
     const double t = seen ? trials_[d][static_cast<size_t>(k)] : 0.0;
     const double a = seen ? accepts_[d][static_cast<size_t>(k)] : 0.0;
     const double rate_k = (a + 2.0 * mean) / (t + 2.0);
@@ -107,6 +109,14 @@ double AcceptanceStats::rate(int64_t depth, int64_t rank) const {
 
 Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t committed,
              const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context) {
+  if (committed < 1)
+    throw std::invalid_argument("best_cut: committed = " + std::to_string(committed) +
+                                "; a block holds at least the last committed token (committed >= 1)");
+  if (extra < 0)
+    throw std::invalid_argument("best_cut: extra = " + std::to_string(extra) +
+                                "; auxiliary inputs are counted from 0 (extra >= 0)");
+  if (!std::isfinite(context) || context < 0)
+    throw std::invalid_argument("best_cut: context must be a finite number of cached positions >= 0");
   const size_t n_nodes = parents.size();
   std::vector<int64_t> depth(n_nodes), children(n_nodes + 1, 0);  // children[k + 1]: of node k; [0]: root
   std::vector<double> left(n_nodes + 1, 1.0);  // left[k + 1]: P(no earlier child of k accepted | k was)

@@ -67,6 +67,7 @@ class AcceptanceStats {
   void record(int64_t depth, int64_t rank, bool accepted);
   // a(depth, rank) = P(the node is accepted | its parent was): (accepts + 2 m) / (trials + 2), a
   // prior of weight 2 with mean m = 0.5 for rank 0 and m = a(depth, rank - 1) / 2 for later ranks.
+  // Depths never recorded give the prior; throws std::invalid_argument for depth < 1 or rank < 0.
   double rate(int64_t depth, int64_t rank) const;
   // [depth][rank]: decayed verdicts and acceptances.
   const std::vector<std::vector<double>>& trials() const { return trials_; }
@@ -94,7 +95,8 @@ struct Cut {
 // each other, sum to at most 1. A cut keeps the k nodes of highest P (ties: the earlier node), which
 // is a subtree since no child outranks its parent, and gains 1 + the sum of their P; the best k is
 // taken. A block with extra > 0 (or `cuttable` false) is verified whole or not at all. Ties go to
-// the smaller block.
+// the smaller block. Throws std::invalid_argument for committed < 1, extra < 0, a context that is
+// negative or not finite, or a parent that is not -1 or an earlier node.
 Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t committed,
              const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context);
 

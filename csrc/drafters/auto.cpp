@@ -117,6 +117,9 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
       std::vector<int64_t> tokens, parents, index(p.tokens.size(), -1);
       for (int64_t j : kept_) {
         const int64_t k = c + j, parent = p.block.parents[k];
+        // best_cut keeps a subtree, so every kept node's parent was kept before it.
+        TORCH_CHECK(parent == c - 1 || index[parent] >= 0, "the scheduler's cut of drafter ",
+                    children_[current_.child]->name(), " kept node ", k, " without its parent ", parent);
         index[k] = static_cast<int64_t>(tokens.size());
         tokens.push_back(p.tokens[k]);
         parents.push_back(parent == c - 1 ? -1 : index[parent]);
@@ -157,7 +160,11 @@ void AutoDrafter::observe(const StepOutcome& outcome) {
       const Proposal& p = proposals_[i];
       const int64_t c = p.block.num_committed;
       std::vector<Walk>& walks = walks_[i];
-      if (!p.parents.empty())
+      // A sampled draft (draft_probs) is accepted with min(1, p/q), which matching another block's
+      // continuation (probability p) would under-rate: its tree is judged only when it ran, where
+      // rejection sampling makes "matched the continuation" and "accepted" the same event.
+      const bool ran = whole_ && current_.child == static_cast<int64_t>(i);
+      if (!p.parents.empty() && (ran || !p.block.draft_probs.has_value()))
         walks.push_back(Walk{std::vector<int64_t>(p.tokens.begin() + c, p.tokens.end()), p.parents, start});
       walks.erase(std::remove_if(walks.begin(), walks.end(), [&](Walk& w) { return !advance(w, stats_[i]); }),
                   walks.end());

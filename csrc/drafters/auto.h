@@ -10,7 +10,10 @@
 // The statistics behind the choice are counterfactual: each child's proposed tree is walked along
 // the real continuation, whether it ran or not, and its acceptance counts learn from every step.
 // A walk that outlives its step (a plain step tells one token of the continuation) waits for the
-// later steps' tokens: deep nodes are judged even while the scheduler verifies little.
+// later steps' tokens: deep nodes are judged even while the scheduler verifies little. Sampled
+// drafts (a block with draft_probs) are the exception: they are judged only on steps they ran.
+//
+// Between drafters whose best cuts score the same, the earlier drafter wins.
 //
 // A child whose block carries auxiliary inputs (probing's mask tokens, lookahead's window) drafts
 // only after its inputs ran; one that has not run for `explore_every` steps runs whole once.

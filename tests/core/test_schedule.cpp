@@ -40,22 +40,25 @@ void test_cost_table_interpolates() {
   CHECK(near(t.relative(1, 300), 1.0));
 }
 
+// Counts the calls that throw std::invalid_argument.
+template <typename F>
+void expect_throw(int& thrown, F call) {
+  try {
+    call();
+  } catch (const std::invalid_argument&) {
+    ++thrown;
+  }
+}
+
 void test_cost_table_rejects_bad_grids() {
   int thrown = 0;
-  auto expect_throw = [&](auto make) {
-    try {
-      make();
-    } catch (const std::invalid_argument&) {
-      ++thrown;
-    }
-  };
-  expect_throw([] { CostTable({2, 4}, {0}, {1.0, 2.0}); });           // does not start at 1
-  expect_throw([] { CostTable({1, 1}, {0}, {1.0, 2.0}); });           // not ascending
-  expect_throw([] { CostTable({1, 2}, {0, 0}, {1, 2, 3, 4}); });      // contexts not ascending
-  expect_throw([] { CostTable({1, 2}, {0}, {1.0}); });                // wrong size
-  expect_throw([] { CostTable({1, 2}, {0}, {1.0, 0.0}); });           // a free forward
-  expect_throw([] { CostTable({1, 2}, {0}, {1.0, -2.0}); });          // negative
-  expect_throw([] { CostTable({1, 2}, {0}, {1.0, std::nan("")}); });  // NaN
+  expect_throw(thrown, [] { CostTable({2, 4}, {0}, {1.0, 2.0}); });           // does not start at 1
+  expect_throw(thrown, [] { CostTable({1, 1}, {0}, {1.0, 2.0}); });           // not ascending
+  expect_throw(thrown, [] { CostTable({1, 2}, {0, 0}, {1, 2, 3, 4}); });      // contexts not ascending
+  expect_throw(thrown, [] { CostTable({1, 2}, {0}, {1.0}); });                // wrong size
+  expect_throw(thrown, [] { CostTable({1, 2}, {0}, {1.0, 0.0}); });           // a free forward
+  expect_throw(thrown, [] { CostTable({1, 2}, {0}, {1.0, -2.0}); });          // negative
+  expect_throw(thrown, [] { CostTable({1, 2}, {0}, {1.0, std::nan("")}); });  // NaN
   CHECK(thrown == 7);
 }
 
@@ -174,6 +177,20 @@ void test_best_cut_worked_example() {
   CHECK(thrown == 1);
 }
 
+void test_bad_input_throws() {
+  const CostTable flat({1, 64}, {0}, {1.0, 1.0});
+  AcceptanceStats s(1.0);
+  int thrown = 0;
+  expect_throw(thrown, [&] { best_cut(s, flat, 0, {-1}, 0, true, 0); });             // no committed token
+  expect_throw(thrown, [&] { best_cut(s, flat, 1, {-1}, -1, true, 0); });            // negative extra
+  expect_throw(thrown, [&] { best_cut(s, flat, 1, {-1}, 0, true, std::nan("")); });  // NaN context
+  expect_throw(thrown, [&] { best_cut(s, flat, 1, {-1}, 0, true, -1.0); });          // negative context
+  expect_throw(thrown, [&] { s.rate(0, 0); });
+  expect_throw(thrown, [&] { s.rate(1, -1); });
+  CHECK(thrown == 6);
+  CHECK(std::abs(s.rate(9, 0) - 0.5) < 1e-12);  // a depth never recorded: the prior
+}
+
 }  // namespace
 
 int main() {
@@ -183,6 +200,7 @@ int main() {
       {"stats_count_verdicts", test_stats_count_verdicts},
       {"stats_decay", test_stats_decay},
       {"best_cut_worked_example", test_best_cut_worked_example},
+      {"bad_input_throws", test_bad_input_throws},
   };
   return mtprobe_test::run_tests(tests);
 }

@@ -11,16 +11,18 @@ Worked example (the one of csrc/core/schedule.h): a(1, 0) = 0.6, a(2, 0) = 0.5 o
 t(2)/t(1) = 1.1 and t(3)/t(1) = 1.3:
 
 >>> stats = Stats(decay=1.0)
->>> for depth, accepted in [(1, False)] * 2 + [(1, True)] * 4 + [(2, False)] * 2 + [(2, True)] * 2:
+>>> for depth, accepted in [(1, False)] * 3 + [(1, True)] * 5 + [(2, False)] * 2 + [(2, True)] * 2:
 ...     stats.record(depth, 0, accepted)
 >>> round(stats.rate(1, 0), 3), round(stats.rate(2, 0), 3)
-(0.625, 0.5)
+(0.6, 0.5)
 >>> kept, inputs, expected, score = best_cut(stats, {1: 1.0, 2: 1.1, 3: 1.3}.__getitem__, 1, [-1, 0], 0, True)
 >>> kept, inputs, round(expected, 4), round(score, 3)
-([0, 1], 3, 1.9375, 1.49)
+([0, 1], 3, 1.9, 1.462)
+>>> best_cut(stats, {1: 1.0, 2: 1.1, 3: 1.4}.__getitem__, 1, [-1, 0], 0, True)[:2]
+([0], 2)
 
 A second sibling at depth 1 is priced by its own rank: with no verdicts of its own, its prior mean is
-half its elder's rate, 0.3125 here; siblings exclude each other, so the rates of one node's children
+half its elder's rate, 0.3 here; siblings exclude each other, so the rates of one node's children
 are capped to sum to at most 1.
 """
 
@@ -60,10 +62,12 @@ class Stats:
 
     def rate(self, depth: int, rank: int = 0) -> float:
         """(accepts + 2 m) / (trials + 2): prior mean m = 0.5 for a first child, half the elder
-        sibling's rate for a later one."""
+        sibling's rate for a later one; the prior alone at depths never recorded."""
+        if depth < 1 or rank < 0:
+            raise ValueError("a rate needs depth >= 1 and rank >= 0")
         mean = 0.5
-        for k in range(min(max(rank, 0), RANKS - 1) + 1):
-            seen = 1 <= depth <= len(self.trials)
+        for k in range(min(rank, RANKS - 1) + 1):
+            seen = depth <= len(self.trials)
             t = self.trials[depth - 1][k] if seen else 0.0
             a = self.accepts[depth - 1][k] if seen else 0.0
             rate = (a + 2 * mean) / (t + 2)
@@ -85,6 +89,10 @@ def best_cut(
     accepted (ties: the earlier node), a subtree since no child outranks its parent. A block with
     ``extra`` auxiliary inputs, or not ``cuttable``, runs whole or not at all; ties go to the smaller
     block."""
+    if committed < 1:
+        raise ValueError(f"committed = {committed}; a block holds at least the last committed token (>= 1)")
+    if extra < 0:
+        raise ValueError(f"extra = {extra}; auxiliary inputs are counted from 0 (extra >= 0)")
     depth: list[int] = []
     reach: list[float] = []
     children: dict[int, int] = {}
