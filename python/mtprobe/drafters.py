@@ -287,15 +287,9 @@ def auto_drafter(model: PreTrainedModel, config: AutoConfig) -> _C.AutoDrafter:
     children, folding = [], set()
     for c in config.drafters:
         memory = ngram_memory(model, c) if isinstance(c, (StandConfig, HybridConfig)) else None
-        if memory is None:
-            children.append(make_drafter(model, c))
-            continue
-        children.append(
-            stand_drafter(model, c, fold_memory=id(memory) not in folding)
-            if isinstance(c, StandConfig)
-            else hybrid_drafter(model, c, fold_memory=id(memory) not in folding)
-        )
-        folding.add(id(memory))
+        children.append(make_drafter(model, c, fold_memory=memory is None or id(memory) not in folding))
+        if memory is not None:
+            folding.add(id(memory))
     # Each drafter drafts within its own block complexity; the step's budget is the largest of them.
     budgets = [c.block_complexity for c in config.drafters]
     return _C.AutoDrafter(
@@ -331,9 +325,11 @@ def make_drafter(
     capacity: int = 0,
     do_sample: bool = False,
     process: ProcessFn | None = None,
+    fold_memory: bool = True,
 ) -> _C.Drafter:
     """The drafter a decoding configuration describes (``capacity``, ``do_sample`` and ``process``
-    matter only to drafters that run a model of their own)."""
+    matter only to drafters that run a model of their own; ``fold_memory`` only to STAND and the
+    hybrid, see :func:`stand_drafter`)."""
     check_decoding_config(config)
     if isinstance(config, AutoConfig):
         return auto_drafter(model, config)
@@ -346,7 +342,7 @@ def make_drafter(
     if isinstance(config, EntMTPConfig):
         return entmtp_drafter(model, config)
     if isinstance(config, HybridConfig):
-        return hybrid_drafter(model, config)
+        return hybrid_drafter(model, config, fold_memory=fold_memory)
     if isinstance(config, PromptLookupConfig):
         return _C.PromptLookupDrafter(num_tokens=config.num_tokens, max_ngram_size=config.max_ngram_size)
     if isinstance(config, LookaheadConfig):
@@ -356,7 +352,7 @@ def make_drafter(
             guess_set_size=config.guess_set_size,
             pool_from_prompt=config.pool_from_prompt,
         )
-    return stand_drafter(model, config)  # StandConfig, the last of DECODING_CONFIGS
+    return stand_drafter(model, config, fold_memory=fold_memory)  # StandConfig, the last of DECODING_CONFIGS
 
 
 def stand_drafter(
