@@ -36,7 +36,14 @@ from transformers import (
 
 import mtprobe
 from mtprobe import _C
-from mtprobe.adapter import HFAdapter, SlidingWindow, max_positions, sliding_mask, sliding_window
+from mtprobe.adapter import (
+    HFAdapter,
+    SlidingWindow,
+    decoder_layers,
+    max_positions,
+    sliding_mask,
+    sliding_window,
+)
 from mtprobe.drafters import mask_probe_drafter
 
 VOCAB = 320
@@ -635,6 +642,30 @@ def test_eos_inside_accepted_block(arch: str, where: str) -> None:
             eos_token_id=eos,
         )
     _assert_greedy(model, hf, ref, f"{arch} HF route EOS")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mask_layer_offsets_reach_every_architecture(arch: str) -> None:
+    """Calibrated layer offsets (mtprobe.calibrate --layer-offsets) find each architecture's decoder
+    layers (GPT-2's ``transformer.h`` by the fallback) and change the mask inputs' logits only."""
+    model = _model(arch)
+    layers = decoder_layers(model)
+    assert len(layers) == 2
+    if arch == "gpt2":
+        assert layers is model.transformer.h
+    torch.manual_seed(5)
+    hidden = model.get_input_embeddings().weight.shape[1]
+    tokens = torch.randint(0, EOS, (6,))  # [n_tok]
+    embeds = torch.randn(2, hidden) * 0.1  # [n_emb, hidden]: two mask inputs after the tokens
+    positions = torch.arange(8)[None]  # [1, T]
+    adapter = HFAdapter(model, capacity=16)
+    with torch.no_grad():
+        plain, _ = adapter.forward(tokens, embeds, positions, None, 0, False)  # [T, vocab]
+        adapter.set_mask_layer_offsets(torch.randn(2, hidden))
+        offset, _ = adapter.forward(tokens, embeds, positions, None, 0, False)
+    torch.testing.assert_close(offset[:6], plain[:6], rtol=0, atol=0)  # the tokens never see them
+    assert (offset[6:] - plain[6:]).abs().max() > 1e-3
+    assert all(not layer._forward_pre_hooks for layer in layers)
 
 
 def test_models_are_distinct_and_not_degenerate() -> None:
