@@ -631,6 +631,18 @@ def test_score_lossless_and_plots(hand_files: tuple[Path, Path, Path], tmp_path:
         assert f"({name})" in md
 
 
+def test_answer_file_with_idxs_for_decoding_steps(tmp_path: Path) -> None:
+    # Spec-Bench's earlier inference scripts wrote the decoding steps as "idxs"; its speed.py never
+    # reads them, so such files are scored too.
+    row = _answer(1, "qa", "m", ["a b"], [3], [4], [1.0], [2, 1])
+    row["choices"][0]["idxs"] = row["choices"][0].pop("decoding_steps")
+    (a,) = load_answers(_write(tmp_path / "a.jsonl", [row])).values()
+    assert a.decoding_steps == (3,) and a.new_tokens == (4,)
+    row["choices"][0].pop("idxs")
+    with pytest.raises(ValueError, match="needs a list 'decoding_steps'"):
+        load_answers(_write(tmp_path / "b.jsonl", [row]))
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
@@ -859,6 +871,17 @@ def test_metadata_round_trip_and_resume_check(
     err = capsys.readouterr().err
     assert "answers of another configuration (max_new_tokens: file 8, this run 4)" in err
     assert len(_lines(out)) == 1
+    # the same answers timed with other threads or repeats would mix two setups' timings in one file
+    for extra, detail in (
+        (("--threads", "2"), "threads: file 1, this run 2"),
+        (("--threads", "1", "--repeats", "2"), "repeats: file 1, this run 2"),
+    ):
+        assert _run_cli(*args, "--max-new-tokens", "8", "--limit", "2", *extra) == 1
+        assert f"answers timed on another setup ({detail})" in capsys.readouterr().err
+    assert len(_lines(out)) == 1
+    # a selection of no questions is an error, not an empty run
+    assert _run_cli(*args, "--max-new-tokens", "8", "--categories", ",") == 1
+    assert "no questions selected" in capsys.readouterr().err
     # an old line without metadata is still read and scored
     old = {k: v for k, v in line.items() if k != "mtprobe"}
     old["choices"] = [{k: v for k, v in line["choices"][0].items() if k != "wall_times"}]
@@ -1021,6 +1044,28 @@ def test_compare_folder_table_and_figure(tmp_path: Path) -> None:
     assert c.order == ("mt_bench", "qa", "overall", "writing")  # tasks, overall, MT-bench sub-categories
     data = json.loads((out / "compare.json").read_text())
     assert data["rows"][2]["groups"]["overall"]["speedup"] == pytest.approx(2.0)
+
+
+def test_score_and_compare_name_a_setup_that_differs(tmp_path: Path) -> None:
+    from mtprobe.specbench.compare import compare, render_compare_markdown
+    from mtprobe.specbench.score import render_markdown, score
+
+    tok_dir = tmp_path / "tok"
+    _tokenizer().save_pretrained(tok_dir)
+    folder = _compare_folder(tmp_path / "answers")
+    same = render_compare_markdown(compare(folder, str(tok_dir)))
+    assert "another setup" not in same
+    pld = folder / "pld.jsonl"
+    rows = _lines(pld)
+    for row in rows:
+        row["mtprobe"].update(dtype="bfloat16", device="cuda:0", threads=16)
+    _write(pld, rows)
+    note = "(dtype: baseline 'float32', method 'bfloat16'; device: baseline 'cpu', method 'cuda'; threads: baseline 2, method 16)"
+    md = render_compare_markdown(compare(folder, str(tok_dir)))
+    assert f"- `pld` ran on another setup than its baseline {note}" in md
+    assert "`probe-bc10` ran on another setup" not in md
+    report = render_markdown(score(folder / "ar.jsonl", [pld], str(tok_dir)))
+    assert f"- `tiny-pld` ran on another setup than the baseline {note}" in report
 
 
 def test_compare_pairs_sampled_runs_with_sampled_ar(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mtprobe._jsonl import read_jsonl
 from mtprobe.specbench.plots import Series, common_dash_prefix, plot_panels, short_name, title_from_meta
 from mtprobe.specbench.questions import MT_BENCH_CATEGORIES
-from mtprobe.specbench.score import GroupStats, ScoreReport, score
+from mtprobe.specbench.score import GroupStats, ScoreReport, score, setup_differences
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -291,6 +291,16 @@ def render_compare_markdown(c: CompareReport) -> str:
             f"| {r.name} | `{r.path.name}` | {r.temperature:g} | "
             f"{'—' if r.is_baseline else f'`{r.baseline.name}`'} | {runs} |"
         )
+    base_meta = {r.path: r.meta for r in c.rows if r.is_baseline}
+    differ = [(r, setup_differences(base_meta.get(r.baseline), r.meta)) for r in c.rows if not r.is_baseline]
+    if any(d for _, d in differ):
+        lines.append("")
+        lines += [
+            f"- `{r.name}` ran on another setup than its baseline ({'; '.join(d)}): its speedup compares two "
+            "setups, not two methods"
+            for r, d in differ
+            if d
+        ]
     lines += [
         "",
         "| task | method | questions | τ | speedup | tokens/s | forward-call reduction | identical turns |",
@@ -312,8 +322,9 @@ def render_compare_markdown(c: CompareReport) -> str:
         "",
         "Speed as Spec-Bench's evaluation/speed.py (tokens/s: mean over questions of new tokens / wall time; "
         "the baseline's tokens re-counted from its texts; speedup: method tokens/s / baseline tokens/s of "
-        "the same temperature). With several timed runs: mean ± standard deviation over the runs (speedup: "
-        "over every pairing of a method run with a baseline run). τ: mean of all accept_lengths pooled. "
+        "the same temperature). With several timed runs: mean ± standard deviation over the runs, the "
+        "speedup being mtprobe's ratio of mean tokens/s with its spread over every pairing of a method run "
+        "with a baseline run (Spec-Bench's get_mean_speedup averages per-run ratios instead). τ: mean of all accept_lengths pooled. "
         "Identical turns: answer texts equal to the greedy baseline's; sampled runs are not compared by "
         "equality, their exactness is tested in distribution (tests/test_sampling.py).",
         "",

@@ -15,8 +15,9 @@ Every method samples when asked: ``run(..., temperature=T)`` with ``T > 0`` deco
 the mtprobe methods it is ``GenerateOutput.forward_calls``: target forwards, **prefill included**. Either way
 ``ar decoding_steps / method decoding_steps`` is the reduction in forward calls.
 ``accept_lengths`` holds the tokens gained per step: ``[1] * new_tokens`` for ``ar``; for the others
-``GenerateOutput.accept_lengths``, one per decode forward, prefill *not* included (the prefill's
-token is the one token of ``new_tokens`` not in ``sum(accept_lengths)``).
+``GenerateOutput.accept_lengths``, one per decode forward, prefill *not* included: the prefill's
+tokens are the ``new_tokens - sum(accept_lengths)`` left over, its own token and, for drafters that
+already draft from the prompt (prompt lookup, STAND), the drafts it verified.
 """
 
 from __future__ import annotations

@@ -95,6 +95,16 @@ _ANSWER_SETTINGS = (
     "first_turn_only",
     "draft_model",
 )
+# Settings that change the timings: one answer file holds the timings of one setup. The device is
+# compared by its type ("cuda" and "cuda:0" are one setup).
+_TIMING_SETTINGS = ("device", "threads", "repeats")
+
+
+def _timing_setup(meta: dict[str, Any]) -> dict[str, Any]:
+    setup = {k: meta.get(k) for k in _TIMING_SETTINGS if k in meta}
+    if isinstance(setup.get("device"), str):
+        setup["device"] = setup["device"].split(":")[0]
+    return setup
 
 
 class RepeatMismatchError(RuntimeError):
@@ -369,6 +379,15 @@ def _answer_line(
                 f"{path}, line {lineno}: answers of another configuration ({detail}); resuming would mix "
                 "two runs in one file: pass another --answer-file or --model-id"
             )
+        before, now = _timing_setup(meta), _timing_setup(settings)
+        differ = [k for k in before if k in now and before[k] != now[k]]
+        if differ:
+            detail = "; ".join(f"{k}: file {before[k]!r}, this run {now[k]!r}" for k in differ)
+            raise ValueError(
+                f"{path}, line {lineno}: answers timed on another setup ({detail}); resuming would mix the "
+                "timings of two setups in one file: pass another --answer-file or --model-id, or run with "
+                "the file's settings"
+            )
     return obj
 
 
@@ -532,6 +551,12 @@ def run(
     if cfg.per_category is not None:
         questions = first_per_category(questions, cfg.per_category)
     questions = select_questions(questions, categories=cfg.categories, limit=cfg.limit)
+    if not questions:
+        raise ValueError(
+            f"no questions selected from {cfg.question_file} (question_begin={cfg.question_begin}, "
+            f"question_end={cfg.question_end}, per_category={cfg.per_category}, categories={cfg.categories}, "
+            f"limit={cfg.limit}); widen the selection"
+        )
     if cfg.first_turn_only:
         questions = [dataclasses.replace(q, turns=q.turns[:1]) for q in questions]
     model_id = cfg.model_id or default_model_id(

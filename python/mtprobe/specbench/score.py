@@ -60,12 +60,14 @@ __all__ = [
     "GroupStats",
     "MethodReport",
     "Mismatch",
+    "SETUP_KEYS",
     "ScoreReport",
     "group_names",
     "load_answers",
     "load_tokenizer",
     "render_markdown",
     "score",
+    "setup_differences",
 ]
 
 _EXCERPT = 30  # characters of context shown on each side of a text mismatch
@@ -118,6 +120,8 @@ def _parse_answer(obj: object, where: str) -> Answer:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ValueError(f"{where}: 'choices' must be a non-empty list of objects")
     c = choices[0]
+    if "decoding_steps" not in c and "idxs" in c:
+        c = {**c, "decoding_steps": c["idxs"]}  # what Spec-Bench's earlier inference scripts called it
     for key in ("turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"):
         if not isinstance(c.get(key), list):
             raise ValueError(f"{where}: choices[0] needs a list {key!r}")
@@ -606,6 +610,32 @@ def _ids(ids: Sequence[int]) -> str:
     return ", ".join(str(i) for i in ids)
 
 
+# What a speedup holds fixed: the baseline and the method must share these (their "mtprobe" metadata).
+SETUP_KEYS = ("model", "dtype", "device", "threads", "max_new_tokens", "first_turn_only")
+
+
+def setup_differences(baseline: dict[str, Any] | None, method: dict[str, Any] | None) -> list[str]:
+    """``"key: baseline X, method Y"`` for each of :data:`SETUP_KEYS` both metadata record and that
+    differ (the device by its type: ``cuda`` and ``cuda:0`` are one); none when either has no metadata
+    (Spec-Bench's own files).
+
+    >>> setup_differences({"dtype": "float32", "device": "cuda:0"}, {"dtype": "bfloat16", "device": "cuda"})
+    ["dtype: baseline 'float32', method 'bfloat16'"]
+    """
+    if not baseline or not method:
+        return []
+
+    def value(meta: dict[str, Any], key: str) -> Any:
+        v = meta[key]
+        return v.split(":")[0] if key == "device" and isinstance(v, str) else v
+
+    return [
+        f"{k}: baseline {value(baseline, k)!r}, method {value(method, k)!r}"
+        for k in SETUP_KEYS
+        if k in baseline and k in method and value(baseline, k) != value(method, k)
+    ]
+
+
 def render_markdown(r: ScoreReport) -> str:
     """The report as markdown (what ``report.md`` holds)."""
     subs = set(MT_BENCH_CATEGORIES)
@@ -625,6 +655,12 @@ def render_markdown(r: ScoreReport) -> str:
     ]
     warnings = []
     for m in r.methods:
+        differ = setup_differences(r.baseline_meta, m.meta)
+        if differ:
+            warnings.append(
+                f"- `{m.name}` ran on another setup than the baseline ({'; '.join(differ)}): its speedup "
+                "compares two setups, not two methods"
+            )
         if m.only_in_baseline or m.only_in_method:
             warnings.append(
                 f"- `{m.name}`: questions only in the baseline: {_ids(m.only_in_baseline) or 'none'}; "
@@ -697,7 +733,10 @@ def render_markdown(r: ScoreReport) -> str:
         "speedup = method tokens/s / baseline tokens/s; τ is the mean of all accept_lengths pooled. "
         "Forward-call reduction = baseline decoding steps per new token / method decoding steps per new "
         "token, pooled over the common questions (ar: steps = new tokens; the others: forward calls "
-        "including prefill); for identical outputs it is baseline steps / method steps.",
+        "including prefill); for identical outputs it is baseline steps / method steps. With several "
+        "timed runs (--repeats), mean ± std over the runs, and the speedup is mtprobe's ratio of the mean "
+        "tokens/s (Spec-Bench's get_mean_speedup averages per-run ratios instead); with one run every "
+        "number is Spec-Bench's.",
         "",
     ]
     return "\n".join(lines)
