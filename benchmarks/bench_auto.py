@@ -125,13 +125,30 @@ def main(argv: list[str] | None = None) -> int:
         sizes = round_sizes(args.per_category, args.rounds)
     except ValueError as e:
         ap.error(f"--{e}")
-    chosen = [m for m in METHODS if m[0] in args.methods.split(",")]
+    stems = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(stems) - {stem for stem, _ in METHODS})
+    if unknown or not stems:
+        ap.error(
+            f"--methods {args.methods!r}: no such row(s) {unknown}; the rows are {[s for s, _ in METHODS]}"
+        )
+    chosen = [m for m in METHODS if m[0] in stems]
+    memory_rows = [stem for stem, _ in chosen if "mem" in stem]
+    if memory_rows and args.repeats > 1:
+        ap.error(
+            f"{memory_rows} share an n-gram memory across questions: timed repeats would not time the same "
+            "decoding; use --repeats 1"
+        )
+    if memory_rows and args.rounds > 1:
+        ap.error(
+            f"{memory_rows} share an n-gram memory that lives in one process, but each of --rounds "
+            f"{args.rounds} runs its own process: use --rounds 1 for them"
+        )
     answers = args.out_dir / "answers"
     answers.mkdir(parents=True, exist_ok=True)
     common = [
         "--question-file", str(args.question_file), "--model", args.model, "--first-turn-only",
         "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
-        "--repeats", str(args.repeats), "--warmup", "1", "--no-progress",
+        "--repeats", str(args.repeats), "--warmup", "1", "--no-progress", "--device", "cpu",
     ]  # fmt: skip
     log = []
     for r, per_category in enumerate(sizes, 1):

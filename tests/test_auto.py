@@ -5,6 +5,7 @@ decoding on a steep one."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -338,6 +339,24 @@ def test_bench_auto_rounds_slice_every_category():
     for bad in (0, 21):
         with pytest.raises(ValueError, match="rounds must be between 1 and per_category"):
             bench.round_sizes(20, bad)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--methods", "ar,autoo"], r"no such row\(s\) \['autoo'\]"),
+        (["--methods", "ar,stand-bc10-mem", "--repeats", "2"], "use --repeats 1"),
+        (["--methods", "auto-mem", "--per-category", "4", "--rounds", "2"], "use --rounds 1 for them"),
+    ],
+)
+def test_bench_auto_refuses_bad_rows_before_running(tmp_path, capsys, extra, message):
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    with pytest.raises(SystemExit):
+        bench.main(["--question-file", str(tmp_path / "q.jsonl"), "--out-dir", str(tmp_path / "out"), *extra])
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()  # refused before anything ran or was written
 
 
 def test_bench_auto_stock_rows_are_their_rows_with_the_small_batch_op_off(monkeypatch):

@@ -989,10 +989,11 @@ class AutoConfig(_ConfigData):
     nodes most likely accepted) the scheduler estimates the tokens it gains, E[k] = 1 + the sum of
     P(node accepted) over the kept nodes, from the run's own acceptance counts by depth and sibling
     rank (decayed, so they follow the text; every candidate's tree is walked along the real
-    continuation, a sampled one only on steps it ran), and its cost t(T_k) / t(1) from a :class:`~mtprobe.profile.ForwardProfile` of the model on this
-    machine. The step verifies the block and cut with the most tokens per unit of time, or only the
-    committed token (plain decoding, T = 1) when no draft pays for itself. What it chose is in
-    ``GenerateOutput.choices``. The output is that of plain decoding whatever it chooses.
+    continuation, a sampled one only on steps it ran), and its cost t(T_k) / t(1) from a
+    :class:`~mtprobe.profile.ForwardProfile` of the model on this machine. The step verifies the
+    block and cut with the most tokens per unit of time, or only the committed token (plain
+    decoding, T = 1) when no draft pays for itself. What it chose is in ``GenerateOutput.choices``.
+    The output is that of plain decoding whatever it chooses.
 
     Args:
         drafters: the candidate drafters' configurations (not ``DraftModelConfig``: its draft forwards
