@@ -61,6 +61,7 @@ import torch
 
 from mtprobe.specbench.methods import Method, get_method
 from mtprobe.specbench.questions import Question, first_per_category, load_questions, select_questions
+from mtprobe.specbench.score import setup_value
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -101,10 +102,7 @@ _TIMING_SETTINGS = ("device", "threads", "repeats")
 
 
 def _timing_setup(meta: dict[str, Any]) -> dict[str, Any]:
-    setup = {k: meta.get(k) for k in _TIMING_SETTINGS if k in meta}
-    if isinstance(setup.get("device"), str):
-        setup["device"] = setup["device"].split(":")[0]
-    return setup
+    return {k: setup_value(meta, k) for k in _TIMING_SETTINGS if k in meta}
 
 
 class RepeatMismatchError(RuntimeError):

@@ -68,6 +68,7 @@ __all__ = [
     "render_markdown",
     "score",
     "setup_differences",
+    "setup_value",
 ]
 
 _EXCERPT = 30  # characters of context shown on each side of a text mismatch
@@ -624,16 +625,17 @@ def setup_differences(baseline: dict[str, Any] | None, method: dict[str, Any] | 
     """
     if not baseline or not method:
         return []
-
-    def value(meta: dict[str, Any], key: str) -> Any:
-        v = meta[key]
-        return v.split(":")[0] if key == "device" and isinstance(v, str) else v
-
     return [
-        f"{k}: baseline {value(baseline, k)!r}, method {value(method, k)!r}"
+        f"{k}: baseline {setup_value(baseline, k)!r}, method {setup_value(method, k)!r}"
         for k in SETUP_KEYS
-        if k in baseline and k in method and value(baseline, k) != value(method, k)
+        if k in baseline and k in method and setup_value(baseline, k) != setup_value(method, k)
     ]
+
+
+def setup_value(meta: dict[str, Any], key: str) -> Any:
+    """``meta[key]`` as setups are compared: a device by its type (``cuda:0`` and ``cuda`` are one)."""
+    v = meta[key]
+    return v.split(":")[0] if key == "device" and isinstance(v, str) else v
 
 
 def render_markdown(r: ScoreReport) -> str:
