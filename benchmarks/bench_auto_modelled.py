@@ -77,8 +77,10 @@ def main() -> None:
         tokenizer, first_per_category(load_questions(args.question_file), args.per_category)
     )
     load0 = load_average()
-    # [method][category] -> [steps, tokens, modelled s, plain modelled s, measured decode s]
-    rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0]))
+    # [method][category] -> [steps, tokens, modelled s, plain modelled s, measured decode s, scheduler s]
+    rows: dict[str, dict[str, list[float]]] = defaultdict(
+        lambda: defaultdict(lambda: [0, 0, 0.0, 0.0, 0.0, 0.0])
+    )
     reference = None
     for question, ids in prompts:
         prompt_len = ids.shape[1]
@@ -101,6 +103,7 @@ def main() -> None:
                 r[2] += modelled_seconds(profile, prompt_len, out.block_sizes, out.accept_lengths)
                 r[3] += plain
                 r[4] += wall - out.timings["prefill_s"]
+                r[5] += out.timings.get("schedule_s", 0.0)  # AutoConfig's choosing, inside the decode loop
     categories = sorted({q.category for q, _ in prompts})
     lines = [
         "# Modelled decode time: AutoConfig and the static drafters, priced by the forward profile",
@@ -114,19 +117,22 @@ def main() -> None:
         f"- load average at the start and end: {load0} → {load_average()}",
         "- modelled: the sum over decode steps of the profile's t(T, context); plain: the same for one "
         "input per token; speedup = plain / modelled. Measured: wall-clock decode seconds of the same runs "
-        "(prefill excluded), for reference only",
+        "(prefill excluded), for reference only; scheduler: AutoConfig's own time choosing among the "
+        "drafters' blocks and cuts (`out.timings['schedule_s']`, which excludes drafting and the forward), "
+        "as a share of the measured decode seconds",
         "",
-        "| method | steps | τ | modelled s | modelled speedup | measured decode s | "
+        "| method | steps | τ | modelled s | modelled speedup | measured decode s | scheduler | "
         + " | ".join(categories)
         + " |",
-        "| --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in categories) + " |",
+        "| --- | --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in categories) + " |",
     ]
     for name in methods:
-        steps, tokens, modelled, plain, measured = rows[name]["all"]
+        steps, tokens, modelled, plain, measured, scheduler = rows[name]["all"]
+        share = f"{100 * scheduler / measured:.2f} %" if scheduler else "–"
         per_cat = " | ".join(f"{rows[name][c][3] / rows[name][c][2]:.3f}×" for c in categories)
         lines.append(
             f"| {name} | {steps} | {tokens / steps:.3f} | {modelled:.2f} | {plain / modelled:.3f}× | "
-            f"{measured:.1f} | {per_cat} |"
+            f"{measured:.1f} | {share} | {per_cat} |"
         )
     lines += ["", "Configurations: " + "; ".join(f"`{n}` = `{c.to_dict()}`" for n, c in methods.items())]
     write_report(args.out, lines)
