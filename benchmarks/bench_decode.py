@@ -17,6 +17,7 @@ reported, never raised.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import math
 import os
@@ -37,6 +38,7 @@ import mtprobe
 import mtprobe.models
 import mtprobe.tree_attention
 from _common import device_name, load_average
+from mtprobe import small_batch_linear
 from mtprobe.data import load_prompts, prompts_file
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,12 +105,18 @@ def first_mismatch(baseline: torch.Tensor, probe: torch.Tensor, prompt_len: int)
 
 @torch.no_grad()
 def time_forward(model: Any, n_tokens: int, device: torch.device, reps: int = 5, warmup: int = 2) -> float:
-    """Median seconds of one uncached forward over ``n_tokens`` random input embeddings."""
+    """Median seconds of one uncached forward over ``n_tokens`` random input embeddings, its linear
+    layers routed as the decode loop routes a forward of that many inputs (mtprobe's small-batch op
+    for 2 to ``small_batch_linear.MAX_ROWS`` inputs on a float32 CPU model, torch's own otherwise), so
+    that t(BC)/t(1) prices the forwards the probing runs actually make."""
     emb = model.get_input_embeddings()
     x = torch.randn(1, n_tokens, emb.embedding_dim, dtype=emb.weight.dtype, device=device)
-    for _ in range(warmup):
-        model(inputs_embeds=x, use_cache=False)
-    times = [_timed(lambda: model(inputs_embeds=x, use_cache=False), device)[1] for _ in range(reps)]
+    linears = small_batch_linear.routable_linears(model)
+    route = linears and 2 <= n_tokens <= small_batch_linear.MAX_ROWS
+    with small_batch_linear.routed(linears) if route else contextlib.nullcontext():
+        for _ in range(warmup):
+            model(inputs_embeds=x, use_cache=False)
+        times = [_timed(lambda: model(inputs_embeds=x, use_cache=False), device)[1] for _ in range(reps)]
     return statistics.median(times)
 
 
@@ -308,7 +316,14 @@ def build_report(
     out += [
         "## Uncached forward time vs tokens per forward",
         "",
-        "`model(inputs_embeds=randn(1, T, hidden), use_cache=False)`, median of 5 after 2 warm-ups.",
+        "`model(inputs_embeds=randn(1, T, hidden), use_cache=False)`, median of 5 after 2 warm-ups; "
+        + (
+            f"forwards over 2 to {small_batch_linear.MAX_ROWS} inputs through mtprobe's small-batch linear op, "
+            "as the decode loop runs them"
+            if small_batch_linear.routable_linears(model)
+            else "torch's own linear layers (mtprobe's small-batch op is off or does not apply here)"
+        )
+        + ".",
         "",
         md_table(["T", "ms", "t(T)/t(1)"], fwd_rows),
         "",
