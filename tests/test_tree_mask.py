@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.library import opcheck
 
-import mtprobe  # noqa: F401  (loads the C++ library, registering torch.ops.mtprobe)
+import mtprobe  # loads the C++ library, registering torch.ops.mtprobe
 from mtprobe.reference import tree_attention, tree_attention_mask, tree_depths, tree_position_ids
 from tolerances import dtype_id, tolerance
 
@@ -310,6 +310,50 @@ def test_opcheck_tree_position_ids(sample: tuple[torch.Tensor, int]) -> None:
 
 
 # --- the CUDA kernels (csrc/kernels/tree_mask.cuh) against the reference ------------------------------
+
+# --- the decode loop's builder (csrc/decode/tree_mask_builder.cpp) ----------------------------------
+
+BUILDER_TREES = [[-1, 0, 0, 1], [-1, 0, 1, 1, 0], [-1, 0, 0, 1], [-1, 0, 1, 2]]  # a shape met twice; a chain
+
+
+@pytest.mark.parametrize("incremental", [True, False], ids=["incremental", "naive"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_builder_matches_reference_as_the_prefix_grows(incremental: bool, dtype: torch.dtype) -> None:
+    # Prefixes past the first capacity (8) make the builder widen its buffers.
+    builder = mtprobe._C.TreeMaskBuilder(8, str(dtype).removeprefix("torch."), "cpu", incremental)
+    for step, prefix_len in enumerate([0, 3, 8, 9, 17, 40, 41]):
+        parents = BUILDER_TREES[step % len(BUILDER_TREES)]
+        position_ids, mask = builder.build(parents, prefix_len)
+        parents_t = torch.tensor(parents)
+        assert torch.equal(position_ids, tree_position_ids(parents_t, prefix_len))
+        if parents == [-1, 0, 1, 2]:
+            assert mask is None  # a chain: the model's own causal mask
+        else:
+            assert torch.equal(mask, tree_attention_mask(parents_t, prefix_len, dtype))
+    assert builder.capacity >= 41
+
+
+def test_builder_copies_the_mask_it_returns_off_the_cpu() -> None:
+    # On the CPU the mask is a view into the shape's buffer (prepending prefix columns costs nothing);
+    # elsewhere it is a fresh tensor, since a view starting at an arbitrary element made CUDA's
+    # memory-efficient SDPA fail with "misaligned address" (an H100, 2026-11-26). The meta device
+    # stands in for a GPU: it allocates as CUDA does, without one.
+    cpu = mtprobe._C.TreeMaskBuilder(64, "bfloat16", "cpu", True)
+    meta = mtprobe._C.TreeMaskBuilder(64, "bfloat16", "meta", True)
+    for prefix_len in [1, 5, 13, 50]:
+        _, on_cpu = cpu.build([-1, 0, 0], prefix_len)
+        _, on_meta = meta.build([-1, 0, 0], prefix_len)
+        assert on_cpu.storage_offset() == 64 - prefix_len and not on_cpu.is_contiguous()
+        assert on_meta.is_meta and on_meta.shape == (1, 1, 3, prefix_len + 3)
+        assert on_meta.is_contiguous() and on_meta.storage_offset() == 0
+
+
+def test_builder_rejects_an_unknown_mask_dtype() -> None:
+    with pytest.raises(
+        ValueError, match="mask dtype must be float32, float64, float16 or bfloat16, got 'int8'"
+    ):
+        mtprobe._C.TreeMaskBuilder(8, "int8", "cpu", True)
+
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

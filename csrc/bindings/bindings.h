@@ -4,8 +4,18 @@
 #include <torch/extension.h>
 
 namespace mtprobe::bindings {
+// Dtypes cross the bindings as their torch names ("float32", ...): no caster dependency.
+inline at::ScalarType parse_mask_dtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  TORCH_CHECK_VALUE(false, "mask dtype must be float32, float64, float16 or bfloat16, got '", name, "'");
+}
+
 void bind_drafters(pybind11::module_& m);
 void bind_decode_loop(pybind11::module_& m);
+void bind_tree_mask_builder(pybind11::module_& m);
 void bind_schedule(pybind11::module_& m);
 void bind_topology(pybind11::module_& m);
 }  // namespace mtprobe::bindings

@@ -9,17 +9,6 @@ namespace py = pybind11;
 
 namespace mtprobe::bindings {
 
-namespace {
-// Dtypes cross the binding as their torch names ("float32", ...): no caster dependency.
-at::ScalarType parse_dtype(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "float64") return at::kDouble;
-  if (name == "float16") return at::kHalf;
-  if (name == "bfloat16") return at::kBFloat16;
-  TORCH_CHECK_VALUE(false, "mask dtype must be float32, float64, float16 or bfloat16, got '", name, "'");
-}
-}  // namespace
-
 void bind_decode_loop(py::module_& m) {
   py::class_<DecodeResult>(m, "DecodeResult")
       .def_readonly("sequence", &DecodeResult::sequence)
@@ -50,7 +39,7 @@ void bind_decode_loop(py::module_& m) {
              o.max_positions = max_positions;
              o.block_complexity = block_complexity;
              o.kv_capacity = kv_capacity;
-             o.mask_dtype = parse_dtype(mask_dtype);
+             o.mask_dtype = parse_mask_dtype(mask_dtype);
              o.device = at::Device(device);
              o.incremental_masks = incremental_masks;
              o.do_sample = do_sample;

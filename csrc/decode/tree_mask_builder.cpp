@@ -101,6 +101,10 @@ BlockInputs TreeMaskBuilder::build(const std::vector<int64_t>& parents, int64_t 
   const int64_t width = capacity_ + T;
   at::Tensor mask = p.buffer.as_strided({1, 1, T, prefix_len + T}, {T * width, T * width, width, 1},
                                         p.buffer.storage_offset() + capacity_ - prefix_len);
+  // The view starts capacity - P elements into its buffer: any address. CUDA's memory-efficient
+  // SDPA reads the mask in 16-byte words and fails on such a view ("misaligned address", seen on
+  // an H100); a fresh copy is aligned, and T * (P + T) elements cost a device copy per step.
+  if (!device_.is_cpu()) mask = mask.contiguous();
   return {p.depths + prefix_len, mask};
 }
 

@@ -4,7 +4,8 @@
 // all-zero prefix columns followed by the block's own [T, T] tree pattern. Between two steps with
 // the same tree shape only P changes, so the builder keeps one buffer [T, capacity + T] whose
 // last T columns hold the tree pattern and whose other columns are zero, and returns the view of
-// its last P + T columns: "prepending" P columns costs nothing. Position ids are the cached
+// its last P + T columns: "prepending" P columns costs nothing on the CPU (on a GPU the view is
+// copied once per step, since attention kernels there need an aligned mask). Position ids are the cached
 // depths plus P: one add. The builder keeps the patterns of the last few shapes it met (EntMTP's
 // bank switches among a handful of static trees: switching back to one is a lookup, not a rebuild);
 // a new shape rewrites the least recently used pattern (O(T^2) on the host), and only a new block
