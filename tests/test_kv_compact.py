@@ -196,7 +196,7 @@ def test_cuda_op_matches_reference(case: tuple[list[int], int], dtype: torch.dty
     expected = [c.clone() for c in caches]
     compact_kv(expected, torch.tensor(src, dtype=torch.long), dst_start)
     on_gpu = [c.cuda() for c in caches]
-    torch.ops.mtprobe.compact_kv_(on_gpu, torch.tensor(src), dst_start)
+    torch.ops.mtprobe.compact_kv_(on_gpu, torch.tensor(src, dtype=torch.long), dst_start)
     for c, e in zip(on_gpu, expected, strict=True):
         assert torch.equal(c.cpu(), e)
 
@@ -214,6 +214,6 @@ def test_cuda_op_on_long_caches(seed: int) -> None:
     expected = [c.clone() for c in caches]
     compact_kv(expected, torch.tensor(src), dst_start)
     on_gpu = [c.cuda() for c in caches]
-    torch.ops.mtprobe.compact_kv_(on_gpu, torch.tensor(src), dst_start)
+    torch.ops.mtprobe.compact_kv_(on_gpu, torch.tensor(src, dtype=torch.long), dst_start)
     for c, e in zip(on_gpu, expected, strict=True):
         assert torch.equal(c.cpu(), e)

@@ -353,23 +353,33 @@ def test_cuda_verify_rejection_matches_cpu(shape: str, vocab: int) -> None:
         assert int(cuda_token) == int(token)
 
 
-@requires_cuda
-def test_cuda_verify_rejection_distribution() -> None:
-    # A chain of two drafts: the first output token is distributed as p_0 (verify.h's rule).
+def _first_token_chi2(device: str, trials: int = 4000) -> float:
+    """A chain of two drafts, drawn afresh from q for every trial: the first output token must be
+    distributed as p_0 (verify.h's rule). With the drafts held fixed it would not be: a fixed draft x
+    is kept with probability min(1, p_0(x) / q_0(x)), whatever p_0 says of the other tokens."""
     g = torch.Generator().manual_seed(0)
     vocab = 6
-    tokens, parents, p, q, _ = _rejection_case([-1, 0, 1], g, vocab=vocab)
-    trials = 4000
+    _, parents, p, q, _ = _rejection_case([-1, 0, 1], g, vocab=vocab)
     counts = torch.zeros(vocab)
     for _ in range(trials):
+        tokens = torch.tensor([0] + [int(torch.multinomial(q[j], 1, generator=g)) for j in (0, 1)])
         u = torch.rand(4, generator=g, dtype=torch.float64)
         path, token = torch.ops.mtprobe.verify_rejection(
-            tokens.cuda(), parents.cuda(), p.cuda(), q.cuda(), u.cuda()
+            tokens.to(device), parents.to(device), p.to(device), q.to(device), u.to(device)
         )
         first = int(tokens[1]) if len(path) > 1 else int(token)
         counts[first] += 1
     expected = p[0] * trials
     support = expected > 0
-    chi2 = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
     assert counts[~support].sum() == 0
-    assert chi2 < 25.0  # chi-square, at most 5 degrees of freedom: p-value < 1e-4 to fail
+    return float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
+
+
+@requires_op
+def test_verify_rejection_distribution() -> None:
+    assert _first_token_chi2("cpu") < 25.0  # chi-square, at most 5 degrees of freedom: p-value < 1e-4
+
+
+@requires_cuda
+def test_cuda_verify_rejection_distribution() -> None:
+    assert _first_token_chi2("cuda") < 25.0
