@@ -42,9 +42,13 @@ def run_lines(model_name: str) -> list[str]:
     ]
 
 
-def device_name(device: torch.device) -> str:
-    """The device a benchmark ran on, as a report states it."""
+def device_name(device: torch.device | str) -> str:
+    """The device a benchmark ran on, as a report states it. A CUDA device this process cannot see (a
+    report written by a parent that runs the benchmark in subprocesses elsewhere) is named as given."""
+    device = torch.device(device)
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"{device} (not visible to the process writing this report)"
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
     return (
         f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from _common import load_average
+from _common import device_name, load_average
 from mtprobe import small_batch_linear
 
 MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
@@ -91,13 +91,6 @@ def round_sizes(per_category: int, rounds: int) -> list[int]:
     if not 1 <= rounds <= per_category:
         raise ValueError(f"rounds must be between 1 and per_category ({per_category}), got {rounds}")
     return [-(-r * per_category // rounds) for r in range(1, rounds + 1)]
-
-
-def _device_name(device: str) -> str:
-    """``CPU``, or the CUDA device's own name (``NVIDIA H100 80GB HBM3``) for the report."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    return device.upper() if device == "cpu" else device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,13 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     compare = [sys.executable, "-m", "mtprobe.specbench", "compare", str(answers), "--tokenizer", args.model,
                "--out-dir", str(args.out_dir)]  # fmt: skip
     subprocess.run(compare, check=True)
+    # The machine's cores and the harness's threads are on the README's line already: a CPU is "CPU".
+    where = "CPU" if args.device == "cpu" else device_name(args.device)
     readme = [
         "# AutoConfig and EntMTP beside HF greedy, HF prompt lookup and every mtprobe method",
         "",
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
         f"{os.cpu_count()} cores, {args.threads} torch threads; torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; model `{args.model}`, {args.dtype}, {_device_name(args.device)}",
+        f"{transformers.__version__}; model `{args.model}`, {args.dtype}, {where}",
         f"- questions: the first {args.per_category} question(s) of every category of `{args.question_file.name}`, "
         f"first turns, at most {args.max_new_tokens} new tokens, greedy, {args.repeats} timed run(s) each",
         "- every method ran in its own process, one after another"

@@ -104,15 +104,21 @@ def first_mismatch(baseline: torch.Tensor, probe: torch.Tensor, prompt_len: int)
 
 
 @torch.no_grad()
-def time_forward(model: Any, n_tokens: int, device: torch.device, reps: int = 5, warmup: int = 2) -> float:
+def time_forward(
+    model: Any,
+    n_tokens: int,
+    device: torch.device,
+    linears: small_batch_linear.Linears,
+    reps: int = 5,
+    warmup: int = 2,
+) -> float:
     """Median seconds of one uncached forward over ``n_tokens`` random input embeddings, its linear
-    layers routed as the decode loop routes a forward of that many inputs (mtprobe's small-batch op
-    for 2 to ``small_batch_linear.MAX_ROWS`` inputs on a float32 CPU model, torch's own otherwise), so
-    that t(BC)/t(1) prices the forwards the probing runs actually make."""
+    layers routed as the decode loop routes a forward of that many inputs (``linears``, the model's
+    ``small_batch_linear.routable_linears``, for ``small_batch_linear.routes(n_tokens)``; none on a GPU
+    or in half precision), so that t(BC)/t(1) prices the forwards the probing runs actually make."""
     emb = model.get_input_embeddings()
     x = torch.randn(1, n_tokens, emb.embedding_dim, dtype=emb.weight.dtype, device=device)
-    linears = small_batch_linear.routable_linears(model)
-    route = linears and 2 <= n_tokens <= small_batch_linear.MAX_ROWS
+    route = linears and small_batch_linear.routes(n_tokens)
     with small_batch_linear.routed(linears) if route else contextlib.nullcontext():
         for _ in range(warmup):
             model(inputs_embeds=x, use_cache=False)
@@ -216,6 +222,7 @@ def build_report(
     baseline: list[Run],
     probes: dict[int, list[Run]],
     t_fwd: dict[int, float],
+    routed: bool,
 ) -> str:
     dtype_note = QUANT_NOTE.get(args.model)
     n_params = sum(p.numel() for p in model.parameters())
@@ -320,7 +327,7 @@ def build_report(
         + (
             f"forwards over 2 to {small_batch_linear.MAX_ROWS} inputs through mtprobe's small-batch linear op, "
             "as the decode loop runs them"
-            if small_batch_linear.routable_linears(model)
+            if routed
             else "torch's own linear layers (mtprobe's small-batch op is off or does not apply here)"
         )
         + ".",
@@ -449,9 +456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(msg)
 
     log("timing uncached forwards")
-    t_fwd = {t: time_forward(model, t, device) for t in sorted({1, *bcs})}
+    linears = small_batch_linear.routable_linears(model)
+    t_fwd = {t: time_forward(model, t, device, linears) for t in sorted({1, *bcs})}
 
-    report = build_report(args, model, prompts, prompt_lens, baseline, probes, t_fwd)
+    report = build_report(args, model, prompts, prompt_lens, baseline, probes, t_fwd, routed=bool(linears))
     print(report)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -326,7 +326,7 @@ class HFAdapter:
         if self._layers is not None and self._mask_offsets is not None and embeds is not None:
             offsets = layer_offsets(self._layers, self._mask_offsets, tokens.shape[0])
         linears = contextlib.nullcontext()
-        if self._small_batch_linears and prefix_len > 0 and 2 <= T <= small_batch_linear.MAX_ROWS:
+        if self._small_batch_linears and prefix_len > 0 and small_batch_linear.routes(T):
             linears = small_batch_linear.routed(self._small_batch_linears)
         with offsets, linears:
             out = self.model(

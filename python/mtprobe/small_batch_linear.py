@@ -66,6 +66,16 @@ class Linears(list):
         return tuple((vars(m), types.MethodType(_forward, m)) for m in self)
 
 
+def routes(num_inputs: int) -> bool:
+    """Whether a cached decode-step forward over ``num_inputs`` inputs runs through the op: 2 to
+    :data:`MAX_ROWS`. One input (plain decoding) keeps torch's linear, as do larger blocks.
+
+    >>> routes(1), routes(2), routes(MAX_ROWS), routes(MAX_ROWS + 1)
+    (False, True, True, False)
+    """
+    return 2 <= num_inputs <= MAX_ROWS
+
+
 def routable_linears(model: nn.Module) -> Linears:
     """The modules of ``model`` the route would swap (none while it is off): exactly ``nn.Linear``
     (subclasses, such as quantized linears, compute something else), float32 weights on the CPU,
