@@ -69,6 +69,10 @@ torch.version.cuda, transformers.__version__)" | tee -a "$REPORTS/device.txt"
     step "op_tests $concept" 90 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 60 \
       -k "cuda and not compiles" "tests/test_$concept.py" >>"$REPORTS/op_tests.log" 2>&1
   done
+  # The same bad input on the CPU op: does a c10::ValueError from mtprobe reach Python under this
+  # torch at all? (The CUDA bad-input test segfaulted on the first run, and no other GPU test raises one.)
+  step "op_tests circuit-cpu-errors" 60 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 30 \
+    tests/test_circuit.py::test_op_rejects_bad_input >>"$REPORTS/op_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$REPORTS/op_tests.log" | tail -n 40
   step bench_tree_attention 60 "$PY" benchmarks/bench_tree_attention.py --device cuda --dtype bfloat16 \
     --out "$REPORTS/bench_tree_attention.md"
