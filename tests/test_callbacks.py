@@ -1,4 +1,4 @@
-"""What the loop hands HF's callbacks (csrc/decode/callbacks.h): stopping criteria get the processed
+"""What the loop hands HF's callbacks (csrc/runtime/callbacks.h): stopping criteria get the processed
 scores their token was chosen from, and a broken logits processor is named."""
 
 from __future__ import annotations

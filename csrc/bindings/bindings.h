@@ -1,4 +1,5 @@
-// pybind11 bindings, one file per concept of the core (drafters, decode loop).
+// pybind11 bindings, one file per concept of the core (drafters, decode loop); the bindings that
+// exist only for tests apart, in testing.cpp.
 #pragma once
 
 #include <torch/extension.h>
@@ -15,7 +16,7 @@ inline at::ScalarType parse_mask_dtype(const std::string& name) {
 
 void bind_drafters(pybind11::module_& m);
 void bind_decode_loop(pybind11::module_& m);
-void bind_tree_mask_builder(pybind11::module_& m);
 void bind_schedule(pybind11::module_& m);
 void bind_topology(pybind11::module_& m);
+void bind_testing(pybind11::module_& m);  // test-only bindings (testing.cpp)
 }  // namespace mtprobe::bindings

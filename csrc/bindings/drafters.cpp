@@ -1,13 +1,13 @@
+// The drafters and the types they exchange with the decode loop (csrc/drafters/), and the
+// cross-request n-gram memory they share. Bindings that exist for tests live in testing.cpp.
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
 #include "bindings/bindings.h"
-#include "core/draft_tree.h"
-#include "core/lookahead.h"
-#include "core/ngram.h"
 #include "core/ngram_store.h"
 #include "core/topology.h"
 #include "drafters/draft_model.h"
@@ -56,32 +56,6 @@ class PyDrafter : public Drafter {
   bool wants_hidden_states() const override { PYBIND11_OVERRIDE(bool, Drafter, wants_hidden_states); }
 };
 
-// A draft tree as Python lists (tokens, parents, probs).
-py::tuple tree_lists(const std::vector<core::DraftNode>& nodes) {
-  std::vector<int64_t> tokens, parents;
-  std::vector<double> probs;
-  for (const auto& n : nodes) {
-    tokens.push_back(n.token);
-    parents.push_back(n.parent);
-    probs.push_back(n.prob);
-  }
-  return py::make_tuple(tokens, parents, probs);
-}
-
-// A draft tree from Python lists (tokens, parents, probs), checked: root first, parents before children.
-std::vector<core::DraftNode> tree_nodes(const std::vector<int64_t>& t, const std::vector<int64_t>& p,
-                                        const std::vector<double>& s) {
-  TORCH_CHECK_VALUE(t.size() == p.size() && t.size() == s.size(),
-                    "tokens, parents and probs of a tree must have one entry per node");
-  std::vector<core::DraftNode> out;
-  for (size_t i = 0; i < t.size(); ++i) {
-    TORCH_CHECK_VALUE(i == 0 ? p[i] == -1 : p[i] >= 0 && p[i] < static_cast<int64_t>(i), "node ", i,
-                      " has parent ", p[i], "; the root comes first and parents before children");
-    out.push_back({t[i], p[i], i == 0 ? 0 : out[static_cast<size_t>(p[i])].depth + 1, s[i]});
-  }
-  return out;
-}
-
 // The probing options MaskProbeDrafter and HybridDrafter take from Python.
 MaskProbeOptions mask_options(int64_t num_masks, int64_t block_complexity, bool prune, std::string mask_init,
                               double gaussian_shift, double mask_lambda, int64_t seed,
@@ -113,72 +87,6 @@ void set_bank(Options& o, std::vector<core::Topology> bank, const std::optional<
 }  // namespace
 
 void bind_drafters(py::module_& m) {
-  m.def(
-      "build_draft_tree",
-      [](int64_t root_token, const at::Tensor& cand_tokens, const at::Tensor& cand_probs, bool dynamic,
-         std::vector<int64_t> branches, int64_t budget, bool prune) {
-        TORCH_CHECK_VALUE(cand_tokens.dim() == 2 && cand_tokens.sizes() == cand_probs.sizes(),
-                          "cand_tokens and cand_probs must both be [depths, m]");
-        at::Tensor t = cand_tokens.to(at::kCPU, at::kLong).contiguous();
-        at::Tensor p = cand_probs.to(at::kCPU, at::kFloat).contiguous();
-        const int64_t depths = t.size(0), width = t.size(1);
-        if (!dynamic) {
-          TORCH_CHECK_VALUE(static_cast<int64_t>(branches.size()) == depths,
-                            "need one branch count per depth");
-        }
-        std::vector<core::DraftNode> nodes =
-            dynamic ? core::build_dynamic_tree(root_token, t.data_ptr<int64_t>(), p.data_ptr<float>(), depths,
-                                               width, budget, prune)
-                    : core::build_static_tree(root_token, t.data_ptr<int64_t>(), p.data_ptr<float>(), depths,
-                                              width, branches.data(), prune);
-        return tree_lists(nodes);
-      },
-      py::arg("root_token"), py::arg("cand_tokens"), py::arg("cand_probs"), py::kw_only(), py::arg("dynamic"),
-      py::arg("branches") = std::vector<int64_t>{}, py::arg("budget") = 0, py::arg("prune") = true,
-      "Draft tree from per-depth candidates [depths, m] (csrc/core/draft_tree.h): (tokens, parents, probs).");
-
-  m.def(
-      "merge_draft_trees",
-      [](const std::vector<int64_t>& a_tokens, const std::vector<int64_t>& a_parents,
-         const std::vector<double>& a_probs, const std::vector<int64_t>& b_tokens,
-         const std::vector<int64_t>& b_parents, const std::vector<double>& b_probs, int64_t budget) {
-        return tree_lists(core::merge_draft_trees(tree_nodes(a_tokens, a_parents, a_probs),
-                                                  tree_nodes(b_tokens, b_parents, b_probs), budget));
-      },
-      py::arg("a_tokens"), py::arg("a_parents"), py::arg("a_probs"), py::arg("b_tokens"),
-      py::arg("b_parents"), py::arg("b_probs"), py::arg("budget"),
-      "Two draft trees of one root merged, the best budget - 1 nodes kept (csrc/core/draft_tree.h).");
-
-  m.def(
-      "plan_mask_carriers",
-      [](const std::vector<int64_t>& tokens, const std::vector<int64_t>& parents,
-         const std::vector<double>& probs, int64_t inputs, int64_t k, double mask_value) {
-        TORCH_CHECK_VALUE(inputs >= 1 && k >= 1, "inputs and k must be >= 1, got ", inputs, " and ", k);
-        TORCH_CHECK_VALUE(std::isfinite(mask_value) && mask_value >= 0.0,
-                          "mask_value must be a finite number >= 0, got ", mask_value);
-        core::MaskPlan plan =
-            core::plan_mask_carriers(tree_nodes(tokens, parents, probs), inputs, k, mask_value);
-        py::tuple t = tree_lists(plan.nodes);
-        return py::make_tuple(t[0], t[1], t[2], std::vector<bool>(plan.carries.begin(), plan.carries.end()));
-      },
-      py::arg("tokens"), py::arg("parents"), py::arg("probs"), py::arg("inputs"), py::arg("k"),
-      py::arg("mask_value"),
-      "Which nodes of a draft tree carry k masks when masks and drafts share `inputs` inputs "
-      "(csrc/core/draft_tree.h): (tokens, parents, probs, carries).");
-
-  m.def(
-      "prompt_lookup",
-      [](const std::vector<int64_t>& seq, int64_t max_ngram_size, int64_t max_tokens) {
-        TORCH_CHECK_VALUE(max_ngram_size >= 1 && max_tokens >= 1,
-                          "max_ngram_size and max_tokens must be >= 1");
-        std::vector<int64_t> out(static_cast<size_t>(max_tokens));
-        out.resize(static_cast<size_t>(core::prompt_lookup(seq.data(), static_cast<int64_t>(seq.size()),
-                                                           max_ngram_size, max_tokens, out.data())));
-        return out;
-      },
-      py::arg("seq"), py::arg("max_ngram_size"), py::arg("max_tokens"),
-      "The prompt-lookup draft for a token history (csrc/core/ngram.h).");
-
   m.def(
       "token_block",
       [](const at::Tensor& committed, const std::vector<int64_t>& tokens, const std::vector<int64_t>& parents,
@@ -348,45 +256,6 @@ void bind_drafters(py::module_& m) {
           "entropy_ema, accept_ema] and the tree chosen for it.")
       .def_property_readonly("head_calls", &HeadsDrafter::head_calls);
 
-  // The STAND n-gram store as a host object, mirroring csrc/core/ngram_store.h (tests compare it
-  // with mtprobe.reference.stand).
-  py::class_<core::NgramStore>(m, "NgramStore", "n-gram keys -> accumulated next-token mass (STAND).")
-      .def(py::init([](int64_t max_ngram, int64_t top_k) {
-             TORCH_CHECK_VALUE(max_ngram >= 1 && top_k >= 1, "max_ngram and top_k must be >= 1, got ",
-                               max_ngram, " and ", top_k);
-             return core::NgramStore(max_ngram, top_k);
-           }),
-           py::arg("max_ngram") = 3, py::arg("top_k") = 8)
-      .def(
-          "add",
-          [](core::NgramStore& s, const std::vector<int64_t>& context, const std::vector<int64_t>& tokens,
-             const std::vector<float>& probs) {
-            TORCH_CHECK_VALUE(tokens.size() == probs.size(),
-                              "tokens and probs differ in length: ", tokens.size(), " and ", probs.size());
-            s.add(context.data(), static_cast<int64_t>(context.size()), tokens.data(), probs.data(),
-                  static_cast<int64_t>(tokens.size()));
-          },
-          py::arg("context"), py::arg("tokens"), py::arg("probs"))
-      .def(
-          "add_token",
-          [](core::NgramStore& s, const std::vector<int64_t>& context, int64_t next) {
-            s.add_token(context.data(), static_cast<int64_t>(context.size()), next);
-          },
-          py::arg("context"), py::arg("next_token"))
-      .def(
-          "lookup",
-          [](const core::NgramStore& s, const std::vector<int64_t>& context, int64_t cap) {
-            std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(cap, 0)));
-            std::vector<double> probs(tokens.size());
-            const int64_t n = s.lookup(context.data(), static_cast<int64_t>(context.size()), tokens.data(),
-                                       probs.data(), cap);
-            tokens.resize(static_cast<size_t>(n));
-            probs.resize(static_cast<size_t>(n));
-            return py::make_tuple(tokens, probs);
-          },
-          py::arg("context"), py::arg("cap") = 64)
-      .def_property_readonly("num_keys", &core::NgramStore::num_keys);
-
   // The cross-request memory of STAND and the hybrid (csrc/core/ngram_store.h): held by shared_ptr,
   // so any number of drafters share one.
   py::class_<core::NgramMemory, std::shared_ptr<core::NgramMemory>>(
@@ -432,24 +301,6 @@ void bind_drafters(py::module_& m) {
                "; " + std::to_string(mem.size()) + " keys)";
       });
 
-  m.def(
-      "build_stand_tree",
-      [](const core::NgramStore& store, const std::vector<int64_t>& context, int64_t budget,
-         int64_t max_depth, std::shared_ptr<core::NgramMemory> memory) {
-        std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(budget, 0)));
-        std::vector<int64_t> parents(tokens.size());
-        const int64_t n =
-            core::build_stand_tree(store, context.data(), static_cast<int64_t>(context.size()), budget,
-                                   max_depth, tokens.data(), parents.data(), nullptr, memory.get());
-        tokens.resize(static_cast<size_t>(n));
-        parents.resize(static_cast<size_t>(n));
-        return py::make_tuple(tokens, parents);
-      },
-      py::arg("store"), py::arg("context"), py::arg("budget"), py::arg("max_depth"),
-      py::arg("memory") = py::none(),
-      "The STAND draft tree (csrc/core/ngram_store.h): (tokens, parents), parent -1 = the root; with a "
-      "memory, lookups fall back to it where the store has no key of that length.");
-
   py::class_<StandDrafter, Drafter, std::shared_ptr<StandDrafter>>(
       m, "StandDrafter", "STAND: a draft tree from an n-gram store of the target's own distributions.")
       .def(py::init([](int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k,
@@ -484,81 +335,6 @@ void bind_drafters(py::module_& m) {
            py::arg("mask_value") = std::nullopt, py::arg("fold_memory") = true)
       .def_property_readonly("probe_nodes", &HybridDrafter::probe_nodes)
       .def_property_readonly("ngram_nodes", &HybridDrafter::ngram_nodes);
-
-  // Lookahead's n-gram pool and Jacobi window as host objects, mirroring csrc/core/lookahead.h
-  // (tests compare them with mtprobe.reference.lookahead).
-  py::class_<core::LookaheadPool>(m, "LookaheadPool", "key token -> at most G continuations (lookahead).")
-      .def(py::init<int64_t, int64_t>(), py::arg("ngram_size"), py::arg("guess_set_size"))
-      .def(
-          "add",
-          [](core::LookaheadPool& pool, const std::vector<int64_t>& ngram) {
-            TORCH_CHECK_VALUE(static_cast<int64_t>(ngram.size()) == pool.ngram_size(), "an n-gram of ",
-                              pool.ngram_size(), " tokens is needed, got ", ngram.size());
-            pool.add(ngram.data());
-          },
-          py::arg("ngram"))
-      .def(
-          "lookup",
-          [](const core::LookaheadPool& pool, int64_t key) {
-            const int64_t len = pool.ngram_size() - 1;
-            std::vector<int64_t> flat(static_cast<size_t>(pool.guess_set_size() * len));
-            const int64_t count = pool.lookup(key, flat.data());
-            std::vector<std::vector<int64_t>> out;
-            for (int64_t g = 0; g < count; ++g)
-              out.emplace_back(flat.begin() + g * len, flat.begin() + (g + 1) * len);
-            return out;
-          },
-          py::arg("key"), "The continuations after key, oldest first.")
-      .def_property_readonly("num_keys", &core::LookaheadPool::num_keys);
-
-  m.def(
-      "build_guess_tree",
-      [](const std::vector<std::vector<int64_t>>& guesses, int64_t max_depth) {
-        const int64_t count = static_cast<int64_t>(guesses.size());
-        const int64_t len = count > 0 ? static_cast<int64_t>(guesses[0].size()) : 0;
-        std::vector<int64_t> flat;
-        for (const auto& g : guesses) {
-          TORCH_CHECK_VALUE(static_cast<int64_t>(g.size()) == len, "guesses must all have ", len,
-                            " tokens, got one of ", g.size());
-          flat.insert(flat.end(), g.begin(), g.end());
-        }
-        std::vector<int64_t> tokens(flat.size()), parents(flat.size());
-        const int64_t n =
-            core::build_guess_tree(flat.data(), count, len, max_depth, tokens.data(), parents.data());
-        tokens.resize(static_cast<size_t>(n));
-        parents.resize(static_cast<size_t>(n));
-        return py::make_tuple(tokens, parents);
-      },
-      py::arg("guesses"), py::arg("max_depth"),
-      "Lookahead's guesses merged into one tree (csrc/core/lookahead.h): (tokens, parents), -1 = the root.");
-
-  py::class_<core::LookaheadWindow>(m, "LookaheadWindow", "Lookahead's Jacobi window: (L - 1) levels x W.")
-      .def(py::init<int64_t, int64_t>(), py::arg("ngram_size"), py::arg("window"))
-      .def(
-          "reset",
-          [](core::LookaheadWindow& w, const std::vector<int64_t>& prompt) {
-            w.reset(prompt.data(), static_cast<int64_t>(prompt.size()));
-          },
-          py::arg("prompt"))
-      .def("layout",
-           [](const core::LookaheadWindow& w) {
-             std::vector<int64_t> tokens(static_cast<size_t>(w.num_cells())), parents(tokens.size());
-             w.layout(tokens.data(), parents.data());
-             return py::make_tuple(tokens, parents);
-           })
-      .def(
-          "update",
-          [](core::LookaheadWindow& w, int64_t root, const std::vector<int64_t>& next,
-             core::LookaheadPool& pool) {
-            TORCH_CHECK_VALUE(static_cast<int64_t>(next.size()) == w.window(), "next needs ", w.window(),
-                              " tokens (one per column), got ", next.size());
-            w.update(root, next.data(), pool);
-          },
-          py::arg("root"), py::arg("next"), py::arg("pool"))
-      .def("cell_index", &core::LookaheadWindow::cell_index, py::arg("level"), py::arg("column"))
-      .def_property_readonly("updates", &core::LookaheadWindow::updates)
-      .def_property_readonly("num_cells", &core::LookaheadWindow::num_cells)
-      .def_property_readonly("max_depth", &core::LookaheadWindow::max_depth);
 
   py::class_<LookaheadDrafter, Drafter, std::shared_ptr<LookaheadDrafter>>(
       m, "LookaheadDrafter",

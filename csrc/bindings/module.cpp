@@ -21,8 +21,8 @@ PYBIND11_MODULE(_C, m) {
   mtprobe::bindings::bind_drafters(m);
   mtprobe::bindings::bind_schedule(m);  // after the drafters: AutoDrafter is one
   mtprobe::bindings::bind_decode_loop(m);
-  mtprobe::bindings::bind_tree_mask_builder(m);
   m.def("small_batch_linear_simd", &mtprobe::ops::small_batch_linear_simd,
         "Whether torch.ops.mtprobe.small_batch_linear runs its AVX2/FMA kernel on this CPU (otherwise a "
         "portable scalar loop, slower than torch's own linear)");
+  mtprobe::bindings::bind_testing(m);  // last: its functions take NgramMemory, AcceptanceStats, CostTable
 }

@@ -28,18 +28,6 @@ void bind_schedule(py::module_& m) {
       .def_property_readonly("trials", &core::AcceptanceStats::trials)
       .def_property_readonly("accepts", &core::AcceptanceStats::accepts);
 
-  m.def(
-      "best_cut",
-      [](const core::AcceptanceStats& stats, const core::CostTable& cost, int64_t committed,
-         const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context) {
-        const core::Cut c = core::best_cut(stats, cost, committed, parents, extra, cuttable, context);
-        return py::make_tuple(c.kept, c.inputs, c.expected, c.score);
-      },
-      py::arg("stats"), py::arg("cost"), py::arg("committed"), py::arg("parents"), py::arg("extra"),
-      py::arg("cuttable"), py::arg("context"),
-      "(kept draft nodes, inputs, expected tokens, score) of the best cut of one draft tree "
-      "(csrc/core/schedule.h).");
-
   py::class_<AutoDrafter, Drafter, std::shared_ptr<AutoDrafter>>(
       m, "AutoDrafter",
       "Several drafters propose; each step verifies the block and cut with the most expected tokens per "

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "decode/callbacks.h"
 #include "decode/tree_mask_builder.h"
 #include "drafters/drafter.h"
+#include "runtime/callbacks.h"
 
 namespace mtprobe {
 

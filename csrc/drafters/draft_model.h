@@ -18,8 +18,8 @@
 #include <optional>
 #include <vector>
 
-#include "decode/callbacks.h"
 #include "drafters/drafter.h"
+#include "runtime/callbacks.h"
 
 namespace mtprobe {
 

@@ -25,7 +25,7 @@
 //     the shortlist of width HeadsDrafter::bank_width(). The shape is fixed, the tokens change, and
 //     the drafts are deterministic (under sampling the loop verifies them by sample matching).
 //     With `record`, every step logs the true continuation's child ranks, computed once its tokens
-//     are known (at most window - 1 steps later): what mtprobe.topology.build_bank reads.
+//     are known (at most window - 1 steps later): what mtprobe.topology.build.build_bank reads.
 //
 // The head itself is a callback (Python: mtprobe.heads.CircuitHead), so a trained torch module is
 // used as is; everything after its parameters — conditioning, the tree, the draws — is here.

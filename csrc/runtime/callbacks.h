@@ -1,6 +1,9 @@
 // The callbacks through which C++ reaches Python: the model forward, its KV cache, HF's logits
 // processors, stopping criteria and streamers. Shared by the decode loop and the drafters that run
 // a model of their own (draft-model speculative decoding).
+//
+// csrc/runtime/ is the layer of ATen-level types that both drafters/ and decode/ use: above core/,
+// kernels/ and ops/, below drafters/ (tests/test_csrc_layers.py keeps the order).
 #pragma once
 
 #include <ATen/ATen.h>
