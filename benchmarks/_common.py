@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from mtprobe.data import encode_conversation
 from mtprobe.specbench.questions import Question
-from mtprobe.specbench.run import encode_conversation
 
 
 def first_turn_prompts(tokenizer, questions: list[Question]) -> list[tuple[Question, torch.Tensor]]:

@@ -5,7 +5,7 @@ questions, one after another in fresh processes, then ``compare`` over the answe
 ``README.md`` there with the commands, the machine, versions and the load average before and after
 each run. This is a benchmark: nothing here asserts a speed.
 
-    python -m mtprobe.topology --model smollm2-135m --num-prompts 12 --max-new-tokens 64 \\
+    python -m mtprobe topology --model smollm2-135m --num-prompts 12 --max-new-tokens 64 \\
         --debias-sizes 1,2,4,8,14 --out benchmarks/results/auto/bank-smollm2-135m.json
     python benchmarks/bench_auto.py --question-file ../shared/specbench/question-dev.jsonl \\
         --per-category 2 --max-new-tokens 64 --out-dir benchmarks/results/auto

@@ -48,7 +48,7 @@ def configs(bc: int, mask_path: str | None = None) -> dict[str, object]:
         out["lade"] = mtprobe.LookaheadConfig.for_block_complexity(bc)
     if (
         mask_path is not None
-    ):  # learned masks (python -m mtprobe.calibrate), with and without the running update
+    ):  # learned masks (python -m mtprobe calibrate), with and without the running update
         cal = dict(mask_init="calibrated", mask_path=mask_path)
         out["probe-cal"] = mtprobe.ProbeConfig(block_complexity=bc, mask_lambda=0.1, **cal)
         out["probe-cal-lam0"] = mtprobe.ProbeConfig(block_complexity=bc, mask_lambda=0.0, **cal)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--mask-path",
         default=None,
-        help="a mask calibration (python -m mtprobe.calibrate): adds probe-cal, hybrid-cal (lambda 0.1) and "
+        help="a mask calibration (python -m mtprobe calibrate): adds probe-cal, hybrid-cal (lambda 0.1) and "
         "probe-cal-lam0, hybrid-cal-lam0 (lambda 0, the learned masks kept) rows",
     )
     ap.add_argument("--methods", nargs="+", default=None, help="only these rows (default: all)")

@@ -6,7 +6,7 @@ The shape of seed 003's Tables 6 and 7 at this machine's scale: one row per trai
 window n, rank r), per BC and per temperature (greedy and sampling), with τ, latency per cycle,
 tokens/s and the speed-up over HF ``generate``; every greedy run is checked token-identical to greedy
 ``model.generate``. Prompts are Spec-Bench first turns (SmolLM2), or, with ``--text``, held-out
-passages of a byte LM's corpus (python -m mtprobe.bytelm, seed 003's own byte-level regime). The
+passages of a byte LM's corpus (python -m mtprobe bytelm, seed 003's own byte-level regime). The
 head's cost is the mean time of one head call (``CircuitHead.step_fn``, what the drafter calls once
 per step) over the median time of one single-token decode forward of the backbone with a KV cache of
 the first prompt's length, both on this machine, same threads.

@@ -26,7 +26,7 @@ import transformers
 import mtprobe
 from _common import load_average
 from mtprobe import models
-from mtprobe.specbench.run import encode_conversation
+from mtprobe.data import encode_conversation
 
 
 def main(argv: list[str] | None = None) -> int:

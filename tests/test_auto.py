@@ -417,7 +417,7 @@ def test_bench_auto_memory_rows_name_valid_drafters():
     from pathlib import Path
 
     from conftest import load_benchmark
-    from mtprobe.specbench.methods import _drafter_configs
+    from mtprobe.methods import _drafter_configs
 
     bench = load_benchmark("bench_auto")
     rows = {stem: args for stem, args in bench.METHODS if stem.startswith("auto-") and stem.endswith("-mem")}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mtprobe
-from mtprobe import bytelm, heads, models
+from mtprobe import bytelm, cli, heads, models
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog.\n%\n"
@@ -87,8 +87,9 @@ def test_passage_prompts_come_from_their_part(corpus):
 def test_circuit_heads_over_eight_bytes_are_lossless(trained, corpus, tmp_path, capsys):
     folder, _ = trained
     out = tmp_path / "btree-n8"
-    rc = heads._main(
+    rc = cli.main(
         [
+            "heads",
             "train",
             "--model",
             str(folder),
@@ -176,15 +177,14 @@ def test_bad_training_input(corpus, tmp_path):
 
 def test_command_line(corpus, tmp_path, capsys):
     out = tmp_path / "m"
-    args = ["train", "--text", str(corpus), "--out", str(out), "--hidden-size", "16", "--layers", "1"]
-    assert bytelm._main([*args, "--heads", "2", "--steps", "3", "--seq-len", "16", "--batch-size", "2"]) == 0
+    train = ["bytelm", "train", "--out", str(out)]
+    args = [*train, "--text", str(corpus), "--hidden-size", "16", "--layers", "1"]
+    assert cli.main([*args, "--heads", "2", "--steps", "3", "--seq-len", "16", "--batch-size", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 3
     assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
-    with pytest.raises(SystemExit):
-        bytelm._main(["train", "--text", str(tmp_path / "none"), "--out", str(out)])
+    assert cli.main([*train, "--text", str(tmp_path / "none")]) == cli.EXIT_USAGE
     assert "does not exist" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        bytelm._main([*args, "--heads", "3"])
+    assert cli.main([*args, "--heads", "3"]) == cli.EXIT_USAGE
     assert "even head size" in capsys.readouterr().err
 
 
@@ -197,6 +197,6 @@ def test_command_line(corpus, tmp_path, capsys):
     ],
 )
 def test_heads_command_line_text_options(tmp_path, capsys, extra, match):
-    with pytest.raises(SystemExit) as e:  # refused before any model is loaded
-        heads._main(["train", "--model", "nowhere", "--out", str(tmp_path / "h"), *extra])
-    assert e.value.code == 2 and match in capsys.readouterr().err
+    # Refused before any model is loaded.
+    assert cli.main(["heads", "train", "--model", "nowhere", "--out", str(tmp_path / "h"), *extra]) == 2
+    assert match in capsys.readouterr().err

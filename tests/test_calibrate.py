@@ -99,7 +99,7 @@ def test_corrupt_and_missing_files(tmp_path):
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all")
     with pytest.raises(ValueError, match="not a mask calibration file"):
         MaskCalibration.load(bad)
-    with pytest.raises(FileNotFoundError, match="does not exist; make one with python -m mtprobe.calibrate"):
+    with pytest.raises(FileNotFoundError, match="does not exist; make one with python -m mtprobe calibrate"):
         MaskCalibration.load(tmp_path / "missing.safetensors")
     from safetensors.torch import save_file
 
@@ -339,13 +339,13 @@ def test_decoder_layers_of_a_model_without_them():
 
 def test_command_line(tmp_path, capsys):
     from mtprobe import models
-    from mtprobe.calibrate import _main
+    from mtprobe.cli import main
     from test_cli import _save_tiny
 
     folder = _save_tiny(tmp_path / "tiny")
     out = tmp_path / "masks.safetensors"
-    argv = ["--model", str(folder), "--out", str(out), "--num-prompts", "4", "--holdout", "1"]
-    assert _main([*argv, "--max-new-tokens", "8", "--epochs", "1", "--num-masks", "2"]) == 0
+    argv = ["calibrate", "--model", str(folder), "--out", str(out), "--num-prompts", "4", "--holdout", "1"]
+    assert main([*argv, "--max-new-tokens", "8", "--epochs", "1", "--num-masks", "2"]) == 0
     printed = capsys.readouterr().out
     assert "held-out top-1 of the masks" in printed and str(out) in printed
     model, _ = models.load(folder)
@@ -355,20 +355,19 @@ def test_command_line(tmp_path, capsys):
     assert cal.layer_offsets is None
     deep = tmp_path / "deep.safetensors"
     assert (
-        _main([*argv[:3], str(deep), *argv[4:], "--max-new-tokens", "8", "--epochs", "1", "--layer-offsets"])
+        main([*argv[:4], str(deep), *argv[5:], "--max-new-tokens", "8", "--epochs", "1", "--layer-offsets"])
         == 0
     )
     assert MaskCalibration.load(deep).layer_offsets.shape == (model.config.num_hidden_layers, cal.hidden_size)
-    with pytest.raises(SystemExit) as e:  # argparse's usage error, naming the bad value
-        _main([*argv, "--epochs", "0"])
-    assert e.value.code == 2
+    capsys.readouterr()
+    assert main([*argv, "--epochs", "0"]) == 2  # a usage error, naming the bad value
     assert "epochs=0 must be an int >= 1" in capsys.readouterr().err
 
 
 def test_command_line_with_corpus_prompts(tmp_path, capsys):
     # --corpus-prompts: passages of local text files become more prompts, placed before the set's so
     # that the held-out prompts stay the set's last ones; --gen-batch-size generates several at once.
-    from mtprobe.calibrate import _main
+    from mtprobe.cli import main
     from test_cli import _save_tiny
 
     folder = _save_tiny(tmp_path / "tiny")
@@ -377,9 +376,9 @@ def test_command_line_with_corpus_prompts(tmp_path, capsys):
         "\n%\n".join(f"Passage {i}: " + "a quiet sentence of plain words. " * 3 for i in range(5))
     )
     out = tmp_path / "masks.safetensors"
-    argv = ["--model", str(folder), "--out", str(out), "--num-prompts", "2", "--holdout", "1"]
+    argv = ["calibrate", "--model", str(folder), "--out", str(out), "--num-prompts", "2", "--holdout", "1"]
     argv += ["--max-new-tokens", "6", "--epochs", "1", "--gen-batch-size", "3"]
-    assert _main([*argv, "--corpus-prompts", str(corpus), "--num-corpus-prompts", "3"]) == 0
+    assert main([*argv, "--corpus-prompts", str(corpus), "--num-corpus-prompts", "3"]) == 0
     stats = MaskCalibration.load(out).stats
     assert stats["prompts"] == 4 and stats["holdout_prompts"] == 1  # 3 corpus + 2 set prompts, 1 held out
     assert stats["gen_batch_size"] == 3
@@ -395,15 +394,12 @@ def test_command_line_with_corpus_prompts(tmp_path, capsys):
         (["--corpus-prompts", str(corpus), "--num-corpus-prompts", "0"], "must be >= 1"),
         (["--gen-batch-size", "0"], "--gen-batch-size 0 must be >= 1"),
     ):
-        with pytest.raises(SystemExit) as e:
-            _main([*argv, *bad])
-        assert e.value.code == 2
+        assert main([*argv, *bad]) == 2
         assert says in capsys.readouterr().err
     empty = tmp_path / "short"
     empty.write_text("too short")
-    with pytest.raises(SystemExit) as e:  # refused before the model loads: a model that is not there
-        _main([*argv, "--corpus-prompts", str(empty), "--model", str(tmp_path / "no-model")])
-    assert e.value.code == 2
+    # Refused before the model loads: a model that is not there.
+    assert main([*argv, "--corpus-prompts", str(empty), "--model", str(tmp_path / "no-model")]) == 2
     assert "no passage of 60 to 600 characters" in capsys.readouterr().err
 
 

@@ -285,17 +285,21 @@ def test_bench_jsonl_prompt_and_turns(tiny: Path, capsys, tmp_path: Path) -> Non
     assert rows["overall"][7] == "2/2"
 
 
-def test_bench_reports_a_method_that_differs(tiny: Path, capsys, tmp_path: Path, monkeypatch) -> None:
+def test_bench_reports_a_method_that_differs(tiny: Path, capsys, tmp_path: Path, request) -> None:
     # The check must be able to fail: a "method" that changes its last token is caught and named.
+    from mtprobe import registry
+
     pld = methods.get_method("pld")
 
     def wrong(model, input_ids, config, max_new_tokens):
-        out = pld.run(model, input_ids, config, max_new_tokens)
+        out = methods.run_method(pld, model, input_ids, config, max_new_tokens)
         new_ids = out.new_ids.clone()
         new_ids[-1] = (new_ids[-1] + 1) % VOCAB
         return methods.MethodOutput(new_ids, out.decoding_steps, out.accept_lengths)
 
-    monkeypatch.setitem(methods.METHODS, "pld", dataclasses.replace(pld, run=wrong))
+    # pld's registration, run by `wrong` (in place: the listing keeps its order), restored afterwards
+    registry.register(dataclasses.replace(pld, runner=wrong), replace=True)
+    request.addfinalizer(lambda: registry.register(pld, replace=True))
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello world\n", encoding="utf-8")
     rc = main(["bench", "--prompts", str(prompts), "--model", str(tiny), "--method", "pld",
@@ -324,7 +328,7 @@ def _bad(tmp_path: Path, name: str, content: str | bytes | None) -> str:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], "the following arguments are required: {generate,bench}"),
+        ([], "the following arguments are required: {generate,bench,models,calibrate,heads,topology,bytelm}"),
         (["generate", "--method", "nope", "hi"], "unknown method 'nope'; available methods: ar, probe, pld"),
         (
             ["generate", "--method", "pld", "--block-complexity", "10", "hi"],
@@ -409,7 +413,7 @@ def test_no_template_defaults_to_plain_text(tmp_path: Path, capsys) -> None:
 
 def test_help_exits_0(capsys) -> None:
     assert main(["--help"]) == EXIT_OK
-    assert "{generate,bench}" in capsys.readouterr().out
+    assert "{generate,bench,models,calibrate,heads,topology,bytelm}" in capsys.readouterr().out
     assert main(["bench", "--help"]) == EXIT_OK
     out = capsys.readouterr().out
     assert "--prompts FILE" in out and "--block-complexity" in out

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe.config import METHOD_CONFIGS, config_from_dict, config_from_json
-from mtprobe.drafters import DECODING_CONFIGS, ngram_memories
+from mtprobe import registry
+from mtprobe.config import config_from_dict, config_from_json
+from mtprobe.drafters import decoding_configs, ngram_memories
 
 # Learned masks for tiny_llama() (written by the `tiny` fixture below, before any test decodes).
 MASKS = Path(tempfile.gettempdir()) / f"mtprobe-test-config-masks-{os.getpid()}.safetensors"
@@ -105,11 +106,12 @@ NON_DEFAULT = {
 
 
 def test_every_method_has_a_non_default_case_and_one_registry():
-    assert set(NON_DEFAULT) == set(METHOD_CONFIGS)
-    assert set(DECODING_CONFIGS) == set(METHOD_CONFIGS.values())
+    drafter_methods = {m.name: m.config_type for m in registry.methods() if m.drafter is not None}
+    assert set(NON_DEFAULT) == set(drafter_methods)
+    assert set(decoding_configs()) == set(drafter_methods.values())
     for name, cfg in NON_DEFAULT.items():
         cls = type(cfg)
-        assert cls.method == name and METHOD_CONFIGS[name] is cls
+        assert cls.method == name and drafter_methods[name] is cls and registry.method_of(cfg).name == name
         for f in dataclasses.fields(cls):
             if (name, f.name) == ("sps", "draft_model"):
                 continue  # a live model is not serialised (test_live_draft_model_...)
@@ -119,8 +121,8 @@ def test_every_method_has_a_non_default_case_and_one_registry():
 def test_spec_bench_uses_the_same_method_names():
     from mtprobe.specbench.methods import METHODS
 
-    for name, cls in METHOD_CONFIGS.items():
-        assert METHODS[name].config_type is cls, name
+    for method in registry.methods():
+        assert METHODS[method.name] is method, method.name
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))
@@ -323,7 +325,7 @@ def test_dict_route_equals_config_route(tiny, name):
 
 
 def test_dict_route_errors(tiny):
-    with pytest.raises(ValueError, match="unknown method 'ar'; known methods"):
+    with pytest.raises(ValueError, match="method 'ar' has no drafter .*; known methods: probe"):
         mtprobe.generate(tiny, IDS, {"method": "ar"}, max_new_tokens=4)
     with pytest.raises(ValueError, match="has no field"):
         mtprobe.generate(tiny, IDS, {"method": "pld", "num_token": 4}, max_new_tokens=4)

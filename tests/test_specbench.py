@@ -35,7 +35,7 @@ from mtprobe.specbench import (
     select_questions,
 )
 from mtprobe.specbench.__main__ import main
-from mtprobe.specbench.methods import GreedyConfig
+from mtprobe.specbench.methods import GreedyConfig, run_method
 from mtprobe.specbench.questions import task_of
 from mtprobe.specbench.run import read_answer_file
 
@@ -278,10 +278,11 @@ def test_run_probe_writes_specbench_lines(tiny: Path, tmp_path: Path) -> None:
 
 def test_run_heads_with_a_floor_and_a_small_vocabulary_answers_as_ar_does(tiny: Path, tmp_path: Path) -> None:
     # --method heads with every option the harness exposes; greedy answers are ar's, word for word.
-    from mtprobe import heads
+    from mtprobe import cli
 
     head = tmp_path / "head"
     train = [
+        "heads",
         "train",
         "--model",
         str(tiny),
@@ -292,7 +293,7 @@ def test_run_heads_with_a_floor_and_a_small_vocabulary_answers_as_ar_does(tiny: 
         "--max-new-tokens",
         "16",
     ]
-    assert heads._main([*train, "--steps", "10", "--circuit", "cp", "--rank", "2", "--window", "3"]) == 0
+    assert cli.main([*train, "--steps", "10", "--circuit", "cp", "--rank", "2", "--window", "3"]) == 0
     common = ("--model", str(tiny), "--max-new-tokens", "8", "--categories", "writing,qa")
     ar, out = tmp_path / "ar.jsonl", tmp_path / "heads.jsonl"
     assert _run_cli(*common, "--method", "ar", "--answer-file", str(ar)) == 0
@@ -351,9 +352,9 @@ def test_second_turn_sees_first_answer(tiny: Path) -> None:
 
     def spy_run(m, ids, c, n):
         seen.append(ids)
-        return ar.run(m, ids, c, n)
+        return run_method(ar, m, ids, c, n)
 
-    spy = dataclasses.replace(ar, run=spy_run)
+    spy = dataclasses.replace(ar, runner=spy_run)
     q = load_questions(MINI)[0]
     with torch.inference_mode():
         choice = answer_question(model, tok, spy, GreedyConfig(), q, 8)
@@ -941,9 +942,9 @@ def test_score_spread_hand_computed(tmp_path: Path) -> None:
 
 
 def test_greedy_repeat_must_reproduce_the_tokens(
-    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from mtprobe.specbench import METHODS
+    from mtprobe import registry
     from mtprobe.specbench.methods import MethodOutput
     from mtprobe.specbench.run import RepeatMismatchError
 
@@ -953,12 +954,17 @@ def test_greedy_repeat_must_reproduce_the_tokens(
     def flaky(model, ids, config, n, **kw):
         # a broken method: its second call answers with other tokens
         calls["n"] += 1
-        out = ar.run(model, ids, config, n, **kw)
+        out = run_method(ar, model, ids, config, n, **kw)
         if calls["n"] == 2:
             return MethodOutput(torch.flip(out.new_ids, [0]) + 1, out.decoding_steps, out.accept_lengths)
         return out
 
-    monkeypatch.setitem(METHODS, "flaky", dataclasses.replace(ar, name="flaky", run=flaky))
+    @dataclasses.dataclass(frozen=True)
+    class FlakyConfig:
+        """Nothing to configure."""
+
+    registry.register(dataclasses.replace(ar, name="flaky", config_type=FlakyConfig, runner=flaky))
+    request.addfinalizer(lambda: registry.unregister("flaky"))
     out = tmp_path / "flaky.jsonl"
     cfg = RunConfig(
         question_file=MINI,
@@ -1163,7 +1169,7 @@ def test_hf_prompt_lookup_counts_its_steps_like_mtprobe_prompt_lookup() -> None:
     model = tiny_llama()
     ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]])
     method = get_method("hf-pld")
-    out = method.run(model, ids, method.make_config({"num_tokens": 4}), 24)
+    out = run_method(method, model, ids, method.make_config({"num_tokens": 4}), 24)
     ref = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0)
     assert torch.equal(out.new_ids, ref[0, ids.shape[1] :])
     ours = mtprobe.generate(
@@ -1185,11 +1191,11 @@ def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
     cfg = method.make_config({"profile": str(path)})
     assert isinstance(cfg, mtprobe.AutoConfig) and method.id_suffix(cfg).startswith("p")
     ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2]])
-    out = method.run(model, ids, cfg, 12)
+    out = run_method(method, model, ids, cfg, 12)
     ref = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
     assert torch.equal(out.new_ids, ref[0, ids.shape[1] :])
     # --drafters: the drafters to choose among, as JSON or a .json file; the id names their methods.
-    from mtprobe.specbench.methods import _drafter_configs
+    from mtprobe.methods import _drafter_configs
 
     listed = '[{"method": "stand", "block_complexity": 6}, {"method": "pld", "num_tokens": 3}]'
     (tmp_path / "d.json").write_text(listed)
@@ -1198,7 +1204,7 @@ def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
         assert drafters == (mtprobe.StandConfig(block_complexity=6), mtprobe.PromptLookupConfig(num_tokens=3))
     cfg = method.make_config({"profile": str(path), "drafters": drafters})
     assert method.id_suffix(cfg) == "stand+pld-pp"
-    assert torch.equal(method.run(model, ids, cfg, 12).new_ids, ref[0, ids.shape[1] :])
+    assert torch.equal(run_method(method, model, ids, cfg, 12).new_ids, ref[0, ids.shape[1] :])
     for bad, match in [
         ("[]", "non-empty JSON list"),
         ("stand", "takes a JSON list of drafter configurations"),

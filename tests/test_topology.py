@@ -19,14 +19,12 @@ from mtprobe import _C
 from mtprobe.drafters import entmtp_drafter
 from mtprobe.profile import ForwardProfile, ProfileKey
 from mtprobe.reference import topology as ref
-from mtprobe.topology import (
+from mtprobe.topology import TopologyBank, chain_tree, default_bank
+from mtprobe.topology.build import (
     StepRecord,
-    TopologyBank,
     acceptance_frontier,
     build_bank,
     calibrate_policies,
-    chain_tree,
-    default_bank,
     policy_trees,
     replay_policy,
     simulate_policy,
@@ -167,7 +165,7 @@ def test_bank_files_and_refusals(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps({"format": 0, "trees": []}))
     with pytest.raises(ValueError, match="not a topology bank of format 1"):
         TopologyBank.load(tmp_path / "old.json")
-    with pytest.raises(FileNotFoundError, match="build one with `python -m mtprobe.topology"):
+    with pytest.raises(FileNotFoundError, match="build one with `python -m mtprobe topology"):
         mtprobe.EntMTPConfig(bank=str(tmp_path / "missing.json"))
 
 
@@ -581,9 +579,7 @@ def test_heads_bank_refusals(tiny_head):
 
 @pytest.mark.parametrize("flag", [["--vocab-top-k", "8"], ["--head-dtype", "bfloat16"]])
 def test_the_command_line_refuses_head_settings_without_a_head(flag, capsys):
-    from mtprobe.topology import _main
+    from mtprobe.cli import main
 
-    with pytest.raises(SystemExit) as e:
-        _main([*flag, "--out", "bank.json"])
-    assert e.value.code == 2
+    assert main(["topology", *flag, "--out", "bank.json"]) == 2
     assert f"{flag[0]} is a circuit head's setting: give --head DIR too" in capsys.readouterr().err

@@ -4,11 +4,14 @@
     out = mtprobe.generate(model, input_ids, cfg, max_new_tokens=128)
 
 or through HF: ``model.generate(**inputs, custom_generate=mtprobe.custom_generate, mtprobe_config=cfg)``.
+
+A new drafter registers its method once: ``mtprobe.register_method(mtprobe.Method(name=..., config_type=...,
+drafter=..., summary=..., options=(mtprobe.Option(...), ...)))`` (:mod:`mtprobe.registry`).
 """
 
 import torch  # noqa: F401  (libtorch must be loaded before the extension)
 
-from mtprobe import _C, ops  # noqa: F401
+from mtprobe import _C, heads, methods, models, ops  # noqa: F401  (mtprobe.methods registers the built-in methods)
 from mtprobe.config import (
     AutoConfig,
     DraftModelConfig,
@@ -25,6 +28,10 @@ from mtprobe.config import (
 from mtprobe.drafters import ngram_memory
 from mtprobe.generate import GenerateOutput, custom_generate, generate
 from mtprobe.profile import ForwardProfile, profile_forward
+from mtprobe.registry import Method, Option
+from mtprobe.registry import register as register_method
+from mtprobe.registry import unregister as unregister_method
+from mtprobe.topology import TopologyBank
 
 NgramMemory = _C.NgramMemory  # the cross-request n-gram memory of STAND and the hybrid
 __version__ = "0.1.0"
@@ -43,6 +50,10 @@ __all__ = [
     "profile_forward",
     "config_from_dict",
     "config_from_json",
+    "Method",
+    "Option",
+    "register_method",
+    "unregister_method",
     "GenerateOutput",
     "generate",
     "custom_generate",
@@ -53,15 +64,3 @@ __all__ = [
     "ops",
     "__version__",
 ]
-
-
-def __getattr__(name: str):
-    import importlib
-
-    # models pulls in the GGUF conversion path; load it on first use. mtprobe.topology also runs as
-    # `python -m mtprobe.topology`, which must find it not yet imported.
-    if name in ("models", "heads"):
-        return importlib.import_module(f"mtprobe.{name}")
-    if name == "TopologyBank":
-        return importlib.import_module("mtprobe.topology").TopologyBank
-    raise AttributeError(f"module 'mtprobe' has no attribute {name!r}")

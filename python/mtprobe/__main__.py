@@ -1,4 +1,5 @@
-"""``python -m mtprobe generate|bench ...``: the same command as the ``mtprobe`` console script."""
+"""``python -m mtprobe <subcommand> ...``: the ``mtprobe`` command (:mod:`mtprobe.cli`), e.g.
+``python -m mtprobe generate ...`` or ``python -m mtprobe models fetch smollm2-135m``."""
 
 import sys
 

@@ -208,7 +208,7 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     raise ValueError(
         f"{type(model).__name__}: found no list of its {n} decoder layers (model.get_decoder().layers, or a "
         "ModuleList named layers, h or blocks); calibrated layer offsets need it. Use a calibration "
-        "without layer offsets (python -m mtprobe.calibrate without --layer-offsets)"
+        "without layer offsets (python -m mtprobe calibrate without --layer-offsets)"
     )
 
 

@@ -9,8 +9,8 @@ model and no merges) and modelled by a real ``LlamaForCausalLM`` of a few millio
 of training and reported in bits per byte. The folder :func:`save_byte_lm` writes is an ordinary Hugging
 Face model folder, so :func:`mtprobe.models.load` and everything in mtprobe take it by path::
 
-    python -m mtprobe.bytelm train --text /usr/share/games/fortunes/* --out bytelm --steps 1500
-    python -m mtprobe.heads train --model bytelm --circuit btree --window 8 --rank 4 \\
+    python -m mtprobe bytelm train --text /usr/share/games/fortunes/* --out bytelm --steps 1500
+    python -m mtprobe heads train --model bytelm --circuit btree --window 8 --rank 4 \\
         --emission unembedding --text /usr/share/games/fortunes/* --no-self --out heads/btree-n8
 
 It is a base model: its chat template writes each message's text followed by a newline, so a
@@ -25,7 +25,6 @@ It is a base model: its chat template writes each message's text followed by a n
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -35,6 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
+from tqdm.auto import tqdm
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from mtprobe.data import split_passages
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -68,12 +73,9 @@ def _byte_chars() -> dict[int, str]:
 def byte_tokenizer() -> Any:
     """The byte tokenizer: token id = byte value, ``<|endoftext|>`` = 256 (EOS, BOS and pad); no special
     token is added when encoding, so a prompt is exactly its bytes."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {c: b for b, c in _byte_chars().items()}
     vocab[EOS] = 256
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core = Tokenizer(BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, pad_token=EOS)
@@ -85,8 +87,6 @@ def byte_lm_config(
     *, hidden_size: int = 256, num_layers: int = 4, num_heads: int = 4, max_positions: int = 2048
 ) -> Any:
     """A ``LlamaConfig`` for a byte LM: SwiGLU MLP of 3 x hidden, tied embeddings, RoPE."""
-    from transformers import LlamaConfig
-
     for name, v in (("hidden_size", hidden_size), ("num_layers", num_layers), ("num_heads", num_heads)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name}={v!r} must be an int >= 1")
@@ -177,8 +177,6 @@ def train_byte_lm(
     progress: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """A ``LlamaForCausalLM`` over bytes fitted to ``paths``; returns ``(model in eval mode, stats)``."""
-    from transformers import LlamaForCausalLM
-
     for name, v in (("steps", steps), ("seq_len", seq_len), ("batch_size", batch_size)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name}={v!r} must be an int >= 1")
@@ -204,8 +202,6 @@ def train_byte_lm(
     )
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=steps, desc="train byte LM", unit="step")
     model.train()
     start, losses = time.perf_counter(), []
@@ -267,8 +263,6 @@ def passage_prompts(
     ``"heldout"`` tail of the text files (what :func:`train_byte_lm` never saw; the first ``num``) or of
     their ``"train"`` part (``num`` drawn at random with ``seed``), each cut to its first
     ``prompt_bytes`` bytes at a character boundary."""
-    from mtprobe.data import split_passages
-
     if part not in ("heldout", "train"):
         raise ValueError(f"part={part!r}: expected 'heldout' or 'train'")
     train, held = corpus_bytes(paths, holdout)
@@ -282,48 +276,3 @@ def passage_prompts(
         order = torch.randperm(len(passages), generator=torch.Generator().manual_seed(seed))[:num].tolist()
         passages = [passages[i] for i in order]
     return [p.encode()[:prompt_bytes].decode("utf-8", errors="ignore") for p in passages[:num]]
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mtprobe.bytelm", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train a byte-level LlamaForCausalLM on local text files")
-    p.add_argument(
-        "--text", nargs="+", required=True, help="local text files (e.g. /usr/share/games/fortunes/*)"
-    )
-    p.add_argument("--out", required=True, help="the model folder to write")
-    p.add_argument("--hidden-size", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--holdout", type=float, default=0.05, help="the last fraction of each file, kept out")
-    p.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        byte_lm_config(hidden_size=args.hidden_size, num_layers=args.layers, num_heads=args.heads)
-        corpus_bytes(args.text, args.holdout)
-    except ValueError as e:
-        parser.error(str(e))
-    model, stats = train_byte_lm(
-        args.text,
-        hidden_size=args.hidden_size,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        steps=args.steps,
-        seq_len=args.seq_len,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        holdout=args.holdout,
-        seed=args.seed,
-        progress=True,
-    )
-    out = save_byte_lm(model, args.out, stats)
-    print(json.dumps({"model": str(out), **stats}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

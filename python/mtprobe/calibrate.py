@@ -30,15 +30,14 @@ and a JSON header naming the model it belongs to); ``ProbeConfig(mask_init="cali
 generation's masks from it; they stay fixed (``mask_lambda`` defaults to 0 for them), and a positive
 ``mask_lambda`` applies the paper's running update on top.
 
-    python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2.safetensors
-    python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2.safetensors \
+    python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2.safetensors
+    python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2.safetensors \
         --corpus-prompts /usr/share/games/fortunes/* --num-corpus-prompts 136 --gen-batch-size 16
-    python -m mtprobe.calibrate --model smollm2-135m --out masks-smollm2-offsets.safetensors --layer-offsets
+    python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2-offsets.safetensors --layer-offsets
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import hashlib
@@ -51,6 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import DynamicCache
 
 from mtprobe import adapter
 from mtprobe.adapter import cache_argument
@@ -155,14 +157,14 @@ class MaskCalibration:
         if bad:
             raise ValueError(
                 "this mask calibration was learned for another model (" + "; ".join(bad) + "); "
-                "learn one for this model with python -m mtprobe.calibrate --model ... --out FILE"
+                "learn one for this model with python -m mtprobe calibrate --model ... --out FILE"
             )
         if self.layer_offsets is not None:
             layers = model.config.get_text_config(decoder=True).num_hidden_layers
             if layers != self.layer_offsets.shape[0]:
                 raise ValueError(
                     f"this mask calibration has layer offsets for {self.layer_offsets.shape[0]} decoder layers but "
-                    f"the model has {layers}; learn one for this model with python -m mtprobe.calibrate"
+                    f"the model has {layers}; learn one for this model with python -m mtprobe calibrate"
                 )
         if num_masks is not None and num_masks > self.num_masks:
             raise ValueError(
@@ -171,8 +173,6 @@ class MaskCalibration:
             )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        from safetensors.torch import save_file
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT, "model": json.dumps(self.model), "stats": json.dumps(self.stats)}
@@ -185,13 +185,11 @@ class MaskCalibration:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> MaskCalibration:
         """The calibration in ``path``; FileNotFoundError or ValueError (naming the file) otherwise."""
-        from safetensors import safe_open
-
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(
                 f"mask calibration file {str(path)!r} does not exist; make one with "
-                "python -m mtprobe.calibrate --model ... --out FILE"
+                "python -m mtprobe calibrate --model ... --out FILE"
             )
         try:
             with safe_open(str(path), framework="pt") as f:
@@ -280,8 +278,6 @@ def calibration_sequences(
 
 def _prefix_cache(model: Any, ids: torch.Tensor) -> Any:
     """The KV cache of the whole sequence ``ids [n]`` (no gradients: tokens never attend to masks)."""
-    from transformers import DynamicCache
-
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=ids.unsqueeze(0), use_cache=True, **{cache_argument(model): cache})
@@ -514,87 +510,3 @@ def calibrate_masks(
         },
         offsets,
     )
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m mtprobe.calibrate",
-        description="Learn mask-token embeddings for a model: the k masks are trained (model frozen) so that "
-        "their logits predict the tokens after next on the model's own greedy continuations.",
-    )
-    from mtprobe.data import (
-        add_calibration_arguments,
-        add_corpus_arguments,
-        calibration_prompts,
-        corpus_argument_error,
-        corpus_prompts,
-        print_progress,
-    )
-
-    add_calibration_arguments(parser)
-    parser.add_argument("--num-masks", type=int, default=1, help="k, mask tokens per node (1..4)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="length of each greedy continuation")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--anchors-per-step", type=int, default=64)
-    parser.add_argument(
-        "--lr", type=float, default=0.05, help="Adam's step, relative to the embeddings' spread"
-    )
-    parser.add_argument("--holdout", type=int, default=4, help="prompts kept out of training and scored")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--layer-offsets",
-        action="store_true",
-        help="also learn one vector per decoder layer added to the masks' hidden state before it",
-    )
-    add_corpus_arguments(parser)
-    args = parser.parse_args(argv)
-    error = corpus_argument_error(args)
-    if error:
-        parser.error(error)
-
-    model, tokenizer, ids = calibration_prompts(args)
-    sources = {"prompts": args.prompts or "built-in", "num_prompts": len(ids)}
-    if args.corpus_prompts:
-        try:
-            extra = corpus_prompts(tokenizer, args.corpus_prompts, args.num_corpus_prompts, args.seed)
-        except ValueError as e:
-            parser.error(str(e))
-        ids = extra + ids
-        sources.update(
-            corpus_prompts=[os.path.basename(f) for f in args.corpus_prompts], num_corpus_prompts=len(extra)
-        )
-
-    try:
-        cal = calibrate_masks(
-            model,
-            ids,
-            num_masks=args.num_masks,
-            max_new_tokens=args.max_new_tokens,
-            epochs=args.epochs,
-            anchors_per_step=args.anchors_per_step,
-            lr=args.lr,
-            holdout=args.holdout,
-            seed=args.seed,
-            gen_batch_size=args.gen_batch_size,
-            layer_offsets=args.layer_offsets,
-            sources=sources,
-            progress=print_progress,
-        )
-    except ValueError as e:
-        parser.error(str(e))
-    cal.save(args.out)
-    s = cal.stats
-    b, a = s["holdout_prompt_mean"], s["holdout_after"]
-    if b:
-        print(
-            f"held-out top-1 of the masks: prompt-mean (seed 001) {b['top1']:.3f}, calibrated {a['top1']:.3f} "
-            f"(loss {b['loss']:.3f} -> {a['loss']:.3f}, {a['targets']} targets)"
-        )
-    print(f"{cal.num_masks} mask(s) for {args.model} learned in {s['seconds']:.0f} s, written to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    from mtprobe.calibrate import _main as main
-
-    raise SystemExit(main())

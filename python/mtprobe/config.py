@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import torch
+
+from mtprobe import registry
+from mtprobe.profile import ForwardProfile
+from mtprobe.topology import FEATURES, POLICIES, TopologyBank, check_policy, default_bank, default_branches
 
 MASK_INITS = ("prompt_mean", "prompt_last", "gaussian", "gaussian_5sigma", "gaussian_10sigma", "calibrated")
 TREES = ("static", "dynamic")
@@ -17,34 +21,18 @@ _HEAD_DTYPES = ("float32", "bfloat16", "float16")  # HeadsConfig.head_dtype
 
 
 _C = TypeVar("_C", bound="_ConfigData")
-
-# Short method name -> configuration class: the one registry of decoding methods. The Spec-Bench
-# harness (mtprobe.specbench.methods) and config_from_dict use these names; a new drafter registers
-# here with @_method("name").
-METHOD_CONFIGS: dict[str, type[_ConfigData]] = {}
-
-
-def _method(name: str) -> Callable[[type[_C]], type[_C]]:
-    """Register a configuration class under the short method name ``name``."""
-
-    def register(cls: type[_C]) -> type[_C]:
-        if name in METHOD_CONFIGS:
-            raise ValueError(f"method {name!r} is already registered (by {METHOD_CONFIGS[name].__name__})")
-        cls.method = name
-        METHOD_CONFIGS[name] = cls
-        return cls
-
-    return register
+_T = TypeVar("_T")
 
 
 class _ConfigData:
     """``to_dict`` / ``from_dict`` / ``to_json`` / ``from_json`` for the decoding configurations.
 
-    The dict holds ``"method"`` (the short name of :data:`METHOD_CONFIGS`) and every field with its
-    resolved value (defaults such as ``num_masks=None`` already filled in), tuples as lists, so it
-    is JSON as it stands and ``from_dict(to_dict(c)) == c``.
+    The dict holds ``"method"`` (the short name the class is registered under, :mod:`mtprobe.registry`)
+    and every field with its resolved value (defaults such as ``num_masks=None`` already filled in),
+    tuples as lists, so it is JSON as it stands and ``from_dict(to_dict(c)) == c``.
     """
 
+    # The registered method's short name; each class declares it and registration checks it agrees.
     method: ClassVar[str]
     # Whether the drafter reads the target's distributions at the prompt's own positions (the
     # n-gram stores seed themselves from them); otherwise the prefill computes logits only from the
@@ -73,28 +61,7 @@ class _ConfigData:
         others keep their defaults). ``overrides`` set fields a dict cannot hold (a live
         ``draft_model``). Unknown keys and a ``"method"`` of another class are errors; the values are
         validated as the constructor validates them."""
-        if not isinstance(data, Mapping):
-            raise TypeError(f"{cls.__name__}.from_dict takes a dict of its fields, got {type(data).__name__}")
-        method = data.get("method", cls.method)
-        if method != cls.method:
-            raise ValueError(
-                f"{cls.__name__}.from_dict got method={method!r}, but {cls.__name__} is method {cls.method!r}; "
-                f"use mtprobe.config_from_dict to pick the class from the method"
-            )
-        valid = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-        derived = {f.name for f in fields(cls) if not f.init}  # type: ignore[arg-type]
-        # Derived fields (to_dict writes them) are recomputed by the constructor, not passed to it.
-        values = {k: v for k, v in data.items() if k != "method" and k not in derived}
-        unknown = sorted(set(values) - set(valid), key=str) + sorted(set(overrides) - set(valid))
-        if unknown:
-            raise ValueError(
-                f"{cls.__name__} (method {cls.method!r}) has no field(s) {', '.join(map(repr, unknown))}; "
-                f"valid keys: method, {', '.join(valid)}"
-            )
-        values.update(overrides)
-        # JSON has no tuples: a list stands for a tuple field (ProbeConfig.branches).
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-        return cls(**values)
+        return _dataclass_from_dict(cls, cls.method, data, overrides)
 
     @classmethod
     def from_json(cls: type[_C], text: str | bytes, **overrides: Any) -> _C:
@@ -102,10 +69,40 @@ class _ConfigData:
         return cls.from_dict(json.loads(text), **overrides)
 
 
-def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
+def _dataclass_from_dict(
+    cls: type[_T], method: str, data: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> _T:
+    """``cls(**fields)`` from a dict of method ``method``'s fields (``"method"`` optional; derived fields,
+    ``init=False``, skipped); an unknown key or another method's name is a ValueError."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{cls.__name__}.from_dict takes a dict of its fields, got {type(data).__name__}")
+    given = data.get("method", method)
+    if given != method:
+        raise ValueError(
+            f"{cls.__name__}.from_dict got method={given!r}, but {cls.__name__} is method {method!r}; "
+            f"use mtprobe.config_from_dict to pick the class from the method"
+        )
+    valid = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    derived = {f.name for f in fields(cls) if not f.init}  # type: ignore[arg-type]
+    # Derived fields (to_dict writes them) are recomputed by the constructor, not passed to it.
+    values = {k: v for k, v in data.items() if k != "method" and k not in derived}
+    unknown = sorted(set(values) - set(valid), key=str) + sorted(set(overrides) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"{cls.__name__} (method {method!r}) has no field(s) {', '.join(map(repr, unknown))}; "
+            f"valid keys: method, {', '.join(valid)}"
+        )
+    values.update(overrides)
+    # JSON has no tuples: a list stands for a tuple field (ProbeConfig.branches).
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return cls(**values)
+
+
+def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> Any:
     """The decoding configuration a dict describes, vLLM ``speculative_config`` style: ``"method"``
-    names it (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``, ``entmtp``, ``heads``, ``auto``: the names the
-    Spec-Bench harness uses) and the other keys are its fields.
+    names a registered drafter method (``probe``, ``pld``, ``sps``, ``stand``, ``lookahead``, ``hybrid``,
+    ``entmtp``, ``heads``, ``auto`` and any registered since: the names the Spec-Bench harness uses) and
+    the other keys are its configuration's fields (built by the class's ``from_dict`` if it has one).
 
     >>> config_from_dict({"method": "pld", "num_tokens": 4})
     PromptLookupConfig(num_tokens=4, max_ngram_size=2, block_complexity=5)
@@ -116,16 +113,27 @@ def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> _ConfigData:
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"a configuration dict must be a dict with a 'method' key, got {type(data).__name__}")
-    known = ", ".join(METHOD_CONFIGS)
+    drafters = {m.name: m for m in registry.methods() if m.drafter is not None}
+    known = ", ".join(drafters)
     if "method" not in data:
         raise ValueError(
             f"a configuration dict needs a 'method' key naming the decoding method (one of {known}); "
             f"got keys {sorted(map(str, data))}"
         )
     name = data["method"]
-    if not isinstance(name, str) or name not in METHOD_CONFIGS:
+    if isinstance(name, str) and name in registry.names():
+        if name not in drafters:
+            raise ValueError(
+                f"method {name!r} has no drafter (a Spec-Bench harness baseline, run by mtprobe.specbench only); "
+                f"known methods: {known}"
+            )
+    if not isinstance(name, str) or name not in drafters:
         raise ValueError(f"unknown method {name!r}; known methods: {known}")
-    return METHOD_CONFIGS[name].from_dict(data, **overrides)
+    cls = drafters[name].config_type
+    from_dict = getattr(cls, "from_dict", None)
+    if callable(from_dict):
+        return from_dict(data, **overrides)
+    return _dataclass_from_dict(cls, name, data, overrides)
 
 
 def config_from_json(text: str | bytes, **overrides: Any) -> _ConfigData:
@@ -133,7 +141,6 @@ def config_from_json(text: str | bytes, **overrides: Any) -> _ConfigData:
     return config_from_dict(json.loads(text), **overrides)
 
 
-@_method("probe")
 @dataclass(frozen=True)
 class ProbeConfig(_ConfigData):
     """Mask-token probing (seed 001).
@@ -158,7 +165,7 @@ class ProbeConfig(_ConfigData):
             (hard: the last k prompt embeddings), ``"gaussian"`` (N(mu, sigma^2 I) fitted to the
             embedding table) or its out-of-distribution stress settings ``"gaussian_5sigma"`` and
             ``"gaussian_10sigma"`` (mean mu + 5 sigma, mu + 10 sigma), re-initialised per prompt; or
-            ``"calibrated"``: masks learned once for the model (``python -m mtprobe.calibrate``), read
+            ``"calibrated"``: masks learned once for the model (``python -m mtprobe calibrate``), read
             from ``mask_path`` (beyond seed 001).
         mask_path: the calibration file of ``mask_init="calibrated"`` (checked against the model when
             the drafter is built); ``None`` for every other initialisation. A file made with
@@ -187,6 +194,8 @@ class ProbeConfig(_ConfigData):
     ...
     ValueError: block_complexity=3 is too small for 1 mask token(s): BC = (k + 1)(1 + sum K) needs at least 4 to draft one token
     """
+
+    method: ClassVar[str] = "probe"
 
     block_complexity: int = 30
     num_masks: int | None = None
@@ -222,7 +231,7 @@ class ProbeConfig(_ConfigData):
             if self.branches is not None:
                 raise ValueError("branches are for tree='static'; the dynamic tree chooses its own shape")
         else:
-            branches = _default_branches(budget - 1, k) if self.branches is None else tuple(self.branches)
+            branches = default_branches(budget - 1, k) if self.branches is None else tuple(self.branches)
             if len(branches) != k:
                 raise ValueError(f"branches={list(branches)} needs one count per mask token (num_masks={k})")
             if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in branches):
@@ -300,7 +309,7 @@ def _check_mask_path(mask_init: str, mask_path: object) -> None:
     if mask_init == "calibrated":
         if mask_path is None:
             raise ValueError(
-                "mask_init='calibrated' needs mask_path=FILE, a calibration made by python -m mtprobe.calibrate "
+                "mask_init='calibrated' needs mask_path=FILE, a calibration made by python -m mtprobe calibrate "
                 "--model ... --out FILE"
             )
         if not isinstance(mask_path, (str, os.PathLike)):
@@ -320,8 +329,6 @@ def _check_int(name: str, value: object) -> None:
 def _load_bank(config: Any, drafter: str) -> Any:
     """``config.bank`` (a TopologyBank, a saved one's path, or its dict) as a TopologyBank of ``drafter``'s
     trees; a dict is replaced by the bank in ``config`` so that the configuration holds a value."""
-    from mtprobe.topology import TopologyBank
-
     bank = config.bank
     if isinstance(bank, TopologyBank):
         resolved = bank
@@ -332,7 +339,7 @@ def _load_bank(config: Any, drafter: str) -> Any:
         object.__setattr__(config, "bank", resolved)
     else:
         raise TypeError(
-            f"bank must be a TopologyBank, the path of a saved one (python -m mtprobe.topology), or None, got "
+            f"bank must be a TopologyBank, the path of a saved one (python -m mtprobe topology), or None, got "
             f"{type(bank).__name__}"
         )
     if resolved.drafter != drafter:
@@ -347,8 +354,6 @@ def _load_bank(config: Any, drafter: str) -> Any:
 def _resolve_policy(config: Any, bank: Any) -> None:
     """Fill ``config``'s ``policy``, ``trees``, ``thresholds`` and ``feature`` left at ``None`` from
     ``bank``'s calibration (else uncalibrated defaults) and validate them and ``ema``."""
-    from mtprobe.topology import FEATURES, POLICIES, check_policy
-
     if config.policy not in POLICIES:
         raise ValueError(f"policy={config.policy!r} must be one of {', '.join(POLICIES)}")
     n = len(bank.trees)
@@ -411,17 +416,6 @@ def _resolve_budget(config: object, needed: int, what: str) -> None:
         raise ValueError(f"{what} needs block_complexity >= {needed} inputs per step, got {bc}")
 
 
-def _default_branches(drafts: int, k: int) -> tuple[int, ...]:
-    # Most drafts at depth 1, about a fifth at each deeper depth (the paper's [7, 2], [15, 4]).
-    deeper = [max(1, round(0.2 * drafts))] * (k - 1)
-    first = drafts - sum(deeper)
-    if first < 1:
-        deeper = [1] * (k - 1)
-        first = drafts - (k - 1)
-    return (first, *deeper)
-
-
-@_method("pld")
 @dataclass(frozen=True)
 class PromptLookupConfig(_ConfigData):
     """Prompt lookup decoding (PLD, seed 001 App. F): draft the chain that followed an earlier
@@ -441,6 +435,8 @@ class PromptLookupConfig(_ConfigData):
     ValueError: a chain of num_tokens=10 drafts after the root needs block_complexity >= 11 inputs per step, got 5
     """
 
+    method: ClassVar[str] = "pld"
+
     num_tokens: int = 10
     max_ngram_size: int = 2
     block_complexity: int | None = None
@@ -457,7 +453,6 @@ class PromptLookupConfig(_ConfigData):
         )
 
 
-@_method("sps")
 @dataclass(frozen=True)
 class DraftModelConfig(_ConfigData):
     """Draft-model speculative decoding (seed 004): a smaller model drafts a chain of ``num_tokens``
@@ -487,6 +482,8 @@ class DraftModelConfig(_ConfigData):
     ...
     ValueError: num_tokens=0 must be >= 1 (drafts per step)
     """
+
+    method: ClassVar[str] = "sps"
 
     draft_model: Any = field(default=None, repr=False)
     num_draft_layers: int = 8
@@ -529,7 +526,6 @@ class DraftModelConfig(_ConfigData):
         return super().to_dict()
 
 
-@_method("stand")
 @dataclass(frozen=True)
 class StandConfig(_ConfigData):
     """STAND (Song et al. 2025; seed 001, App. F): an n-gram store of the target's own next-token
@@ -583,6 +579,8 @@ class StandConfig(_ConfigData):
     >>> memory.clear()
     """
 
+    method: ClassVar[str] = "stand"
+
     block_complexity: int = 30
     max_depth: int = 10
     max_ngram: int = 3
@@ -625,7 +623,6 @@ def _check_memory_size(memory_size: object) -> None:
 LOOKAHEAD_PAPER_CONFIGS = {10: (3, 4, 1), 30: (4, 5, 5), 60: (5, 8, 7)}
 
 
-@_method("lookahead")
 @dataclass(frozen=True)
 class LookaheadConfig(_ConfigData):
     """Lookahead decoding (LADE, Fu et al. 2024; seed 001 App. F): each forward runs one Jacobi
@@ -653,6 +650,8 @@ class LookaheadConfig(_ConfigData):
     ...
     ValueError: ngram_size=1 must be >= 2: lookahead collects n-grams of at least 2 tokens (L = 2 is Jacobi decoding)
     """
+
+    method: ClassVar[str] = "lookahead"
 
     ngram_size: int = 4
     window: int = 5
@@ -695,7 +694,6 @@ class LookaheadConfig(_ConfigData):
         return cls(ngram_size, window, guess_set_size)
 
 
-@_method("hybrid")
 @dataclass(frozen=True)
 class HybridConfig(_ConfigData):
     """The hybrid drafter (seed 001, App. C): mask-token probing and STAND's n-gram store draft one
@@ -723,6 +721,8 @@ class HybridConfig(_ConfigData):
     ...
     ValueError: block_complexity=3 is too small for 1 mask token(s): BC = (k + 1)(1 + sum K) needs at least 4 to draft one token
     """
+
+    method: ClassVar[str] = "hybrid"
 
     block_complexity: int = 30
     num_masks: int = 1
@@ -779,7 +779,6 @@ class HybridConfig(_ConfigData):
         )
 
 
-@_method("entmtp")
 @dataclass(frozen=True)
 class EntMTPConfig(_ConfigData):
     """EntMTP (seed 002): mask-token probing over a bank of static draft trees, one chosen per step.
@@ -793,7 +792,7 @@ class EntMTPConfig(_ConfigData):
 
     Args:
         bank: a TopologyBank, the path of one saved with ``TopologyBank.save`` (built for this
-            model by ``python -m mtprobe.topology``), or ``None``: :func:`mtprobe.topology.default_bank`,
+            model by ``python -m mtprobe topology``), or ``None``: :func:`mtprobe.topology.default_bank`,
             uncalibrated shapes that fit any model.
         policy: ``"static"`` (one tree every step: EntMTP*), ``"ladder"`` (trees by cost, score
             thresholds between them) or ``"hysteretic"`` (a conservative and an aggressive tree,
@@ -805,7 +804,7 @@ class EntMTPConfig(_ConfigData):
         feature: the score the policy reads (``None``: the bank's calibrated one, else ``"path_value"``).
         ema: weight of the newest step in the entropy and accept EMAs, in (0, 1].
         record_steps: keep every step's candidates and features in ``GenerateOutput.topology_log``
-            (what :func:`mtprobe.topology.build_bank` reads).
+            (what :func:`mtprobe.topology.build.build_bank` reads).
         incremental_masks: as for :class:`ProbeConfig`.
         block_complexity: the largest bank tree's (k + 1) × nodes (derived).
 
@@ -821,6 +820,8 @@ class EntMTPConfig(_ConfigData):
     ValueError: hysteretic thresholds: switch-down 0.600000 is above switch-up 0.400000; down must be <= up, or the policy flips every step
     """
 
+    method: ClassVar[str] = "entmtp"
+
     bank: Any = None
     policy: str = "hysteretic"
     trees: tuple[int, ...] | None = None
@@ -832,8 +833,6 @@ class EntMTPConfig(_ConfigData):
     block_complexity: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        from mtprobe.topology import default_bank
-
         resolved = default_bank() if self.bank is None else _load_bank(self, "probe")
         object.__setattr__(self, "_bank", resolved)
         _resolve_policy(self, resolved)
@@ -848,12 +847,11 @@ class EntMTPConfig(_ConfigData):
         return self._bank  # type: ignore[attr-defined]
 
 
-@_method("heads")
 @dataclass(frozen=True)
 class HeadsConfig(_ConfigData):
     """Probabilistic-circuit heads (MTPC, seed 003): self-speculative drafts from a trained circuit head
     over the target's last hidden state (``mtprobe.heads``; train one with
-    ``python -m mtprobe.heads train --model ... --out DIR``).
+    ``python -m mtprobe heads train --model ... --out DIR``).
 
     Args:
         path: the head's checkpoint folder (or its ``head.safetensors``), checked against the model
@@ -879,22 +877,24 @@ class HeadsConfig(_ConfigData):
             the rest in float32, as trained. A head with neither draft layers nor ``vocab_top_k``
             refuses it (it would change nothing).
         bank: EntMTP (seed 002) over the head: a :class:`~mtprobe.topology.TopologyBank` of static
-            trees (``drafter="heads"``, built for this head by ``python -m mtprobe.topology --head
+            trees (``drafter="heads"``, built for this head by ``python -m mtprobe topology --head
             DIR``) or its path. Every step the policy picks one of its trees and fills it with the
             head's ranked next tokens (child r of a node: the r-th most probable token given the
             node's path), under greedy decoding and sampling alike. ``None``: the best-first tree.
         policy, trees, thresholds, feature, ema: the bank's policy, as for
             :class:`EntMTPConfig` (``policy=None``: ``"static"``, the bank's throughput-optimal tree).
         record_steps: with a bank, log every step's true child ranks and features in
-            ``GenerateOutput.topology_log`` (what :func:`mtprobe.topology.build_bank` reads).
+            ``GenerateOutput.topology_log`` (what :func:`mtprobe.topology.build.build_bank` reads).
 
     >>> HeadsConfig(path="heads/cp4").block_complexity
     30
     >>> HeadsConfig()
     Traceback (most recent call last):
     ...
-    ValueError: HeadsConfig needs path=DIR, a head trained by python -m mtprobe.heads train --model ... --out DIR
+    ValueError: HeadsConfig needs path=DIR, a head trained by python -m mtprobe heads train --model ... --out DIR
     """
+
+    method: ClassVar[str] = "heads"
 
     path: str | None = None
     block_complexity: int = 30
@@ -913,7 +913,7 @@ class HeadsConfig(_ConfigData):
     def __post_init__(self) -> None:
         if self.path is None:
             raise ValueError(
-                "HeadsConfig needs path=DIR, a head trained by python -m mtprobe.heads train --model ... --out DIR"
+                "HeadsConfig needs path=DIR, a head trained by python -m mtprobe heads train --model ... --out DIR"
             )
         if not isinstance(self.path, (str, os.PathLike)) or not str(self.path):
             raise TypeError(f"path must be a non-empty str or path, got {self.path!r}")
@@ -954,7 +954,7 @@ class HeadsConfig(_ConfigData):
             if given or self.record_steps:
                 raise ValueError(
                     f"{', '.join(given + ['record_steps'] * self.record_steps)} set without bank=...: the policy "
-                    "switches between a topology bank's trees; build one with python -m mtprobe.topology --head DIR"
+                    "switches between a topology bank's trees; build one with python -m mtprobe topology --head DIR"
                 )
             return
         bank = _load_bank(self, "heads")
@@ -979,7 +979,6 @@ class HeadsConfig(_ConfigData):
         return None if self.head_dtype is None else getattr(torch, self.head_dtype)
 
 
-@_method("auto")
 @dataclass(frozen=True)
 class AutoConfig(_ConfigData):
     """Per-step scheduling by measured cost (beyond the papers; seed 002's idea of choosing the
@@ -1016,6 +1015,8 @@ class AutoConfig(_ConfigData):
     ValueError: AutoConfig needs at least one drafter to choose from, e.g. drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))
     """
 
+    method: ClassVar[str] = "auto"
+
     drafters: tuple[Any, ...] = field(
         default_factory=lambda: (PromptLookupConfig(), StandConfig(block_complexity=10))
     )
@@ -1025,8 +1026,6 @@ class AutoConfig(_ConfigData):
     block_complexity: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        from mtprobe.profile import ForwardProfile
-
         drafters = self.drafters
         if isinstance(drafters, (list, _ConfigData)):
             drafters = tuple(drafters) if isinstance(drafters, list) else (drafters,)
@@ -1036,9 +1035,14 @@ class AutoConfig(_ConfigData):
                 "AutoConfig needs at least one drafter to choose from, e.g. "
                 "drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))"
             )
-        choosable = [c for n, c in METHOD_CONFIGS.items() if n not in ("auto", "sps")]
+        # The registered methods with schedulable=True (probing, prompt lookup, STAND, lookahead, the hybrid,
+        # EntMTP, heads, and any registered so since).
+        choosable = tuple(m.config_type for m in registry.methods() if m.schedulable)
         for i, c in enumerate(drafters):
-            if isinstance(c, (AutoConfig, DraftModelConfig)):
+            if isinstance(c, choosable):
+                continue
+            names = ", ".join(k.__name__ for k in choosable)
+            if registry.find(c) is not None:
                 raise ValueError(
                     f"drafters[{i}] is a {type(c).__name__}, which AutoConfig cannot schedule"
                     + (
@@ -1046,13 +1050,11 @@ class AutoConfig(_ConfigData):
                         if isinstance(c, DraftModelConfig)
                         else ""
                     )
-                    + f"; choose among {', '.join(k.__name__ for k in choosable)}"
+                    + f"; choose among {names}"
                 )
-            if not isinstance(c, tuple(choosable)):
-                raise TypeError(
-                    f"drafters[{i}] is {type(c).__name__}, not a drafter configuration; use one of "
-                    f"{', '.join(k.__name__ for k in choosable)}"
-                )
+            raise TypeError(
+                f"drafters[{i}] is {type(c).__name__}, not a drafter configuration; use one of {names}"
+            )
         if self.profile is not None and not isinstance(self.profile, (ForwardProfile, str)):
             raise TypeError(
                 f"profile must be a ForwardProfile, the path of a saved one, or None (measure it), got "
@@ -1071,7 +1073,7 @@ class AutoConfig(_ConfigData):
 
     @property
     def reads_prompt_logits(self) -> bool:  # type: ignore[override]
-        return any(c.reads_prompt_logits for c in self.drafters)
+        return any(getattr(c, "reads_prompt_logits", True) for c in self.drafters)
 
     def to_dict(self) -> dict[str, Any]:
         profile = self.profile.to_dict() if hasattr(self.profile, "to_dict") else self.profile
@@ -1085,8 +1087,6 @@ class AutoConfig(_ConfigData):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], **overrides: Any) -> AutoConfig:
-        from mtprobe.profile import ForwardProfile
-
         if not isinstance(data, Mapping):
             raise TypeError(f"AutoConfig.from_dict takes a dict of its fields, got {type(data).__name__}")
         if data.get("method", cls.method) != cls.method:
@@ -1103,7 +1103,7 @@ class AutoConfig(_ConfigData):
             )
         if "drafters" in values:
             values["drafters"] = tuple(
-                c if isinstance(c, _ConfigData) else config_from_dict(c) for c in values["drafters"]
+                config_from_dict(c) if isinstance(c, Mapping) else c for c in values["drafters"]
             )
         if isinstance(values.get("profile"), Mapping):
             values["profile"] = ForwardProfile.from_dict(dict(values["profile"]))

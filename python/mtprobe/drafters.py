@@ -1,18 +1,24 @@
-"""Drafter construction from configurations. The drafters themselves are C++ (csrc/drafters/)."""
+"""Drafter construction from configurations. The drafters themselves are C++ (csrc/drafters/).
+
+Every factory here has the registry's shared signature, ``factory(model, config, *, capacity, do_sample,
+process, fold_memory)`` (:class:`mtprobe.registry.DrafterFactory`), and takes what it needs of it;
+:mod:`mtprobe.methods` registers each with its configuration class, and :func:`make_drafter` builds a
+configuration's drafter through the registry.
+"""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from mtprobe import _C
+from mtprobe import _C, heads, registry
 from mtprobe.adapter import HFAdapter
+from mtprobe.calibrate import load_calibration
 from mtprobe.config import (
-    METHOD_CONFIGS,
     AutoConfig,
     DraftModelConfig,
     EntMTPConfig,
@@ -26,21 +32,7 @@ from mtprobe.config import (
 )
 from mtprobe.draft_model import check_draft_model, layer_truncated
 from mtprobe.profile import ForwardProfile, profile_forward
-
-# Every registered method's configuration (mtprobe.config.METHOD_CONFIGS is the one registry).
-DECODING_CONFIGS = tuple(METHOD_CONFIGS.values())
-DecodingConfig = (
-    ProbeConfig
-    | PromptLookupConfig
-    | StandConfig
-    | LookaheadConfig
-    | HybridConfig
-    | DraftModelConfig
-    | EntMTPConfig
-    | HeadsConfig
-    | AutoConfig
-)
-ProcessFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from mtprobe.registry import DecodingConfig, ProcessFn
 
 _GAUSSIAN_SHIFT = {"gaussian": 0.0, "gaussian_5sigma": 5.0, "gaussian_10sigma": 10.0}
 
@@ -51,8 +43,6 @@ def _mask_options(model: PreTrainedModel, config: ProbeConfig) -> dict[str, obje
     init = config.mask_init
     initial_masks = None
     if init == "calibrated":
-        from mtprobe.calibrate import load_calibration
-
         cal = load_calibration(config.mask_path)
         cal.check(model, config.num_masks)
         initial_masks = cal.masks  # [>= k, hidden] float32; the drafter takes the first k
@@ -68,7 +58,15 @@ def _mask_options(model: PreTrainedModel, config: ProbeConfig) -> dict[str, obje
     )
 
 
-def mask_probe_drafter(model: PreTrainedModel, config: ProbeConfig) -> _C.MaskProbeDrafter:
+def mask_probe_drafter(
+    model: PreTrainedModel,
+    config: ProbeConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.MaskProbeDrafter:
     """The mask-token probing drafter of ``config`` over ``model``'s input embedding table."""
     return _C.MaskProbeDrafter(
         model.get_input_embeddings().weight,
@@ -92,7 +90,15 @@ def _bank_arguments(config: EntMTPConfig | HeadsConfig, bank: Any) -> dict[str, 
     }
 
 
-def entmtp_drafter(model: PreTrainedModel, config: EntMTPConfig) -> _C.MaskProbeDrafter:
+def entmtp_drafter(
+    model: PreTrainedModel,
+    config: EntMTPConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.MaskProbeDrafter:
     """Mask-token probing over ``config``'s topology bank, one tree per step by its policy; the bank is
     checked against ``model`` (ValueError when it was built for another model, device or dtype)."""
     bank = config.resolved_bank
@@ -151,7 +157,13 @@ def ngram_memories(model: PreTrainedModel, config: object) -> list[_C.NgramMemor
 
 
 def hybrid_drafter(
-    model: PreTrainedModel, config: HybridConfig, *, fold_memory: bool = True
+    model: PreTrainedModel,
+    config: HybridConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
 ) -> _C.HybridDrafter:
     """Probing and STAND drafting one tree over ``model``'s input embedding table (``fold_memory``: see
     :func:`stand_drafter`)."""
@@ -173,9 +185,10 @@ def draft_model_drafter(
     model: PreTrainedModel,
     config: DraftModelConfig,
     *,
-    capacity: int,
+    capacity: int = 0,
     do_sample: bool = False,
     process: ProcessFn | None = None,
+    fold_memory: bool = True,
 ) -> _C.DraftModelDrafter:
     """A draft-model drafter for ``model``: ``config.draft_model`` or the layer-truncated self-draft,
     with a KV cache of ``capacity`` entries at first (it doubles when full); ``process`` (HF's logits
@@ -198,11 +211,17 @@ def draft_model_drafter(
     )
 
 
-def heads_drafter(model: PreTrainedModel, config: HeadsConfig, *, do_sample: bool = False) -> _C.HeadsDrafter:
+def heads_drafter(
+    model: PreTrainedModel,
+    config: HeadsConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.HeadsDrafter:
     """The circuit-head drafter of ``config``: its checkpoint loaded (cached) and checked against ``model``;
     with a topology bank, the bank checked against both (ValueError naming what differs)."""
-    from mtprobe import heads
-
     head = heads.load_cached(config.path, model)
     bank = config.resolved_bank
     entmtp: dict[str, Any] = {}
@@ -224,8 +243,6 @@ def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
     """The ``hidden_states`` index the drafter of ``config`` reads (-1, the last, unless a circuit head
     has LoRA draft layers: then the input of the first of them); ValueError if two heads of an
     AutoConfig read different layers."""
-    from mtprobe import heads
-
     if isinstance(config, HeadsConfig):
         return heads.load_cached(config.path, model).hidden_layer
     if isinstance(config, AutoConfig):
@@ -244,8 +261,6 @@ def mask_layer_offsets(model: PreTrainedModel, config: DecodingConfig) -> torch.
     """The layer offsets (``[num_layers, hidden]``, the model's dtype and device) of the calibrated masks
     ``config`` probes with, or None when its masks have none; ValueError if two drafters of an
     AutoConfig bring different ones (one forward adds one set)."""
-    from mtprobe.calibrate import load_calibration
-
     configs = config.drafters if isinstance(config, AutoConfig) else (config,)
     found: dict[str, torch.Tensor] = {}
     for c in configs:
@@ -276,7 +291,15 @@ def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfil
     return profile
 
 
-def auto_drafter(model: PreTrainedModel, config: AutoConfig) -> _C.AutoDrafter:
+def auto_drafter(
+    model: PreTrainedModel,
+    config: AutoConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.AutoDrafter:
     """The scheduling drafter over ``config.drafters``, priced by ``model``'s forward profile."""
     profile = forward_profile(model, config)
     cost = _C.CostTable(
@@ -297,14 +320,31 @@ def auto_drafter(model: PreTrainedModel, config: AutoConfig) -> _C.AutoDrafter:
     )
 
 
-def check_decoding_config(config: object) -> None:
-    """Raise TypeError unless ``config`` is one of the decoding configurations."""
-    if not isinstance(config, DECODING_CONFIGS):
-        expected = ", ".join(f"mtprobe.{c.__name__}" for c in DECODING_CONFIGS)
+def decoding_configs() -> tuple[type, ...]:
+    """The configuration classes of every registered method with a drafter (what mtprobe.generate runs)."""
+    return tuple(m.config_type for m in registry.methods() if m.drafter is not None)
+
+
+def check_decoding_config(config: object) -> registry.Method:
+    """The registered method of ``config``, a configuration mtprobe.generate can run; TypeError for an
+    unregistered type (naming the registered ones and how to register) or a harness baseline's
+    configuration (no drafter)."""
+    method = registry.find(config)
+    drafters = ", ".join(m.name for m in registry.methods() if m.drafter is not None)
+    if method is None:
+        expected = ", ".join(c.__name__ for c in decoding_configs())
         raise TypeError(
             f"unknown decoding configuration {type(config).__name__}; expected one of {expected}, or a dict "
-            f"with a 'method' key ({', '.join(METHOD_CONFIGS)}) and that configuration's fields"
+            f"with a 'method' key ({drafters}) and that configuration's fields; a new drafter registers its "
+            "configuration with mtprobe.register_method(mtprobe.Method(name=..., config_type=..., drafter=..., "
+            "summary=...))"
         )
+    if method.drafter is None:
+        raise TypeError(
+            f"{type(config).__name__} is method {method.name!r}, a Spec-Bench harness baseline with no drafter: "
+            f"mtprobe.generate runs the methods with one ({drafters})"
+        )
+    return method
 
 
 def as_decoding_config(config: DecodingConfig | Mapping[str, Any] | None) -> DecodingConfig:
@@ -327,36 +367,54 @@ def make_drafter(
     process: ProcessFn | None = None,
     fold_memory: bool = True,
 ) -> _C.Drafter:
-    """The drafter a decoding configuration describes (``capacity``, ``do_sample`` and ``process``
-    matter only to drafters that run a model of their own; ``fold_memory`` only to STAND and the
-    hybrid, see :func:`stand_drafter`)."""
-    check_decoding_config(config)
-    if isinstance(config, AutoConfig):
-        return auto_drafter(model, config)
-    if isinstance(config, DraftModelConfig):
-        return draft_model_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
-    if isinstance(config, HeadsConfig):
-        return heads_drafter(model, config, do_sample=do_sample)
-    if isinstance(config, ProbeConfig):
-        return mask_probe_drafter(model, config)
-    if isinstance(config, EntMTPConfig):
-        return entmtp_drafter(model, config)
-    if isinstance(config, HybridConfig):
-        return hybrid_drafter(model, config, fold_memory=fold_memory)
-    if isinstance(config, PromptLookupConfig):
-        return _C.PromptLookupDrafter(num_tokens=config.num_tokens, max_ngram_size=config.max_ngram_size)
-    if isinstance(config, LookaheadConfig):
-        return _C.LookaheadDrafter(
-            ngram_size=config.ngram_size,
-            window=config.window,
-            guess_set_size=config.guess_set_size,
-            pool_from_prompt=config.pool_from_prompt,
-        )
-    return stand_drafter(model, config, fold_memory=fold_memory)  # StandConfig, the last of DECODING_CONFIGS
+    """The drafter a decoding configuration describes, built by its registered method's factory
+    (``capacity``, ``do_sample`` and ``process`` matter only to drafters that run a model of their own;
+    ``fold_memory`` only to STAND and the hybrid, see :func:`stand_drafter`)."""
+    drafter = check_decoding_config(config).drafter
+    return drafter(
+        model, config, capacity=capacity, do_sample=do_sample, process=process, fold_memory=fold_memory
+    )
+
+
+def prompt_lookup_drafter(
+    model: PreTrainedModel,
+    config: PromptLookupConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.PromptLookupDrafter:
+    """Prompt lookup's drafter: the chain after an earlier occurrence of the context's last n-gram."""
+    return _C.PromptLookupDrafter(num_tokens=config.num_tokens, max_ngram_size=config.max_ngram_size)
+
+
+def lookahead_drafter(
+    model: PreTrainedModel,
+    config: LookaheadConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.LookaheadDrafter:
+    """Lookahead decoding's drafter: a Jacobi window and its n-gram pool."""
+    return _C.LookaheadDrafter(
+        ngram_size=config.ngram_size,
+        window=config.window,
+        guess_set_size=config.guess_set_size,
+        pool_from_prompt=config.pool_from_prompt,
+    )
 
 
 def stand_drafter(
-    model: PreTrainedModel, config: StandConfig, *, fold_memory: bool = True
+    model: PreTrainedModel,
+    config: StandConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
 ) -> _C.StandDrafter:
     """STAND's drafter, with the cross-request memory of ``config.memory_size`` if set; ``fold_memory``
     False: it reads the memory but leaves folding the finished generation in to another drafter of the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +18,11 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from mtprobe import _C
+from mtprobe import _C, registry
+from mtprobe import methods as _builtin_methods  # noqa: F401  (registers the built-in methods)
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions, sliding_window
-from mtprobe.config import EntMTPConfig, HeadsConfig
+from mtprobe.config import DraftModelConfig, EntMTPConfig, HeadsConfig
+from mtprobe.draft_model import check_draft_model
 from mtprobe.drafters import (
     DecodingConfig,
     as_decoding_config,
@@ -153,9 +156,9 @@ def generate(
 ) -> GenerateOutput:
     """Lossless multi-token generation with the drafter ``config`` describes: ``ProbeConfig`` (mask-token
     probing, the default), ``PromptLookupConfig``, ``StandConfig``, ``LookaheadConfig``,
-    ``HybridConfig``, ``DraftModelConfig``, ``EntMTPConfig``, ``HeadsConfig`` (a trained circuit head) or
-    ``AutoConfig``, or a dict such as ``{"method": "pld", "num_tokens": 10}``
-    (:func:`mtprobe.config_from_dict`).
+    ``HybridConfig``, ``DraftModelConfig``, ``EntMTPConfig``, ``HeadsConfig`` (a trained circuit head),
+    ``AutoConfig`` or the configuration of any method registered since (``mtprobe.register_method``), or
+    a dict such as ``{"method": "pld", "num_tokens": 10}`` (:func:`mtprobe.config_from_dict`).
 
     The decoding mode is ``model.generate``'s: greedy unless the merged generation config says
     ``do_sample=True``, and the model's own ``generation_config`` counts (many instruct models ship
@@ -264,7 +267,7 @@ def custom_generate(
         )
     _check_sliding_window(model, prompt_len + max_new_tokens)
 
-    check_decoding_config(config)
+    method = check_decoding_config(config).name
     if config.block_complexity > limit:
         # One forward takes up to BC inputs and a [BC, prefix + BC] mask: beyond the model's context
         # that is no draft budget but a memory blow-up (and the dynamic tree's work grows as BC^2 log BC).
@@ -285,7 +288,6 @@ def custom_generate(
             return _apply_processors(logits_processor, ids, scores)
 
     do_sample = bool(generation_config.do_sample)
-    method = _method_name(config)
     logger.info(
         "mtprobe %s (%s), %s, block complexity %d; KV cache and mask for %d positions at first, "
         "growing by doubling up to %d",
@@ -300,7 +302,8 @@ def custom_generate(
     adapter = HFAdapter(model, capacity, max_capacity=max_capacity)
     adapter.hidden_layer = hidden_layer(model, config)
     adapter.set_mask_layer_offsets(mask_layer_offsets(model, config))
-    if not config.reads_prompt_logits:
+    # A configuration that does not say reads them (a registered one of any class): computed, to be safe.
+    if not getattr(config, "reads_prompt_logits", True):
         adapter.prefill_logits_from = prompt_len - 1
     stop = None
     if other_criteria:
@@ -366,7 +369,7 @@ def custom_generate(
     )
     if isinstance(drafter, _C.AutoDrafter):
         # What the scheduler chose each step, and its share of the time.
-        names = [c.method for c in config.drafters]
+        names = [registry.method_of(c).name for c in config.drafters]
         output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
         output.timings["draft_s"] = drafter.draft_seconds
         output.timings["schedule_s"] = drafter.schedule_seconds
@@ -620,8 +623,6 @@ def _check_attention_mask(mask: object, input_ids: torch.Tensor, mask_length: in
 def _check_max_new_tokens(value: object, name: str = "max_new_tokens") -> int:
     """``value`` as a Python int >= 1. Python, numpy and 0-d torch integers pass; bool (an int to Python,
     but never a token count), float, str and tensors of another kind are refused."""
-    import operator
-
     is_bool = isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool)
     is_multi = isinstance(value, torch.Tensor) and value.dim() != 0
     try:
@@ -647,9 +648,6 @@ def _check_draft_context(
     """A user's draft model must have the positions this generation reaches (the layer-truncated
     self-draft has the target's own context). Limits the target itself cannot meet are left to the
     target's check, which names them."""
-    from mtprobe.config import DraftModelConfig
-    from mtprobe.draft_model import check_draft_model
-
     if not isinstance(config, DraftModelConfig) or config.draft_model is None:
         return
     max_length = _split_stopping_criteria(stopping_criteria, generation_config)[0]
@@ -657,8 +655,3 @@ def _check_draft_context(
     if max_new_tokens < 1 or max_length > max_positions(model):
         return
     check_draft_model(model, config.draft_model, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
-
-
-def _method_name(config: DecodingConfig) -> str:
-    """The short name of the drafter ``config`` selects (its key in ``mtprobe.config.METHOD_CONFIGS``)."""
-    return getattr(type(config), "method", type(config).__name__)

@@ -29,7 +29,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from mtprobe.config import DraftModelConfig, PromptLookupConfig
-from mtprobe.drafters import DecodingConfig
+from mtprobe.registry import DecodingConfig
 
 HONOURED = "honoured"
 MAPPED = "mapped"

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtprobe.adapter import cache_argument, sliding_window
+
 # The linear maps of a Llama-style decoder layer that get an adapter (attention and MLP).
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -62,8 +64,6 @@ def decoder_of(model: Any) -> Any:
     decoder = getattr(model, "model", None)
     missing = [a for a in ("layers", "norm", "rotary_emb") if not hasattr(decoder, a)]
     if not missing:
-        from mtprobe.adapter import sliding_window
-
         rotary = inspect.signature(decoder.rotary_emb.forward).parameters
         if "position_embeddings" not in inspect.signature(decoder.layers[0].forward).parameters or any(
             p.default is inspect.Parameter.empty for n, p in rotary.items() if n not in ("x", "position_ids")
@@ -118,8 +118,6 @@ class DraftLayers(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = copy.deepcopy(decoder.norm).requires_grad_(False)
         self._rotary = [decoder.rotary_emb]  # shared, not a submodule
-        from mtprobe.adapter import cache_argument
-
         self._cache_arg = cache_argument(self.layers[0])  # the decoder layers' name for their KV cache
 
     def forward(

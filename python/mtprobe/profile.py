@@ -42,8 +42,11 @@ from typing import Any
 
 import torch
 
-from mtprobe import small_batch_linear
+from mtprobe import ops, small_batch_linear
 from mtprobe._jsonl import read_json, write_json
+from mtprobe.adapter import HFAdapter, max_positions
+from mtprobe.models import cache_root
+from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 PROFILE_FORMAT = 1
 # MAX_ROWS and MAX_ROWS + 1 (20 and 21): where the small-batch linear op hands over to torch's GEMM on the
@@ -77,7 +80,7 @@ def _device_name(device: torch.device) -> str:
     return device.type
 
 
-def _architecture(model: Any) -> str:
+def architecture(model: Any) -> str:
     """Class name and a hash of the architecture's config: two checkpoints of one architecture cost
     the same per forward, so they share a profile; any change of shape or attention does not."""
     cfg = model.config.to_dict()
@@ -114,7 +117,7 @@ class ProfileKey:
     def of(cls, model: Any) -> ProfileKey:
         device = next(model.parameters()).device
         return cls(
-            model=_architecture(model),
+            model=architecture(model),
             device=_device_name(device),
             dtype=str(model.dtype).removeprefix("torch."),
             threads=torch.get_num_threads() if device.type == "cpu" else 0,
@@ -246,8 +249,6 @@ class ForwardProfile:
 
 def profile_dir() -> Path:
     """Where measured profiles are kept: ``$MTPROBE_CACHE/profiles`` (default ``~/.cache/mtprobe``)."""
-    from mtprobe.models import cache_root
-
     return cache_root() / "profiles"
 
 
@@ -259,9 +260,6 @@ def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Se
 def chain_mask(model: Any, t: int, context: int, device: torch.device) -> torch.Tensor | None:
     """The mask the decode loop hands a T-input block after ``context`` positions (None for T = 1): what
     :func:`profile_forward` and benchmarks/bench_small_batch_linear.py time a forward with."""
-    from mtprobe import ops
-    from mtprobe.tree_attention import NAME as TREE_ATTENTION
-
     if t == 1:
         return None
     if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
@@ -291,8 +289,6 @@ def profile_forward(
     dropped. Takes seconds for a small model: len(block_sizes) x len(context_lengths) x (repeats + warmup)
     forwards.
     """
-    from mtprobe.adapter import HFAdapter, max_positions
-
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     sizes = tuple(int(b) for b in block_sizes)

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mtprobe import _C
+
 ENV = "MTPROBE_SMALL_BATCH_LINEAR"
 
 MAX_ROWS = 20
@@ -48,8 +50,6 @@ the first kernel with 2..12 inputs) is not taken for this one."""
 def enabled() -> bool:
     """Whether the route is on: ``MTPROBE_SMALL_BATCH_LINEAR`` is not ``0``/``false``/``off`` and this CPU
     runs the op's AVX2/FMA kernel."""
-    from mtprobe import _C
-
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         return False
     return bool(_C.small_batch_linear_simd())

@@ -24,6 +24,8 @@ import functools
 from typing import Any
 
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
 
 from mtprobe import ops
 
@@ -72,8 +74,5 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
 
 def register() -> None:
     """Register ``"mtprobe_tree"`` with transformers' AttentionInterface and AttentionMaskInterface."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     AttentionInterface.register(NAME, tree_attention_forward)
     AttentionMaskInterface.register(NAME, _no_mask)

@@ -1,4 +1,6 @@
-"""The project's own prompt set, used by tests and benchmarks.
+"""The project's own prompt set, used by tests and benchmarks; chat prompts made of local text files'
+passages (:func:`corpus_prompts`); a conversation's token ids under a chat template
+(:func:`encode_conversation`). The circuit heads that ship with the package live in ``heads/`` beside it.
 
 ``prompts.jsonl`` holds one JSON object per line::
 
@@ -11,22 +13,24 @@ which keeps ``prompts[:n]`` varied for small benchmark runs.
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from mtprobe._jsonl import iter_jsonl
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "KINDS",
     "PROMPTS_FILE",
-    "add_corpus_arguments",
-    "corpus_argument_error",
     "corpus_passages",
     "corpus_prompts",
+    "encode_conversation",
     "load_prompts",
     "prompts_file",
     "split_passages",
@@ -95,76 +99,6 @@ def load_prompts(path: str | Path | None = None) -> list[dict[str, Any]]:
     return [_validate(obj, where) for where, _, obj in iter_jsonl(text, name)]
 
 
-def add_calibration_arguments(parser: Any) -> None:
-    """``--model``, ``--out``, ``--prompts`` and ``--num-prompts``: what every offline calibration
-    command (``python -m mtprobe.topology``, ``python -m mtprobe.calibrate``) takes."""
-    parser.add_argument(
-        "--model", default="smollm2-135m", help="a known name, a local folder or a cached hub id"
-    )
-    parser.add_argument("--out", required=True, help="where to write the result")
-    parser.add_argument(
-        "--prompts",
-        default=None,
-        help="calibration prompts: a JSONL file in the format of mtprobe's prompt set ({'id', 'kind', "
-        "'messages'} per line) (default: mtprobe's 24 built-in prompts, not Spec-Bench's questions)",
-    )
-    parser.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
-
-
-def add_corpus_arguments(parser: Any) -> None:
-    """``--corpus-prompts``, ``--num-corpus-prompts`` and ``--gen-batch-size``: what the commands that
-    learn from the model's own greedy answers (``python -m mtprobe.heads train``, ``python -m
-    mtprobe.calibrate``) take besides :func:`add_calibration_arguments`; check them with
-    :func:`corpus_argument_error`."""
-    parser.add_argument(
-        "--corpus-prompts",
-        nargs="*",
-        default=[],
-        help="local text files whose passages become more prompts for self-distillation (e.g. "
-        "/usr/share/games/fortunes/* from Debian's fortunes packages)",
-    )
-    parser.add_argument("--num-corpus-prompts", type=int, default=200, help="how many corpus prompts")
-    parser.add_argument(
-        "--gen-batch-size",
-        type=int,
-        default=1,
-        help="prompts generated at once (left-padded; faster, and padding may flip near-tie greedy choices)",
-    )
-
-
-def corpus_argument_error(args: Any) -> str | None:
-    """What is wrong with :func:`add_corpus_arguments`' options, or None."""
-    if args.gen_batch_size < 1:
-        return f"--gen-batch-size {args.gen_batch_size} must be >= 1"
-    if args.num_corpus_prompts < 1:
-        return f"--num-corpus-prompts {args.num_corpus_prompts} must be >= 1"
-    for f in args.corpus_prompts:
-        if not Path(f).is_file():
-            return f"--corpus-prompts {f}: no such file; give local text files"
-    # Checked here, before the model loads, so a wrong file costs no minutes.
-    if args.corpus_prompts and not corpus_passages(args.corpus_prompts):
-        return f"--corpus-prompts {args.corpus_prompts}: no passage of 60 to 600 characters; give text files"
-    return None
-
-
-def calibration_prompts(args: Any) -> tuple[Any, Any, list[Any]]:
-    """(model, tokenizer, token tensors ``[1, L]``) from :func:`add_calibration_arguments`' options: the
-    model loaded by name and each prompt under its tokenizer's chat template."""
-    from mtprobe import models
-    from mtprobe.specbench.run import encode_conversation
-
-    model, tokenizer = models.load(args.model)
-    prompts = load_prompts(args.prompts)
-    if args.num_prompts is not None:
-        prompts = prompts[: args.num_prompts]
-    return model, tokenizer, [encode_conversation(tokenizer, p["messages"], "cpu") for p in prompts]
-
-
-def print_progress(msg: str) -> None:
-    """A calibration command's progress line on stderr, stamped with the time."""
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 # Instructions that turn a corpus passage into a chat prompt, in rotation: the model's answers are the
 # self-distillation data (circuit heads, calibrated masks), so the prompts should ask for the kinds of
 # text Spec-Bench asks for.
@@ -199,10 +133,6 @@ def split_passages(text: str, min_chars: int, max_chars: int) -> list[str]:
 def corpus_prompts(tokenizer: Any, paths: Sequence[str], num: int, seed: int = 0) -> list[Any]:
     """``num`` chat prompts ``[1, L]`` from passages of local text files (:func:`corpus_passages`, drawn
     without replacement), each under one of a rotation of instructions."""
-    import torch
-
-    from mtprobe.specbench.run import encode_conversation
-
     passages = corpus_passages(paths)
     if not passages:
         raise ValueError(f"no passage of 60 to 600 characters in {list(paths)}")
@@ -212,3 +142,18 @@ def corpus_prompts(tokenizer: Any, paths: Sequence[str], num: int, seed: int = 0
         content = f"{_CORPUS_INSTRUCTIONS[i % len(_CORPUS_INSTRUCTIONS)]}\n\n{passages[k]}"
         prompts.append(encode_conversation(tokenizer, [{"role": "user", "content": content}], "cpu"))
     return prompts
+
+
+def encode_conversation(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], device: torch.device | str
+) -> torch.Tensor:
+    """Token ids ``[1, L]`` of a conversation under the tokenizer's chat template, ready to answer."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"the tokenizer ({type(tokenizer).__name__}) has no chat template; a conversation (a Spec-Bench "
+            "question, a calibration prompt) is asked as a chat, so use a chat/instruct model whose tokenizer "
+            "defines one"
+        )
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    ids = enc if isinstance(enc, torch.Tensor) else enc["input_ids"]
+    return ids.to(device)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mtprobe._jsonl import read_jsonl
 from mtprobe.specbench.plots import Series, common_dash_prefix, plot_panels, short_name, title_from_meta
 from mtprobe.specbench.questions import MT_BENCH_CATEGORIES
-from mtprobe.specbench.score import GroupStats, ScoreReport, score, setup_differences
+from mtprobe.specbench.score import GroupStats, ScoreReport, load_tokenizer, score, setup_differences
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -153,8 +153,6 @@ def compare(
     if not isinstance(tokenizer, (str, os.PathLike)):
         tok = tokenizer
     else:
-        from mtprobe.specbench.score import load_tokenizer
-
         tok = load_tokenizer(tokenizer)
 
     rows: list[CompareRow] = []

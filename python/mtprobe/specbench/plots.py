@@ -134,7 +134,7 @@ def plot_panels(
     """One figure: a row of panels per metric, the tasks (and overall) left, MT-bench's sub-categories
     right (when any have answers); one bar per method and group, with error bars where the metric has a
     spread. Saved to ``path`` (PNG)."""
-    import matplotlib
+    import matplotlib  # optional (the test extra): only plots need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

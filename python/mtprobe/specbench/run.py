@@ -54,12 +54,18 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import transformers
+from tqdm.auto import tqdm
 
-from mtprobe.specbench.methods import Method, get_method
+from mtprobe import models
+from mtprobe.data import encode_conversation
+from mtprobe.drafters import ngram_memories
+from mtprobe.specbench.methods import Method, get_method, run_method
 from mtprobe.specbench.questions import Question, first_per_category, load_questions, select_questions
 from mtprobe.specbench.score import setup_value
 
@@ -180,9 +186,7 @@ class RunSummary:
 
 
 def _model_name(model: str) -> str:
-    from mtprobe.models import KNOWN_MODELS
-
-    if model in KNOWN_MODELS:
+    if model in models.KNOWN_MODELS:
         return model
     return Path(model).expanduser().resolve().name or "model"
 
@@ -263,10 +267,6 @@ def run_metadata(
     cfg: RunConfig, method: Method, config: Any, model: PreTrainedModel | None
 ) -> dict[str, Any]:
     """The ``"mtprobe"`` metadata of ``cfg``'s answer lines: everything needed to reproduce the run."""
-    import transformers
-
-    import mtprobe
-
     device = model.device if model is not None else _resolve_device(cfg.device)
     meta: dict[str, Any] = {
         "method": method.name,
@@ -285,7 +285,7 @@ def run_metadata(
         "warmup": cfg.warmup,
         "draft_model": cfg.draft_model,
         "versions": {
-            "mtprobe": mtprobe.__version__,
+            "mtprobe": version("mtprobe"),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
@@ -414,20 +414,6 @@ def _end_with_complete_line(path: Path) -> int | None:
     return data.count(b"\n", 0, cut) + 1 if tail.strip() else None
 
 
-def encode_conversation(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], device: torch.device | str
-) -> torch.Tensor:
-    """Token ids ``[1, L]`` of a conversation under the tokenizer's chat template, ready to answer."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"the tokenizer ({type(tokenizer).__name__}) has no chat template; Spec-Bench questions are "
-            "asked as a chat, so use a chat/instruct model whose tokenizer defines one"
-        )
-    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-    ids = enc if isinstance(enc, torch.Tensor) else enc["input_ids"]
-    return ids.to(device)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -457,12 +443,7 @@ def answer_question(
         input_ids = encode_conversation(tokenizer, messages, device)
         _sync(device)
         t0 = time.perf_counter()
-        # greedy calls keep run's four-argument form, which every method (and a custom one) takes
-        out = (
-            method.run(model, input_ids, config, max_new_tokens, temperature=temperature)
-            if temperature > 0
-            else method.run(model, input_ids, config, max_new_tokens)
-        )
+        out = run_method(method, model, input_ids, config, max_new_tokens, temperature=temperature)
         _sync(device)
         elapsed = time.perf_counter() - t0
         answer = tokenizer.decode(out.new_ids, skip_special_tokens=True).strip()
@@ -514,9 +495,6 @@ def run(
     default model_id); otherwise ``mtprobe.models.load(cfg.model, dtype=cfg.dtype)`` loads them.
     With ``cfg.draft_model`` (method ``sps``) the draft model is loaded the same way.
     """
-    from mtprobe import models
-    from mtprobe.drafters import ngram_memories
-
     method = get_method(cfg.method)
     method.check_temperature(cfg.temperature)
     config = cfg.method_config if cfg.method_config is not None else method.make_config()
@@ -683,9 +661,5 @@ def _check_repeat(q: Question, first: dict[str, Any], again: dict[str, Any], r: 
 
 def _progress(items: list[Question], enabled: bool, desc: str) -> Any:
     if not enabled:
-        return items
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm comes with transformers; fall back silently if it is missing
         return items
     return tqdm(items, desc=desc, unit="q", dynamic_ncols=True)

@@ -49,7 +49,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformers import AutoTokenizer
+
+from mtprobe import models
 from mtprobe._jsonl import read_jsonl
+from mtprobe.specbench.plots import Series, common_dash_prefix, plot_panels, short_name, title_from_meta
 from mtprobe.specbench.questions import MT_BENCH_CATEGORIES, TASKS
 
 if TYPE_CHECKING:
@@ -193,10 +197,6 @@ def load_answers(path: str | os.PathLike[str]) -> dict[int, Answer]:
 
 def load_tokenizer(name_or_path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """The tokenizer of a known model name (``mtprobe.models``) or of a local folder, offline."""
-    from transformers import AutoTokenizer
-
-    from mtprobe import models
-
     if isinstance(name_or_path, str) and name_or_path in models.KNOWN_MODELS:
         folder = models.fetch(name_or_path)
     else:
@@ -774,8 +774,6 @@ def _to_json(r: ScoreReport) -> dict[str, Any]:
 
 
 def _plot(r: ScoreReport, out: Path) -> tuple[Path, ...]:
-    from mtprobe.specbench.plots import Series, common_dash_prefix, plot_panels, short_name, title_from_meta
-
     order = [g.group for g in r.baseline_groups]
     for m in r.methods:
         order += [g.group for g in m.groups if g.group not in order]

@@ -1,0 +1,261 @@
+"""``mtprobe heads train``: train a circuit head on the frozen backbone's features
+(:mod:`mtprobe.heads.training`) and write its checkpoint; ``mtprobe heads count DIR``: record in a head's
+checkpoint how often each token occurs in its training windows (heads trained before ``train`` recorded
+it), for ``HeadsConfig(vocab_top_k=...)``::
+
+    python -m mtprobe heads train --circuit hmm --window 4 --rank 2 --out heads/hmm --features f.pt
+
+Training data: the model's own greedy continuations of the calibration prompts (and of corpus prompts),
+plus chunks of ``--text`` files; ``--features FILE`` caches the backbone's features of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from mtprobe import models
+from mtprobe.bytelm import passage_prompts
+from mtprobe.calibrate import calibration_sequences
+from mtprobe.cli._common import (
+    EXIT_OK,
+    UsageError,
+    add_calibration_arguments,
+    add_corpus_arguments,
+    calibration_prompts,
+    check_corpus_arguments,
+    print_progress,
+)
+from mtprobe.data import corpus_prompts
+from mtprobe.heads.circuit import EMISSIONS, KINDS, LORA_BASES, HeadSpec
+from mtprobe.heads.inference import checkpoint_path, load_head, new_head, output_embedding, save_head
+from mtprobe.heads.training import (
+    Features,
+    compute_features,
+    features_at_layer,
+    init_from,
+    text_sequences,
+    train_head,
+    window_token_counts,
+)
+from mtprobe.lora import decoder_of
+
+HELP = "train a circuit head (HeadsConfig) for a model, or record a head's token counts"
+DESCRIPTION = (
+    "Probabilistic-circuit heads (MTPC, seed 003): train a small head that drafts the next window of "
+    "tokens from the target's hidden state, or update a trained head's checkpoint."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``heads train ...`` and ``heads count DIR ...``."""
+    sub = parser.add_subparsers(dest="heads_command", required=True, metavar="{train,count}")
+    p = sub.add_parser("train", help="train a circuit head on the frozen backbone's features")
+    add_calibration_arguments(p)
+    p.add_argument("--circuit", choices=KINDS, default="cp")
+    p.add_argument("--window", type=int, default=4, help="n: the next token and n - 1 drafts")
+    p.add_argument("--rank", type=int, default=4, help="r: latent states (1 for ff)")
+    p.add_argument("--emission", choices=EMISSIONS, default="lowrank")
+    p.add_argument("--adapter-rank", type=int, default=16)
+    p.add_argument(
+        "--lora-layers",
+        type=int,
+        default=0,
+        help="k: give the draft LoRA-adapted copies of the backbone's last k layers (0: read its last state)",
+    )
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument(
+        "--lora-base",
+        choices=LORA_BASES,
+        default="target",
+        help="with --lora-layers: the emissions build on the target's logits (free at decode time) or on "
+        "the draft's own (a second LM-head pass per step)",
+    )
+    p.add_argument(
+        "--init",
+        default=None,
+        help="start from this trained head (same circuit, window, rank and emissions; e.g. one without "
+        "LoRA, continued with --lora-layers K as in the paper)",
+    )
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--gamma", type=float, default=None, help="discount (default 0.8, 0.9 for n > 8)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="length of each greedy continuation")
+    p.add_argument("--text", nargs="*", default=[], help="local text files to train on as well (a corpus)")
+    p.add_argument(
+        "--text-holdout",
+        type=float,
+        default=0.0,
+        help="leave out the last fraction of every --text file (e.g. 0.05: what mtprobe bytelm held out)",
+    )
+    p.add_argument("--max-text-tokens", type=int, default=None, help="at most this many --text tokens")
+    p.add_argument(
+        "--passage-prompts",
+        type=int,
+        default=0,
+        help="self-distil on N more prompts: the first 96 bytes of passages of the --text files (their "
+        "training part), continued as plain text without a chat template (for base models such as "
+        "mtprobe bytelm's)",
+    )
+    add_corpus_arguments(p)
+    p.add_argument("--no-self", action="store_true", help="skip the model's own greedy continuations")
+    p.add_argument("--features", default=None, help="cache the backbone's features in this file")
+    p.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser(
+        "count",
+        help="record in a head's checkpoint how often each token occurs in its training windows (heads "
+        "trained before train recorded it), for HeadsConfig(vocab_top_k=...)",
+    )
+    c.add_argument("head", help="the head's folder (rewritten in place)")
+    c.add_argument(
+        "--features", required=True, help="the features file the head was trained on (train --features)"
+    )
+    c.add_argument("--model", default="smollm2-135m", help="the backbone the head belongs to")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``heads`` subcommand ``args.heads_command``."""
+    return _count(args) if args.heads_command == "count" else _train(args)
+
+
+def _count(args: argparse.Namespace) -> int:
+    if not checkpoint_path(args.head).is_file():
+        raise UsageError(f"{args.head}: no circuit-head checkpoint there")
+    if not Path(args.features).is_file():
+        raise UsageError(f"--features {args.features}: no such file")
+    model, _ = models.load(args.model)
+    head = load_head(args.head, model)
+    features = Features(**torch.load(args.features)["features"])
+    head.token_counts.copy_(window_token_counts(features, head.spec.window, head.spec.vocab_size))
+    head.stats.setdefault("data", {})["token_counts_from"] = os.path.basename(args.features)  # type: ignore[attr-defined]
+    path = save_head(head, model, args.head, head.stats)  # type: ignore[attr-defined]
+    seen = int((head.token_counts > 0).sum())
+    print(f"{path}: token counts of {int(head.token_counts.sum())} window tokens, {seen} distinct")
+    return EXIT_OK
+
+
+def _check_train_arguments(args: argparse.Namespace) -> None:
+    """UsageError for what ``train``'s options get wrong: the architecture's own checks, run before any
+    model is loaded."""
+    try:
+        HeadSpec(
+            args.circuit,
+            args.window,
+            args.rank,
+            args.emission,
+            args.adapter_rank,
+            1,
+            1,
+            args.lora_layers,
+            args.lora_rank,
+        )
+    except (ValueError, TypeError) as e:
+        raise UsageError(str(e)) from None
+    if args.init is not None and not checkpoint_path(args.init).is_file():
+        raise UsageError(f"--init {args.init}: no circuit-head checkpoint there")
+    if args.steps < 1 or args.batch_size < 1:
+        raise UsageError(f"steps={args.steps} and batch_size={args.batch_size} must be >= 1")
+    if not 0.0 <= args.text_holdout < 1.0:
+        raise UsageError(f"--text-holdout {args.text_holdout} must be in [0, 1)")
+    if args.passage_prompts and not args.text:
+        raise UsageError("--passage-prompts N takes its passages from --text FILES; give them")
+    if args.max_text_tokens is not None and args.max_text_tokens < 256:
+        raise UsageError(f"--max-text-tokens {args.max_text_tokens} must be >= 256 (one sequence)")
+    check_corpus_arguments(args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    _check_train_arguments(args)
+    model, tokenizer, prompts = calibration_prompts(args)
+    layer = -1
+    if args.lora_layers:
+        try:
+            layers = len(decoder_of(model).layers)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if args.lora_layers > layers:
+            raise UsageError(f"--lora-layers {args.lora_layers} exceeds the model's {layers} layers")
+        layer = layers - args.lora_layers  # the draft layers' input
+    data = {
+        "self": not args.no_self,
+        "prompts": args.prompts or "built-in",
+        "num_prompts": args.num_prompts,
+        "corpus_prompts": [os.path.basename(c) for c in args.corpus_prompts],
+        "num_corpus_prompts": args.num_corpus_prompts if args.corpus_prompts else 0,
+        "max_new_tokens": args.max_new_tokens,
+        "gen_batch_size": args.gen_batch_size,
+        "text": [os.path.basename(t) for t in args.text],
+        "text_holdout": args.text_holdout,
+        "max_text_tokens": args.max_text_tokens,
+        "passage_prompts": args.passage_prompts,
+    }
+    if args.features and Path(args.features).is_file():
+        print_progress(f"features from {args.features} (its data options replace this command's)")
+        saved = torch.load(args.features)
+        features, data = Features(**saved["features"]), saved["data"]
+        features = features_at_layer(model, features, layer, print_progress)
+    else:
+        seqs: list[tuple[torch.Tensor, int]] = []
+        if args.passage_prompts:
+            texts = passage_prompts(
+                args.text, args.passage_prompts, part="train", holdout=args.text_holdout, seed=args.seed
+            )
+            prompts = prompts + [tokenizer(t, return_tensors="pt").input_ids for t in texts]
+        if args.corpus_prompts:
+            prompts = prompts + corpus_prompts(
+                tokenizer, args.corpus_prompts, args.num_corpus_prompts, args.seed
+            )
+        if not args.no_self:
+            seqs += [
+                (ids, plen - 1)
+                for ids, plen in calibration_sequences(
+                    model, prompts, args.max_new_tokens, print_progress, batch_size=args.gen_batch_size
+                )
+            ]
+        if args.text:
+            seqs += text_sequences(
+                tokenizer, args.text, 256, holdout=args.text_holdout, max_tokens=args.max_text_tokens
+            )
+        if not seqs:
+            raise UsageError("no training data: drop --no-self or give --text FILES")
+        features = compute_features(model, seqs, print_progress, layer)
+        if args.features:
+            torch.save({"features": asdict(features), "data": data}, args.features)
+    weight, _ = output_embedding(model)
+    spec = HeadSpec(
+        circuit=args.circuit,
+        window=args.window,
+        rank=args.rank,
+        emission=args.emission,
+        adapter_rank=args.adapter_rank,
+        hidden_size=int(weight.shape[1]),
+        vocab_size=int(weight.shape[0]),
+        lora_layers=args.lora_layers,
+        lora_rank=args.lora_rank,
+        lora_base=args.lora_base,
+    )
+    torch.manual_seed(args.seed)
+    head = new_head(model, spec)
+    if args.init is not None:
+        init_from(head, load_head(args.init, model))
+        data["init"] = os.path.basename(os.path.normpath(args.init))
+    stats = train_head(
+        head,
+        features,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        gamma=args.gamma,
+        seed=args.seed,
+        progress=True,
+    )
+    stats["data"] = data
+    path = save_head(head, model, args.out, stats)
+    print(json.dumps({"checkpoint": str(path), **stats}, indent=1))
+    return EXIT_OK
