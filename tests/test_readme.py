@@ -1,4 +1,4 @@
-"""The README's usage examples run as written and do what they say."""
+"""The usage examples of README.md and docs/*.md run as written and do what they say."""
 
 from __future__ import annotations
 
@@ -7,11 +7,22 @@ from pathlib import Path
 
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# README first: its first two python blocks are the quickstart's "Use" and "HF route" examples.
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def python_blocks(path: Path = README) -> list[str]:
+    """The ```python blocks of one Markdown file, in order."""
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
+
+
+def block_with(text: str) -> str:
+    """The one python block of README.md and docs/*.md that contains ``text``."""
+    found = [b for path in DOCS for b in python_blocks(path) if text in b]
+    assert len(found) == 1, f"{len(found)} python blocks of README.md and docs/*.md contain {text!r}"
+    return found[0]
 
 
 def test_usage_and_hf_route_examples():
@@ -26,18 +37,11 @@ def test_usage_and_hf_route_examples():
     assert sum(out.accept_lengths) + 1 == ref.shape[1] - input_ids.shape[1]
 
 
-def block_with(text: str) -> str:
-    """The one python block of the README that contains ``text``."""
-    found = [b for b in python_blocks() if text in b]
-    assert len(found) == 1, f"{len(found)} README python blocks contain {text!r}"
-    return found[0]
-
-
 def test_other_drafters_example():
     use, others = python_blocks()[0], block_with("outs = {name")
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=1"), "README.md (Use)", "exec"), ns)
-    exec(compile(others, "README.md (Other drafters)", "exec"), ns)
+    exec(compile(others, "docs/methods.md (every configuration)", "exec"), ns)
     model, input_ids = ns["model"], ns["input_ids"]
     ref = model.generate(input_ids, do_sample=False, max_new_tokens=64)
     for name, out in ns["outs"].items():
@@ -54,31 +58,44 @@ def test_config_dict_and_statistics_examples():
     )
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=8"), "README.md (Use)", "exec"), ns)
-    exec(compile(as_data, "README.md (Configurations as data)", "exec"), ns)
+    exec(compile(as_data, "docs/usage.md (configurations as data)", "exec"), ns)
     model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
     ref = model.generate(input_ids, do_sample=False, max_new_tokens=64)
     assert torch.equal(out.sequences, ref) and out.method == "pld"  # the dict ran prompt lookup
     assert mtprobe.config_from_dict(ns["cfg"].to_dict()) == ns["cfg"]
-    exec(compile(stats, "README.md (Statistics)", "exec"), ns)  # every attribute it names exists
+    exec(compile(stats, "docs/usage.md (statistics)", "exec"), ns)  # every attribute it names exists
     assert sum(out.acceptance_per_depth()) >= out.tau - 1 - 1e-9  # equal unless the last step was cut
 
 
 def test_command_line_examples_parse():
-    """Every `mtprobe ...` line of the README's bash blocks is a valid command: its flags exist, its
-    method is registered and its options build that method's configuration (nothing is run)."""
+    """Every `mtprobe ...` and `python -m mtprobe ...` command of the bash blocks of README.md and
+    docs/*.md is a valid command: its program and flags exist, and for `generate` and `bench` its method
+    is registered and its options build that method's configuration (nothing is run)."""
     import shlex
 
     from mtprobe import cli
 
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    commands = [line.split("#")[0] for b in blocks for line in b.splitlines() if line.startswith("mtprobe ")]
-    assert len(commands) >= 4  # generate x3, bench
+    blocks = [
+        b
+        for path in DOCS
+        for b in re.findall(r"```bash\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
+    ]
+    # One command per line once backslash continuations are joined; comments dropped.
+    lines = [line.split("#")[0] for b in blocks for line in b.replace("\\\n", " ").splitlines()]
+    commands = [
+        shlex.split(line)[3 if line.startswith("python") else 1 :]
+        for line in lines
+        if line.startswith(("mtprobe ", "python -m mtprobe "))
+    ]
+    programs = {argv[0] for argv in commands}
+    assert {"generate", "bench", "calibrate", "heads", "topology"} <= programs, programs
     parser = cli._build_parser()
-    for line in commands:
-        args = parser.parse_args(shlex.split(line)[1:])
-        method, config = cli._method_and_config(args)
-        assert method.name == args.method, line
-        assert isinstance(config, method.config_type), line
+    for argv in commands:
+        args = parser.parse_args(argv)
+        if args.command in ("generate", "bench"):
+            method, config = cli._method_and_config(args)
+            assert method.name == args.method, argv
+            assert isinstance(config, method.config_type), argv
 
 
 def test_auto_config_example(tmp_path, monkeypatch):
@@ -89,7 +106,10 @@ def test_auto_config_example(tmp_path, monkeypatch):
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=4"), "README.md (Use)", "exec"), ns)
     exec(
-        compile(auto.replace("max_new_tokens=128", "max_new_tokens=24"), "README.md (AutoConfig)", "exec"), ns
+        compile(
+            auto.replace("max_new_tokens=128", "max_new_tokens=24"), "docs/methods.md (AutoConfig)", "exec"
+        ),
+        ns,
     )
     model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
     assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=24))
@@ -101,7 +121,12 @@ def test_entmtp_example():
     use, entmtp = python_blocks()[0], block_with("cfg = mtprobe.EntMTPConfig(")
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=4"), "README.md (Use)", "exec"), ns)
-    exec(compile(entmtp.replace("max_new_tokens=128", "max_new_tokens=32"), "README.md (EntMTP)", "exec"), ns)
+    exec(
+        compile(
+            entmtp.replace("max_new_tokens=128", "max_new_tokens=32"), "docs/methods.md (EntMTP)", "exec"
+        ),
+        ns,
+    )
     model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
     assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=32))
     assert len(out.choices) == out.steps
@@ -116,12 +141,12 @@ def test_ngram_memory_example():
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=1"), "README.md (Use)", "exec"), ns)
     clear = "mtprobe.ngram_memory(model, cfg).clear()"
     assert clear in memory
-    exec(compile(memory.replace(clear, ""), "README.md (n-gram memory)", "exec"), ns)
+    exec(compile(memory.replace(clear, ""), "docs/methods.md (n-gram memory)", "exec"), ns)
     model, input_ids, first, again = ns["model"], ns["input_ids"], ns["first"], ns["again"]
     assert torch.equal(first.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=64))
     assert torch.equal(again.sequences, first.sequences)
     assert again.forward_calls < first.forward_calls  # "True"
-    exec(compile(clear, "README.md (n-gram memory)", "exec"), ns)
+    exec(compile(clear, "docs/methods.md (n-gram memory)", "exec"), ns)
     assert len(ns["mtprobe"].ngram_memory(model, ns["cfg"])) == 0
 
 
@@ -130,7 +155,7 @@ def test_circuit_heads_example():
     use, block = python_blocks()[0], block_with("mtprobe.heads.bundled_head")
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=1"), "README.md (Use)", "exec"), ns)
-    exec(compile(block, "README.md (circuit heads)", "exec"), ns)
+    exec(compile(block, "docs/methods.md (circuit heads)", "exec"), ns)
     model, input_ids, out = ns["model"], ns["input_ids"], ns["out"]
     assert torch.equal(out.sequences, model.generate(input_ids, do_sample=False, max_new_tokens=32))
     assert out.forward_calls < 32 and out.method == "heads"

@@ -1,8 +1,11 @@
 """torch.ops.mtprobe: typed wrappers and fake kernels.
 
-The CPU kernels are C++ (csrc/ops/); importing this module loads them. The fake kernels below
-give every op its output metadata without running it, so the ops trace under torch.compile and
-pass ``torch.library.opcheck``. Reference definitions: ``mtprobe.reference``.
+The CPU kernels are C++ (csrc/ops/); importing this module loads them. When the extension is built
+with CUDA, the ops also take CUDA tensors (csrc/ops/*_cuda.cu, every op here but
+``small_batch_linear``); those kernels ran once, on an H100 on 2026-11-26, and matched the CPU ops
+wherever the test was right (benchmarks/results/gpu/README.md). The fake kernels below give every op
+its output metadata without running it, so the ops trace under torch.compile and pass
+``torch.library.opcheck``. Reference definitions: ``mtprobe.reference``.
 """
 
 from __future__ import annotations
@@ -262,7 +265,7 @@ def circuit_log_prob(
     ``[B, 0, r, r]`` where there is one latent: FF, CP, HMM and BTree with L = 1), ``emissions`` FF
     ``[B, n, V]``, CP ``[B, r, n, V]``, HMM and BTree ``[B, n, r, V]``; float32 or float64 (float16 and
     bfloat16 are upcast and give float32). ``tokens``: ``[B, n]`` int64 in ``[0, V)``.
-    CPU and CUDA (the CUDA kernels are compiled but have not run on a GPU yet). Reference:
+    CPU and CUDA (the CUDA kernels ran once, on an H100: benchmarks/results/gpu/README.md). Reference:
     ``mtprobe.reference.circuit.log_prob``.
 
     The header's worked example, a CP with n = 2, r = 2, V = 2 (one context):
