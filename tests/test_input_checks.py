@@ -12,6 +12,7 @@ import transformers
 
 import mtprobe
 from conftest import tiny_llama
+from mtprobe import adapter
 from mtprobe.adapter import check_causal_lm
 from mtprobe.config import SEED_MAX
 from mtprobe.draft_model import check_draft_model
@@ -109,6 +110,26 @@ def test_offloaded_modules_may_be_meta():
         check_causal_lm(m)
     layer._hf_hook = object()
     check_causal_lm(m)
+
+
+def test_meta_parameters_named_before_meta_buffers():
+    # The first meta tensor in named_parameters order, else in named_buffers order, as the message says.
+    m = tiny_llama()
+    m.model.embed_tokens.register_buffer("probe", torch.empty(1, device="meta"))
+    with pytest.raises(ValueError, match="'model.embed_tokens.probe'"):
+        check_causal_lm(m)
+    m.model.layers[1].mlp.to_empty(device="meta")
+    with pytest.raises(ValueError, match="'model.layers.1.mlp.gate_proj.weight'"):
+        check_causal_lm(m)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_model_checked_once_per_call(route, model, monkeypatch):
+    # The check walks the whole module tree: once per call, not again in custom_generate and HFAdapter.
+    calls = []
+    monkeypatch.setattr(adapter, "_first_meta_tensor", lambda m: calls.append(m))
+    ROUTES[route](model, IDS, max_new_tokens=2)
+    assert calls == [model]
 
 
 # --- d. inputs_embeds ----------------------------------------------------------------------------

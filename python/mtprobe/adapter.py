@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import GenerationMixin, PreTrainedModel
@@ -65,16 +67,47 @@ def check_causal_lm(model: object) -> None:
 
 
 def _first_meta_tensor(model: PreTrainedModel) -> str | None:
-    """The name of the first parameter or buffer on the meta device, or None. Tensors of modules that
-    accelerate offloads (a module or an ancestor with an ``_hf_hook``) are meta on purpose, loaded by the
-    hook at every forward, and are not counted."""
-    hooked = [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]
-    if "" in hooked:
-        return None
-    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
-        if tensor.device.type == "meta" and not any(name.startswith(h + ".") for h in hooked):
-            return name
-    return None
+    """The name of the first parameter (else buffer) on the meta device, in ``named_parameters`` (else
+    ``named_buffers``) order, or None. Tensors of modules that accelerate offloads (a module or an
+    ancestor with an ``_hf_hook``) are meta on purpose, loaded by the hook at every forward, and are
+    not counted.
+
+    One walk of the module tree, in ``named_modules`` order with its de-duplication (a shared module
+    or tensor counts under its first name only), reading each module's own tensors: a generate call
+    runs this check, and three walks through ``named_*`` cost more than its decoding on a small model.
+    """
+    seen_modules: set[int] = set()
+    seen_tensors: set[int] = set()
+    first_buffer: str | None = None
+    # [(module, its name, whether it or an ancestor has an _hf_hook)], popped in pre-order.
+    stack: list[tuple[torch.nn.Module, str, bool]] = [(model, "", False)]
+    while stack:
+        module, name, hooked = stack.pop()
+        if id(module) in seen_modules:
+            continue
+        seen_modules.add(id(module))
+        # accelerate sets the hook as a plain attribute; hasattr would go through Module.__getattr__
+        # and an AttributeError for every module without one.
+        hooked = hooked or "_hf_hook" in module.__dict__
+        prefix = name + "." if name else ""
+        for key, tensor in module._parameters.items():
+            if tensor is not None and id(tensor) not in seen_tensors:
+                seen_tensors.add(id(tensor))
+                if tensor.is_meta and not hooked:
+                    return prefix + key
+        for key, tensor in module._buffers.items():
+            if tensor is not None and id(tensor) not in seen_tensors:
+                seen_tensors.add(id(tensor))
+                if tensor.is_meta and not hooked and first_buffer is None:
+                    first_buffer = prefix + key
+        children = module._modules
+        if children:
+            stack.extend(
+                (child, prefix + key, hooked)
+                for key, child in reversed(children.items())
+                if child is not None
+            )
+    return first_buffer
 
 
 def _bidirectional_attention(model: PreTrainedModel) -> str | None:
@@ -103,7 +136,26 @@ def _bidirectional_attention(model: PreTrainedModel) -> str | None:
 def cache_argument(module: torch.nn.Module) -> str:
     """The name ``module.forward`` takes its KV cache under: ``cache`` in the transformers releases that
     renamed it (5.2x, which warn that ``past_key_values`` goes in 5.40), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    return "cache" if "cache" in forward_parameters(module) else "past_key_values"
+
+
+def forward_parameters(module: torch.nn.Module) -> tuple[str, ...]:
+    """The names of the parameters ``module.forward`` takes, as ``inspect.signature`` gives them."""
+    forward = module.forward
+    if not (inspect.ismethod(forward) and inspect.isfunction(forward.__func__)):
+        return tuple(inspect.signature(forward).parameters)  # an instance's own forward (accelerate's)
+    # The class's forward has one signature for every instance (and it costs ~0.1 ms to build); held
+    # weakly, so that a class defined at run time can go.
+    names = _METHOD_PARAMETERS.get(forward.__func__)
+    if names is None:
+        names = _METHOD_PARAMETERS[forward.__func__] = tuple(inspect.signature(forward).parameters)
+    return names
+
+
+# function -> the parameters of its bound method, for forward_parameters.
+_METHOD_PARAMETERS: weakref.WeakKeyDictionary[Callable[..., Any], tuple[str, ...]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def max_positions(model: PreTrainedModel) -> int:
@@ -253,10 +305,14 @@ class HFAdapter:
 
     ``capacity`` is the cache's first size in entries; it doubles whenever a block would not fit,
     never past ``max_capacity`` (the most one generation can need) unless a block needs more.
+    ``checked``: the caller has just run ``check_causal_lm`` on ``model``, so it is not run again.
     """
 
-    def __init__(self, model: PreTrainedModel, capacity: int, max_capacity: int | None = None) -> None:
-        check_causal_lm(model)
+    def __init__(
+        self, model: PreTrainedModel, capacity: int, max_capacity: int | None = None, *, checked: bool = False
+    ) -> None:
+        if not checked:
+            check_causal_lm(model)
         self.model = model
         self.embed = model.get_input_embeddings()
         num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
@@ -270,7 +326,7 @@ class HFAdapter:
         # n-gram stores of STAND and the hybrid do). The LM head over a long prompt is a large share
         # of the prefill (49152 x 576 per token for SmolLM2), and HF's generate skips it too.
         self.prefill_logits_from = 0
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in forward_parameters(model)
         # Which of the model's hidden_states a drafter reads: -1, the last (final-normed); a circuit
         # head with LoRA draft layers reads the input of the first of them (mtprobe.lora).
         self.hidden_layer = -1

@@ -194,6 +194,7 @@ def generate(
         custom_generate=custom_generate,
         mtprobe_config=config,
         mtprobe_return_output=True,
+        mtprobe_model_checked=True,
         mtprobe_streamer=streamer,
         mtprobe_assistant_model=assistant_model,
         max_new_tokens=max_new_tokens,
@@ -211,6 +212,7 @@ def custom_generate(
     streamer: Any = None,
     mtprobe_config: DecodingConfig | Mapping[str, Any] | None = None,
     mtprobe_return_output: bool = False,
+    mtprobe_model_checked: bool = False,
     mtprobe_streamer: Any = None,
     mtprobe_assistant_model: Any = None,
     **model_kwargs: Any,
@@ -220,7 +222,9 @@ def custom_generate(
     ``mtprobe_config``: a decoding configuration or a ``{"method": ...}`` dict; ``None``: the one
     transformers' drafter arguments describe (``prompt_lookup_num_tokens``, ``assistant_model``,
     ``assistant_early_exit``), else ``ProbeConfig()``. Returns the sequences tensor (as ``generate``
-    does), or a ``GenerateOutput`` when ``return_dict_in_generate=True``.
+    does), or a ``GenerateOutput`` when ``return_dict_in_generate=True``. ``mtprobe_model_checked``:
+    ``mtprobe.generate`` has run ``check_causal_lm`` on ``model`` already (a walk of the whole module
+    tree), so it is not run again.
     """
     # transformers hands a callable custom_generate neither generate()'s assistant_model nor its
     # streamer: read them, and the call's own arguments, from generate()'s frame.
@@ -236,7 +240,8 @@ def custom_generate(
     config = as_decoding_config(resolve_config(given, generation_config, assistant_model))
     _log_decoding_mode(model, generation_config, caller)
     # What mtprobe.generate checks before calling model.generate, again for the HF route.
-    check_causal_lm(model)
+    if not mtprobe_model_checked:
+        check_causal_lm(model)
     _check_no_inputs_embeds(model_kwargs)
     _check_input_ids(input_ids, model)
     # HF drops an all-ones mask before this point and keeps only its length.
@@ -299,7 +304,7 @@ def custom_generate(
         max_capacity,
     )
     drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
-    adapter = HFAdapter(model, capacity, max_capacity=max_capacity)
+    adapter = HFAdapter(model, capacity, max_capacity=max_capacity, checked=True)
     adapter.hidden_layer = hidden_layer(model, config)
     adapter.set_mask_layer_offsets(mask_layer_offsets(model, config))
     # A configuration that does not say reads them (a registered one of any class): computed, to be safe.
