@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -24,6 +27,30 @@ def smollm2():
 
     model, tokenizer = models.load("smollm2-135m", dtype=torch.float32)
     return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def greedy() -> Callable[..., torch.Tensor]:
+    """``greedy(model, ids, max_new_tokens, **kwargs)``: what ``model.generate(ids, do_sample=False,
+    max_new_tokens=max_new_tokens, **kwargs)`` returns, computed once per session for each model, prompt,
+    length and keyword set, and handed out as a clone so that no test can change another's reference.
+    The models it is used with keep their weights for the whole session."""
+    # Keyed by the model object itself (weakly), so a freed model's id reused by a new one cannot hit.
+    memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def reference(model, ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+        key = (
+            tuple(ids.reshape(-1).tolist()),
+            tuple(ids.shape),
+            max_new_tokens,
+            tuple(sorted(kwargs.items())),
+        )
+        per_model = memo.setdefault(model, {})
+        if key not in per_model:
+            per_model[key] = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
+        return per_model[key].clone()  # [1, prompt + new]
+
+    return reference
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> torch.Tensor:

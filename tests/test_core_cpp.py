@@ -3,6 +3,8 @@
 Each program is compiled with no torch include paths at all, which is what proves the core is torch-free.
 Every program also runs under AddressSanitizer (with LeakSanitizer) and UndefinedBehaviorSanitizer,
 where the compiler has their runtimes: any report fails the test (-fno-sanitize-recover=all).
+A session fixture compiles the core and links every program, for both flag sets, on one pool of CPU-count
+workers before the first test; each parametrized test checks its own program's build and runs it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -72,29 +74,68 @@ def sanitizer_env() -> tuple[dict[str, str] | None, str]:
     return env, ""
 
 
+def _compile_object(flags: tuple[str, ...], src: Path, obj: Path) -> subprocess.CompletedProcess:
+    """Compiles one csrc/core source to obj."""
+    cmd = [CXX, *flags, "-I", str(REPO_ROOT / "csrc"), "-c", str(src), "-o", str(obj)]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def _link_program(
+    flags: tuple[str, ...], objects: list[Path], test_source: Path, exe: Path
+) -> subprocess.CompletedProcess:
+    """Compiles one tests/core program and links it with the core objects into exe."""
+    cmd = [CXX, *flags, "-I", str(REPO_ROOT / "csrc"), *map(str, objects), str(test_source), "-o", str(exe)]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="session")
-def core_objects(tmp_path_factory: pytest.TempPathFactory) -> Callable[[tuple[str, ...]], list[Path]]:
-    """Compiles csrc/core/*.cpp once per set of flags (in parallel), for every test program to link."""
-    built: dict[tuple[str, ...], list[Path] | str] = {}
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, tuple[str, ...]], Path]:
+    """Builds every tests/core program for the plain flags and, where the sanitizers work here, the
+    sanitizer flags, all compiles and links at once on CPU-count workers; returns a lookup
+    (test program, flags) -> executable that fails with the compiler's output if its build failed.
 
-    def build(flags: tuple[str, ...]) -> list[Path]:
-        if flags not in built:
+    csrc/core/*.cpp compiles once per set of flags; a flag set's programs link as soon as its objects are
+    done, while the other set's objects may still compile.
+    """
+    objects: dict[tuple[str, ...], list[tuple[Path, Future[subprocess.CompletedProcess]]]] = {}
+    core_errors: dict[tuple[str, ...], str] = {}
+    links: dict[tuple[Path, tuple[str, ...]], tuple[Path, Future[subprocess.CompletedProcess]]] = {}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+
+        def submit_core(flags: tuple[str, ...]) -> None:
             out = tmp_path_factory.mktemp("core_objects")
+            objects[flags] = [
+                (out / f"{src.stem}.o", pool.submit(_compile_object, flags, src, out / f"{src.stem}.o"))
+                for src in CORE_SOURCES
+            ]
 
-            def compile_one(src: Path) -> tuple[Path, subprocess.CompletedProcess]:
-                obj = out / f"{src.stem}.o"
-                cmd = [CXX, *flags, "-I", str(REPO_ROOT / "csrc"), "-c", str(src), "-o", str(obj)]
-                return obj, subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        submit_core(_flags(None))
+        # The sanitizer probe runs here while the plain objects compile on the pool.
+        if sanitizer_env()[0] is not None:
+            submit_core(_flags(SANITIZE))
+        for flags, compiles in objects.items():
+            results = [future.result() for _, future in compiles]
+            errors = [f"$ {' '.join(r.args)}\n{r.stdout}{r.stderr}" for r in results if r.returncode != 0]
+            if errors:
+                core_errors[flags] = "\n".join(errors)
+                continue
+            out = tmp_path_factory.mktemp("programs")
+            objs = [obj for obj, _ in compiles]
+            for test_source in TEST_SOURCES:
+                exe = out / test_source.stem
+                links[(test_source, flags)] = (exe, pool.submit(_link_program, flags, objs, test_source, exe))
 
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-                results = list(pool.map(compile_one, CORE_SOURCES))
-            errors = [f"$ {' '.join(r.args)}\n{r.stdout}{r.stderr}" for _, r in results if r.returncode != 0]
-            built[flags] = "\n".join(errors) if errors else [obj for obj, _ in results]
-        result = built[flags]
-        assert not isinstance(result, str), f"compiling csrc/core failed:\n{result}"
-        return result
+    def program(test_source: Path, flags: tuple[str, ...]) -> Path:
+        assert flags not in core_errors, f"compiling csrc/core failed:\n{core_errors[flags]}"
+        exe, future = links[(test_source, flags)]
+        built = future.result()
+        assert built.returncode == 0, (
+            f"compiling the core tests failed ({built.returncode}):\n$ {' '.join(built.args)}\n"
+            f"{built.stdout}{built.stderr}"
+        )
+        return exe
 
-    return build
+    return program
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler found (neither g++ nor c++ is on PATH)")
@@ -104,7 +145,7 @@ def test_core_cpp(
     test_source: Path,
     sanitize: str | None,
     tmp_path: Path,
-    core_objects: Callable[[tuple[str, ...]], list[Path]],
+    programs: Callable[[Path, tuple[str, ...]], Path],
 ) -> None:
     assert CORE_SOURCES, f"no C++ sources under {REPO_ROOT / 'csrc' / 'core'}"
     env = None
@@ -112,24 +153,7 @@ def test_core_cpp(
         env, why_not = sanitizer_env()
         if env is None:
             pytest.skip(f"sanitizers unavailable: {why_not}")
-    flags = _flags(sanitize)
-    objects = core_objects(flags)
-    exe = tmp_path / test_source.stem
-    compile_cmd = [
-        CXX,
-        *flags,
-        "-I",
-        str(REPO_ROOT / "csrc"),
-        *map(str, objects),
-        str(test_source),
-        "-o",
-        str(exe),
-    ]
-    built = subprocess.run(compile_cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, (
-        f"compiling the core tests failed ({built.returncode}):\n$ {' '.join(compile_cmd)}\n"
-        f"{built.stdout}{built.stderr}"
-    )
+    exe = programs(test_source, _flags(sanitize))
 
     ran = subprocess.run([str(exe)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     output = ran.stdout + ran.stderr

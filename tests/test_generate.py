@@ -42,10 +42,10 @@ PROMPTS = load_prompts()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=[p["id"] for p in PROMPTS])
-def test_token_identical_to_greedy_bc30(smollm2, prompt):
+def test_token_identical_to_greedy_bc30(smollm2, greedy, prompt):
     model, tok = smollm2
     ids = chat_ids(tok, prompt["messages"])
-    ref = model.generate(ids, do_sample=False, max_new_tokens=40)
+    ref = greedy(model, ids, 40)
     out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=30), max_new_tokens=40)
     assert_same_as_greedy(model, ids, out.sequences, ref, prompt["id"])
     assert sum(out.accept_lengths) == ref.shape[1] - ids.shape[1] - 1  # prefill gives the first token
@@ -54,11 +54,11 @@ def test_token_identical_to_greedy_bc30(smollm2, prompt):
 
 @pytest.mark.parametrize("bc", [4, 10, 60])
 @pytest.mark.parametrize("incremental", [True, False])
-def test_other_block_complexities_and_naive_masks(smollm2, bc, incremental):
+def test_other_block_complexities_and_naive_masks(smollm2, greedy, bc, incremental):
     model, tok = smollm2
     for prompt in PROMPTS[:3]:
         ids = chat_ids(tok, prompt["messages"])
-        ref = model.generate(ids, do_sample=False, max_new_tokens=24)
+        ref = greedy(model, ids, 24)  # computed once for the six parametrizations
         cfg = mtprobe.ProbeConfig(block_complexity=bc, incremental_masks=incremental)
         out = mtprobe.generate(model, ids, cfg, max_new_tokens=24)
         assert_same_as_greedy(model, ids, out.sequences, ref, f"{prompt['id']} BC={bc}")
@@ -101,11 +101,11 @@ def test_stops_at_eos_like_greedy(smollm2):
     assert torch.equal(out.sequences, ref) and out.stop_reason == "eos"
 
 
-def test_custom_eos_token_mid_output(smollm2):
+def test_custom_eos_token_mid_output(smollm2, greedy):
     # An EOS id that first appears in the middle of the greedy output: both stop right after it.
     model, tok = smollm2
     ids = chat_ids(tok, PROMPTS[0]["messages"])
-    full = model.generate(ids, do_sample=False, max_new_tokens=40)[0, ids.shape[1] :]
+    full = greedy(model, ids, 40)[0, ids.shape[1] :]  # the bc30 test's reference for this prompt
     eos = int(full[len(full) // 2])
     # With an EOS that differs from the pad token, transformers would treat the prompt's pad tokens
     # (SmolLM2's <|im_end|> is its pad token) as padding unless the mask says otherwise.
