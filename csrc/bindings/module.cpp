@@ -22,7 +22,9 @@ PYBIND11_MODULE(_C, m) {
   mtprobe::bindings::bind_schedule(m);  // after the drafters: AutoDrafter is one
   mtprobe::bindings::bind_decode_loop(m);
   m.def("small_batch_linear_simd", &mtprobe::ops::small_batch_linear_simd,
-        "Whether torch.ops.mtprobe.small_batch_linear runs its AVX2/FMA kernel on this CPU (otherwise a "
+        "Whether torch.ops.mtprobe.small_batch_linear runs a SIMD kernel (AVX2/FMA at least) on this CPU (otherwise a "
         "portable scalar loop, slower than torch's own linear)");
+  m.def("small_batch_linear_isa", &mtprobe::ops::small_batch_linear_isa,
+        "The kernel torch.ops.mtprobe.small_batch_linear runs on this CPU: 'avx2' or 'scalar'");
   mtprobe::bindings::bind_testing(m);  // last: its functions take NgramMemory, AcceptanceStats, CostTable
 }

@@ -1,15 +1,20 @@
 // Bindings that exist for tests and inspection, not for generation: the torch-free core's
 // algorithms (draft trees, prompt lookup, STAND's n-gram store, lookahead's pool and window, the
-// scheduler's best cut) and the decode loop's mask builder, exposed so that tests/test_*.py can
+// scheduler's best cut), the decode loop's mask builder and the small-batch linear op's kernels, exposed so that tests/test_*.py can
 // compare each with its Python reference (mtprobe.reference) or pin its output. Nothing in
 // python/mtprobe calls them; the drafters and the decode loop reach the same C++ directly. They keep
 // flat names on mtprobe._C (mtprobe._C.build_draft_tree, ...), registered after the API bindings
 // whose types they take (NgramMemory, AcceptanceStats, CostTable).
 #include <pybind11/stl.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "bindings/bindings.h"
@@ -19,6 +24,7 @@
 #include "core/ngram_store.h"
 #include "core/schedule.h"
 #include "decode/tree_mask_builder.h"
+#include "ops/ops.h"
 
 namespace py = pybind11;
 
@@ -53,6 +59,27 @@ std::vector<core::DraftNode> tree_nodes(const std::vector<int64_t>& t, const std
 }  // namespace
 
 void bind_testing(py::module_& m) {
+  // The small-batch linear op with its kernel named (csrc/ops/ops.h): tests check each kernel against
+  // mtprobe.reference.small_batch_linear, benchmarks time the kernels side by side.
+  // How many threads at::parallel_for runs a range of n on (each chunk of one item notes its thread):
+  // torch's thread count where the extension is built with OpenMP as torch is; 1 where it is not, and
+  // then every at::parallel_for of mtprobe's ops runs serially.
+  m.def(
+      "parallel_for_threads",
+      [](int64_t n) {
+        std::mutex mu;
+        std::set<std::thread::id> ids;
+        at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+          std::lock_guard<std::mutex> lock(mu);
+          ids.insert(std::this_thread::get_id());
+        });
+        return static_cast<int64_t>(ids.size());
+      },
+      py::arg("n"));
+  m.def("small_batch_linear_at_level", &ops::small_batch_linear_at_level, py::arg("x"), py::arg("weight"),
+        py::arg("bias"), py::arg("level"),
+        "torch.ops.mtprobe.small_batch_linear with the kernel named: 0 portable, 1 AVX2/FMA, 2 AVX-512, 3 the "
+        "default (a level the CPU does not run falls back to the default).");
   // Draft trees from candidates, merged, and their mask carriers (csrc/core/draft_tree.h; tests compare
   // them with mtprobe.reference.draft_tree).
   m.def(

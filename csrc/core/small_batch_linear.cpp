@@ -103,24 +103,94 @@ Block avx2_block(int nc, int rr) {
   }
 }
 
-// Weight rows [begin, end) in groups of kBlockCols; each group's rows are read from memory once and
-// reused from cache by its ceil(rows / kBlockRows) blocks, which prefetch the next group in equal parts.
-void linear_avx2(const float* x, int64_t rows, int64_t in, const float* weight, const float* bias, float* y,
-                 int64_t out, int64_t begin, int64_t end) {
+// GCC 12's _mm512_reduce_add_ps extracts halves from an "undefined" vector, which -Wuninitialized
+// reports as a use of an uninitialized value (a false positive inside its own header).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The AVX-512 form of block_avx2: 16 lanes, NC = 4 weight rows against RR = 4 inputs (16 accumulators,
+// 4 weight vectors and one input vector of the 32 registers). The tail of `in` is a masked load, so
+// every k runs through the FMAs; 16 partial sums per output, then added by the reduction, so the
+// rounding differs from the AVX2 path's (both within the same float32 bound of the tests).
+template <int NC, int RR>
+__attribute__((target("avx512f"))) void block_avx512(const float* x, int64_t ldx, int64_t in, const float* wn,
+                                                      const float* bias, float* y, int64_t ldy, const char* pf,
+                                                      const char* pf_end) {
+  __m512 acc[NC][RR];
+  for (int c = 0; c < NC; ++c) {
+    for (int r = 0; r < RR; ++r) acc[c][r] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < in; k += 16) {
+    const __mmask16 m = in - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (in - k)) - 1);
+    __m512 wv[NC];
+    for (int c = 0; c < NC; ++c) wv[c] = _mm512_maskz_loadu_ps(m, wn + c * in + k);
+    // NC cache lines of this group per step: as many of the next group's, so that all of it is
+    // requested before this group's compute ends.
+    for (int c = 0; c < NC && pf < pf_end; ++c) {
+      _mm_prefetch(pf, _MM_HINT_T0);
+      pf += 64;
+    }
+    for (int r = 0; r < RR; ++r) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
+      for (int c = 0; c < NC; ++c) acc[c][r] = _mm512_fmadd_ps(xv, wv[c], acc[c][r]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    for (int r = 0; r < RR; ++r) {
+      const float s = _mm512_reduce_add_ps(acc[c][r]);
+      y[r * ldy + c] = bias ? s + bias[c] : s;
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+constexpr int kBlockCols512 = 4;
+
+template <int NC>
+Block avx512_block_rows(int rr) {
+  static constexpr Block table[kBlockRows + 1] = {nullptr, block_avx512<NC, 1>, block_avx512<NC, 2>,
+                                                  block_avx512<NC, 3>, block_avx512<NC, 4>};
+  return table[rr];
+}
+
+Block avx512_block(int nc, int rr) {
+  switch (nc) {
+    case 1:
+      return avx512_block_rows<1>(rr);
+    case 2:
+      return avx512_block_rows<2>(rr);
+    case 3:
+      return avx512_block_rows<3>(rr);
+    default:
+      return avx512_block_rows<4>(rr);
+  }
+}
+
+// Weight rows [begin, end) in groups of `cols` (the register block's NC); each group's rows are read from
+// memory once and reused from cache by its ceil(rows / kBlockRows) blocks, which prefetch the next group
+// in equal parts.
+void linear_blocked(const float* x, int64_t rows, int64_t in, const float* weight, const float* bias, float* y,
+                    int64_t out, int64_t begin, int64_t end, int cols, Block (*block)(int, int)) {
   const int64_t passes = (rows + kBlockRows - 1) / kBlockRows;
-  for (int64_t n = begin; n < end; n += kBlockCols) {
-    const int nc = static_cast<int>(std::min<int64_t>(kBlockCols, end - n));
-    const char* next = reinterpret_cast<const char*>(weight + std::min(end, n + kBlockCols) * in);
-    const char* next_end = reinterpret_cast<const char*>(weight + std::min(end, n + 2 * kBlockCols) * in);
+  for (int64_t n = begin; n < end; n += cols) {
+    const int nc = static_cast<int>(std::min<int64_t>(cols, end - n));
+    const char* next = reinterpret_cast<const char*>(weight + std::min(end, n + cols) * in);
+    const char* next_end = reinterpret_cast<const char*>(weight + std::min(end, n + 2 * cols) * in);
     const int64_t part = ((next_end - next) / passes + 63) / 64 * 64;  // bytes, whole cache lines
     for (int64_t p = 0; p < passes; ++p) {
       const int64_t r0 = p * kBlockRows;
       const int rr = static_cast<int>(std::min<int64_t>(kBlockRows, rows - r0));
       const char* pf = std::min(next_end, next + p * part);
-      avx2_block(nc, rr)(x + r0 * in, in, in, weight + n * in, bias ? bias + n : nullptr, y + r0 * out + n,
-                         out, pf, std::min(next_end, pf + part));
+      block(nc, rr)(x + r0 * in, in, in, weight + n * in, bias ? bias + n : nullptr, y + r0 * out + n, out, pf,
+                    std::min(next_end, pf + part));
     }
   }
+}
+
+bool cpu_has_avx512f() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
 }
 
 bool cpu_has_avx2_fma() {
@@ -150,17 +220,44 @@ bool small_batch_linear_simd() {
 #endif
 }
 
+bool small_batch_linear_supported(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar:
+      return true;
+#ifdef MTPROBE_X86_SIMD
+    case SimdLevel::kAvx2:
+      return cpu_has_avx2_fma();
+    case SimdLevel::kAvx512:
+      return cpu_has_avx512f();
+#endif
+    default:
+      return false;
+  }
+}
+
+SimdLevel small_batch_linear_default() {
+  // Not AVX-512 where the CPU has it: on a 2-core Xeon with AVX-512 the AVX-512 kernel read the weights
+  // no faster than the AVX2 one, and slower for 8 or more inputs (benchmarks/results/linear_routes.md).
+  return small_batch_linear_supported(SimdLevel::kAvx2) ? SimdLevel::kAvx2 : SimdLevel::kScalar;
+}
+
 void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
                         const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
-                        bool simd) {
-  if (rows <= 0 || out_begin >= out_end) return;  // nothing to write; the AVX2 path divides by the passes
+                        SimdLevel level) {
+  if (rows <= 0 || out_begin >= out_end) return;  // nothing to write; the SIMD paths divide by the passes
+  if (level == SimdLevel::kDefault || !small_batch_linear_supported(level)) level = small_batch_linear_default();
 #ifdef MTPROBE_X86_SIMD
-  if (simd && cpu_has_avx2_fma()) {
-    linear_avx2(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end);
+  if (level == SimdLevel::kAvx512) {
+    linear_blocked(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, kBlockCols512,
+                   avx512_block);
+    return;
+  }
+  if (level == SimdLevel::kAvx2) {
+    linear_blocked(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, kBlockCols,
+                   avx2_block);
     return;
   }
 #endif
-  (void)simd;
   // Weight rows in tiles that stay in cache while every pass over the inputs reuses them.
   constexpr int64_t kTile = 32;
   for (int64_t n0 = out_begin; n0 < out_end; n0 += kTile) {

@@ -11,7 +11,7 @@
 // weights once, like T = 1, and more inputs add only their multiply-adds.
 //
 // Layout (nn.Linear's): x [rows, in] row-major, weight [out, in] row-major, bias [out] or null,
-// y [rows, out] row-major. Sums run over `in` in 8 interleaved partial sums that are then added;
+// y [rows, out] row-major. Sums run over `in` in 8 (AVX2) or 16 (AVX-512) interleaved partial sums that are then added;
 // the result differs from BLAS's only in rounding.
 //
 // Example: x = [[1, 2], [3, 4]], W = [[1, 0], [1, 1], [0, 2]], b = [0, 0, 1]
@@ -22,15 +22,27 @@
 
 namespace mtprobe::core {
 
-// True when this CPU runs the AVX2/FMA path; otherwise a portable scalar loop computes the same
-// values (slowly: callers should then keep their BLAS).
+// True when this CPU runs a SIMD path (AVX2/FMA at least); otherwise a portable scalar loop computes the
+// same values (slowly: callers should then keep their BLAS).
 bool small_batch_linear_simd();
 
+// The kernels, by instruction set. kAvx2 and kScalar add the same 8 partial sums in the same order (they
+// differ only by the fused multiply-add); kAvx512 adds 16 partial sums; each within the float32 bound
+// of an 8-way interleaved sum plus one level.
+enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kDefault = 3 };
+
+// Whether this CPU runs `level`'s kernel.
+bool small_batch_linear_supported(SimdLevel level);
+
+// The kernel kDefault runs: kAvx2 where the CPU has AVX2 and FMA (also on AVX-512 CPUs, where the
+// AVX-512 kernel measured no faster), else kScalar.
+SimdLevel small_batch_linear_default();
+
 // Computes output columns [out_begin, out_end) of y for every row: callers split the columns
-// across threads (each column reads one weight row). rows >= 1 of any count. simd = false forces the
-// portable loop (tests); both give the same sums in the same order, up to the fused multiply-adds.
+// across threads (each column reads one weight row). rows >= 1 of any count. `level`: the kernel
+// (a level this CPU does not run falls back to the default).
 void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
                         const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
-                        bool simd = true);
+                        SimdLevel level = SimdLevel::kDefault);
 
 }  // namespace mtprobe::core

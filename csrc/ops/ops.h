@@ -98,8 +98,14 @@ at::Tensor check_circuit_uniforms(const char* op, const CircuitBatch& c, const a
 // x [..., in] float32 CPU, weight [out, in] contiguous float32, bias [out] or none. Returns [..., out].
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
                               const std::optional<at::Tensor>& bias);
-// Whether the AVX2/FMA kernel runs on this CPU (otherwise a scalar loop, slower than BLAS).
+// The same with the kernel named: level 0 the portable loop, 1 AVX2/FMA, 2 AVX-512, 3 the default (a
+// level this CPU does not run falls back to the default); for tests and the kernels' A/B benchmark.
+at::Tensor small_batch_linear_at_level(const at::Tensor& x, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias, int64_t level);
+// Whether a SIMD kernel (AVX2/FMA at least) runs on this CPU (otherwise a scalar loop, slower than BLAS).
 bool small_batch_linear_simd();
+// The kernel the op runs on this CPU: "avx2" or "scalar" (csrc/core/small_batch_linear.h).
+std::string small_batch_linear_isa();
 
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);

@@ -11,7 +11,15 @@ namespace mtprobe::ops {
 
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
                               const std::optional<at::Tensor>& bias) {
+  return small_batch_linear_at_level(x, weight, bias, static_cast<int64_t>(core::SimdLevel::kDefault));
+}
+
+at::Tensor small_batch_linear_at_level(const at::Tensor& x, const at::Tensor& weight,
+                                       const std::optional<at::Tensor>& bias, int64_t level) {
   constexpr const char* op = "small_batch_linear";
+  TORCH_CHECK_VALUE(level >= 0 && level <= static_cast<int64_t>(core::SimdLevel::kDefault), op,
+                    ": level must be 0 (portable), 1 (AVX2), 2 (AVX-512) or 3 (the default kernel), got ",
+                    level);
   TORCH_CHECK_VALUE(weight.dim() == 2, op, ": weight must be [out_features, in_features], got shape ",
                     weight.sizes());
   const int64_t out = weight.size(0), in = weight.size(1);
@@ -50,11 +58,22 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
   // A grain of 64 columns: a thread's share is then at least 64 weight rows (the tiny k/v
   // projections of a GQA model are not worth splitting further).
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    core::small_batch_linear(xp, rows, in, wp, b, yp, out, begin, end);
+    core::small_batch_linear(xp, rows, in, wp, b, yp, out, begin, end, static_cast<core::SimdLevel>(level));
   });
   return y.reshape(out_shape);
 }
 
 bool small_batch_linear_simd() { return core::small_batch_linear_simd(); }
+
+std::string small_batch_linear_isa() {
+  switch (core::small_batch_linear_default()) {
+    case core::SimdLevel::kAvx512:
+      return "avx512";
+    case core::SimdLevel::kAvx2:
+      return "avx2";
+    default:
+      return "scalar";
+  }
+}
 
 }  // namespace mtprobe::ops

@@ -1,6 +1,6 @@
-// csrc/core/small_batch_linear.h: the worked example, and both paths (AVX2/FMA where this CPU has
-// it, and the portable loop) against a double-precision loop over awkward shapes, within float32's
-// rounding bound; column ranges as threads split them. tests/test_small_batch_linear.py checks the
+// csrc/core/small_batch_linear.h: the worked example, and every path (AVX-512 and AVX2/FMA where this
+// CPU has them, and the portable loop) against a double-precision loop over awkward shapes, within
+// float32's rounding bound; column ranges as threads split them. tests/test_small_batch_linear.py checks the
 // ATen op against the PyTorch reference.
 #include <cmath>
 #include <cstdint>
@@ -14,12 +14,21 @@ using namespace mtprobe::core;
 
 namespace {
 
+// Every kernel this CPU runs.
+std::vector<SimdLevel> levels() {
+  std::vector<SimdLevel> out;
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (small_batch_linear_supported(l)) out.push_back(l);
+  }
+  return out;
+}
+
 void test_worked_example() {
   const float x[] = {1, 2, 3, 4};        // [2, 2]
   const float w[] = {1, 0, 1, 1, 0, 2};  // [3, 2]
   const float b[] = {0, 0, 1};
   const float expected[] = {1, 3, 5, 3, 7, 9};
-  for (bool simd : {true, false}) {
+  for (SimdLevel simd : levels()) {
     float y[6] = {};
     small_batch_linear(x, 2, 2, w, b, y, 3, 0, 3, simd);
     for (int i = 0; i < 6; ++i) CHECK(y[i] == expected[i]);
@@ -30,7 +39,7 @@ void test_worked_example() {
 void test_empty_calls_write_nothing() {
   const float x[] = {1, 2};
   const float w[] = {1, 1, 2, 2};
-  for (bool simd : {true, false}) {
+  for (SimdLevel simd : levels()) {
     float y[2] = {-1, -1};
     small_batch_linear(x, 0, 2, w, nullptr, y, 2, 0, 2, simd);
     small_batch_linear(x, 1, 2, w, nullptr, y, 2, 1, 1, simd);
@@ -39,7 +48,8 @@ void test_empty_calls_write_nothing() {
 }
 
 // Every (rows, in, out) below against the double sum, each output within gamma_m * sum |x w|
-// (m = ceil(in / 8) + 3), computed in one call and in column ranges split as a thread pool would.
+// (m = ceil(in / 8) + 3; AVX-512's 16 partial sums of ceil(in / 16) terms and 4 levels of adding
+// them fit it for these lengths), computed in one call and in column ranges split as a thread pool would.
 void test_shapes_against_double() {
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -55,7 +65,7 @@ void test_shapes_against_double() {
           const float* bias = with_bias ? b.data() : nullptr;
           const double m = static_cast<double>((in + 7) / 8 + 3);
           const double gamma = m * u / (1 - m * u);
-          for (bool simd : {true, false}) {
+          for (SimdLevel simd : levels()) {
             std::vector<float> whole(rows * out, NAN), split(rows * out, NAN);
             small_batch_linear(x.data(), rows, in, w.data(), bias, whole.data(), out, 0, out, simd);
             for (int64_t c = 0; c < out; c += 13)
@@ -81,8 +91,9 @@ void test_shapes_against_double() {
   }
 }
 
-// Both paths add the same 8 partial sums in the same order; only the fused multiply-add differs, so
-// on integer-valued inputs (every product and sum exact) they agree bit for bit.
+// The AVX2 and portable paths add the same 8 partial sums in the same order; only the fused multiply-add
+// differs, so on integer-valued inputs (every product and sum exact) they agree bit for bit, and so does
+// the AVX-512 path, whose sums are exact there too.
 void test_paths_agree_on_exact_inputs() {
   std::mt19937 gen(3);
   std::uniform_int_distribution<int> small(-4, 4);
@@ -90,10 +101,13 @@ void test_paths_agree_on_exact_inputs() {
   std::vector<float> x(rows * in), w(out * in);
   for (float& v : x) v = static_cast<float>(small(gen));
   for (float& v : w) v = static_cast<float>(small(gen));
-  std::vector<float> a(rows * out), s(rows * out);
-  small_batch_linear(x.data(), rows, in, w.data(), nullptr, a.data(), out, 0, out, true);
-  small_batch_linear(x.data(), rows, in, w.data(), nullptr, s.data(), out, 0, out, false);
-  for (int64_t i = 0; i < rows * out; ++i) CHECK(a[i] == s[i]);
+  std::vector<float> s(rows * out);
+  small_batch_linear(x.data(), rows, in, w.data(), nullptr, s.data(), out, 0, out, SimdLevel::kScalar);
+  for (SimdLevel level : levels()) {
+    std::vector<float> a(rows * out);
+    small_batch_linear(x.data(), rows, in, w.data(), nullptr, a.data(), out, 0, out, level);
+    for (int64_t i = 0; i < rows * out; ++i) CHECK(a[i] == s[i]);
+  }
 }
 
 }  // namespace
