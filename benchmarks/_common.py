@@ -1,6 +1,10 @@
 """What the benchmark scripts share: the SmolLM2 prompts of a Spec-Bench question file, the lines
 every report starts with (command, date, machine, model), the device's description, the load
-average, and writing the report."""
+average, and writing the report.
+
+CPU timings depend on the CPU model and its instruction set (which linear kernel is fastest differs
+between an AMD EPYC with AVX2 and an Intel Xeon with AVX-512: mtprobe.linear_routes), so reports
+name both, as :mod:`mtprobe.machine` reads them."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import torch
 import transformers
 
 from mtprobe.data import encode_conversation
+from mtprobe.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import Question
 
 
@@ -36,7 +41,8 @@ def run_lines(model_name: str) -> list[str]:
     return [
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
-        f"{os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s); torch {torch.__version__}, "
+        f"{cpu_name()} ({cpu_isa()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s); "
+        f"torch {torch.__version__}, "
         f"transformers {transformers.__version__}",
         f"- model: `{model_name}`, float32, CPU{quantised}",
     ]
@@ -51,8 +57,7 @@ def device_name(device: torch.device | str) -> str:
             return f"{device} (not visible to the process writing this report)"
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
     return (
-        f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{torch.get_num_threads()} torch thread(s)"
+        f"cpu: {cpu_name()} ({cpu_isa()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
     )
 
 

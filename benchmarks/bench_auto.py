@@ -13,27 +13,45 @@ each run. This is a benchmark: nothing here asserts a speed.
 The EntMTP rows use the topology bank ``--bank`` (built by the first command on mtprobe's own
 prompts, not on Spec-Bench's questions). The ``-mem`` rows use one cross-request n-gram memory per run
 (``--shared-ngram-memory``), ``auto-hybrid-mem`` also the calibrated masks ``MASKS``; the ``-stock``
-rows run with mtprobe's small-batch linear op turned off (``MTPROBE_SMALL_BATCH_LINEAR=0``, torch's
-own linear layers for every forward). Both kinds run only when named in ``--methods``.
+rows run with torch's own linear layers for every forward (``MTPROBE_LINEAR_ROUTE=stock``: none of the
+CPU linear routes mtprobe measures and chooses per block size, :mod:`mtprobe.linear_routes`). Both
+kinds run only when named in ``--methods``.
+
+``--interleaved`` instead runs issue 42's comparison in this one process, the model loaded once: per
+question (the first turns of ``--per-category`` questions of every category), per repeat, HF greedy,
+HF prompt lookup, mtprobe's plain decoding (T = 1 every step), ``auto`` (the linear routes as measured
+on this machine) and ``auto-stock`` (torch's linear), each in turn after one warm-up generation per
+method, and writes a report (``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task:
+
+    python benchmarks/bench_auto.py --interleaved --question-file ../shared/specbench/question-dev.jsonl \
+        --per-category 2 --max-new-tokens 64 --repeats 3 --out benchmarks/results/auto/interleaved.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
 
-from _common import device_name, load_average
-from mtprobe import small_batch_linear
+from _common import device_name, first_turn_prompts, load_average, write_report
+from mtprobe import linear_routes
+from mtprobe.machine import cpu_isa, cpu_name
+from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
 
 MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
 MASKS = "benchmarks/results/calibrate/masks-smollm2-135m-k1-offsets.safetensors"
@@ -62,8 +80,8 @@ METHODS = [
     ("stand-bc10-mem", ["--method", "stand", "--block-complexity", "10", "--shared-ngram-memory"]),
     ("auto-mem", ["--method", "auto", "--drafters", json.dumps([PLD, STAND_MEM])]),
     ("auto-hybrid-mem", ["--method", "auto", "--drafters", json.dumps([PLD, STAND_MEM, HYBRID_MEM])]),
-    # The same with torch's own linear layers for every forward (MTPROBE_SMALL_BATCH_LINEAR=0), as
-    # before mtprobe's small-batch op: what the op itself brings, in the same run.
+    # The same with torch's own linear layers for every forward (MTPROBE_LINEAR_ROUTE=stock), as HF
+    # runs them: what the linear routes chosen on this machine bring, in the same run.
     ("stand-bc10-stock", ["--method", "stand", "--block-complexity", "10"]),
     ("auto-stock", ["--method", "auto"]),
     ("entmtp-static", ["--method", "entmtp", "--policy", "static"]),
@@ -72,16 +90,16 @@ METHODS = [
 ]
 
 
-# Rows run with mtprobe's small-batch linear op turned off (mtprobe.small_batch_linear).
+# Rows run with torch's linear on every forward (mtprobe.linear_routes' stock route forced).
 STOCK_LINEAR = {"stand-bc10-stock", "auto-stock"}
 # What runs without --methods: all but the -mem and -stock rows.
 DEFAULT_METHODS = [n for n, _ in METHODS if "mem" not in n and n not in STOCK_LINEAR]
 
 
 def method_env(stem: str) -> dict[str, str] | None:
-    """The environment a row's process runs in: the small-batch op turned off for a -stock row, else the
-    inherited one (None)."""
-    return {**os.environ, small_batch_linear.ENV: "0"} if stem in STOCK_LINEAR else None
+    """The environment a row's process runs in: torch's linear forced for a -stock row
+    (``MTPROBE_LINEAR_ROUTE=stock``), else the inherited one (None)."""
+    return {**os.environ, linear_routes.ENV: linear_routes.STOCK} if stem in STOCK_LINEAR else None
 
 
 def round_sizes(per_category: int, rounds: int) -> list[int]:
@@ -91,6 +109,258 @@ def round_sizes(per_category: int, rounds: int) -> list[int]:
     if not 1 <= rounds <= per_category:
         raise ValueError(f"rounds must be between 1 and per_category ({per_category}), got {rounds}")
     return [-(-r * per_category // rounds) for r in range(1, rounds + 1)]
+
+
+# --------------------------------------------------------------------------- the interleaved mode (issue 42)
+
+PLD_TOKENS = 10
+HF_GREEDY = "HF greedy"
+INTERLEAVED = (HF_GREEDY, "HF prompt lookup", "mtprobe plain", "auto", "auto-stock")
+"""The rows of --interleaved, in the order each question runs them (HF greedy first: the reference)."""
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One generation of one question by one method in --interleaved."""
+
+    method: str
+    question: int
+    task: str
+    repeat: int
+    wall_s: float
+    new_tokens: int
+    gained: int
+    """Tokens the decode forwards gained (the sum of the accept lengths; the prefill's token excluded)."""
+    steps: int
+    """Decode forwards (the prefill excluded)."""
+    identical: bool
+    """Token-identical to HF greedy's output on the question."""
+    linear_routes: str = ""
+    """``GenerateOutput.linear_routes`` of an mtprobe row."""
+
+    @property
+    def tau(self) -> float:
+        return self.gained / max(1, self.steps)
+
+
+def question_medians(runs: Sequence[Timed], method: str) -> dict[int, tuple[float, int]]:
+    """Per question of ``method``: (median wall seconds over its repeats, new tokens of its first run)."""
+    per: dict[int, list[Timed]] = {}
+    for r in runs:
+        if r.method == method:
+            per.setdefault(r.question, []).append(r)
+    return {q: (statistics.median(r.wall_s for r in rs), rs[0].new_tokens) for q, rs in per.items()}
+
+
+def tokens_per_s(runs: Sequence[Timed], method: str, questions: set[int] | None = None) -> float:
+    """New tokens over seconds, each question's seconds the median of its repeats, summed over the
+    questions (all, or those in ``questions``)."""
+    med = {q: v for q, v in question_medians(runs, method).items() if questions is None or q in questions}
+    seconds = sum(s for s, _ in med.values())
+    return sum(n for _, n in med.values()) / seconds if seconds > 0 else float("nan")
+
+
+def pooled_rows(runs: Sequence[Timed], methods: Sequence[str]) -> list[list[str]]:
+    """The pooled table's rows: method, τ, tok/s, x HF greedy, identical n/N, linear routes."""
+    base = tokens_per_s(runs, HF_GREEDY)
+    rows = []
+    for m in methods:
+        mine = [r for r in runs if r.method == m]
+        tau = sum(r.gained for r in mine) / max(1, sum(r.steps for r in mine))
+        tok_s = tokens_per_s(runs, m)
+        same = "reference" if m == HF_GREEDY else f"{sum(r.identical for r in mine)}/{len(mine)}"
+        routes = "; ".join(f"`{x}`" for x in dict.fromkeys(r.linear_routes for r in mine) if x) or "–"
+        rows.append([m, f"{tau:.3f}", f"{tok_s:.2f}", f"{tok_s / base:.3f}x", same, routes])
+    return rows
+
+
+def task_speedups(runs: Sequence[Timed], methods: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per Spec-Bench task present (in :data:`TASKS` order), each method's tokens/s over HF greedy's
+    on that task's questions."""
+    tasks = {r.question: r.task for r in runs}
+    out = {}
+    for task in TASKS:
+        qs = {q for q, t in tasks.items() if t == task}
+        if qs:
+            base = tokens_per_s(runs, HF_GREEDY, qs)
+            out[task] = {m: tokens_per_s(runs, m, qs) / base for m in methods}
+    return out
+
+
+def worst_tasks(
+    speedups: dict[str, dict[str, float]], methods: Sequence[str]
+) -> dict[str, tuple[str, float]]:
+    """Per method, the task where its speedup over HF greedy is lowest, and that speedup."""
+    return {m: min(((t, s[m]) for t, s in speedups.items()), key=lambda x: x[1]) for m in methods}
+
+
+def interleaved_report(
+    header: list[str], runs: Sequence[Timed], methods: Sequence[str], *, question_count: int
+) -> list[str]:
+    """The report of --interleaved: ``header`` (the run's lines), the pooled table, the per-task table
+    and the per-question medians."""
+    base = tokens_per_s(runs, HF_GREEDY)
+    speedups = task_speedups(runs, methods)
+    worst = worst_tasks(speedups, methods)
+    others = [m for m in methods if m != HF_GREEDY]
+    lines = [
+        *header,
+        "",
+        f"## Pooled over the {question_count} questions",
+        "",
+        f"HF greedy: **{base:.2f} tokens/s**. τ: tokens gained per decode forward, the prefill excluded (HF "
+        "rows: (new tokens - 1) / (forwards - 1), forwards counted by a hook on the model). tok/s: new tokens "
+        "over seconds, each question's seconds the median of its repeats. Identical: runs token-identical to "
+        "HF greedy's output on the question.",
+        "",
+        "| method | τ | tok/s | × HF greedy | identical | linear routes |",
+        "|---|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in pooled_rows(runs, methods)),
+        "",
+        "## Per Spec-Bench task: × HF greedy",
+        "",
+        "Each question's seconds the median of its repeats, summed per task; tokens/s over HF greedy's.",
+        "",
+        "| task | questions | HF greedy tok/s | " + " | ".join(others) + " |",
+        "|---|---|---|" + "---|" * len(others),
+    ]
+    tasks = {r.question: r.task for r in runs}
+    for task, s in speedups.items():
+        qs = {q for q, t in tasks.items() if t == task}
+        cells = " | ".join(f"{s[m]:.3f}x" for m in others)
+        lines.append(f"| {task} | {len(qs)} | {tokens_per_s(runs, HF_GREEDY, qs):.2f} | {cells} |")
+    lines.append(
+        "| **worst task** | | | " + " | ".join(f"{worst[m][0]} {worst[m][1]:.3f}x" for m in others) + " |"
+    )
+    medians = {m: question_medians(runs, m) for m in methods}
+    lines += [
+        "",
+        "## Per question: median seconds (new tokens)",
+        "",
+        "| question | task | " + " | ".join(methods) + " |",
+        "|---|---|" + "---|" * len(methods),
+    ]
+    for q, task in tasks.items():
+        lines.append(
+            f"| {q} | {task} | "
+            + " | ".join(f"{medians[m][q][0]:.2f} ({medians[m][q][1]})" for m in methods)
+            + " |"
+        )
+    return lines
+
+
+@contextlib.contextmanager
+def environ(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the length of the block, then as it was."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def run_interleaved(args: argparse.Namespace) -> int:
+    """Issue 42's comparison, every row in this process on one model (see the module's docstring)."""
+    import mtprobe
+    from mtprobe import models
+    from mtprobe.profile import choose_linear_routes
+
+    torch.set_num_threads(args.threads)
+    load0, started = load_average(), dt.datetime.now(dt.timezone.utc)
+    model, tok = models.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    model.eval()
+    device = next(model.parameters()).device
+    questions = first_per_category(load_questions(args.question_file), args.per_category)
+    prompts = [(q, ids.to(device)) for q, ids in first_turn_prompts(tok, questions)]
+    n = args.max_new_tokens
+    routes = choose_linear_routes(model, refresh=args.refresh_routes)  # what auto runs with (cached)
+    forwards = [0]  # the model's forwards in the current call: HF rows' τ
+    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+
+    def hf(**kw: Any) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
+        def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
+            seq = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, **kw
+            )
+            new = seq.shape[1] - ids.shape[1]
+            return seq, new - 1, forwards[0] - 1, ""  # the prefill's forward yields the first token
+
+        return run
+
+    def mt(config: Any, stock: bool = False) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
+        def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
+            forced = environ(linear_routes.ENV, linear_routes.STOCK) if stock else contextlib.nullcontext()
+            with forced:
+                out = mtprobe.generate(model, ids, config, max_new_tokens=n, do_sample=False)
+            return out.sequences, sum(out.accept_lengths), len(out.accept_lengths), out.linear_routes
+
+        return run
+
+    rows = {
+        HF_GREEDY: hf(),
+        "HF prompt lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
+        "auto": mt(mtprobe.AutoConfig()),
+        "auto-stock": mt(mtprobe.AutoConfig(), stock=True),
+        "mtprobe plain": mt(mtprobe.PlainConfig()),
+    }
+    methods = [m for m in INTERLEAVED if m in rows]
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    runs: list[Timed] = []
+    with torch.no_grad():
+        for m in methods:  # warm-up: first calls, kernel choice, AutoConfig's forward profiles
+            rows[m](prompts[0][1])
+        for i, (q, ids) in enumerate(prompts):
+            for rep in range(args.repeats):
+                ref = None
+                for m in methods:
+                    forwards[0] = 0
+                    sync()
+                    t0 = time.perf_counter()
+                    seq, gained, steps, used = rows[m](ids)
+                    sync()
+                    wall = time.perf_counter() - t0
+                    ref = seq if ref is None else ref
+                    new = seq.shape[1] - ids.shape[1]
+                    same = torch.equal(seq, ref)
+                    runs.append(
+                        Timed(
+                            m, q.question_id, task_of(q.category), rep, wall, new, gained, steps, same, used
+                        )
+                    )
+            print(
+                f"[{i + 1}/{len(prompts)}] question {q.question_id} ({q.category}), load {load_average()}",
+                file=sys.stderr,
+            )
+    hook.remove()
+    where = "CPU" if device.type == "cpu" else device_name(device)
+    header = [
+        "# Issue 42: HF greedy, HF prompt lookup, plain decoding and AutoConfig, interleaved in one process",
+        "",
+        f"- command: `{shlex.join(['python', *sys.argv])}`",
+        f"- date: {started:%Y-%m-%d %H:%M} – {dt.datetime.now(dt.timezone.utc):%H:%M UTC}; host: {cpu_name()} "
+        f"({cpu_isa()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), {platform.machine()}; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}",
+        f"- model: `{args.model}`, {args.dtype}, {where}; load average {load0} -> {load_average()}",
+        f"- questions: the first turns of the first {args.per_category} question(s) of every category of "
+        f"`{args.question_file.name}` ({len(prompts)} questions), chat template, greedy, at most {n} new tokens",
+        f"- runs: one warm-up generation per row on the first question, then per question {args.repeats} "
+        f"repeat(s) of every row in turn: {', '.join(methods)}; wall time of each call",
+        f"- rows: `HF greedy` `model.generate(do_sample=False)`; `HF prompt lookup` the same with "
+        f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
+        "step); `auto` `mtprobe.AutoConfig()`; `auto-stock` the same with "
+        f"`{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every forward)",
+        f"- linear routes chosen on this machine (`choose_linear_routes`, what `auto` runs): {routes.describe()}",
+    ]
+    write_report(args.out, interleaved_report(header, runs, methods, question_count=len(prompts)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,17 +382,56 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
-        help="comma list of the stems above (default: all but the -mem rows)",
+        default=None,
+        help="comma list of the stems above (default: all but the -mem and -stock rows)",
     )
-    ap.add_argument("--out-dir", type=Path, required=True)
+    ap.add_argument("--out-dir", type=Path, help="the answer folder and README.md (the default mode)")
     ap.add_argument(
         "--bank",
         type=Path,
         default=Path("benchmarks/results/auto/bank-smollm2-135m.json"),
         help="the topology bank of the entmtp rows (default %(default)s)",
     )
+    ap.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="issue 42's comparison in this process: " + ", ".join(INTERLEAVED) + ", question by question",
+    )
+    ap.add_argument("--out", type=Path, help="the report of --interleaved (markdown)")
+    ap.add_argument(
+        "--pld-tokens", type=int, default=PLD_TOKENS, help="--interleaved: HF's prompt_lookup_num_tokens"
+    )
+    ap.add_argument(
+        "--refresh-routes",
+        action="store_true",
+        help="--interleaved: measure the linear routes again instead of taking them from mtprobe's cache",
+    )
     args = ap.parse_args(argv)
+    if args.interleaved:
+        if args.out is None:
+            ap.error("--interleaved writes its report to --out: name it")
+        # The subprocess mode's options would be silently ignored here: refused instead.
+        for flag, given in (
+            ("--methods", args.methods),
+            ("--out-dir", args.out_dir),
+            ("--rounds", args.rounds != 1),
+        ):
+            if given:
+                ap.error(
+                    f"--interleaved runs its own rows ({', '.join(INTERLEAVED)}) in one process: drop {flag}"
+                )
+        if args.repeats < 1:
+            ap.error("--repeats must be >= 1")
+        if os.environ.get(linear_routes.ENV, "auto").strip().lower() not in ("", "auto"):
+            ap.error(
+                f"{linear_routes.ENV}={os.environ[linear_routes.ENV]} would force auto's linear route too: unset it "
+                "(auto-stock forces stock for its own calls)"
+            )
+        return run_interleaved(args)
+    if args.out_dir is None:
+        ap.error("--out-dir is required (the answer folder), or --interleaved with --out")
+    if args.methods is None:
+        args.methods = ",".join(DEFAULT_METHODS)
     try:
         sizes = round_sizes(args.per_category, args.rounds)
     except ValueError as e:
@@ -166,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             end, load1 = dt.datetime.now(dt.timezone.utc), load_average()
             shown = shlex.join(["python", *cmd[1:]])
             if env is not None:
-                shown = f"{small_batch_linear.ENV}=0 {shown}"
+                shown = f"{linear_routes.ENV}={linear_routes.STOCK} {shown}"
             log.append(f"| {stem} | `{shown}` | {start:%H:%M:%S}–{end:%H:%M:%S} | {load0} → {load1} |")
             print(f"bench_auto: {stem} (round {r}) done, load {load0} -> {load1}", file=sys.stderr)
     compare = [sys.executable, "-m", "mtprobe.specbench", "compare", str(answers), "--tokenizer", args.model,

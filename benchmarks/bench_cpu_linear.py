@@ -1,8 +1,12 @@
 """The forward's cost on a CPU with PyTorch's stock linear layers against the same layers with their
 weights packed once for oneDNN (``torch.ops.mkldnn._linear_pointwise``), and what that does to HF
-greedy, STAND and AutoConfig. The packing is a patch made here, on the benchmark's own model: mtprobe
-does not pack anything. Each method is compared with HF greedy on the same model, stock or packed.
-This is a benchmark: nothing here asserts a speed.
+greedy, STAND and AutoConfig. The packing is a patch made here, on the benchmark's own model, for
+every forward (the prefill and HF's generate too). mtprobe's own linear routes, its ``packed`` route
+among them (:mod:`mtprobe.linear_routes`, decode steps only, chosen per block size), are held to
+torch's linear here (``MTPROBE_LINEAR_ROUTE=stock``), so that this patch is all that differs between
+the two models; ``benchmarks/bench_linear_routes.py`` compares the routes themselves. Each method is
+compared with HF greedy on the same model, stock or packed. This is a benchmark: nothing here asserts a
+speed.
 
     python benchmarks/bench_cpu_linear.py --question-file ../shared/specbench/question-dev.jsonl \\
         --per-category 1 --out benchmarks/results/cpu_linear.md
@@ -23,12 +27,13 @@ from torch import nn
 
 import mtprobe
 from _common import first_turn_prompts, load_average, run_lines, write_report
-from mtprobe import models, small_batch_linear
+from mtprobe import linear_routes, models
 from mtprobe.specbench.questions import first_per_category, load_questions
 
 
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through oneDNN with the weight packed once (``self._packed``)."""
+    """``F.linear(x, weight, bias)`` through oneDNN with the weight packed once (``self._packed``; not
+    mtprobe.linear_routes' ``_mtprobe_packed`` copy, which its own packed route keeps)."""
     shape = x.shape
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self._packed, self.bias, "none", [], "")
     return y.reshape(*shape[:-1], y.shape[-1])
@@ -36,7 +41,8 @@ def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def pack_linears(model: nn.Module) -> int:
     """Pack every float32 ``nn.Linear`` of ``model`` in place (a copy of each weight, kept beside it,
-    so a tied LM head keeps its embedding); returns how many."""
+    so a tied LM head keeps its embedding); returns how many. The patched modules have a ``forward`` of
+    their own, which mtprobe's linear routes never swap (``linear_routes.routable_linears``)."""
     count = 0
     for module in model.modules():
         if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32:
@@ -56,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    # This benchmark is about torch's own linear layers: mtprobe's small-batch op stays off here.
-    os.environ[small_batch_linear.ENV] = "0"
+    # This benchmark is about torch's own linear layers and this patch of them: mtprobe's routes are held
+    # to torch's linear (no measuring, no packed copies of its own), on both models alike.
+    os.environ[linear_routes.ENV] = linear_routes.STOCK
     if not torch.backends.mkldnn.is_available():
         raise SystemExit("this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)")
     torch.set_num_threads(args.threads)
@@ -120,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         f"`{args.question_file.name}` ({len(questions)} questions, chat template); max_new_tokens="
         f"{args.max_new_tokens}; greedy; one process, {args.threads} torch thread(s); load average {load0} -> {load1}",
         "- packed: every float32 `nn.Linear` runs `torch.ops.mkldnn._linear_pointwise` on a weight packed once "
-        "with `torch.ops.mkldnn._reorder_linear_weight` (a patch made by this benchmark, not by mtprobe)",
+        "with `torch.ops.mkldnn._reorder_linear_weight` (a patch made by this benchmark on every forward); "
+        f"mtprobe's own linear routes held to torch's linear (`{linear_routes.ENV}={linear_routes.STOCK}`) on both",
         f"- t(T): `mtprobe.profile_forward` (medians of 7, not cached) after {args.context} cached positions",
         f"- HF greedy's output on the packed model equals the stock model's on {agree}/{len(questions)} prompts",
         "",

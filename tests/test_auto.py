@@ -392,23 +392,143 @@ def test_bench_auto_runs_every_row_on_the_device_and_dtype_it_reports(
     assert f"`smollm2-135m`, {dtype}, " in (out / "README.md").read_text(encoding="utf-8")
 
 
-def test_bench_auto_stock_rows_are_their_rows_with_the_small_batch_op_off(monkeypatch):
-    # A -stock row runs its base row's method with MTPROBE_SMALL_BATCH_LINEAR=0, and only when named.
+def test_bench_auto_stock_rows_are_their_rows_on_torchs_linear(tmp_path, monkeypatch):
+    # A -stock row runs its base row's method with MTPROBE_LINEAR_ROUTE=stock (torch's linear on every
+    # decode step, whatever the routes measured here), only when named, and its README line says so.
     from conftest import load_benchmark
+    from mtprobe import linear_routes
+    from mtprobe.profile import choose_linear_routes
 
     bench = load_benchmark("bench_auto")
     methods = dict(bench.METHODS)
     assert bench.STOCK_LINEAR == {"stand-bc10-stock", "auto-stock"}
     for stem in bench.STOCK_LINEAR:
         assert methods[stem] == methods[stem.removesuffix("-stock")]
+    monkeypatch.delenv("MTPROBE_LINEAR_ROUTE", raising=False)
     for stem in bench.STOCK_LINEAR:
         env = bench.method_env(stem)
-        assert env is not None and env["MTPROBE_SMALL_BATCH_LINEAR"] == "0"
-        monkeypatch.setenv("MTPROBE_SMALL_BATCH_LINEAR", env["MTPROBE_SMALL_BATCH_LINEAR"])
-        assert not bench.small_batch_linear.enabled()  # what the row's process reads
+        assert env is not None and env["MTPROBE_LINEAR_ROUTE"] == "stock"
+        monkeypatch.setenv("MTPROBE_LINEAR_ROUTE", env["MTPROBE_LINEAR_ROUTE"])
+        # What the row's process reads: every block size on torch's linear, nothing measured.
+        routes = choose_linear_routes(tiny_llama())
+        assert routes.forced == "stock" and {routes.route(t) for t in (1, 2, 8, 64)} == {"stock"}
+        monkeypatch.delenv("MTPROBE_LINEAR_ROUTE")
+    assert linear_routes.forced_route() == ""  # the benchmark's own process is left as it was
     for stem in methods.keys() - bench.STOCK_LINEAR:
         assert bench.method_env(stem) is None
     assert "auto" in bench.DEFAULT_METHODS and not bench.STOCK_LINEAR & set(bench.DEFAULT_METHODS)
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw.get("env"))))
+    out = tmp_path / "out"
+    argv = ["--question-file", "q.jsonl", "--per-category", "1", "--methods", "auto,auto-stock", "--out-dir"]
+    assert bench.main([*argv, str(out)]) == 0
+    envs = {cmd[cmd.index("--answer-file") + 1]: env for cmd, env in calls if "--answer-file" in cmd}
+    assert envs[str(out / "answers" / "auto.jsonl")] is None
+    assert envs[str(out / "answers" / "auto-stock.jsonl")]["MTPROBE_LINEAR_ROUTE"] == "stock"
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    assert "| auto-stock | `MTPROBE_LINEAR_ROUTE=stock python -m mtprobe.specbench run " in readme
+    assert "| auto | `python -m mtprobe.specbench run " in readme
+
+
+def _timed_runs(bench):
+    """Synthetic --interleaved runs: two questions (tasks qa and rag), three repeats, HF greedy and auto."""
+    runs = []
+    walls = {  # (method, question) -> seconds of each repeat; each median is the middle value
+        ("HF greedy", 1): (1.0, 9.0, 1.0),
+        ("HF greedy", 2): (2.0, 2.0, 2.0),
+        ("auto", 1): (0.5, 0.1, 0.5),
+        ("auto", 2): (4.0, 4.0, 5.0),
+    }
+    for (method, q), seconds in walls.items():
+        for rep, wall in enumerate(seconds):
+            mt = method == "auto"
+            runs.append(
+                bench.Timed(
+                    method,
+                    q,
+                    "qa" if q == 1 else "rag",
+                    rep,
+                    wall,
+                    new_tokens=10 * q,
+                    gained=(3 if mt else 1) * (10 * q - 1),
+                    steps=10 * q - 1,
+                    identical=not (mt and q == 2 and rep == 0),
+                    linear_routes="T 1+: stock" if mt else "",
+                )
+            )
+    return runs
+
+
+def test_bench_auto_interleaved_tables_pool_the_median_of_each_questions_repeats():
+    # --interleaved's tables from synthetic timings: per question the median of its repeats, summed;
+    # tokens/s against HF greedy's, pooled and per Spec-Bench task, and each row's worst task.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    runs = _timed_runs(bench)
+    methods = ["HF greedy", "auto"]
+    assert bench.question_medians(runs, "HF greedy") == {1: (1.0, 10), 2: (2.0, 20)}
+    assert bench.tokens_per_s(runs, "HF greedy") == pytest.approx(30 / 3)
+    assert bench.tokens_per_s(runs, "auto") == pytest.approx(30 / 4.5)
+    assert bench.tokens_per_s(runs, "auto", {2}) == pytest.approx(20 / 4)
+    greedy, auto = bench.pooled_rows(runs, methods)
+    assert greedy == ["HF greedy", "1.000", "10.00", "1.000x", "reference", "–"]
+    assert auto == ["auto", "3.000", "6.67", "0.667x", "5/6", "`T 1+: stock`"]
+    speedups = bench.task_speedups(runs, methods)
+    assert list(speedups) == ["qa", "rag"]  # Spec-Bench's task order
+    assert speedups["qa"] == pytest.approx({"HF greedy": 1.0, "auto": 2.0})
+    assert speedups["rag"] == pytest.approx({"HF greedy": 1.0, "auto": 0.5})
+    assert bench.worst_tasks(speedups, ["auto"]) == {"auto": ("rag", pytest.approx(0.5))}
+    lines = bench.interleaved_report(["# header"], runs, methods, question_count=2)
+    assert lines[0] == "# header" and "HF greedy: **10.00 tokens/s**." in "\n".join(lines)
+    assert "| auto | 3.000 | 6.67 | 0.667x | 5/6 | `T 1+: stock` |" in lines
+    assert "| qa | 1 | 10.00 | 2.000x |" in lines and "| rag | 1 | 10.00 | 0.500x |" in lines
+    assert "| **worst task** | | | rag 0.500x |" in lines
+    assert "| 1 | qa | 1.00 (10) | 0.50 (10) |" in lines
+
+
+def test_bench_auto_interleaved_refuses_the_subprocess_modes_options(tmp_path, capsys, monkeypatch):
+    # --interleaved runs its own rows in this process: options of the subprocess mode, no --out, or a
+    # route forced from outside are refused before anything loads; without --interleaved, --out-dir is
+    # still required.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    monkeypatch.setattr(bench, "run_interleaved", lambda args: pytest.fail("ran despite a refused option"))
+    q = ["--question-file", str(tmp_path / "q.jsonl")]
+    out = ["--out", str(tmp_path / "r.md")]
+    for argv, message in [
+        (["--interleaved", *q], "writes its report to --out"),
+        (["--interleaved", *q, *out, "--methods", "auto"], "drop --methods"),
+        (["--interleaved", *q, *out, "--out-dir", str(tmp_path)], "drop --out-dir"),
+        (["--interleaved", *q, *out, "--per-category", "2", "--rounds", "2"], "drop --rounds"),
+        (["--interleaved", *q, *out, "--repeats", "0"], "--repeats must be >= 1"),
+        (q, "--out-dir is required"),
+    ]:
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert message in capsys.readouterr().err, argv
+    # A route forced from outside would hold for the auto row too, which must run the routes as measured.
+    monkeypatch.setenv("MTPROBE_LINEAR_ROUTE", "small-batch")
+    with pytest.raises(SystemExit):
+        bench.main(["--interleaved", *q, *out])
+    assert "would force auto's linear route too" in capsys.readouterr().err
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_bench_auto_environ_sets_a_variable_for_one_block_only(monkeypatch):
+    # auto-stock's MTPROBE_LINEAR_ROUTE=stock holds for its own call only, even when the call fails.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    monkeypatch.delenv("MTPROBE_LINEAR_ROUTE", raising=False)
+    with bench.environ("MTPROBE_LINEAR_ROUTE", "stock"):
+        assert bench.linear_routes.forced_route() == "stock"
+    assert "MTPROBE_LINEAR_ROUTE" not in bench.os.environ
+    monkeypatch.setenv("MTPROBE_LINEAR_ROUTE", "packed")
+    with pytest.raises(RuntimeError), bench.environ("MTPROBE_LINEAR_ROUTE", "stock"):
+        raise RuntimeError("the call failed")
+    assert bench.os.environ["MTPROBE_LINEAR_ROUTE"] == "packed"
 
 
 def test_bench_auto_memory_rows_name_valid_drafters():

@@ -28,6 +28,7 @@ HEAD = Path(tempfile.gettempdir()) / f"mtprobe-test-config-head-{os.getpid()}"
 
 # One configuration per method, every field away from its default.
 NON_DEFAULT = {
+    "plain": mtprobe.PlainConfig(),  # no fields: nothing to set
     "probe": mtprobe.ProbeConfig(
         block_complexity=60,
         num_masks=2,
@@ -225,6 +226,7 @@ def test_round_trip_property(name, a, b, c, flag, lam, seed):
             block_complexity=4 * a, num_masks=1 + c % 4, prune=flag, mask_lambda=lam, seed=seed
         ),
         "pld": lambda: mtprobe.PromptLookupConfig(num_tokens=a, max_ngram_size=b),
+        "plain": lambda: mtprobe.PlainConfig(),
         "sps": lambda: mtprobe.DraftModelConfig(num_draft_layers=a, num_tokens=b, top_branches=1 + c % 3),
         "stand": lambda: mtprobe.StandConfig(
             block_complexity=1 + a,

@@ -280,9 +280,11 @@ def test_decode_benchmark_script_runs(smollm2, tmp_path):
     assert "Lossless check: all 1 probing runs are token-identical to the baseline." in report
     assert "| else ms/step |" in report and "| efficiency |" in report
     assert "- device: cpu" in report
-    # The forward-cost table says which linear layers priced it: the route the decode loop takes here.
-    routed = bool(bench.small_batch_linear.routable_linears(smollm2[0]))
-    assert ("through mtprobe's small-batch linear op" in report) == routed
+    # The forward-cost table says which linear layers priced each T: the route the decode loop took for
+    # it here (choose_linear_routes measures once per machine and model, then remembers).
+    routes = bench.choose_linear_routes(smollm2[0])
+    assert f"linear routes of the decode steps: {routes.describe()}" in report
+    assert f"| 1 | {routes.route(1)} | " in report and f"| 10 | {routes.route(10)} | " in report
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -116,6 +116,7 @@ def test_lossless_on_smollm2(smollm2, greedy, kwargs, monkeypatch):
 
     model, tok = smollm2
     cfg = mtprobe.ProbeConfig(**kwargs)
+    mtprobe.choose_linear_routes(model)  # measured (once) before the spy, which must see decoding alone
     sizes = record_block_sizes(monkeypatch)
     for prompt in load_prompts()[4:6]:
         ids = chat_ids(tok, prompt["messages"])

@@ -159,7 +159,7 @@ def test_a_harness_baseline_is_not_a_drafter(model):
 
 def test_every_built_in_method_is_one_registration():
     drafters = {m.name: m for m in registry.methods() if m.drafter is not None}
-    assert list(drafters)[:9] == [
+    assert list(drafters)[:10] == [
         "probe",
         "pld",
         "sps",
@@ -169,6 +169,7 @@ def test_every_built_in_method_is_one_registration():
         "entmtp",
         "heads",
         "auto",
+        "plain",
     ]
     for name, method in drafters.items():
         assert method.config_type.method == name

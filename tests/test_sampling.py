@@ -333,6 +333,7 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
 @pytest.mark.parametrize(
     "name",
     [
+        "plain",
         "draft_model_independent",
         "draft_model_tree",
         "draft_model_self_1_layer",
@@ -350,6 +351,7 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
     # The prompt repeats so that PLD and STAND find matches and draft at the first decode step.
     prompt = torch.tensor([LOOKAHEAD_PROMPT if name == "lookahead" else [4, 2, 9, 4, 2, 9, 4, 2]])
     cfg = {
+        "plain": mtprobe.PlainConfig(),  # no drafts: the bonus token alone, drawn from the target
         "draft_model_independent": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3),
         "draft_model_tree": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=2, top_branches=3),
         "draft_model_self_1_layer": mtprobe.DraftModelConfig(num_draft_layers=1, num_tokens=3),

@@ -1,14 +1,15 @@
-"""The small-batch linear op against its reference, and its route through the adapter.
+"""The small-batch linear op against its reference, and the linear forward built on it.
 
 The op (torch.ops.mtprobe.small_batch_linear) is checked against the float64 reference within
-float32's rounding bound over awkward shapes, for its errors and with opcheck; the route
-(mtprobe.small_batch_linear) for which modules it swaps, that it puts them back, that the adapter
-takes it exactly for forwards over 2..MAX_ROWS inputs, and that the logits stay the model's.
+float32's rounding bound over awkward shapes, for its errors and with opcheck;
+``mtprobe.small_batch_linear.forward`` for where it hands over to torch's linear, and the switch
+that keeps the op out. How the adapter routes a decode step's linears through it (one route among
+several, chosen by measurement) is tests/test_linear_routes.py's.
 """
 
 from __future__ import annotations
 
-import re
+import os
 
 import pytest
 import torch
@@ -16,10 +17,7 @@ from torch import nn
 from torch.library import opcheck
 
 import mtprobe
-from conftest import tiny_llama
-from mtprobe import _C, small_batch_linear
-from mtprobe.adapter import HFAdapter
-from mtprobe.profile import ForwardProfile, ProfileKey
+from mtprobe import _C, linear_routes, small_batch_linear
 from mtprobe.reference import small_batch_linear as reference
 from mtprobe.reference.small_batch_linear import rounding_bound
 
@@ -111,168 +109,81 @@ def test_op_refuses_bad_arguments_with_the_reason(case):
         torch.ops.mtprobe.small_batch_linear(*change(x, w, b))
 
 
-# --- the route --------------------------------------------------------------------------------------
+# --- the forward and its switch ---------------------------------------------------------------------
 
 
-class _OwnLinear(nn.Linear):
-    """A subclass (as quantized linears are): it may compute something else, so it is never swapped."""
-
-
-def test_routable_linears_picks_plain_float32_cpu_linears():
-    model = nn.Sequential(
-        nn.Linear(4, 4),
-        nn.Linear(4, 4).double(),
-        _OwnLinear(4, 4),
-        nn.Linear(4, 4),
-        nn.Linear(4, 4, bias=False),
-    )
-    model[3].forward = lambda x: x  # a forward of its own (accelerate's hooks set one)
-    found = small_batch_linear.routable_linears(model)
-    if not _C.small_batch_linear_simd():
-        assert found == []  # a CPU without AVX2/FMA keeps torch's linear everywhere
-        return
-    assert found == [model[0], model[4]]
-
-
-def test_the_environment_turns_the_route_off(monkeypatch):
-    model = tiny_llama()
-    for off in ("0", "false", "OFF"):
+def test_the_environment_keeps_the_op_out(monkeypatch):
+    assert small_batch_linear.simd() == bool(_C.small_batch_linear_simd())
+    # Why the small-batch route cannot run: the CPU first (nothing to turn on), else the switch.
+    off_why = "lacks AVX2/FMA" if not small_batch_linear.simd() else f"{small_batch_linear.ENV}=0"
+    for off in ("0", "false", "OFF", " no "):
         monkeypatch.setenv(small_batch_linear.ENV, off)
-        assert not small_batch_linear.enabled() and small_batch_linear.routable_linears(model) == []
-        assert ProfileKey.of(model).linear == "stock"
-    monkeypatch.setenv(small_batch_linear.ENV, "1")
-    assert small_batch_linear.enabled() == bool(_C.small_batch_linear_simd())
+        assert not small_batch_linear.enabled()
+        assert off_why in linear_routes.unavailable(linear_routes.SMALL_BATCH)
+    for on in ("1", "yes", ""):
+        monkeypatch.setenv(small_batch_linear.ENV, on)
+        assert small_batch_linear.enabled() == small_batch_linear.simd()
+        assert (linear_routes.unavailable(linear_routes.SMALL_BATCH) == "") == small_batch_linear.simd()
+    monkeypatch.delenv(small_batch_linear.ENV)
+    assert small_batch_linear.enabled() == small_batch_linear.simd()  # on by default where it runs
 
 
-requires_simd = pytest.mark.skipif(
-    not _C.small_batch_linear_simd(), reason="this CPU has no AVX2/FMA: the route stays off"
-)
-
-
-@requires_simd
-def test_routed_swaps_forward_and_puts_it_back_even_on_error():
-    model = tiny_llama()
-    linears = small_batch_linear.routable_linears(model)
-    assert len(linears) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
-    with pytest.raises(RuntimeError, match="inside"):
-        with small_batch_linear.routed(linears):
-            assert all("forward" in vars(m) for m in linears)
-            raise RuntimeError("inside")
-    assert not any("forward" in vars(m) for m in model.modules())
-    # Bound once, reused by every later forward; and the same with a plain list of modules.
-    bound = linears.bound
-    with small_batch_linear.routed(linears), torch.no_grad():
-        assert linears.bound is bound
-        assert all(vars(m)["forward"].__self__ is m for m in linears)
-        q = linears[0]
-        x = torch.randn(3, q.in_features)
-        assert torch.equal(q(x), torch.ops.mtprobe.small_batch_linear(x, q.weight, q.bias))
-    with small_batch_linear.routed(list(linears)):
-        assert all(vars(m)["forward"].__self__ is m for m in linears)
-    assert not any("forward" in vars(m) for m in model.modules())
-
-
-@requires_simd
-def test_a_routed_linear_falls_back_where_the_op_does_not_apply():
+def test_the_forward_falls_back_to_torch_linear_where_the_op_does_not_apply():
+    # The op itself runs on any CPU (its portable loop without AVX2): forward is tested everywhere.
     layer = nn.Linear(16, 8)
+    forward = small_batch_linear.forward
     stock = nn.functional.linear
-    with small_batch_linear.routed([layer]), torch.no_grad():
-        few = torch.randn(3, 16)  # the op, bit for bit
-        assert torch.equal(layer(few), torch.ops.mtprobe.small_batch_linear(few, layer.weight, layer.bias))
-        many = torch.randn(small_batch_linear.MAX_ROWS + 1, 16)  # past MAX_ROWS: torch's linear
-        assert torch.equal(layer(many), stock(many, layer.weight, layer.bias))
+    with torch.no_grad():
+        for rows in ((3,), (1, 5), (small_batch_linear.MAX_ROWS,)):  # the op, bit for bit
+            few = torch.randn(*rows, 16)  # [..., in]
+            assert torch.equal(
+                forward(layer, few), torch.ops.mtprobe.small_batch_linear(few, layer.weight, layer.bias)
+            )
+        for rows in ((small_batch_linear.MAX_ROWS + 1,), (3, 7)):  # past MAX_ROWS: torch's linear
+            many = torch.randn(*rows, 16)
+            assert torch.equal(forward(layer, many), stock(many, layer.weight, layer.bias))
         doubles = torch.randn(2, 16, dtype=torch.float64)  # not float32: torch's linear (and its error)
         with pytest.raises(RuntimeError, match="dtype"):
-            layer(doubles)
-    # With autograd recording, the op (which has no backward) is not used: gradients still flow.
-    with small_batch_linear.routed([layer]):
-        x = torch.randn(2, 16, requires_grad=True)
-        layer(x).sum().backward()
-    assert x.grad is not None and layer.weight.grad is not None
+            forward(layer, doubles)
+    # With autograd recording, the op (which has no backward) is not used: gradients still flow, to the
+    # input and to the weight, also from an input that records none.
+    x = torch.randn(2, 16, requires_grad=True)
+    forward(layer, x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None and layer.bias.grad is not None
+    layer.zero_grad()
+    forward(layer, torch.randn(2, 16)).sum().backward()
+    assert layer.weight.grad is not None
+    # A frozen layer under autograd with an input that records nothing: the op, as in inference.
+    layer.requires_grad_(False)
+    x = torch.randn(2, 16)
+    assert torch.equal(forward(layer, x), torch.ops.mtprobe.small_batch_linear(x, layer.weight, layer.bias))
 
 
-@requires_simd
-@pytest.mark.parametrize("t", [1, 2, 5, 12, 20, 21])
-def test_the_adapter_routes_forwards_over_2_to_max_rows_inputs(t, monkeypatch):
-    model = tiny_llama()
-    entered = []
-    real = small_batch_linear.routed
-
-    def spy(linears):
-        entered.append(len(linears))
-        return real(linears)
-
-    monkeypatch.setattr(small_batch_linear, "routed", spy)
-    routed_adapter = HFAdapter(model, 64)
-    stock_adapter = HFAdapter(model, 64)
-    stock_adapter._small_batch_linears = []
-    ids = torch.randint(0, 96, (12 + t,), generator=torch.Generator().manual_seed(t))
-    logits = []
-    with torch.inference_mode():
-        for adapter in (routed_adapter, stock_adapter):
-            adapter.forward(ids[:12], None, torch.arange(12)[None], None, 0, False)
-            pos = torch.arange(12, 12 + t)[None]
-            mask = (
-                None
-                if t == 1
-                else mtprobe.ops.tree_attention_mask(torch.arange(-1, t - 1), 12, torch.float32)
-            )
-            out, _ = adapter.forward(ids[12:], None, pos, mask, 12, False)
-            logits.append(out)
-    # The prefill (12 inputs, within MAX_ROWS) and T outside [2, MAX_ROWS] keep torch's linear; the route
-    # is entered once per routed forward, and only by the adapter that has it.
-    assert entered == ([15] if 2 <= t <= small_batch_linear.MAX_ROWS else [])
-    assert not any("forward" in vars(m) for m in model.modules())
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+# --- the kernels and the threads ----------------------------------------------------------------------
 
 
-@requires_simd
-def test_profiles_record_the_route_and_refuse_the_other(monkeypatch):
-    model = tiny_llama()
-    key = ProfileKey.of(model)
-    assert key.linear == small_batch_linear.PROFILE_TAG == "small-batch v2, 2..20 inputs"
-    stock = ForwardProfile(ProfileKey(**{**key.__dict__, "linear": "stock"}), (1, 2), (0,), ((1.0, 1.7),))
-    with pytest.raises(ValueError, match=re.escape(f"linear: profile 'stock' vs now '{key.linear}'")):
-        stock.check(model)
-    # The first kernel (2..12 inputs, other costs) recorded "small-batch": its profiles are not this one's.
-    first = ForwardProfile(
-        ProfileKey(**{**key.__dict__, "linear": "small-batch"}), (1, 2), (0,), ((1.0, 1.0),)
-    )
-    with pytest.raises(ValueError, match="linear: profile 'small-batch' vs now"):
-        first.check(model)
-    # A profile saved before the field existed was measured with torch's linear.
-    data = stock.to_dict()
-    del data["key"]["linear"]
-    assert ForwardProfile.from_dict(data).key.linear == "stock"
-    monkeypatch.setenv(small_batch_linear.ENV, "0")
-    stock.check(model)  # with the route off, the same model matches it
+@pytest.mark.parametrize("level", [0, 1, 2, 3], ids=["portable", "avx2", "avx512", "default"])
+def test_every_kernel_matches_the_reference(level):
+    gen = torch.Generator().manual_seed(level)
+    x = torch.randn(5, 77, generator=gen)  # 77: a tail past every vector width
+    w = torch.randn(67, 77, generator=gen)
+    b = torch.randn(67, generator=gen)
+    got = _C.small_batch_linear_at_level(x, w, b, level)  # a level this CPU lacks falls back to the default
+    want = reference(x, w, b)
+    bound = rounding_bound(x, w) + 1e-6 * want.abs()
+    assert ((got - want).abs() <= bound).all()
+    with pytest.raises(ValueError, match="level must be 0"):
+        _C.small_batch_linear_at_level(x, w, b, 4)
 
 
-@requires_simd
-@pytest.mark.parametrize(
-    "method",
-    [
-        {"method": "stand", "block_complexity": 6},
-        {"method": "pld", "num_tokens": 5},
-        {"method": "probe", "block_complexity": 8},
-    ],
-    ids=["stand", "pld", "probe"],
-)
-def test_greedy_output_is_hf_greedy_with_the_route_on_and_off(method, monkeypatch):
-    model = tiny_llama(vocab_size=64)
-    ids = torch.tensor([[5, 9, 14, 5, 9, 14, 5, 9, 3, 7, 5, 9]])
-    expected = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)[0, ids.shape[1] :]
-    entered = []
-    real = small_batch_linear.routed
+def test_the_default_kernel_is_named():
+    assert _C.small_batch_linear_isa() == ("avx2" if _C.small_batch_linear_simd() else "scalar")
+    assert _C.small_batch_linear_isa() in small_batch_linear.KERNEL
 
-    def spy(linears):
-        entered.append(env)
-        return real(linears)
 
-    monkeypatch.setattr(small_batch_linear, "routed", spy)
-    for env in ("1", "0"):
-        monkeypatch.setenv(small_batch_linear.ENV, env)
-        out = mtprobe.generate(model, ids, method, max_new_tokens=24)
-        assert (env in entered) == (env == "1")  # the route ran only while on
-        assert torch.equal(out.sequences[0, ids.shape[1] :], expected), (method, env)
-        assert out.forward_calls < 24  # drafts were verified: some forwards had 2 or more inputs
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: nothing to split")
+def test_ops_split_their_work_across_torch_threads():
+    # at::parallel_for is inline in ATen's headers: built without OpenMP, as the extension was until
+    # 2026-11-27, every op of mtprobe ran on one thread (the small-batch op at half torch's speed).
+    torch.set_num_threads(2)  # restored by conftest's fixture
+    assert _C.parallel_for_threads(64) == 2

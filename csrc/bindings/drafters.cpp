@@ -16,6 +16,7 @@
 #include "drafters/hybrid.h"
 #include "drafters/lookahead.h"
 #include "drafters/mask_probe.h"
+#include "drafters/plain.h"
 #include "drafters/prompt_lookup.h"
 #include "drafters/stand.h"
 
@@ -185,6 +186,10 @@ void bind_drafters(py::module_& m) {
           },
           "EntMTP with record=True: per step with candidates, the next root's position, the candidates "
           "[n, k, m], the features [top1, path_value, entropy_ema, accept_ema] and the tree chosen next.");
+
+  py::class_<PlainDrafter, Drafter, std::shared_ptr<PlainDrafter>>(
+      m, "PlainDrafter", "Plain decoding: no drafts, the last committed token alone each step.")
+      .def(py::init([] { return std::make_shared<PlainDrafter>(); }));
 
   py::class_<PromptLookupDrafter, Drafter, std::shared_ptr<PromptLookupDrafter>>(
       m, "PromptLookupDrafter",

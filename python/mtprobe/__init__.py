@@ -19,6 +19,7 @@ from mtprobe.config import (
     HeadsConfig,
     HybridConfig,
     LookaheadConfig,
+    PlainConfig,
     ProbeConfig,
     PromptLookupConfig,
     StandConfig,
@@ -27,7 +28,8 @@ from mtprobe.config import (
 )
 from mtprobe.drafters import ngram_memory
 from mtprobe.generate import GenerateOutput, custom_generate, generate
-from mtprobe.profile import ForwardProfile, profile_forward
+from mtprobe.linear_routes import LinearRoutes
+from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.registry import Method, Option
 from mtprobe.registry import register as register_method
 from mtprobe.registry import unregister as unregister_method
@@ -36,6 +38,7 @@ from mtprobe.topology import TopologyBank
 NgramMemory = _C.NgramMemory  # the cross-request n-gram memory of STAND and the hybrid
 __version__ = "0.1.0"
 __all__ = [
+    "PlainConfig",
     "ProbeConfig",
     "PromptLookupConfig",
     "StandConfig",
@@ -48,6 +51,8 @@ __all__ = [
     "TopologyBank",
     "ForwardProfile",
     "profile_forward",
+    "LinearRoutes",
+    "choose_linear_routes",
     "config_from_dict",
     "config_from_json",
     "Method",

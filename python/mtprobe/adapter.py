@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from transformers import GenerationMixin, PreTrainedModel
 
-from mtprobe import small_batch_linear
 from mtprobe.cache import TreeKVCache
+from mtprobe.linear_routes import STOCK, LinearRoutes, Router
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 
@@ -306,10 +306,18 @@ class HFAdapter:
     ``capacity`` is the cache's first size in entries; it doubles whenever a block would not fit,
     never past ``max_capacity`` (the most one generation can need) unless a block needs more.
     ``checked``: the caller has just run ``check_causal_lm`` on ``model``, so it is not run again.
+    ``linear_routes``: the route of each decode step's linear layers by its block size
+    (:func:`mtprobe.profile.choose_linear_routes`); None runs torch's linear everywhere.
     """
 
     def __init__(
-        self, model: PreTrainedModel, capacity: int, max_capacity: int | None = None, *, checked: bool = False
+        self,
+        model: PreTrainedModel,
+        capacity: int,
+        max_capacity: int | None = None,
+        *,
+        checked: bool = False,
+        linear_routes: LinearRoutes | None = None,
     ) -> None:
         if not checked:
             check_causal_lm(model)
@@ -334,10 +342,11 @@ class HFAdapter:
         # layer offsets, mtprobe.calibrate), or None: see set_mask_layer_offsets.
         self._mask_offsets: torch.Tensor | None = None
         self._layers: torch.nn.ModuleList | None = None
-        # The linear layers a decode step's forward over 2..MAX_ROWS inputs runs through mtprobe's
-        # small-batch op (the weights read once, as for one input); the prefill keeps torch's GEMM.
-        # Empty on a GPU, in other dtypes, or when turned off (mtprobe.small_batch_linear).
-        self._small_batch_linears = small_batch_linear.routable_linears(model)
+        # How a decode step's linear layers run, by its block size (mtprobe.linear_routes); the prefill
+        # keeps torch's. No router where every block size takes torch's linear.
+        self.linear_routes = linear_routes
+        used = linear_routes.used if linear_routes is not None else frozenset()
+        self._router = Router(model, used) if used - {STOCK} else None
 
     def set_mask_layer_offsets(self, offsets: torch.Tensor | None) -> None:
         """Add ``offsets[l]`` (``[num_layers, hidden]``) to every mask input before decoder layer l from now
@@ -382,8 +391,8 @@ class HFAdapter:
         if self._layers is not None and self._mask_offsets is not None and embeds is not None:
             offsets = layer_offsets(self._layers, self._mask_offsets, tokens.shape[0])
         linears = contextlib.nullcontext()
-        if self._small_batch_linears and prefix_len > 0 and small_batch_linear.routes(T):
-            linears = small_batch_linear.routed(self._small_batch_linears)
+        if self._router is not None and prefix_len > 0:
+            linears = self._router.routed(self.linear_routes.route(T))
         with offsets, linears:
             out = self.model(
                 inputs_embeds=x,

@@ -109,7 +109,7 @@ def config_from_dict(data: Mapping[str, Any], **overrides: Any) -> Any:
     >>> config_from_dict({"method": "medusa"})
     Traceback (most recent call last):
     ...
-    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid, entmtp, heads, auto
+    ValueError: unknown method 'medusa'; known methods: probe, pld, sps, stand, lookahead, hybrid, entmtp, heads, auto, plain
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"a configuration dict must be a dict with a 'method' key, got {type(data).__name__}")
@@ -414,6 +414,21 @@ def _resolve_budget(config: object, needed: int, what: str) -> None:
     _check_int("block_complexity", bc)
     if bc < needed:
         raise ValueError(f"{what} needs block_complexity >= {needed} inputs per step, got {bc}")
+
+
+@dataclass(frozen=True)
+class PlainConfig(_ConfigData):
+    """Plain decoding through mtprobe's own loop: no drafts, one input per decode step (T = 1), the
+    step :class:`AutoConfig` falls back to when no draft pays. Its output is the model's own greedy
+    (or sampled) decoding; it is the baseline that prices mtprobe's loop, KV cache and linear routes
+    beside HF's ``generate``.
+
+    >>> PlainConfig().block_complexity
+    1
+    """
+
+    method: ClassVar[str] = "plain"
+    block_complexity: ClassVar[int] = 1
 
 
 @dataclass(frozen=True)

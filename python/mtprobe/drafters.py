@@ -25,13 +25,14 @@ from mtprobe.config import (
     HeadsConfig,
     HybridConfig,
     LookaheadConfig,
+    PlainConfig,
     ProbeConfig,
     PromptLookupConfig,
     StandConfig,
     config_from_dict,
 )
 from mtprobe.draft_model import check_draft_model, layer_truncated
-from mtprobe.profile import ForwardProfile, profile_forward
+from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.registry import DecodingConfig, ProcessFn
 
 _GAUSSIAN_SHIFT = {"gaussian": 0.0, "gaussian_5sigma": 5.0, "gaussian_10sigma": 10.0}
@@ -201,7 +202,8 @@ def draft_model_drafter(
     if draft is None:
         draft = layer_truncated(model, config.num_draft_layers)
     check_draft_model(model, draft)
-    adapter = HFAdapter(draft, capacity)  # kept alive by the bound method the drafter holds
+    # Kept alive by the bound method the drafter holds; its linear layers routed as measured for it.
+    adapter = HFAdapter(draft, capacity, linear_routes=choose_linear_routes(draft))
     return _C.DraftModelDrafter(
         adapter.forward,
         num_tokens=config.num_tokens,
@@ -374,6 +376,19 @@ def make_drafter(
     return drafter(
         model, config, capacity=capacity, do_sample=do_sample, process=process, fold_memory=fold_memory
     )
+
+
+def plain_drafter(
+    model: PreTrainedModel,
+    config: PlainConfig,
+    *,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.PlainDrafter:
+    """Plain decoding's drafter: no drafts, the last committed token alone each step."""
+    return _C.PlainDrafter()
 
 
 def prompt_lookup_drafter(

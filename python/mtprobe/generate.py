@@ -32,6 +32,7 @@ from mtprobe.drafters import (
     mask_layer_offsets,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
+from mtprobe.profile import choose_linear_routes
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class GenerateOutput:
             ``[n, 4]`` (top1, path_value, entropy_ema, accept_ema) and ``trees`` (the tree chosen next).
             With ``HeadsConfig(bank=..., record_steps=True)``: ``ranks`` ``[n, window - 1]`` (the true
             continuation's child ranks, -1 for none) instead of the candidates.
+        linear_routes: on a CPU, how the decode steps' linear layers ran by block size, e.g.
+            ``T 1: stock; T 2-16: small-batch; T 17+: stock`` (:mod:`mtprobe.linear_routes`: measured
+            once per machine and model, forced with ``MTPROBE_LINEAR_ROUTE``); empty on a GPU.
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
@@ -107,6 +111,7 @@ class GenerateOutput:
     block_sizes: list[int] = field(default_factory=list)
     choices: list[tuple[str, int]] | None = None
     topology_log: dict[str, Any] | None = None
+    linear_routes: str = ""
 
     @property
     def tau(self) -> float:
@@ -142,6 +147,7 @@ class GenerateOutput:
             "fallback_steps": self.fallback_steps,
             "kv_capacity": self.kv_capacity,
             "stop_reason": self.stop_reason,
+            "linear_routes": self.linear_routes,
         }
 
 
@@ -304,7 +310,8 @@ def custom_generate(
         max_capacity,
     )
     drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
-    adapter = HFAdapter(model, capacity, max_capacity=max_capacity, checked=True)
+    routes = choose_linear_routes(model)
+    adapter = HFAdapter(model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes)
     adapter.hidden_layer = hidden_layer(model, config)
     adapter.set_mask_layer_offsets(mask_layer_offsets(model, config))
     # A configuration that does not say reads them (a registered one of any class): computed, to be safe.
@@ -369,6 +376,7 @@ def custom_generate(
         method=method,
         do_sample=do_sample,
         new_tokens=len(result.sequence) - prompt_len,
+        linear_routes=routes.describe() if device.type == "cpu" else "",
         drafted_per_depth=list(result.drafted_per_depth),
         accepted_per_depth=list(result.accepted_per_depth),
     )
@@ -390,7 +398,7 @@ def custom_generate(
         stats = output.summary()
         logger.info(
             "mtprobe %s: %d new tokens in %d decode steps (tau %.3f), %d of %d drafted tokens accepted, "
-            "%.1f tokens/s, stop: %s, KV capacity %d, mask columns %d, fallback steps %d",
+            "%.1f tokens/s, stop: %s, KV capacity %d, mask columns %d, fallback steps %d%s",
             method,
             stats["new_tokens"],
             stats["steps"],
@@ -402,6 +410,7 @@ def custom_generate(
             result.kv_capacity,
             result.mask_capacity,
             result.fallback_steps,
+            f", linear routes: {output.linear_routes}" if output.linear_routes else "",
         )
     if not (mtprobe_return_output or generation_config.return_dict_in_generate):
         return sequences

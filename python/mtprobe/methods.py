@@ -21,6 +21,7 @@ from mtprobe.config import (
     HeadsConfig,
     HybridConfig,
     LookaheadConfig,
+    PlainConfig,
     ProbeConfig,
     PromptLookupConfig,
     StandConfig,
@@ -34,6 +35,7 @@ from mtprobe.drafters import (
     hybrid_drafter,
     lookahead_drafter,
     mask_probe_drafter,
+    plain_drafter,
     prompt_lookup_drafter,
     stand_drafter,
 )
@@ -443,5 +445,18 @@ register(
                 "model, device, dtype and threads, and cached)",
             ),
         ),
+    )
+)
+
+
+# --- plain: no drafts, mtprobe's own baseline -------------------------------------------------------
+
+register(
+    Method(
+        name="plain",
+        config_type=PlainConfig,
+        drafter=plain_drafter,
+        summary="plain decoding through mtprobe's own loop: no drafts, one input per step (the baseline "
+        "that prices mtprobe's loop, KV cache and linear routes beside HF's generate)",
     )
 )

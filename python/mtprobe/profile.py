@@ -21,8 +21,12 @@ A worked example (numbers of the kind measured on a 2-core CPU with SmolLM2-135M
     2.318
 
 The profile measures the forward mtprobe runs in its decode loop: ``HFAdapter.forward`` with the
-loop's own KV cache, a chain-shaped block of T inputs after ``context`` cached positions and the mask
-format of the model's attention implementation. Median of ``repeats`` timed calls after ``warmup``.
+loop's own KV cache, a chain-shaped block of T inputs after ``context`` cached positions, the mask
+format of the model's attention implementation, and on a CPU the linear route each T takes
+(:func:`choose_linear_routes`, measured first: :mod:`mtprobe.linear_routes`). Median of ``repeats``
+timed calls after ``warmup``. A profile's key names the model's architecture, the device (the CPU's
+model name), its instruction set, dtype, threads and the linear routes; a profile measured under
+another key is refused.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
-import platform
 import statistics
 import time
 from collections.abc import Sequence
@@ -42,55 +46,25 @@ from typing import Any
 
 import torch
 
-from mtprobe import ops, small_batch_linear
+from mtprobe import linear_routes, ops
 from mtprobe._jsonl import read_json, write_json
 from mtprobe.adapter import HFAdapter, max_positions
+from mtprobe.linear_routes import ENV as ROUTE_ENV
+from mtprobe.linear_routes import STOCK, LinearRoutes, RouteKey
+from mtprobe.machine import architecture, cpu_isa, device_name
 from mtprobe.models import cache_root
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
+logger = logging.getLogger(__name__)
+
 PROFILE_FORMAT = 1
-# MAX_ROWS and MAX_ROWS + 1 (20 and 21): where the small-batch linear op hands over to torch's GEMM on the
-# CPU (mtprobe.small_batch_linear); without both, interpolation would smooth the step between the grid's
-# neighbours.
-DEFAULT_BLOCK_SIZES = tuple(
-    sorted({1, 2, 4, 8, 12, 16, 24, 32, 48, 64, small_batch_linear.MAX_ROWS, small_batch_linear.MAX_ROWS + 1})
-)
+# Every block size the linear routes are measured at is on the grid too: a route may change at any of
+# them, and interpolating across the change would smooth a step in the cost.
+DEFAULT_BLOCK_SIZES = tuple(sorted({1, 2, 4, 8, 12, 16, 24, 32, 48, 64, *linear_routes.BLOCK_SIZES}))
 DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
 
-# Config entries that name or date a checkpoint without changing its arithmetic.
-_NOT_ARCHITECTURE = {"_name_or_path", "name_or_path", "transformers_version", "_commit_hash", "architectures"}
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    if device.type == "cpu":
-        return f"cpu ({_cpu_name()}, {os.cpu_count()} cores)"
-    return device.type
-
-
-def architecture(model: Any) -> str:
-    """Class name and a hash of the architecture's config: two checkpoints of one architecture cost
-    the same per forward, so they share a profile; any change of shape or attention does not."""
-    cfg = model.config.to_dict()
-    arch = {k: v for k, v in sorted(cfg.items()) if k not in _NOT_ARCHITECTURE}
-    arch["_attn_implementation"] = getattr(model.config, "_attn_implementation", None)
-    digest = hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"{type(model).__name__}:{digest}"
-
-
-_COMPARED = ("model", "device", "dtype", "threads", "linear")
+_COMPARED = ("model", "device", "isa", "dtype", "threads", "linear")
 
 
 @dataclass(frozen=True)
@@ -107,22 +81,28 @@ class ProfileKey:
     """torch's CPU threads when measured (0 on a GPU, where it does not matter)."""
     torch: str = ""
     """torch version (informative: not compared)."""
-    linear: str = "stock"
-    """How the forward's linear layers ran over a few inputs: mtprobe's op, the weights read once
-    (:data:`mtprobe.small_batch_linear.PROFILE_TAG`, which names the kernel's version and range; the first
-    kernel's profiles say ``small-batch``), or ``stock`` (torch's own; every profile measured before the
-    op existed)."""
+    linear: str = STOCK
+    """The route of the forward's linear layers by block size (:attr:`mtprobe.linear_routes.LinearRoutes.tag`):
+    ``stock`` where every block size ran torch's own."""
+    isa: str = ""
+    """On a CPU, the instruction set torch's kernels used and the extensions that matter
+    (:func:`mtprobe.machine.cpu_isa`); empty on a GPU and in profiles measured before it was recorded."""
 
     @classmethod
-    def of(cls, model: Any) -> ProfileKey:
+    def of(cls, model: Any, routes: LinearRoutes | None = None) -> ProfileKey:
+        """The key of ``model`` as loaded now; ``routes``: its linear routes (default: as
+        :func:`choose_linear_routes` finds them, which measures them where none are cached)."""
         device = next(model.parameters()).device
+        if routes is None:
+            routes = choose_linear_routes(model)
         return cls(
             model=architecture(model),
-            device=_device_name(device),
+            device=device_name(device),
             dtype=str(model.dtype).removeprefix("torch."),
             threads=torch.get_num_threads() if device.type == "cpu" else 0,
             torch=torch.__version__,
-            linear=small_batch_linear.PROFILE_TAG if small_batch_linear.routable_linears(model) else "stock",
+            linear=routes.tag,
+            isa=cpu_isa() if device.type == "cpu" else "",
         )
 
     def mismatches(self, other: ProfileKey) -> list[str]:
@@ -257,9 +237,119 @@ def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Se
     return profile_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
 
 
+_ROUTES_SEEN: dict[RouteKey, LinearRoutes] = {}
+
+
+def _routes_path(key: RouteKey) -> Path:
+    ident = json.dumps(dataclasses.astuple(key))
+    return cache_root() / "linear_routes" / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
+
+
+def choose_linear_routes(
+    model: Any, *, refresh: bool = False, cache: bool = True, repeats: int = 4, warmup: int = 1
+) -> LinearRoutes:
+    """The route of each decode step's linear layers by its block size, for ``model`` on this machine
+    (:mod:`mtprobe.linear_routes`).
+
+    torch's linear everywhere on a GPU, for a model in another dtype than float32 or one whose linear
+    weights fit the caches, and where no other route runs here. ``MTPROBE_LINEAR_ROUTE`` forces a route
+    (ValueError where it cannot run). Otherwise every route that runs here is timed at each of
+    :data:`mtprobe.linear_routes.BLOCK_SIZES` (interleaved, medians of ``repeats`` after ``warmup``
+    rounds; about 10 s for SmolLM2-135M on 2 cores) and the fastest taken per block size; the outcome is
+    kept in memory and, with ``cache``, on disk under ``$MTPROBE_CACHE/linear_routes``, keyed by
+    :class:`~mtprobe.linear_routes.RouteKey` (``refresh`` measures again).
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    forced = linear_routes.forced_route()
+    if next(model.parameters()).device.type != "cpu":
+        return LinearRoutes.all_stock(RouteKey())  # routes are a CPU matter
+    linears = linear_routes.routable_linears(model)
+    if forced:
+        why = linear_routes.unavailable(forced)
+        if not why and forced != STOCK and not linears:
+            why = "the model has no float32 nn.Linear on the CPU to route"
+        if why:
+            raise ValueError(
+                f"{ROUTE_ENV}={forced}: the {forced!r} linear route cannot run here: {why}. Unset it (auto: the "
+                f"routes are measured) or name a route that runs here: "
+                + ", ".join(r for r in linear_routes.ROUTES if not linear_routes.unavailable(r))
+            )
+        return LinearRoutes.only(forced, RouteKey.of(model, (forced,)))
+    candidates = tuple(r for r in linear_routes.ROUTES if not linear_routes.unavailable(r))
+    if (
+        not linears
+        or len(candidates) == 1
+        or linear_routes.weight_bytes(linears) < linear_routes.MIN_WEIGHT_BYTES
+    ):
+        return LinearRoutes.all_stock(RouteKey())
+    key = RouteKey.of(model, candidates)
+    if not refresh and key in _ROUTES_SEEN:
+        return _ROUTES_SEEN[key]
+    path = _routes_path(key)
+    routes = None
+    if cache and not refresh and path.is_file():
+        try:
+            routes = LinearRoutes.from_dict(
+                read_json(path, "linear-route measurement", "it is measured again")
+            )
+        except ValueError:
+            routes = None  # a corrupt cache entry is measured again and overwritten
+    if routes is None or routes.key != key:
+        logger.info(
+            "mtprobe: timing the CPU linear routes (%s) of %s on this machine (%s, %s); once per machine and "
+            "model architecture",
+            ", ".join(candidates),
+            key.model,
+            key.cpu,
+            key.isa,
+        )
+        routes = _measure_routes(model, key, candidates, repeats, warmup)
+        if cache:
+            write_json(path, routes.to_dict())
+    if linear_routes.PACKED not in routes.used:
+        linear_routes.drop_packed(model)
+    logger.info("mtprobe: CPU linear routes for %s: %s", key.model, routes.describe())
+    _ROUTES_SEEN[key] = routes
+    return routes
+
+
+def _measure_routes(
+    model: Any, key: RouteKey, candidates: Sequence[str], repeats: int, warmup: int
+) -> LinearRoutes:
+    """Time each of ``candidates`` at every block size, interleaved, and choose per block size."""
+    limit = max_positions(model)
+    sizes = tuple(t for t in linear_routes.BLOCK_SIZES if t <= limit)
+    context = max(0, min(256, limit - sizes[-1]))
+    device = torch.device("cpu")
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(
+        0, vocab, (context + sizes[-1],), generator=torch.Generator().manual_seed(0)
+    )  # [P + T]
+    adapter = HFAdapter(model, context + sizes[-1], max_capacity=context + sizes[-1], checked=True)
+    router = linear_routes.Router(model, candidates)
+    times: dict[tuple[str, int], list[float]] = {(r, t): [] for r in candidates for t in sizes}
+    with torch.inference_mode():
+        if context > 0:
+            adapter.forward(ids[:context], None, torch.arange(context)[None], None, 0, False)
+        for rep in range(warmup + repeats):
+            for t in sizes:
+                pos = torch.arange(context, context + t)[None]  # [1, T]: a chain's positions
+                mask = chain_mask(model, t, context, device)
+                for r in candidates:  # interleaved: a drift in the machine's speed falls on all alike
+                    with router.routed(r):
+                        t0 = time.perf_counter()
+                        adapter.forward(ids[context : context + t], None, pos, mask, context, False)
+                        elapsed = time.perf_counter() - t0
+                    if rep >= warmup:
+                        times[r, t].append(elapsed)
+    seconds = {r: tuple(statistics.median(times[r, t]) for t in sizes) for r in candidates}
+    return linear_routes.choose(key, sizes, seconds, context)
+
+
 def chain_mask(model: Any, t: int, context: int, device: torch.device) -> torch.Tensor | None:
     """The mask the decode loop hands a T-input block after ``context`` positions (None for T = 1): what
-    :func:`profile_forward` and benchmarks/bench_small_batch_linear.py time a forward with."""
+    :func:`profile_forward` and :func:`choose_linear_routes` time a forward with."""
     if t == 1:
         return None
     if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
@@ -285,7 +375,8 @@ def profile_forward(
 
     With ``cache`` (default) the result is stored under :func:`profile_dir` keyed by the model's
     architecture, device, dtype, threads and the grid, and a later call with the same key loads it
-    instead of measuring (``refresh=True`` measures again). Contexts beyond the model's positions are
+    instead of measuring (``refresh=True`` measures again; it does not re-time the linear routes, which
+    ``choose_linear_routes(model, refresh=True)`` does). Contexts beyond the model's positions are
     dropped. Takes seconds for a small model: len(block_sizes) x len(context_lengths) x (repeats + warmup)
     forwards.
     """
@@ -303,7 +394,8 @@ def profile_forward(
             f"context_lengths must ascend strictly and leave room for the largest block ({sizes[-1]}) in the "
             f"model's {limit} positions, got {tuple(context_lengths)}"
         )
-    key = ProfileKey.of(model)
+    routes = choose_linear_routes(model)
+    key = ProfileKey.of(model, routes)
     path = _cache_path(key, sizes, contexts)
     if cache and not refresh and path.is_file():
         try:
@@ -315,7 +407,7 @@ def profile_forward(
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     capacity = contexts[-1] + sizes[-1]
-    adapter = HFAdapter(model, capacity, max_capacity=capacity)
+    adapter = HFAdapter(model, capacity, max_capacity=capacity, linear_routes=routes)
     ids = torch.randint(0, vocab, (capacity,), generator=gen).to(device)  # [capacity] arbitrary tokens
 
     def sync() -> None:
