@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable
 
 import pytest
 import torch
 
-torch.set_num_threads(max(1, torch.get_num_threads()))
+MAX_WORKERS = 4
+"""``-n auto`` (pyproject's addopts) runs this many test processes at most: each loads the real models
+(about 2 GB with Gemma), so more would trade memory for little time."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """pytest-xdist's ``-n auto``: one process per core, at most MAX_WORKERS."""
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+# Under pytest-xdist the workers share the cores: torch's threads are divided among them, or every
+# forward of every worker would fight for all the cores at once.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:  # the notebook kernels and CLI runs the tests start inherit it
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(
+    max(1, (os.cpu_count() or 1) // _WORKERS) if _WORKERS > 1 else max(1, torch.get_num_threads())
+)
 
 
 @pytest.fixture(autouse=True)
