@@ -596,3 +596,19 @@ def test_profiles_record_the_routes_and_isa_and_refuse_others(route, monkeypatch
     assert old.key.isa == ""
     with pytest.raises(ValueError, match="isa: profile '' vs now"):
         old.check(model)
+
+
+def test_choose_takes_a_route_only_if_it_won_repeat_after_repeat():
+    seconds = {"stock": (1.0, 2.0, 2.0), "small-batch": (0.5, 1.0, 1.0), "packed": (0.9, 1.95, 1.2)}
+    key = RouteKey()
+    # Far faster in the median, but faster than stock in only half the repeats side by side: noise.
+    wins = {"small-batch": (0.75, 0.5, 1.0), "packed": (1.0, 1.0, 1.0)}
+    got = linear_routes.choose(key, (1, 2, 3), seconds, 0, wins)
+    assert got.routes == ("small-batch", "stock", "small-batch")  # at T 2 packed is < 3 % faster
+    # A route missing from ``wins`` never won a repeat.
+    assert linear_routes.choose(key, (1, 2, 3), seconds, 0, {"packed": (1.0,) * 3}).routes == (
+        "packed",
+        "stock",
+        "packed",
+    )
+    assert linear_routes.MIN_WINS == 0.75

@@ -70,6 +70,11 @@ MARGIN = 0.03
 """How much faster than stock (a fraction of stock's time) another route must measure to be taken:
 timing noise alone must not move a block size off torch's linear."""
 
+MIN_WINS = 0.75
+"""The fraction of the interleaved repeats in which another route must also beat stock, repeat by
+repeat: a burst of other work on the machine during a few of stock's repeats moves its median, not
+this count."""
+
 MIN_WEIGHT_BYTES = 16 << 20
 """Models whose linear weights take less stay on torch's linear without measuring: their weights sit
 in the CPU's caches, where reading them once more costs little."""
@@ -222,21 +227,34 @@ class LinearRoutes:
 
 
 def choose(
-    key: RouteKey, block_sizes: tuple[int, ...], seconds: Mapping[str, tuple[float, ...]], context: int
+    key: RouteKey,
+    block_sizes: tuple[int, ...],
+    seconds: Mapping[str, tuple[float, ...]],
+    context: int,
+    wins: Mapping[str, tuple[float, ...]] | None = None,
 ) -> LinearRoutes:
-    """Per block size the fastest measured route, stock unless another beat it by :data:`MARGIN`.
+    """Per block size the fastest measured route, stock unless another beat it by :data:`MARGIN` and,
+    where ``wins`` is given (route -> ``[B]``: the fraction of interleaved repeats in which the route
+    was faster than stock, repeat by repeat), in at least :data:`MIN_WINS` of them.
 
     >>> s = {"stock": (1.0, 2.0, 3.0), "small-batch": (1.2, 1.5, 2.95)}
     >>> choose(RouteKey(), (1, 2, 4), s, 0).routes
     ('stock', 'small-batch', 'stock')
+    >>> choose(RouteKey(), (1, 2, 4), s, 0, wins={"small-batch": (0.0, 0.5, 1.0)}).routes  # 2 of 4: noise
+    ('stock', 'stock', 'stock')
     """
+
+    def cost(r: str, j: int) -> float:
+        if r not in seconds or not math.isfinite(seconds[r][j]):
+            return math.inf
+        if r != STOCK and wins is not None and wins.get(r, (0.0,) * len(block_sizes))[j] < MIN_WINS:
+            return math.inf  # its median may be luck: it did not win repeat after repeat
+        return seconds[r][j]
+
     routes = []
     for j in range(len(block_sizes)):
-        stock = seconds[STOCK][j]
-        best = min(
-            ROUTES, key=lambda r: seconds[r][j] if r in seconds and math.isfinite(seconds[r][j]) else math.inf
-        )
-        routes.append(best if best != STOCK and seconds[best][j] <= stock * (1 - MARGIN) else STOCK)
+        best = min(ROUTES, key=lambda r: cost(r, j))
+        routes.append(best if best != STOCK and cost(best, j) <= seconds[STOCK][j] * (1 - MARGIN) else STOCK)
     return LinearRoutes(key, block_sizes, tuple(routes), seconds, context)
 
 

@@ -344,7 +344,14 @@ def _measure_routes(
                     if rep >= warmup:
                         times[r, t].append(elapsed)
     seconds = {r: tuple(statistics.median(times[r, t]) for t in sizes) for r in candidates}
-    return linear_routes.choose(key, sizes, seconds, context)
+    wins = {  # the repeats are interleaved: repeat i of a route and of stock ran side by side
+        r: tuple(
+            sum(a < b for a, b in zip(times[r, t], times[STOCK, t], strict=True)) / len(times[r, t])
+            for t in sizes
+        )
+        for r in candidates
+    }
+    return linear_routes.choose(key, sizes, seconds, context, wins)
 
 
 def chain_mask(model: Any, t: int, context: int, device: torch.device) -> torch.Tensor | None:
