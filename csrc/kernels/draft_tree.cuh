@@ -66,9 +66,9 @@ __global__ void top_candidates_kernel(const T* __restrict__ logits, int64_t voca
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, static_cast<float>(row[j]));
   mx = block_reduce(mx, true);
-  float sum = 0.f;
+  double sum = 0.0;  // in double, as the host op sums: see block_sum_double
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(static_cast<float>(row[j]) - mx);
-  sum = block_reduce(sum, false);
+  sum = block_sum_double(sum);
   float prev_v = INFINITY;
   int64_t prev_i = -1;
   for (int64_t r = 0; r < m; ++r) {
@@ -81,7 +81,7 @@ __global__ void top_candidates_kernel(const T* __restrict__ logits, int64_t voca
     block_best(v, i);
     if (threadIdx.x == 0) {
       top_tokens[blockIdx.x * m + r] = i;
-      top_probs[blockIdx.x * m + r] = expf(v - mx) / sum;
+      top_probs[blockIdx.x * m + r] = static_cast<float>(static_cast<double>(expf(v - mx)) / sum);
     }
     prev_v = v, prev_i = i;
   }

@@ -71,9 +71,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(con
   // (The CUDA op leaves this out: checking would read back from the device.)
   TORCH_CHECK(!x.isnan().any().item<bool>(),
               "expand_draft_tree: logits contain NaN; candidates are ranked by logit");
-  at::Tensor p = x.softmax(-1);  // [depths, vocab]
+  // The softmax with its normaliser summed in double (the CUDA kernel's too): in float the sum over
+  // a 151936-token vocabulary drifts by ~1e-5 relative with the order of its terms.
+  at::Tensor e = (x - std::get<0>(x.max(-1, /*keepdim=*/true))).exp().contiguous();  // [depths, vocab]
+  at::Tensor denom = e.sum(-1, /*keepdim=*/false, at::kDouble).contiguous();         // [depths]
   const float* xs = x.data_ptr<float>();
-  const float* ps = p.data_ptr<float>();
+  const float* es = e.data_ptr<float>();
+  const double* ds = denom.data_ptr<double>();
   // Top-m of each row by logit, ties to the lower token id (the kernel's order, so both pick alike).
   std::vector<int64_t> cand_tokens(static_cast<size_t>(depths * m));  // [depths, m]
   std::vector<float> cand_probs(static_cast<size_t>(depths * m));     // [depths, m]
@@ -85,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(con
                       [row](int64_t a, int64_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
     for (int64_t r = 0; r < m; ++r) {
       cand_tokens[d * m + r] = idx[r];
-      cand_probs[d * m + r] = ps[d * vocab + idx[r]];
+      cand_probs[d * m + r] = static_cast<float>(static_cast<double>(es[d * vocab + idx[r]]) / ds[d]);
     }
   }
   const int64_t root = root_token.to(at::kCPU, at::kLong).reshape({}).item<int64_t>();

@@ -126,7 +126,8 @@ def expand_tree(
     ([2, 0, 1, 1], [-1, 0, 0, 1])
     """
     x = logits.float()
-    probs = x.softmax(-1)
+    e = (x - x.max(-1, keepdim=True).values).exp()  # [depths, vocab]
+    probs = (e.double() / e.sum(-1, keepdim=True, dtype=torch.float64)).float()  # the normaliser in double
     cand_tokens, cand_probs = [], []
     for row, p in zip(x.tolist(), probs.tolist(), strict=True):
         best = sorted(range(len(row)), key=lambda v: (-row[v], v))[:width]
