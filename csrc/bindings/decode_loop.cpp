@@ -24,7 +24,8 @@ void bind_decode_loop(py::module_& m) {
       .def_readonly("mask_capacity", &DecodeResult::mask_capacity)
       .def_readonly("drafted_per_depth", &DecodeResult::drafted_per_depth)
       .def_readonly("accepted_per_depth", &DecodeResult::accepted_per_depth)
-      .def_readonly("stop_reason", &DecodeResult::stop_reason);
+      .def_readonly("stop_reason", &DecodeResult::stop_reason)
+      .def_readonly("host_reads", &DecodeResult::host_reads);
 
   py::class_<DecodeLoop>(m, "DecodeLoop", "Draft, verify and compact until the sequence ends.")
       .def(py::init([](std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,

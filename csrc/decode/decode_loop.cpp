@@ -115,6 +115,11 @@ void DecodeLoop::check_block(const DraftBlock& block, const at::Tensor& committe
   }
 }
 
+at::Tensor DecodeLoop::read(const at::Tensor& t) {
+  ++host_reads_;
+  return t.to(at::kCPU).contiguous();
+}
+
 at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock& block,
                                      const std::vector<int64_t>& tokens, int64_t root) {
   // Only the root (the last committed input) and the draft nodes below it need a choice.
@@ -173,7 +178,7 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
     // a NaN or +inf there means the row cannot be trusted: under an additive mask one non-finite
     // key or value of a draft makes every row of the block NaN, and argmax(NaN) is no token.
     auto [best, target] = scores.max(-1);  // [n], [n]
-    at::Tensor both = at::stack({target.to(at::kDouble), best.to(at::kDouble)}).to(at::kCPU).contiguous();
+    at::Tensor both = read(at::stack({target.to(at::kDouble), best.to(at::kDouble)}));
     const double* t = both.data_ptr<double>();  // [2, n]: token ids (exact below 2^53), values
     for (int64_t r = 0; r < n; ++r) {
       if (unusable(t[n + r])) return Verdict{false, {}, -1, {}};
@@ -182,12 +187,16 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
     len = core::verify_greedy(tokens.data() + root, parents.data(), tgt.data(), n, 0, path.data());
     v.bonus = tgt[path[len - 1]];
   } else {
-    at::Tensor best = std::get<0>(scores.max(-1)).to(at::kDouble).to(at::kCPU).contiguous();  // [n]
-    for (int64_t r = 0; r < n; ++r) {
-      if (unusable(best.data_ptr<double>()[r])) return Verdict{false, {}, -1, {}};
-    }
-    at::Tensor p = scores.softmax(-1);  // [n, vocab]
+    at::Tensor best = std::get<0>(scores.max(-1)).to(at::kDouble);  // [n] on the device
+    at::Tensor p = scores.softmax(-1);                              // [n, vocab]
+    auto usable = [&](const double* b) {
+      for (int64_t r = 0; r < n; ++r) {
+        if (unusable(b[r])) return false;
+      }
+      return true;
+    };
     if (block.draft_probs && n > 1) {
+      if (!usable(read(best).data_ptr<double>())) return Verdict{false, {}, -1, {}};
       // Rejection sampling against the drafter's q: the output is distributed as the target's
       // sampling, and a draft is accepted with probability min(1, p/q) instead of p(x) alone.
       // ops::verify_rejection checks q's shape and that every draft has q > 0.
@@ -203,9 +212,23 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
       // node, as HF samples one position; each output token is a sample of the target's own
       // conditional whatever the drafts were, so the output distribution is exactly the
       // target's; the drafts only decide how far one forward gets.
-      at::Tensor target = at::multinomial(p, 1).squeeze(-1).to(at::kCPU).contiguous();  // [n]
-      const int64_t* t = target.data_ptr<int64_t>();
-      len = core::verify_greedy(tokens.data() + root, parents.data(), t, n, 0, path.data());
+      // The samples and the row maxima in one read. A NaN row samples garbage (or fails: torch's
+      // multinomial checks on the CPU), so the draw waits for nothing and the maxima decide after; a
+      // block found unusable puts the generator back, so that the re-run draws what plain sampling
+      // would have drawn (the drafts change nothing, not even the random stream).
+      at::Generator gen = at::globalContext().defaultGenerator(p.device());
+      at::Tensor rng_state = gen.get_state();
+      at::Tensor bad = at::isnan(best).logical_or(best == std::numeric_limits<double>::infinity());  // [n]
+      at::Tensor safe = at::where(bad.unsqueeze(-1), at::ones_like(p), p);  // [n, vocab]
+      at::Tensor both =
+          read(at::stack({at::multinomial(safe, 1).squeeze(-1).to(at::kDouble), best}));  // [2, n]
+      const double* b = both.data_ptr<double>();
+      if (!usable(b + n)) {
+        gen.set_state(rng_state);
+        return Verdict{false, {}, -1, {}};
+      }
+      std::vector<int64_t> t(b, b + n);  // token ids, exact below 2^53
+      len = core::verify_greedy(tokens.data() + root, parents.data(), t.data(), n, 0, path.data());
       v.bonus = t[path[len - 1]];
     }
   }
@@ -251,6 +274,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   sequence_.assign(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + prompt.numel());
   prompt_len_ = static_cast<int64_t>(sequence_.size());
   finished_ = false;
+  host_reads_ = 0;
   TreeMaskBuilder masks(options_.kv_capacity, options_.mask_dtype, options_.device,
                         options_.incremental_masks, options_.ancestor_bits);
   std::vector<at::Tensor> kv;  // the cache's KV tensors, fetched after the first forward
@@ -266,11 +290,23 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     StepLimits limits{options_.block_complexity, options_.max_positions - 1 - prefix_len, tokens_left};
     // 1. The drafter lays out this forward: committed chain, draft tree, auxiliary inputs.
     DraftBlock block = drafter_->propose(committed, prefix_len, limits);
-    // The block's tokens on the host: checked now, walked by verification later (one read).
-    at::Tensor tok_cpu = block.tokens.defined() ? block.tokens.to(at::kCPU).contiguous() : at::Tensor();
+    // The block's tokens on the host: checked now, walked by verification later. The committed
+    // chain is the sequence's tail; the drafts come from the drafter's host copy, else one read.
     std::vector<int64_t> tokens;
-    if (tok_cpu.defined() && tok_cpu.scalar_type() == at::kLong)
-      tokens.assign(tok_cpu.data_ptr<int64_t>(), tok_cpu.data_ptr<int64_t>() + tok_cpu.numel());
+    const int64_t n_committed = committed.size(0);
+    if (block.tokens.defined() && block.tokens.dim() == 1 && block.tokens.scalar_type() == at::kLong &&
+        block.num_committed == n_committed &&
+        ((block.host_of.defined() && block.tokens.is_same(block.host_of) &&
+          block.committed_of.is_same(committed) &&
+          static_cast<int64_t>(block.host_drafts.size()) == block.tokens.size(0) - n_committed) ||
+         block.tokens.is_same(committed))) {
+      tokens.assign(sequence_.end() - n_committed, sequence_.end());
+      tokens.insert(tokens.end(), block.host_drafts.begin(), block.host_drafts.end());
+    } else if (block.tokens.defined()) {
+      at::Tensor tok_cpu = read(block.tokens);
+      if (tok_cpu.scalar_type() == at::kLong)
+        tokens.assign(tok_cpu.data_ptr<int64_t>(), tok_cpu.data_ptr<int64_t>() + tok_cpu.numel());
+    }
     check_block(block, committed, tokens, prefill);
     const int64_t c = block.num_committed;
     if (!prefill) {
@@ -360,6 +396,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   result.mask_rebuilds = masks.rebuilds();
   result.mask_capacity = masks.capacity();
   result.kv_capacity = kv.empty() ? 0 : kv.front().size(2);
+  result.host_reads = host_reads_;
   result.total_seconds = seconds_since(t_start);
   return result;
 }

@@ -52,6 +52,11 @@ struct DecodeResult {
   std::vector<int64_t> drafted_per_depth;
   std::vector<int64_t> accepted_per_depth;
   std::string stop_reason;  // "eos", "max_new_tokens" or "stopping_criteria"
+  // Device->host reads the loop itself made (prefill included), counted on every device, the CPU
+  // too: greedy decoding and sample matching read once per forward (the targets and their scores),
+  // when the drafter hands its drafts over on the host (DraftBlock::host_drafts). Drafters' own
+  // reads and user callbacks (processors, criteria, streamers) are not counted.
+  int64_t host_reads = 0;
 };
 
 class DecodeLoop {
@@ -85,6 +90,8 @@ class DecodeLoop {
                            const std::vector<int64_t>& tokens, int64_t root);
   Verdict verify(const at::Tensor& logits, const DraftBlock& block, const std::vector<int64_t>& tokens,
                  int64_t root);
+  // t on the host, counted in host_reads_ (a device->host copy on a GPU).
+  at::Tensor read(const at::Tensor& t);
   // Appends tokens one by one with EOS / length / stopping checks; returns how many were kept.
   // scores: the verdict's scores; rows[j] is the row tokens[j] was chosen from.
   int64_t append(const std::vector<int64_t>& tokens, const at::Tensor& scores,
@@ -100,6 +107,7 @@ class DecodeLoop {
   std::vector<int64_t> sequence_;
   int64_t prompt_len_ = 0;
   bool finished_ = false;
+  int64_t host_reads_ = 0;
 };
 
 }  // namespace mtprobe

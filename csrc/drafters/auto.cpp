@@ -77,9 +77,21 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
                           b.tokens.size(0) >= n && b.tokens.scalar_type() == at::kLong,
                       who, "malformed block (num_committed ", b.num_committed, ", num_nodes ", n, ", inputs ",
                       T, ")");
-    // Host copies of the draft tree: the cut is made and the counterfactual walked on the host.
-    at::Tensor tok = b.tokens.narrow(0, 0, n).to(at::kCPU).contiguous();
-    p.tokens.assign(tok.data_ptr<int64_t>(), tok.data_ptr<int64_t>() + n);
+    // Host copies of the draft tree: the cut is made and the counterfactual walked on the host. After
+    // the prefill the committed token is history_'s last, and a child that built its drafts on the
+    // host hands them over (DraftBlock::host_drafts): no read then.
+    const bool on_host =
+        c == 1 && !history_.empty() &&
+        (b.tokens.is_same(committed) ||
+         (b.host_of.defined() && b.tokens.is_same(b.host_of) && b.committed_of.is_same(committed) &&
+          static_cast<int64_t>(b.host_drafts.size()) >= n - c));
+    if (on_host) {
+      p.tokens.assign(1, history_.back());
+      p.tokens.insert(p.tokens.end(), b.host_drafts.begin(), b.host_drafts.begin() + (n - c));
+    } else {
+      at::Tensor tok = b.tokens.narrow(0, 0, n).to(at::kCPU).contiguous();
+      p.tokens.assign(tok.data_ptr<int64_t>(), tok.data_ptr<int64_t>() + n);
+    }
     p.parents.assign(static_cast<size_t>(n - c), -1);
     for (int64_t k = c; k < n; ++k) {
       const int64_t parent = b.parents[k];

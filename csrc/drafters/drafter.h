@@ -45,6 +45,14 @@ struct DraftBlock {
   // [num_nodes - num_committed, vocab] float32: row j is the distribution draft node num_committed + j
   // was drawn from (siblings: independent draws from one distribution). Read only under sampling.
   std::optional<at::Tensor> draft_probs;
+  // The token inputs past the committed chain, on the host, when the drafter built them there
+  // (token_block does): the loop then walks them without reading `tokens` back from the device.
+  // They count only while `tokens` is still host_of (the tensor they were made with, whose first
+  // inputs are committed_of, the committed tensor the loop handed over); else the loop reads `tokens`
+  // (one device->host copy), so a block edited afterwards is checked as it is.
+  std::vector<int64_t> host_drafts;
+  at::Tensor host_of;
+  at::Tensor committed_of;
 
   int64_t num_inputs() const { return static_cast<int64_t>(parents.size()); }
 };
@@ -59,6 +67,9 @@ inline DraftBlock token_block(const at::Tensor& committed, const std::vector<int
   b.num_committed = c;
   b.num_nodes = c + (num_drafts < 0 ? n : num_drafts);
   b.tokens = n > 0 ? at::cat({committed, at::tensor(tokens, at::kLong).to(committed.device())}) : committed;
+  b.host_drafts = tokens;  // empty when n == 0: then tokens is committed itself, which the loop knows
+  b.host_of = b.tokens;
+  b.committed_of = committed;
   b.parents.resize(static_cast<size_t>(c + n));
   for (int64_t i = 0; i < c; ++i) b.parents[i] = i - 1;  // the committed chain
   for (int64_t j = 0; j < n; ++j) b.parents[c + j] = parents[j] < 0 ? c - 1 : c + parents[j];

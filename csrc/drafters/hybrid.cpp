@@ -33,7 +33,7 @@ DraftBlock HybridDrafter::propose(const at::Tensor& committed, int64_t prefix_le
   // Nodes the block can hold, root included: B when every node carries masks, else up to BC - k.
   const int64_t inputs = probe_.options().block_complexity;
   const int64_t budget = mask_value_ < 0.0 ? probe_.budget_nodes() : inputs - k;
-  const int64_t root_token = committed.to(at::kCPU).data_ptr<int64_t>()[0];
+  const int64_t root_token = probe_.root_of(committed);  // from the host: observe() saw it
   std::vector<core::DraftNode> probed = probe_.candidate_tree(root_token, limits);
   // The store's tree: no deeper than the tokens still wanted, and room for the masks below it.
   const int64_t depth = std::min({stand_depth_, limits.tokens_left - 1, limits.max_depth - k});

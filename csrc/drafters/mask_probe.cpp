@@ -86,6 +86,7 @@ void MaskProbeDrafter::begin(const at::Tensor& prompt) {
   TORCH_CHECK_VALUE(prompt.dim() == 1 && prompt.numel() > 0, "prompt must be a non-empty 1-D token tensor");
   const int64_t k = options_.num_masks;
   const int64_t L = prompt.size(0);
+  next_root_ = -1;
   at::Tensor e = embedding_.index_select(0, prompt.to(embedding_.device())).to(at::kFloat);  // [L, hidden]
   if (options_.mask_init == "prompt_mean") {
     // Soft: every mask is the mean of the prompt's embeddings.
@@ -155,12 +156,16 @@ std::vector<core::DraftNode> MaskProbeDrafter::candidate_tree(int64_t root_token
                                  cand_width_, options_.branches.data(), options_.prune);
 }
 
+int64_t MaskProbeDrafter::root_of(const at::Tensor& committed) const {
+  // After a step the loop hands over its last new token alone, which observe() has seen.
+  if (next_root_ >= 0) return next_root_;
+  return committed.to(at::kCPU).data_ptr<int64_t>()[committed.size(0) - 1];
+}
+
 DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
                                      const StepLimits& limits) {
   std::vector<core::DraftNode> tree;
-  if (committed.size(0) == 1 && have_candidates_) {
-    tree = candidate_tree(committed.to(at::kCPU).data_ptr<int64_t>()[0], limits);
-  }
+  if (committed.size(0) == 1 && have_candidates_) tree = candidate_tree(root_of(committed), limits);
   if (uses_bank() && prefix_len > 0) tree_choices_.push_back(tree.empty() ? -1 : current_tree_);
   return block_with_masks(committed, std::move(tree), limits);
 }
@@ -189,6 +194,9 @@ DraftBlock MaskProbeDrafter::block_with_masks(const at::Tensor& committed, std::
       b.parents[root + i] = root + tree[i].parent;  // tree index 0 is the root
     }
     b.tokens = at::cat({committed, at::tensor(drafts, at::kLong).to(committed.device())});
+    b.host_drafts = std::move(drafts);
+    b.host_of = b.tokens;
+    b.committed_of = committed;
   } else {
     b.tokens = committed;
   }
@@ -216,6 +224,7 @@ DraftBlock MaskProbeDrafter::block_with_masks(const at::Tensor& committed, std::
 
 void MaskProbeDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = options_.num_masks;
+  if (!outcome.new_tokens.empty()) next_root_ = outcome.new_tokens.back();
   const int64_t last = outcome.path.back();
   // A replaced block ran without its masks: no candidates this time.
   const int64_t first = !outcome.block_replaced && last < static_cast<int64_t>(mask_input_of_node_.size())
@@ -243,13 +252,18 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
       at::Tensor base = outcome.logits[last].to(at::kFloat).softmax(-1);                     // [vocab]
       p = at::cat({p, base.max().unsqueeze(0), at::special_entr(base).sum().unsqueeze(0)});  // [k * m + 2]
     }
-    p = p.cpu().contiguous();
-    at::Tensor t = std::get<1>(top).cpu().contiguous();  // [k, m]
-    const int64_t km = t.numel();
-    cand_probs_.assign(p.data_ptr<float>(), p.data_ptr<float>() + km);
-    cand_tokens_.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + km);
+    // One read: the candidates' ids (exact in float64 below 2^53), then their probabilities (and features).
+    const int64_t km = std::get<1>(top).numel();
+    at::Tensor both = at::cat({std::get<1>(top).reshape({-1}).to(at::kDouble), p.to(at::kDouble)}).cpu();
+    const double* d = both.data_ptr<double>();  // [km ids | km probs (| top1, entropy)]
+    cand_tokens_.resize(static_cast<size_t>(km));
+    cand_probs_.resize(static_cast<size_t>(km));
+    for (int64_t i = 0; i < km; ++i) {
+      cand_tokens_[i] = static_cast<int64_t>(d[i]);
+      cand_probs_[i] = static_cast<float>(d[km + i]);
+    }
     have_candidates_ = true;
-    if (uses_bank()) update_features(outcome, p.data_ptr<float>()[km], p.data_ptr<float>()[km + 1]);
+    if (uses_bank()) update_features(outcome, d[2 * km], d[2 * km + 1]);
   }
   // m <- m + lambda (E[t] - m), once per generated token, in generation order.
   const float lam = static_cast<float>(options_.mask_lambda);

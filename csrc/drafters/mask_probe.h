@@ -63,6 +63,12 @@ class MaskProbeDrafter : public Drafter {
   DraftBlock block_with_masks(const at::Tensor& committed, std::vector<core::DraftNode> tree,
                               const StepLimits& limits, const std::vector<bool>* carries = nullptr);
 
+  // The token the next propose() hangs its tree from: the last token the last observe() saw
+  // appended (known on the host, so no read of `committed`), or -1 before any.
+  int64_t next_root() const { return next_root_; }
+  // The root of a one-token committed chain, from the host when observe() saw it (no device read).
+  int64_t root_of(const at::Tensor& committed) const;
+
   const at::Tensor& mask_embeddings() const { return masks_; }
   const MaskProbeOptions& options() const { return options_; }
   // B = BC / (k + 1): the most tree nodes, root included, when every node carries k masks.
@@ -91,6 +97,7 @@ class MaskProbeDrafter : public Drafter {
   std::vector<float> cand_probs_;     // [k * m]
   at::Tensor tree_;                   // dynamic trees: [3, budget] tokens, parents, probs (float64)
   int64_t tree_root_ = -1;            // the root tree_ was expanded for
+  int64_t next_root_ = -1;            // the last token observe() saw appended
   bool have_candidates_ = false;
   std::vector<int64_t> mask_input_of_node_;  // node -> input index of its m_1, or -1
   // EntMTP state.

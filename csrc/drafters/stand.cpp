@@ -1,6 +1,8 @@
 #include "drafters/stand.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 namespace mtprobe {
 
@@ -54,6 +56,23 @@ std::vector<core::DraftNode> StandDrafter::tree_nodes(int64_t root_token, int64_
   return nodes;
 }
 
+namespace {
+// Top-k ids and probabilities ([n, k] each) on the host in one read: the ids ride as float64 (exact
+// below 2^53) beside the probabilities.
+std::pair<std::vector<int64_t>, std::vector<float>> read_top(const at::Tensor& probs, const at::Tensor& ids) {
+  at::Tensor both = at::cat({ids.reshape({-1}).to(at::kDouble), probs.reshape({-1}).to(at::kDouble)}).cpu();
+  const int64_t n = ids.numel();
+  const double* d = both.data_ptr<double>();  // [n ids | n probs]
+  std::vector<int64_t> ic(static_cast<size_t>(n));
+  std::vector<float> pc(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    ic[i] = static_cast<int64_t>(d[i]);
+    pc[i] = static_cast<float>(d[n + i]);
+  }
+  return {std::move(ic), std::move(pc)};
+}
+}  // namespace
+
 void StandDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = std::min<int64_t>(options_.logits_top_k, outcome.logits.size(-1));
   size_t appended = 0;  // new tokens already in history_
@@ -62,10 +81,9 @@ void StandDrafter::observe(const StepOutcome& outcome) {
     const int64_t L = static_cast<int64_t>(history_.size());
     for (int64_t i = 1; i < L; ++i) store_.add_token(history_.data(), i, history_[i]);
     auto [probs, ids] = outcome.logits.narrow(0, 0, L).to(at::kFloat).softmax(-1).topk(k, -1);  // [L, k]
-    at::Tensor pc = probs.to(at::kCPU).contiguous(), ic = ids.to(at::kCPU).contiguous();
-    for (int64_t i = 0; i < L; ++i) {
-      store_.add(history_.data(), i + 1, ic.data_ptr<int64_t>() + i * k, pc.data_ptr<float>() + i * k, k);
-    }
+    auto [ic, pc] = read_top(probs, ids);
+    for (int64_t i = 0; i < L; ++i)
+      store_.add(history_.data(), i + 1, ic.data() + i * k, pc.data() + i * k, k);
     prefill_ = false;
   } else {
     // The accepted path: input path[j] is followed by new_tokens[j]; its logits are the
@@ -77,11 +95,11 @@ void StandDrafter::observe(const StepOutcome& outcome) {
             .to(outcome.logits.device());
     auto [probs, ids] =
         outcome.logits.index_select(0, rows).to(at::kFloat).softmax(-1).topk(k, -1);  // [m, k]
-    at::Tensor pc = probs.to(at::kCPU).contiguous(), ic = ids.to(at::kCPU).contiguous();
+    auto [ic, pc] = read_top(probs, ids);
     // history_ grows token by token, so each add() sees exactly the context of its row.
     for (int64_t j = 0; j < m; ++j) {
-      store_.add(history_.data(), static_cast<int64_t>(history_.size()), ic.data_ptr<int64_t>() + j * k,
-                 pc.data_ptr<float>() + j * k, k);
+      store_.add(history_.data(), static_cast<int64_t>(history_.size()), ic.data() + j * k, pc.data() + j * k,
+                 k);
       history_.push_back(outcome.new_tokens[j]);
     }
     appended = static_cast<size_t>(m);
