@@ -892,3 +892,22 @@ def test_tree_attention_refuses_beyond_the_window() -> None:
     # ...past it, a clear refusal that says what would work.
     with pytest.raises(NotImplementedError, match=r"sliding window \(6\).*'sdpa' or 'eager'"):
         mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=4), max_new_tokens=WINDOW)
+
+
+# --------------------------------------------------------------------------------------------
+# The static forward plan (mtprobe.plan) on every architecture, padded to its buckets: sliding
+# windows (dict masks on Gemma 3 and Qwen 2) and absolute positions (GPT-2) included.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS + tuple(f"sliding-{a}" for a in SLIDING_ARCHS))
+def test_padded_plan_matches_greedy(arch: str) -> None:
+    model = _sliding_model(arch.split("-")[1]) if arch.startswith("sliding-") else _model(arch)
+    plan = mtprobe.PlanConfig(pad=True, growth=32, buckets=(1, 2, 4, 8, 16))
+    for i, length in enumerate((7, 40)):
+        ids = _repetitive_prompt(length, seed=7 * i + length)
+        ref = _greedy(model, ids, 24)
+        for name in ("probe-dynamic", "hybrid", "pld"):
+            out = mtprobe.generate(model, ids, _SLIDING_METHODS[name], max_new_tokens=24, plan=plan)
+            _assert_greedy(model, out.sequences, ref, f"{arch} {name} L={ids.shape[1]} padded plan")
+            assert out.plan is not None and out.plan["pad"]

@@ -29,6 +29,7 @@ from mtprobe.config import (
 from mtprobe.drafters import ngram_memory
 from mtprobe.generate import GenerateOutput, custom_generate, generate
 from mtprobe.linear_routes import LinearRoutes
+from mtprobe.plan import PlanConfig
 from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.registry import Method, Option
 from mtprobe.registry import register as register_method
@@ -52,6 +53,7 @@ __all__ = [
     "ForwardProfile",
     "profile_forward",
     "LinearRoutes",
+    "PlanConfig",
     "choose_linear_routes",
     "config_from_dict",
     "config_from_json",

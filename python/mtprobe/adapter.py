@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -29,7 +30,10 @@ from transformers import GenerationMixin, PreTrainedModel
 
 from mtprobe.cache import TreeKVCache
 from mtprobe.linear_routes import STOCK, LinearRoutes, Router
+from mtprobe.plan import ForwardPlan, chain_mask
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
+
+logger = logging.getLogger("mtprobe")
 
 
 def check_causal_lm(model: object) -> None:
@@ -308,6 +312,8 @@ class HFAdapter:
     ``checked``: the caller has just run ``check_causal_lm`` on ``model``, so it is not run again.
     ``linear_routes``: the route of each decode step's linear layers by its block size
     (:func:`mtprobe.profile.choose_linear_routes`); None runs torch's linear everywhere.
+    ``plan``: run every forward through a static forward plan (:mod:`mtprobe.plan`: one fixed KV
+    buffer, buckets, CUDA graphs on a GPU); it owns the cache, and ``capacity`` is then unused.
     """
 
     def __init__(
@@ -318,13 +324,17 @@ class HFAdapter:
         *,
         checked: bool = False,
         linear_routes: LinearRoutes | None = None,
+        plan: ForwardPlan | None = None,
     ) -> None:
         if not checked:
             check_causal_lm(model)
         self.model = model
         self.embed = model.get_input_embeddings()
         num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-        self.cache = TreeKVCache(num_layers, capacity)
+        if plan is not None:
+            plan.check(model)
+        self.plan = plan
+        self.cache: TreeKVCache | Any = TreeKVCache(num_layers, capacity) if plan is None else plan.cache
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
@@ -358,10 +368,17 @@ class HFAdapter:
                 raise ValueError(
                     f"{offsets.shape[0]} layer offsets for a model with {len(self._layers)} decoder layers"
                 )
+            if self.plan is not None and self.plan.graphs and not self.plan.eager_reason:
+                # The offsets' hooks split each forward at its first mask input, a number a graph would freeze.
+                self.plan.eager_reason = "calibrated masks with layer offsets (forward hooks per step)"
+                logger.info("mtprobe: no CUDA graphs: %s", self.plan.eager_reason)
         self._mask_offsets = offsets
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
+        if self.plan is not None:
+            self.plan.reserve(needed)
+            return
         capacity = self.cache.capacity
         if needed <= capacity:
             return
@@ -393,6 +410,9 @@ class HFAdapter:
         linears = contextlib.nullcontext()
         if self._router is not None and prefix_len > 0:
             linears = self._router.routed(self.linear_routes.route(T))
+        if self.plan is not None:
+            with offsets, linears:
+                return self._planned_forward(x, mask, position_ids, prefix_len, want_hidden, skip)
         with offsets, linears:
             out = self.model(
                 inputs_embeds=x,
@@ -412,6 +432,51 @@ class HFAdapter:
             full[skip:] = logits
             logits = full
         return logits, hidden  # [T, vocab]
+
+    def _planned_forward(
+        self,
+        x: torch.Tensor,  # [1, T, hidden]
+        mask: torch.Tensor | None,  # [1, 1, T, P + T] additive, None for a causal chain
+        position_ids: torch.Tensor,  # [1, T]
+        prefix_len: int,
+        want_hidden: bool,
+        skip: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        plan = self.plan
+        assert plan is not None
+        T = position_ids.shape[-1]
+        if (
+            mask is None
+            and prefix_len > 0
+            and (plan.pad or plan.graphs)
+            and plan.config.bucket(T) is not None
+        ):
+            # A padded or captured chain needs its causal mask spelled out.
+            mask = chain_mask(prefix_len, T, x.dtype, x.device)
+        attn = self._attention_mask(mask, position_ids, prefix_len)
+        as_dict = isinstance(attn, dict)
+        masks = attn if isinstance(attn, dict) else {"": attn}
+
+        def run_model(
+            xb: torch.Tensor, attention_mask: Any, pos: torch.Tensor, hidden: bool
+        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            kwargs = {"logits_to_keep": xb.shape[1] - skip} if skip > 0 else {}
+            out = self.model(
+                inputs_embeds=xb,
+                attention_mask=attention_mask,
+                position_ids=pos,
+                use_cache=True,
+                output_hidden_states=hidden,
+                **{self._cache_arg: self.cache},
+                return_dict=True,
+                **kwargs,
+            )
+            logits = out.logits  # [1, T - skip, vocab]
+            if skip > 0:  # the prefill's rows nobody reads: zeros, as in forward
+                logits = torch.cat([logits.new_zeros((1, skip, logits.shape[-1])), logits], dim=1)
+            return logits, (out.hidden_states[self.hidden_layer] if hidden else None)
+
+        return plan.run(run_model, x, masks, position_ids, prefix_len, want_hidden, as_dict=as_dict)
 
     def _attention_mask(
         self,

@@ -32,6 +32,7 @@ from mtprobe.drafters import (
     mask_layer_offsets,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
+from mtprobe.plan import ForwardPlan, PlanConfig
 from mtprobe.profile import choose_linear_routes
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
@@ -89,6 +90,14 @@ class GenerateOutput:
         linear_routes: on a CPU, how the decode steps' linear layers ran by block size, e.g.
             ``T 1: stock; T 2-16: small-batch; T 17+: stock`` (:mod:`mtprobe.linear_routes`: measured
             once per machine and model, forced with ``MTPROBE_LINEAR_ROUTE``); empty on a GPU.
+        host_reads: device->host reads the decode loop made (prefill included; counted on the CPU
+            too, where they are plain copies): one per forward for greedy decoding and sample
+            matching with the built-in drafters, which hand their drafts over on the host. The
+            drafters' own reads (e.g. STAND's and probing's candidate tables) are not counted.
+        plan: with ``plan=PlanConfig(...)``, how the static forward plan ran (:mod:`mtprobe.plan`):
+            ``capacity``, ``buckets``, ``pad``, ``graphs`` (captured buckets), ``replays``,
+            ``capture_s``, ``growths`` and ``eager_reason`` (why no graphs ran, "" when they did);
+            None without a plan.
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
@@ -112,6 +121,8 @@ class GenerateOutput:
     choices: list[tuple[str, int]] | None = None
     topology_log: dict[str, Any] | None = None
     linear_routes: str = ""
+    plan: dict[str, Any] | None = None
+    host_reads: int = 0
 
     @property
     def tau(self) -> float:
@@ -158,6 +169,7 @@ def generate(
     *,
     max_new_tokens: int | None = None,
     streamer: Any = None,
+    plan: PlanConfig | None = None,
     **generate_kwargs: Any,
 ) -> GenerateOutput:
     """Lossless multi-token generation with the drafter ``config`` describes: ``ProbeConfig`` (mask-token
@@ -203,6 +215,7 @@ def generate(
         mtprobe_model_checked=True,
         mtprobe_streamer=streamer,
         mtprobe_assistant_model=assistant_model,
+        mtprobe_plan=plan,
         max_new_tokens=max_new_tokens,
         **generate_kwargs,
     )
@@ -221,6 +234,7 @@ def custom_generate(
     mtprobe_model_checked: bool = False,
     mtprobe_streamer: Any = None,
     mtprobe_assistant_model: Any = None,
+    mtprobe_plan: PlanConfig | None = None,
     **model_kwargs: Any,
 ) -> torch.Tensor | GenerateOutput:
     """The decoding method HF's ``generate`` calls when given ``custom_generate=mtprobe.custom_generate``.
@@ -255,6 +269,8 @@ def custom_generate(
         model_kwargs.get("attention_mask"), input_ids, getattr(generation_config, "_mask_length", None)
     )
     _check_draft_context(model, config, input_ids.shape[1], stopping_criteria, generation_config)
+    if mtprobe_plan is not None and not isinstance(mtprobe_plan, PlanConfig):
+        raise TypeError(f"plan must be a mtprobe.PlanConfig or None, got {type(mtprobe_plan).__name__}")
     if synced_gpus or caller.get("synced_gpus"):  # HF keeps generate()'s synced_gpus from a callable
         raise NotImplementedError("mtprobe does not support synced_gpus (multi-GPU lockstep generation)")
     if streamer is None and mtprobe_streamer is None:
@@ -311,7 +327,18 @@ def custom_generate(
     )
     drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     routes = choose_linear_routes(model)
-    adapter = HFAdapter(model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes)
+    forward_plan = None
+    if mtprobe_plan is not None:
+        forward_plan = ForwardPlan(
+            model,
+            mtprobe_plan,
+            max_capacity,
+            num_layers=model.config.get_text_config(decoder=True).num_hidden_layers,
+            max_positions=limit,
+        )
+    adapter = HFAdapter(
+        model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
+    )
     adapter.hidden_layer = hidden_layer(model, config)
     adapter.set_mask_layer_offsets(mask_layer_offsets(model, config))
     # A configuration that does not say reads them (a registered one of any class): computed, to be safe.
@@ -379,6 +406,8 @@ def custom_generate(
         linear_routes=routes.describe() if device.type == "cpu" else "",
         drafted_per_depth=list(result.drafted_per_depth),
         accepted_per_depth=list(result.accepted_per_depth),
+        plan=forward_plan.describe() if forward_plan is not None else None,
+        host_reads=result.host_reads,
     )
     if isinstance(drafter, _C.AutoDrafter):
         # What the scheduler chose each step, and its share of the time.

@@ -1,0 +1,283 @@
+"""The static forward plan (mtprobe.plan): a fixed KV buffer written at device positions, block-size
+buckets with padding, and the one-read step. On the CPU it runs eager; every output must be HF
+greedy's, padded or not, and the padding must be invisible to every real input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import cpu_decode_loop, tiny_llama
+from mtprobe import _C
+from mtprobe.adapter import HFAdapter
+from mtprobe.plan import ForwardPlan, PlanConfig, chain_mask, padded_mask
+
+MIN = torch.finfo(torch.float32).min
+
+
+def _plan(model, config: PlanConfig | None = None, capacity: int = 64) -> ForwardPlan:
+    return ForwardPlan(
+        model,
+        config or PlanConfig(),
+        capacity,
+        num_layers=model.config.num_hidden_layers,
+        max_positions=model.config.max_position_embeddings,
+    )
+
+
+# --- the configuration and its bad input -------------------------------------------------------
+
+
+def test_plan_config_buckets():
+    cfg = PlanConfig()
+    assert cfg.buckets == (1, 2, 4, 8, 16, 32, 64)
+    assert [cfg.bucket(t) for t in (1, 2, 3, 5, 9, 64, 65)] == [1, 2, 4, 8, 16, 64, None]
+    assert PlanConfig(buckets=[1, 3]).buckets == (1, 3)  # a list is taken as the tuple
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"buckets": (2, 4)}, "must start at 1"),
+        ({"buckets": (1, 4, 4)}, "strictly ascending"),
+        ({"buckets": (1, 8, 4)}, "strictly ascending"),
+        ({"buckets": ()}, "non-empty tuple of ints"),
+        ({"buckets": (1, 2.0)}, "non-empty tuple of ints"),
+        ({"growth": 0}, "growth must be an int >= 1"),
+        ({"pad": "yes"}, "pad must be True, False or None"),
+        ({"cuda_graphs": 1}, "cuda_graphs must be True, False or None"),
+    ],
+)
+def test_plan_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PlanConfig(**kwargs)
+
+
+def test_plan_rejects_capacity_past_positions_and_graphs_on_cpu():
+    model = tiny_llama()  # 256 positions
+    with pytest.raises(ValueError, match=r"capacity 1000 is outside \[1, 320\].*256 positions"):
+        _plan(model, capacity=1000)
+    with pytest.raises(ValueError, match="capacity 0 is outside"):
+        _plan(model, capacity=0)
+    with pytest.raises(ValueError, match="cuda_graphs=True.*needs a model on a CUDA device"):
+        _plan(model, PlanConfig(cuda_graphs=True))
+    plan = _plan(model, capacity=100)
+    assert plan.capacity == 256 and not plan.graphs and not plan.pad  # whole chunks of 256, eager on the CPU
+
+
+def test_plan_is_bound_to_its_model_dtype_and_device():
+    model, other = tiny_llama(), tiny_llama(seed=1)
+    plan = _plan(model)
+    with pytest.raises(ValueError, match="built for another model"):
+        HFAdapter(other, 64, plan=plan)
+    model.to(torch.float64)
+    try:
+        with pytest.raises(
+            ValueError, match=r"built for torch.float32 on cpu, but the model is now torch.float64"
+        ):
+            HFAdapter(model, 64, plan=plan)
+    finally:
+        model.to(torch.float32)
+    with pytest.raises(TypeError, match="plan must be a mtprobe.PlanConfig"):
+        mtprobe.generate(
+            model, torch.tensor([[1, 2, 3]]), mtprobe.PlainConfig(), max_new_tokens=2, plan={"pad": True}
+        )
+
+
+# --- masks --------------------------------------------------------------------------------------
+
+
+def test_padded_mask_is_the_worked_example():
+    """The module docstring's example: P = 5, a root with two children, padded to bucket 4."""
+    P, tree = 5, torch.tensor([[0.0, MIN, MIN], [0.0, 0.0, MIN], [0.0, MIN, 0.0]])  # [3, 3]
+    mask = torch.cat([torch.zeros(3, P), tree], dim=1).view(1, 1, 3, P + 3)
+    out = padded_mask(mask, 4, P + 4)[0, 0]  # [4, 9]
+    visible = (out == 0).int().tolist()
+    assert visible == [
+        [1, 1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0, 1, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1],  # the padding input sees only itself
+    ]
+    assert set(out.unique().tolist()) == {0.0, MIN}
+    wide = padded_mask(mask, 4, 16)[0, 0]  # graphs: every column of the capacity, the rest hidden
+    assert torch.equal(wide[:, :9], out) and bool((wide[:, 9:] == MIN).all())
+
+
+def test_chain_mask_is_causal():
+    m = chain_mask(3, 4, torch.float32, torch.device("cpu"))[0, 0]  # [4, 7]
+    assert bool((m[:, :3] == 0).all())
+    assert torch.equal(m[:, 3:] == 0, torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+# --- decoding through the plan -------------------------------------------------------------------
+
+
+METHODS = {
+    "plain": mtprobe.PlainConfig(),
+    "pld": mtprobe.PromptLookupConfig(),
+    "stand": mtprobe.StandConfig(block_complexity=10),
+    "probe": mtprobe.ProbeConfig(block_complexity=10),
+    "hybrid": mtprobe.HybridConfig(block_complexity=10),
+    "lookahead": mtprobe.LookaheadConfig(),
+    "auto": mtprobe.AutoConfig(),
+}
+
+
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_plan_is_greedy_on_a_tiny_llama(method, pad):
+    model = tiny_llama()
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5]])
+    expected = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    # Blocks of 9-10 inputs run unpadded past the last bucket.
+    plan = PlanConfig(pad=pad, buckets=(1, 2, 4, 8))
+    out = mtprobe.generate(model, ids, METHODS[method], max_new_tokens=24, eos_token_id=None, plan=plan)
+    assert torch.equal(out.sequences, expected)
+    assert out.plan is not None and out.plan["pad"] is pad and out.plan["graphs"] == 0
+    assert out.plan["eager_reason"] == "no CUDA graphs on cpu"
+    # One device->host read per forward: the verdict. The built-in drafters hand their drafts over on the host.
+    assert out.host_reads == out.forward_calls
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_plan_is_greedy_on_smollm2(smollm2, greedy, pad):
+    model, tokenizer = smollm2
+    ids = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
+    expected = greedy(model, ids, 32)
+    for method in ("plain", "hybrid"):
+        cfg = mtprobe.HybridConfig(block_complexity=30) if method == "hybrid" else METHODS[method]
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, plan=PlanConfig(pad=pad))
+        assert torch.equal(out.sequences, expected), method
+        assert out.host_reads == out.forward_calls
+
+
+def test_padding_is_invisible_to_real_inputs():
+    """A padded forward's real rows equal the unpadded forward's, whatever the padding rows hold."""
+    model = tiny_llama()
+    ids = torch.tensor([3, 8, 1, 4, 9, 2, 7])
+    logits = {}
+    for pad in (False, True):
+        plan = _plan(model, PlanConfig(pad=pad), capacity=32)
+        adapter = HFAdapter(model, 32, plan=plan)
+        P = 5
+        adapter.forward(ids[:P], None, torch.arange(P).view(1, P), None, 0, False)  # prefill
+        # A 3-input tree: root, two siblings (bucket 4: one padding input).
+        tree = torch.tensor([[0.0, MIN, MIN], [0.0, 0.0, MIN], [0.0, MIN, 0.0]])
+        mask = torch.cat([torch.zeros(3, P), tree], dim=1).view(1, 1, 3, P + 3)
+        pos = torch.tensor([[P, P + 1, P + 1]])
+        out, _ = adapter.forward(torch.tensor([2, 7, 6]), None, pos, mask, P, False)
+        logits[pad] = out
+        assert out.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
+
+
+def test_plan_grows_by_chunks_and_stays_greedy():
+    model = tiny_llama()
+    ids = torch.tensor([5, 17, 9, 33, 2, 5, 17, 9])
+    expected = model.generate(ids.view(1, -1), do_sample=False, max_new_tokens=40, pad_token_id=0)
+    plan = _plan(model, PlanConfig(growth=16, pad=True, buckets=(1, 2, 4, 8)), capacity=16)
+    assert plan.capacity == 32  # 16 entries and room for the last bucket's padding, in chunks of 16
+    adapter = HFAdapter(model, 16, plan=plan)
+    drafter = _C.PromptLookupDrafter(max_ngram_size=3, num_tokens=6)
+    loop = _C.DecodeLoop(
+        drafter,
+        adapter.forward,
+        adapter.kv_buffers,
+        max_new_tokens=40,
+        eos_token_ids=[],
+        max_positions=256,
+        block_complexity=7,
+        kv_capacity=16,
+        mask_dtype="float32",
+        device="cpu",
+    )
+    result = loop.run(ids)
+    assert result.sequence == expected[0].tolist()
+    assert plan.growths >= 1 and plan.capacity % 16 == 0 and plan.capacity >= len(result.sequence)
+    assert result.host_reads == result.forward_calls
+
+
+def test_plan_sampling_draws_what_the_growing_cache_draws():
+    """Unpadded, the plan computes the same numbers as the growing cache: the same seed gives the same
+    samples (so the existing distribution tests of sampling cover the plan too)."""
+    model = tiny_llama()
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33]])
+    for cfg in (mtprobe.StandConfig(block_complexity=8), mtprobe.PromptLookupConfig()):
+        outs = []
+        for plan in (None, PlanConfig()):
+            torch.manual_seed(7)
+            out = mtprobe.generate(
+                model, ids, cfg, max_new_tokens=24, eos_token_id=None, do_sample=True, plan=plan, top_k=0
+            )
+            outs.append(out)
+        assert torch.equal(outs[0].sequences, outs[1].sequences)
+        # Sample matching reads once per forward too: the samples and the rows' maxima together.
+        assert outs[1].host_reads == outs[1].forward_calls
+
+
+def test_loop_counts_the_read_of_a_drafter_without_host_drafts():
+    """A drafter that gives its tokens only as a tensor costs the loop a second read per step."""
+
+    class DeviceOnly(_C.Drafter):
+        def name(self):
+            return "device-only"
+
+        def begin(self, prompt):
+            pass
+
+        def propose(self, committed, prefix_len, limits):
+            block = _C.DraftBlock()
+            block.tokens = torch.cat([committed, torch.tensor([17])])  # one draft, always 17
+            block.parents = list(range(-1, committed.shape[0] - 1)) + [committed.shape[0] - 1]
+            block.num_committed = committed.shape[0]
+            block.num_nodes = committed.shape[0] + 1
+            return block
+
+        def observe(self, outcome):
+            pass
+
+    model = tiny_llama()
+    loop = cpu_decode_loop(model, DeviceOnly(), max_new_tokens=6, block_complexity=2, prompt_len=4)
+    result = loop.run(torch.tensor([5, 17, 9, 33]))
+    assert result.host_reads == 2 * result.forward_calls
+
+
+def test_a_forward_that_cannot_be_captured_runs_eager_with_the_reason_logged(caplog):
+    """The capture path on a CPU model fails (no CUDA stream): the plan logs why, runs every step eager
+    (padded, as graphs would have), and the output stays greedy."""
+    model = tiny_llama()
+    ids = torch.tensor([5, 17, 9, 33, 2, 5, 17, 9])
+    expected = model.generate(ids.view(1, -1), do_sample=False, max_new_tokens=12, pad_token_id=0)
+    plan = _plan(model, PlanConfig(pad=True), capacity=32)
+    plan.graphs, plan.eager_reason = True, ""  # as on a GPU
+    adapter = HFAdapter(model, 32, plan=plan)
+    loop = _C.DecodeLoop(
+        _C.PromptLookupDrafter(max_ngram_size=3, num_tokens=4),
+        adapter.forward,
+        adapter.kv_buffers,
+        max_new_tokens=12,
+        eos_token_ids=[],
+        max_positions=256,
+        block_complexity=5,
+        kv_capacity=32,
+        mask_dtype="float32",
+        device="cpu",
+    )
+    with caplog.at_level("WARNING", logger="mtprobe"):
+        result = loop.run(ids)
+    assert result.sequence == expected[0].tolist()
+    assert plan.eager_reason and plan.captures == 0 and plan.replays == 0
+    assert [r.message for r in caplog.records if "could not be captured" in r.message] != []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_plan_captures_cuda_graphs_and_stays_greedy():
+    model = tiny_llama().cuda()
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5]], device="cuda")
+    expected = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    for cfg in (mtprobe.PlainConfig(), mtprobe.HybridConfig(block_complexity=10), mtprobe.AutoConfig()):
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=24, eos_token_id=None, plan=PlanConfig())
+        assert torch.equal(out.sequences, expected), type(cfg).__name__
+        assert out.plan["eager_reason"] == "" and out.plan["graphs"] >= 1 and out.plan["replays"] >= 1
