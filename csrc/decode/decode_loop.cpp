@@ -199,14 +199,18 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
       if (!usable(read(best).data_ptr<double>())) return Verdict{false, {}, -1, {}};
       // Rejection sampling against the drafter's q: the output is distributed as the target's
       // sampling, and a draft is accepted with probability min(1, p/q) instead of p(x) alone.
-      // ops::verify_rejection checks q's shape and that every draft has q > 0.
-      at::Tensor u = at::rand({n + 1}, at::TensorOptions().dtype(at::kDouble));  // the global CPU generator
-      auto [path_t, token_t] =
-          ops::verify_rejection(long_tensor(std::vector<int64_t>(tokens.begin() + root, tokens.end())),
-                                long_tensor(parents), p, *block.draft_probs, u);
-      len = path_t.size(0);
-      std::copy(path_t.data_ptr<int64_t>(), path_t.data_ptr<int64_t>() + len, path.begin());
-      v.bonus = token_t.item<int64_t>();
+      // The op runs where p is (the CUDA kernel on a GPU, with the device's generator), so p and q
+      // stay there; the path and the bonus come back in one read. It checks q's shape and that every
+      // draft has q > 0.
+      const at::Device dev = p.device();
+      at::Tensor u = at::rand({n + 1}, at::TensorOptions().dtype(at::kDouble).device(dev));  // [n + 1]
+      auto [path_t, token_t] = ops::dispatch::verify_rejection(
+          long_tensor(std::vector<int64_t>(tokens.begin() + root, tokens.end())).to(dev),
+          long_tensor(parents).to(dev), p, block.draft_probs->to(dev), u);
+      at::Tensor both = read(at::cat({path_t, token_t.reshape({1})}));  // [len + 1]: the path, the bonus
+      len = both.size(0) - 1;
+      std::copy(both.data_ptr<int64_t>(), both.data_ptr<int64_t>() + len, path.begin());
+      v.bonus = both.data_ptr<int64_t>()[len];
     } else {
       // Sampling without q ("sample matching"): one sample of the processed distribution per
       // node, as HF samples one position; each output token is a sample of the target's own

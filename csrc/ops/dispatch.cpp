@@ -22,4 +22,15 @@ void compact_kv_(at::TensorList caches, const at::Tensor& src, int64_t dst_start
   op.call(caches, src, dst_start);
 }
 
+std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
+                                                    const at::Tensor& p, const at::Tensor& q,
+                                                    const at::Tensor& uniforms) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mtprobe::verify_rejection", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, const at::Tensor&)>();
+  return op.call(tokens, parents, p, q, uniforms);
+}
+
 }  // namespace mtprobe::ops::dispatch

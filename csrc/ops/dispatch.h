@@ -16,4 +16,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expand_draft_tree(con
 
 void compact_kv_(at::TensorList caches, const at::Tensor& src, int64_t dst_start);
 
+// (path [len], bonus token []) on the arguments' device: csrc/ops/ops.h's verify_rejection.
+std::tuple<at::Tensor, at::Tensor> verify_rejection(const at::Tensor& tokens, const at::Tensor& parents,
+                                                    const at::Tensor& p, const at::Tensor& q,
+                                                    const at::Tensor& uniforms);
+
 }  // namespace mtprobe::ops::dispatch
