@@ -108,8 +108,9 @@ def _greedy_new_ids(loaded, prompt: str, max_new_tokens: int, chat: bool = True)
         ["--method", "hybrid"],
         ["--method", "sps", "--draft-layers", "1"],
         ["--method", "ar"],
+        ["--method", "hybrid", "--plan"],
     ],
-    ids=["probe", "pld", "hybrid", "sps", "ar"],
+    ids=["probe", "pld", "hybrid", "sps", "ar", "hybrid-plan"],
 )
 def test_generate_streams_the_greedy_text(tiny: Path, loaded, capsys, method_args: list[str]) -> None:
     rc = main(["generate", "--model", str(tiny), *method_args, "--max-new-tokens", "20", "hello world"])

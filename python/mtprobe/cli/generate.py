@@ -19,6 +19,7 @@ from mtprobe import models
 from mtprobe.cli._common import EXIT_OK, UsageError, int_at_least
 from mtprobe.data import encode_conversation
 from mtprobe.generate import generate
+from mtprobe.plan import PlanConfig
 from mtprobe.specbench import methods as _methods
 
 if TYPE_CHECKING:
@@ -101,6 +102,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top-p", type=float, default=None, help="sampling only: nucleus probability mass")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="torch seed (default %(default)s)")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="run the forwards through the static forward plan (mtprobe.PlanConfig: a fixed KV buffer, "
+        "block-size buckets, CUDA graphs on a GPU)",
+    )
 
 
 def method_and_config(args: argparse.Namespace) -> tuple[_methods.Method, Any]:
@@ -196,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             sequences = model.generate(input_ids, **common)  # [1, L + new]
             stats = "tau 1.00 (one token per forward)"
         else:
-            out = generate(model, input_ids, config, **common)
+            out = generate(model, input_ids, config, plan=PlanConfig() if args.plan else None, **common)
             sequences = out.sequences  # [1, L + new]
             stats = f"tau {out.tau:.2f} ({out.forward_calls} forwards), stop: {out.stop_reason}"
     sync(model.device)
