@@ -133,3 +133,32 @@ def load_benchmark(name: str):
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+class _StandInGraph:
+    """A CPU stand-in for CUDA graph capture with a graph's semantics: the outputs are the tensors of the
+    capture run, and a replay recomputes the step from the same static buffers into those same tensors."""
+
+    @staticmethod
+    def capture(plan, step, device):
+        outputs = step()
+        slots = plan.cache.slots
+        baked = slots.write_pos, slots.key_len  # a graph keeps the buffers it was captured with
+
+        def replay():
+            slots.write_pos, slots.key_len = baked
+            logits, hidden = step()
+            outputs[0].copy_(logits)
+            if hidden is not None:
+                outputs[1].copy_(hidden)
+
+        return replay, outputs
+
+
+@pytest.fixture
+def stand_in_graphs(monkeypatch):
+    """mtprobe.plan's graph path on the CPU, with _StandInGraph for the CUDA capture."""
+    from mtprobe.plan import ForwardPlan
+
+    monkeypatch.setattr(ForwardPlan, "_CAPTURABLE", ("cuda", "cpu"))
+    monkeypatch.setattr(ForwardPlan, "_capture", _StandInGraph.capture)

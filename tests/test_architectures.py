@@ -900,10 +900,15 @@ def test_tree_attention_refuses_beyond_the_window() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "stand-in-graphs"])
 @pytest.mark.parametrize("arch", ARCHS + tuple(f"sliding-{a}" for a in SLIDING_ARCHS))
-def test_padded_plan_matches_greedy(arch: str) -> None:
+def test_padded_plan_matches_greedy(arch: str, graphs: bool, request) -> None:
+    # graphs: the graph path (keys over the whole capacity, static buffers per bucket) with the CPU
+    # stand-in for the CUDA capture (conftest.stand_in_graphs).
+    if graphs:
+        request.getfixturevalue("stand_in_graphs")
     model = _sliding_model(arch.split("-")[1]) if arch.startswith("sliding-") else _model(arch)
-    plan = mtprobe.PlanConfig(pad=True, growth=32, buckets=(1, 2, 4, 8, 16))
+    plan = mtprobe.PlanConfig(pad=True, growth=32, buckets=(1, 2, 4, 8, 16, 32), cuda_graphs=graphs)
     for i, length in enumerate((7, 40)):
         ids = _repetitive_prompt(length, seed=7 * i + length)
         ref = _greedy(model, ids, 24)
@@ -911,3 +916,5 @@ def test_padded_plan_matches_greedy(arch: str) -> None:
             out = mtprobe.generate(model, ids, _SLIDING_METHODS[name], max_new_tokens=24, plan=plan)
             _assert_greedy(model, out.sequences, ref, f"{arch} {name} L={ids.shape[1]} padded plan")
             assert out.plan is not None and out.plan["pad"]
+            # Every decode step replays its bucket's graph (none past the last bucket here: BC <= 30).
+            assert out.plan["replays"] == (out.steps if graphs else 0)

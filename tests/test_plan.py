@@ -281,3 +281,49 @@ def test_plan_captures_cuda_graphs_and_stays_greedy():
         out = mtprobe.generate(model, ids, cfg, max_new_tokens=24, eos_token_id=None, plan=PlanConfig())
         assert torch.equal(out.sequences, expected), type(cfg).__name__
         assert out.plan["eager_reason"] == "" and out.plan["graphs"] >= 1 and out.plan["replays"] >= 1
+
+
+@pytest.mark.parametrize("method", ["plain", "pld", "probe", "hybrid", "auto", "lookahead"])
+def test_the_graph_path_is_greedy_with_a_stand_in_capture(stand_in_graphs, method):
+    """Everything of the graph path but the CUDA capture itself, on the CPU: static buffers per bucket,
+    keys over the whole capacity with the columns past the block hidden, write positions in a static
+    tensor, outputs copied out before the next replay."""
+    model = tiny_llama()
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5]])
+    expected = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    plan = PlanConfig(cuda_graphs=True, buckets=(1, 2, 4, 8, 16))
+    out = mtprobe.generate(model, ids, METHODS[method], max_new_tokens=24, eos_token_id=None, plan=plan)
+    assert torch.equal(out.sequences, expected)
+    assert out.plan["eager_reason"] == "" and out.plan["pad"] and out.plan["graphs"] >= 1
+    # Every decode step replays its bucket's graph but those past the last bucket, which run eager.
+    assert out.plan["replays"] == sum(t <= 16 for t in out.block_sizes) >= 1
+
+
+def test_the_graph_path_with_hidden_states_and_a_real_model(stand_in_graphs, smollm2, greedy, tmp_path):
+    """SmolLM2 through the stand-in graphs, and a drafter that reads the target's hidden states (a circuit
+    head, untrained: its drafts are poor, the output must be greedy all the same) beside ones that do not."""
+    from mtprobe import heads
+
+    model, tokenizer = smollm2
+    ids = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
+    expected = greedy(model, ids, 24)
+    for cfg in (mtprobe.HybridConfig(block_complexity=30), mtprobe.AutoConfig()):
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=24, plan=PlanConfig(cuda_graphs=True))
+        assert torch.equal(out.sequences, expected), type(cfg).__name__
+        assert out.plan["graphs"] >= 1 and out.plan["replays"] >= 1
+    tiny = tiny_llama(seed=5)
+    torch.manual_seed(0)
+    spec = heads.HeadSpec(circuit="cp", hidden_size=64, vocab_size=96, window=3, rank=2)
+    head = heads.new_head(tiny, spec)
+    head.trained_steps.fill_(1)  # untrained on purpose: only the hidden states' path is under test here
+    heads.save_head(head, tiny, tmp_path, {})
+    small_ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9]])
+    reference = tiny.generate(
+        small_ids, do_sample=False, max_new_tokens=16, pad_token_id=0, eos_token_id=None
+    )
+    cfg = mtprobe.HeadsConfig(path=str(tmp_path), block_complexity=10)
+    out = mtprobe.generate(
+        tiny, small_ids, cfg, max_new_tokens=16, eos_token_id=None, plan=PlanConfig(cuda_graphs=True)
+    )
+    assert torch.equal(out.sequences, reference)
+    assert out.plan["graphs"] >= 1 and out.plan["replays"] >= 1

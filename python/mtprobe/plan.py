@@ -157,7 +157,7 @@ class PlannedKVCache(TreeKVCache):
 # (model, its hidden states read) -> one captured bucket: the static inputs and outputs of its graph.
 @dataclass
 class _Graph:
-    graph: Any  # torch.cuda.CUDAGraph
+    replay: Callable[[], None] | None  # the captured graph's replay
     x: torch.Tensor  # [1, b, hidden] input embeddings
     position_ids: torch.Tensor  # [1, b]
     write_pos: torch.Tensor  # [b]
@@ -166,8 +166,10 @@ class _Graph:
     hidden: torch.Tensor | None  # [1, b, hidden]
 
 
-# run(x [1, b, hidden], attention_mask, position_ids [1, b], want_hidden) -> (logits [1, b, vocab], hidden?)
-RunModel = Callable[[torch.Tensor, Any, torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor | None]]
+# (logits [1, b, vocab], hidden [1, b, hidden] or None)
+Outputs = tuple[torch.Tensor, torch.Tensor | None]
+# run(x [1, b, hidden], attention_mask, position_ids [1, b], want_hidden) -> Outputs
+RunModel = Callable[[torch.Tensor, Any, torch.Tensor, bool], Outputs]
 
 
 class ForwardPlan:
@@ -177,6 +179,9 @@ class ForwardPlan:
     ``max_positions + buckets[-1]``, beyond which no position exists). Raises ValueError for a
     capacity beyond the model's positions, CUDA graphs on a model not on a GPU.
     """
+
+    # Device types whose forwards can be captured (tests add "cpu" with a stand-in for the capture).
+    _CAPTURABLE: tuple[str, ...] = ("cuda",)
 
     def __init__(
         self,
@@ -198,8 +203,9 @@ class ForwardPlan:
                 f"{max_positions} positions and a block adds at most {config.buckets[-1]} padded inputs "
                 "past them; plan for at most prompt + max_new_tokens + block_complexity entries"
             )
-        graphs = config.cuda_graphs if config.cuda_graphs is not None else self.device.type == "cuda"
-        if graphs and self.device.type != "cuda":
+        capturable = self.device.type in self._CAPTURABLE
+        graphs = config.cuda_graphs if config.cuda_graphs is not None else capturable
+        if graphs and not capturable:
             raise ValueError(
                 f"PlanConfig(cuda_graphs=True) needs a model on a CUDA device; {type(model).__name__} is on "
                 f"{self.device}. Use cuda_graphs=None (automatic) or False"
@@ -285,7 +291,7 @@ class ForwardPlan:
             graph = self._graph(run_model, b, want_hidden, x, masks, position_ids, prefix_len, as_dict)
             if graph is not None:
                 self._fill(graph, x, masks, position_ids, prefix_len)
-                graph.graph.replay()
+                graph.replay()
                 self.replays += 1
                 # Copied out: the next replay overwrites the static outputs, and a drafter may keep them.
                 hidden = graph.hidden[0, :T].clone() if graph.hidden is not None else None
@@ -347,26 +353,15 @@ class ForwardPlan:
         g_pos = position_ids.new_zeros((1, b))  # [1, b]
         g_wp = torch.zeros(b, dtype=torch.long, device=x.device)  # [b]
         g_masks = {k: m.new_zeros((1, 1, b, cap)) for k, m in masks.items()}  # [1, 1, b, capacity]
-        graph = _Graph(None, g_x, g_pos, g_wp, g_masks, g_x, None)
+        graph = _Graph(None, g_x, g_pos, g_wp, g_masks, g_x, None)  # outputs set once captured
         self._fill(graph, x, masks, position_ids, prefix_len)
         slots.write_pos, slots.key_len = g_wp, cap
 
-        def step() -> tuple[torch.Tensor, torch.Tensor | None]:
+        def step() -> Outputs:
             return run_model(g_x, g_masks if as_dict else g_masks[""], g_pos, want_hidden)
 
         try:
-            # Warm-up on a side stream (lazy initialisations, autotuning), as torch.cuda.graphs asks.
-            stream = torch.cuda.Stream(device=x.device)
-            stream.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    step()
-            torch.cuda.current_stream(x.device).wait_stream(stream)
-            cuda_graph = torch.cuda.CUDAGraph()
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(cuda_graph, pool=self._pool):
-                logits, hidden = step()
+            graph.replay, (logits, hidden) = self._capture(step, x.device)
         except Exception as e:  # noqa: BLE001 (any failure to capture means: run eager)
             self.eager_reason = f"{type(e).__name__}: {e}"
             logger.warning(
@@ -375,11 +370,30 @@ class ForwardPlan:
             if x.device.type == "cuda":
                 torch.cuda.synchronize(x.device)
             return None
-        graph.graph, graph.logits, graph.hidden = cuda_graph, logits, hidden
+        graph.logits, graph.hidden = logits, hidden
         self._graphs[key] = graph
         self.captures += 1
         self.capture_seconds += time.perf_counter() - t0
         return graph
+
+    def _capture(
+        self, step: Callable[[], Outputs], device: torch.device
+    ) -> tuple[Callable[[], None], Outputs]:
+        """``step`` captured as a CUDA graph: (replay, the graph's static outputs). Two warm-up runs on
+        a side stream first (lazy initialisations, autotuning), as ``torch.cuda.graphs`` asks; every
+        bucket's graph shares one memory pool (they never run at once)."""
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        cuda_graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(cuda_graph, pool=self._pool):
+            outputs = step()
+        return cuda_graph.replay, outputs
 
 
 def padded_mask(
