@@ -53,6 +53,25 @@ def test_nan_in_drafts_never_changes_greedy_output(name):
     assert out.fallback_steps <= len(out.accept_lengths) + 1
 
 
+@pytest.mark.parametrize("name", ["stand", "hybrid"])
+def test_nan_in_drafts_never_changes_greedy_output_through_graphs(name, stand_in_graphs):
+    """The plan's graphs attend over the whole KV buffer, the columns past the block hidden by the mask;
+    a NaN a poisoned block wrote there would still poison every later row (0 * NaN), so the loop clears a
+    poisoned block's entries before it re-runs the committed chain."""
+    model, ref = poisoned_model()
+    out = mtprobe.generate(
+        model,
+        PROMPT,
+        CONFIGS[name],
+        max_new_tokens=NEW,
+        eos_token_id=None,
+        pad_token_id=0,
+        plan=mtprobe.PlanConfig(cuda_graphs=True),
+    )
+    assert torch.equal(out.sequences, ref)
+    assert out.fallback_steps > 0 and out.plan["replays"] > 0  # the case arose, and through the graphs
+
+
 def test_poisoned_drafts_are_re_run_not_trusted():
     # A drafter that always drafts a poisoned token: every decode step falls back.
     model, ref = poisoned_model()

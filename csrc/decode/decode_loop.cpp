@@ -345,6 +345,10 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
       // carried reaches every row through the additive mask (0 * NaN is NaN). The verified tokens
       // must not depend on drafts, so the committed chain runs again alone, as plain decoding
       // would run it; its KV entries overwrite the block's.
+      // The block's KV entries (and any a padded forward wrote after them) may hold the NaN too. The
+      // mask hides them from every later query, but an attention that reads the whole buffer (the
+      // static plan's CUDA graphs) would still take 0 * NaN: clear everything past the prefix.
+      for (auto& t : kv) t.narrow(2, prefix_len, t.size(2) - prefix_len).zero_();
       DraftBlock plain;
       plain.tokens = block.tokens.narrow(0, 0, c);
       plain.num_committed = plain.num_nodes = c;
