@@ -22,7 +22,7 @@ def test_bench_gpu_dry_run_on_the_cpu(tmp_path, smollm2):
     assert "| no plan | 1/1 |" in text
     assert "none: every answer identical" in text
     # One read per forward, no graphs on a CPU (and why), the one answer identical.
-    assert "| 1.00 | 0 (0.00); eager: no CUDA graphs on cpu | 1/1 |" in text
+    assert "| 1.00 | 0 (0); eager: no CUDA graphs on cpu | 1/1 |" in text
 
 
 def test_divergence_names_the_index_and_the_margin(smollm2):

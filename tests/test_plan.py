@@ -280,7 +280,8 @@ def test_plan_captures_cuda_graphs_and_stays_greedy():
     for cfg in (mtprobe.PlainConfig(), mtprobe.HybridConfig(block_complexity=10), mtprobe.AutoConfig()):
         out = mtprobe.generate(model, ids, cfg, max_new_tokens=24, eos_token_id=None, plan=PlanConfig())
         assert torch.equal(out.sequences, expected), type(cfg).__name__
-        assert out.plan["eager_reason"] == "" and out.plan["graphs"] >= 1 and out.plan["replays"] >= 1
+        # The model keeps its plan across calls: the later configurations may capture nothing new.
+        assert out.plan["eager_reason"] == "" and out.plan["graphs_held"] >= 1 and out.plan["replays"] >= 1
 
 
 @pytest.mark.parametrize("method", ["plain", "pld", "probe", "hybrid", "auto", "lookahead"])
@@ -327,3 +328,51 @@ def test_the_graph_path_with_hidden_states_and_a_real_model(stand_in_graphs, smo
     )
     assert torch.equal(out.sequences, reference)
     assert out.plan["graphs"] >= 1 and out.plan["replays"] >= 1
+
+
+def test_a_model_keeps_its_plan_and_graphs_across_calls(stand_in_graphs):
+    """Captures are paid once per model and bucket: the next call with an equal PlanConfig reuses the
+    plan (its KV buffer and graphs); another configuration, dtype or a released model gets a new one."""
+    from mtprobe import plan as plan_module
+
+    model = tiny_llama()
+    plan_module.release(model)
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5]])
+    expected = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    cfg = PlanConfig(cuda_graphs=True, buckets=(1, 2, 4, 8, 16))
+
+    def run(config=cfg, method="pld"):
+        out = mtprobe.generate(model, ids, METHODS[method], max_new_tokens=24, eos_token_id=None, plan=config)
+        assert torch.equal(out.sequences, expected)
+        return out
+
+    first = run()
+    kept = plan_module._PLANS[model]
+    second = run()
+    assert plan_module._PLANS[model] is kept and not kept.busy
+    assert first.plan["graphs"] >= 1 and second.plan["graphs"] == 0  # nothing captured again
+    assert second.plan["graphs_held"] == first.plan["graphs_held"] and second.plan["replays"] > 0
+    run(method="hybrid")  # another drafter, same plan: its buckets are captured once, then replayed
+    assert plan_module._PLANS[model] is kept
+    run(PlanConfig(cuda_graphs=True, buckets=(1, 4, 16)))  # another configuration: another plan
+    assert plan_module._PLANS[model] is not kept
+    plan_module.release(model)
+    assert model not in plan_module._PLANS
+
+
+def test_layer_offsets_run_eager_in_their_call_only(stand_in_graphs):
+    model = tiny_llama()
+    plan = _plan(model, PlanConfig(cuda_graphs=True), capacity=32)
+    adapter = HFAdapter(model, 32, plan=plan)
+    x = torch.tensor([3, 8, 1, 4, 9])
+    adapter.forward(x, None, torch.arange(5).view(1, 5), None, 0, False)
+    pos = torch.tensor([[5]])
+    adapter.forward(torch.tensor([2]), None, pos, None, 5, False)
+    assert plan.replays == 1 and plan.describe()["eager_reason"] == ""
+    adapter.set_mask_layer_offsets(torch.zeros(model.config.num_hidden_layers, model.config.hidden_size))
+    mask = torch.zeros(1, 1, 2, 8)
+    mask[0, 0, 0, 7] = MIN  # the root does not see its mask input
+    adapter.forward(torch.tensor([2]), torch.zeros(1, 64), torch.tensor([[6, 7]]), mask, 6, False)
+    assert plan.replays == 1 and "layer offsets" in plan.describe()["eager_reason"]
+    plan.start_call()
+    assert plan.describe()["eager_reason"] == ""  # the next call may run its graphs again

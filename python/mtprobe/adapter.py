@@ -368,10 +368,6 @@ class HFAdapter:
                 raise ValueError(
                     f"{offsets.shape[0]} layer offsets for a model with {len(self._layers)} decoder layers"
                 )
-            if self.plan is not None and self.plan.graphs and not self.plan.eager_reason:
-                # The offsets' hooks split each forward at its first mask input, a number a graph would freeze.
-                self.plan.eager_reason = "calibrated masks with layer offsets (forward hooks per step)"
-                logger.info("mtprobe: no CUDA graphs: %s", self.plan.eager_reason)
         self._mask_offsets = offsets
 
     def reserve(self, needed: int) -> None:
@@ -404,16 +400,18 @@ class HFAdapter:
         T = position_ids.shape[-1]
         skip = self.prefill_logits_from if prefix_len == 0 and self._logits_to_keep else 0
         kwargs = {"logits_to_keep": T - skip} if skip > 0 else {}
-        offsets = contextlib.nullcontext()
+        offsets = None
         if self._layers is not None and self._mask_offsets is not None and embeds is not None:
             offsets = layer_offsets(self._layers, self._mask_offsets, tokens.shape[0])
         linears = contextlib.nullcontext()
         if self._router is not None and prefix_len > 0:
             linears = self._router.routed(self.linear_routes.route(T))
         if self.plan is not None:
-            with offsets, linears:
-                return self._planned_forward(x, mask, position_ids, prefix_len, want_hidden, skip)
-        with offsets, linears:
+            # The offsets' hooks split each forward at its first mask input, a number a graph would freeze.
+            eager = "calibrated masks with layer offsets (forward hooks)" if offsets is not None else ""
+            with offsets or contextlib.nullcontext(), linears:
+                return self._planned_forward(x, mask, position_ids, prefix_len, want_hidden, skip, eager)
+        with offsets or contextlib.nullcontext(), linears:
             out = self.model(
                 inputs_embeds=x,
                 attention_mask=self._attention_mask(mask, position_ids, prefix_len),
@@ -441,6 +439,7 @@ class HFAdapter:
         prefix_len: int,
         want_hidden: bool,
         skip: int,
+        eager: str,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         plan = self.plan
         assert plan is not None
@@ -476,7 +475,19 @@ class HFAdapter:
                 logits = torch.cat([logits.new_zeros((1, skip, logits.shape[-1])), logits], dim=1)
             return logits, (out.hidden_states[self.hidden_layer] if hidden else None)
 
-        return plan.run(run_model, x, masks, position_ids, prefix_len, want_hidden, as_dict=as_dict)
+        # What run_model computes beyond its inputs, part of its graphs' key: which hidden states it returns.
+        variant = (self.hidden_layer,)
+        return plan.run(
+            run_model,
+            x,
+            masks,
+            position_ids,
+            prefix_len,
+            want_hidden,
+            as_dict=as_dict,
+            variant=variant,
+            eager=eager,
+        )
 
     def _attention_mask(
         self,

@@ -32,7 +32,7 @@ from mtprobe.drafters import (
     mask_layer_offsets,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
-from mtprobe.plan import ForwardPlan, PlanConfig
+from mtprobe.plan import PlanConfig, plan_for
 from mtprobe.profile import choose_linear_routes
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
@@ -329,7 +329,7 @@ def custom_generate(
     routes = choose_linear_routes(model)
     forward_plan = None
     if mtprobe_plan is not None:
-        forward_plan = ForwardPlan(
+        forward_plan = plan_for(
             model,
             mtprobe_plan,
             max_capacity,
@@ -377,7 +377,13 @@ def custom_generate(
         ancestor_bits=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
         vocab_size=model.get_input_embeddings().weight.shape[0],
     )
-    result = loop.run(input_ids[0])
+    if forward_plan is not None:
+        forward_plan.busy = True
+    try:
+        result = loop.run(input_ids[0])
+    finally:
+        if forward_plan is not None:
+            forward_plan.busy = False
     if streamer is not None:
         streamer.end()
     if result.fallback_steps:

@@ -15,11 +15,12 @@ plan does the same for the HF forward of mtprobe's decode loop:
   (their mask columns are hidden) and their KV entries, written past the block, are overwritten by
   the next step before anything reads them. A block larger than the last bucket (the prefill) runs
   unpadded.
-- **Graphs** (CUDA only): each (bucket, hidden states read) is captured once and replayed; its
+- **Graphs** (CUDA only): each (bucket, hidden states read and which) is captured once and replayed; its
   inputs (embeddings ``[1, b, hidden]``, positions ``[1, b]``, write positions ``[b]``, masks
   ``[1, 1, b, capacity]``) are static buffers the step's block is copied into, and its outputs are
   copied out before the next replay. A model that cannot be captured (an op that syncs, a hook)
-  runs eager, with the reason logged.
+  runs eager, with the reason logged. A model's plan is kept for its next generate call with the
+  same configuration (:func:`plan_for`): captures are paid once per model and bucket.
 
 On the CPU the plan runs eager, unpadded by default (padding buys nothing without graphs and costs
 the padded rows' compute): the same numbers as the growing cache, in one fixed buffer.
@@ -154,7 +155,7 @@ class PlannedKVCache(TreeKVCache):
         self.capacity = capacity
 
 
-# (model, its hidden states read) -> one captured bucket: the static inputs and outputs of its graph.
+# One captured (bucket, hidden states read, variant): the static inputs and outputs of its graph.
 @dataclass
 class _Graph:
     replay: Callable[[], None] | None  # the captured graph's replay
@@ -218,25 +219,33 @@ class ForwardPlan:
         # Room for the padding of the last block too (up to the last bucket past the most entries).
         self.capacity = min(limit, -(-(capacity + config.buckets[-1]) // config.growth) * config.growth)
         self.cache = PlannedKVCache(num_layers, self.capacity)
-        self._graphs: dict[tuple[int, bool], _Graph] = {}
+        self._graphs: dict[tuple[int, bool, tuple], _Graph] = {}  # (bucket, hidden states, variant)
         self._pool: Any = None
         self.eager_reason = "" if graphs else f"no CUDA graphs on {self.device.type}"
+        self.busy = False  # a generate call is running through this plan (plan_for hands out another)
+        self.start_call()
+
+    def start_call(self) -> None:
+        """Zero the per-call counters that ``describe`` reports (the graphs themselves stay)."""
+        self.call_eager_reason = ""  # why this call's forwards ran eager ("" if they could run as graphs)
         self.captures = 0
         self.capture_seconds = 0.0
         self.replays = 0
         self.growths = 0
 
     def describe(self) -> dict[str, Any]:
-        """What the plan did: capacity, buckets, padding, graphs captured, replays, capture time, growths."""
+        """What the plan did in the current call: capacity, buckets, padding, graphs captured (and held,
+        captured by earlier calls too), replays, capture time, growths, why no graphs ran."""
         return {
             "capacity": self.capacity,
             "buckets": list(self.config.buckets),
             "pad": self.pad,
             "graphs": self.captures,
+            "graphs_held": len(self._graphs),
             "replays": self.replays,
             "capture_s": self.capture_seconds,
             "growths": self.growths,
-            "eager_reason": self.eager_reason,
+            "eager_reason": self.eager_reason or self.call_eager_reason,
         }
 
     def check(self, model: torch.nn.Module) -> None:
@@ -277,8 +286,13 @@ class ForwardPlan:
         want_hidden: bool,
         *,
         as_dict: bool,
+        variant: tuple = (),
+        eager: str = "",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [T, vocab], [T, hidden]?
-        """One decode forward of T inputs after ``prefix_len`` cached entries, through the plan."""
+        """One decode forward of T inputs after ``prefix_len`` cached entries, through the plan.
+
+        ``variant``: what ``run_model`` computes beyond its inputs (graphs are kept per bucket, hidden
+        states read and variant). ``eager``: why this forward must not run as a graph ("" when it may)."""
         T = x.shape[1]
         b = self.config.bucket(T) if prefix_len > 0 else None
         if b is not None and prefix_len + b > self.capacity >= prefix_len + T:
@@ -287,8 +301,12 @@ class ForwardPlan:
             b = None
         self.reserve(prefix_len + (b or T))
         self.cache.set_length(prefix_len)
-        if b is not None and self.graphs:
-            graph = self._graph(run_model, b, want_hidden, x, masks, position_ids, prefix_len, as_dict)
+        if eager and self.graphs and not self.call_eager_reason:
+            self.call_eager_reason = eager
+            logger.info("mtprobe: no CUDA graphs in this call: %s", eager)
+        if b is not None and self.graphs and not eager:
+            key = (b, want_hidden, variant)
+            graph = self._graph(run_model, key, x, masks, position_ids, prefix_len, as_dict)
             if graph is not None:
                 self._fill(graph, x, masks, position_ids, prefix_len)
                 graph.replay()
@@ -331,8 +349,7 @@ class ForwardPlan:
     def _graph(
         self,
         run_model: RunModel,
-        b: int,
-        want_hidden: bool,
+        key: tuple[int, bool, tuple],
         x: torch.Tensor,
         masks: dict[str, torch.Tensor],
         position_ids: torch.Tensor,
@@ -341,7 +358,7 @@ class ForwardPlan:
     ) -> _Graph | None:
         """The captured forward of bucket ``b``: captured now (on this step's inputs) if it is not yet;
         None when the model cannot be captured (then every step runs eager, the reason logged once)."""
-        key = (b, want_hidden)
+        b, want_hidden, _ = key
         if key in self._graphs:
             return self._graphs[key]
         if self.eager_reason:
@@ -394,6 +411,40 @@ class ForwardPlan:
         with torch.cuda.graph(cuda_graph, pool=self._pool):
             outputs = step()
         return cuda_graph.replay, outputs
+
+
+# model -> the plan of its last generate call, reused by the next call with the same configuration.
+_PLANS: weakref.WeakKeyDictionary[torch.nn.Module, ForwardPlan] = weakref.WeakKeyDictionary()
+
+
+def plan_for(
+    model: torch.nn.Module, config: PlanConfig, capacity: int, *, num_layers: int, max_positions: int
+) -> ForwardPlan:
+    """The plan for one generate call on ``model``: the plan of its last call when that was built with an
+    equal ``config`` on the model's present device and dtype and is not in use (its KV buffer and graphs
+    kept, grown if this call needs more), else a new one, kept for the next call. Captures are paid once
+    per model and bucket, not once per call (SGLang and vLLM capture once per server). The kept plan holds
+    its KV buffer between calls; ``mtprobe.plan.release(model)`` frees it."""
+    param = next(model.parameters())
+    plan = _PLANS.get(model)
+    if (
+        plan is None
+        or plan.busy
+        or plan.config != config
+        or (plan.device, plan.dtype) != (param.device, param.dtype)
+        or len(plan.cache.layers) != num_layers
+    ):
+        plan = ForwardPlan(model, config, capacity, num_layers=num_layers, max_positions=max_positions)
+        _PLANS[model] = plan
+    else:
+        plan.start_call()
+        plan.reserve(capacity + config.buckets[-1])
+    return plan
+
+
+def release(model: torch.nn.Module) -> None:
+    """Forget ``model``'s kept plan (its KV buffer and graphs go with it)."""
+    _PLANS.pop(model, None)
 
 
 def padded_mask(
