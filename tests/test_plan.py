@@ -26,6 +26,22 @@ def _plan(model, config: PlanConfig | None = None, capacity: int = 64) -> Forwar
     )
 
 
+def _plan_loop(adapter: HFAdapter, drafter, *, max_new_tokens: int, block_complexity: int):
+    """A C++ DecodeLoop on the CPU through ``adapter`` (float32 masks, no EOS, the tiny Llama's positions)."""
+    return _C.DecodeLoop(
+        drafter,
+        adapter.forward,
+        adapter.kv_buffers,
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=[],
+        max_positions=256,
+        block_complexity=block_complexity,
+        kv_capacity=adapter.cache.capacity,
+        mask_dtype="float32",
+        device="cpu",
+    )
+
+
 # --- the configuration and its bad input -------------------------------------------------------
 
 
@@ -181,18 +197,7 @@ def test_plan_grows_by_chunks_and_stays_greedy():
     assert plan.capacity == 32  # 16 entries and room for the last bucket's padding, in chunks of 16
     adapter = HFAdapter(model, 16, plan=plan)
     drafter = _C.PromptLookupDrafter(max_ngram_size=3, num_tokens=6)
-    loop = _C.DecodeLoop(
-        drafter,
-        adapter.forward,
-        adapter.kv_buffers,
-        max_new_tokens=40,
-        eos_token_ids=[],
-        max_positions=256,
-        block_complexity=7,
-        kv_capacity=16,
-        mask_dtype="float32",
-        device="cpu",
-    )
+    loop = _plan_loop(adapter, drafter, max_new_tokens=40, block_complexity=7)
     result = loop.run(ids)
     assert result.sequence == expected[0].tolist()
     assert plan.growths >= 1 and plan.capacity % 16 == 0 and plan.capacity >= len(result.sequence)
@@ -253,18 +258,8 @@ def test_a_forward_that_cannot_be_captured_runs_eager_with_the_reason_logged(cap
     plan = _plan(model, PlanConfig(pad=True), capacity=32)
     plan.graphs, plan.eager_reason = True, ""  # as on a GPU
     adapter = HFAdapter(model, 32, plan=plan)
-    loop = _C.DecodeLoop(
-        _C.PromptLookupDrafter(max_ngram_size=3, num_tokens=4),
-        adapter.forward,
-        adapter.kv_buffers,
-        max_new_tokens=12,
-        eos_token_ids=[],
-        max_positions=256,
-        block_complexity=5,
-        kv_capacity=32,
-        mask_dtype="float32",
-        device="cpu",
-    )
+    drafter = _C.PromptLookupDrafter(max_ngram_size=3, num_tokens=4)
+    loop = _plan_loop(adapter, drafter, max_new_tokens=12, block_complexity=5)
     with caplog.at_level("WARNING", logger="mtprobe"):
         result = loop.run(ids)
     assert result.sequence == expected[0].tolist()

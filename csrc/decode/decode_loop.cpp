@@ -299,11 +299,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     std::vector<int64_t> tokens;
     const int64_t n_committed = committed.size(0);
     if (block.tokens.defined() && block.tokens.dim() == 1 && block.tokens.scalar_type() == at::kLong &&
-        block.num_committed == n_committed &&
-        ((block.host_of.defined() && block.tokens.is_same(block.host_of) &&
-          block.committed_of.is_same(committed) &&
-          static_cast<int64_t>(block.host_drafts.size()) == block.tokens.size(0) - n_committed) ||
-         block.tokens.is_same(committed))) {
+        block.num_committed == n_committed && block.drafts_on_host(committed)) {
       tokens.assign(sequence_.end() - n_committed, sequence_.end());
       tokens.insert(tokens.end(), block.host_drafts.begin(), block.host_drafts.end());
     } else if (block.tokens.defined()) {

@@ -80,11 +80,7 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
     // Host copies of the draft tree: the cut is made and the counterfactual walked on the host. After
     // the prefill the committed token is history_'s last, and a child that built its drafts on the
     // host hands them over (DraftBlock::host_drafts): no read then.
-    const bool on_host =
-        c == 1 && !history_.empty() &&
-        (b.tokens.is_same(committed) ||
-         (b.host_of.defined() && b.tokens.is_same(b.host_of) && b.committed_of.is_same(committed) &&
-          static_cast<int64_t>(b.host_drafts.size()) >= n - c));
+    const bool on_host = c == 1 && !history_.empty() && b.drafts_on_host(committed);
     if (on_host) {
       p.tokens.assign(1, history_.back());
       p.tokens.insert(p.tokens.end(), b.host_drafts.begin(), b.host_drafts.begin() + (n - c));

@@ -55,7 +55,30 @@ struct DraftBlock {
   at::Tensor committed_of;
 
   int64_t num_inputs() const { return static_cast<int64_t>(parents.size()); }
+  // tokens = [committed | drafts], the drafts also kept on the host.
+  void set_tokens(const at::Tensor& committed, std::vector<int64_t> drafts) {
+    tokens = drafts.empty() ? committed
+                            : at::cat({committed, at::tensor(drafts, at::kLong).to(committed.device())});
+    host_drafts = std::move(drafts);
+    host_of = tokens;
+    committed_of = committed;
+  }
+  // Whether the token inputs past `committed` are known on the host without a read: tokens is
+  // committed itself, or still the tensor host_drafts were made with, starting with committed.
+  bool drafts_on_host(const at::Tensor& committed) const {
+    if (tokens.is_same(committed)) return true;
+    return host_of.defined() && tokens.is_same(host_of) && committed_of.is_same(committed) &&
+           static_cast<int64_t>(host_drafts.size()) == tokens.size(0) - committed.size(0);
+  }
 };
+
+// Every tensor of `parts` flattened, as float64, on the host in one read: a drafter's candidates
+// (token ids, exact below 2^53) and their probabilities come back together.
+inline at::Tensor read_as_double(const std::vector<at::Tensor>& parts) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : parts) flat.push_back(t.reshape({-1}).to(at::kDouble));
+  return at::cat(flat).cpu().contiguous();
+}
 
 // The block [committed chain | drafts | auxiliary inputs] of a drafter whose inputs are all
 // tokens: tokens[i] hangs from input parents[i] of this list, -1 meaning the last committed input;
@@ -66,10 +89,7 @@ inline DraftBlock token_block(const at::Tensor& committed, const std::vector<int
   DraftBlock b;
   b.num_committed = c;
   b.num_nodes = c + (num_drafts < 0 ? n : num_drafts);
-  b.tokens = n > 0 ? at::cat({committed, at::tensor(tokens, at::kLong).to(committed.device())}) : committed;
-  b.host_drafts = tokens;  // empty when n == 0: then tokens is committed itself, which the loop knows
-  b.host_of = b.tokens;
-  b.committed_of = committed;
+  b.set_tokens(committed, tokens);
   b.parents.resize(static_cast<size_t>(c + n));
   for (int64_t i = 0; i < c; ++i) b.parents[i] = i - 1;  // the committed chain
   for (int64_t j = 0; j < n; ++j) b.parents[c + j] = parents[j] < 0 ? c - 1 : c + parents[j];

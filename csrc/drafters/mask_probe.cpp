@@ -193,12 +193,9 @@ DraftBlock MaskProbeDrafter::block_with_masks(const at::Tensor& committed, std::
       drafts[i - 1] = tree[i].token;
       b.parents[root + i] = root + tree[i].parent;  // tree index 0 is the root
     }
-    b.tokens = at::cat({committed, at::tensor(drafts, at::kLong).to(committed.device())});
-    b.host_drafts = std::move(drafts);
-    b.host_of = b.tokens;
-    b.committed_of = committed;
+    b.set_tokens(committed, std::move(drafts));
   } else {
-    b.tokens = committed;
+    b.set_tokens(committed, {});
   }
 
   // k chained masks on the root and on every draft node (or on those `carries` names).
@@ -254,7 +251,7 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
     }
     // One read: the candidates' ids (exact in float64 below 2^53), then their probabilities (and features).
     const int64_t km = std::get<1>(top).numel();
-    at::Tensor both = at::cat({std::get<1>(top).reshape({-1}).to(at::kDouble), p.to(at::kDouble)}).cpu();
+    at::Tensor both = read_as_double({std::get<1>(top), p});
     const double* d = both.data_ptr<double>();  // [km ids | km probs (| top1, entropy)]
     cand_tokens_.resize(static_cast<size_t>(km));
     cand_probs_.resize(static_cast<size_t>(km));

@@ -60,7 +60,7 @@ namespace {
 // Top-k ids and probabilities ([n, k] each) on the host in one read: the ids ride as float64 (exact
 // below 2^53) beside the probabilities.
 std::pair<std::vector<int64_t>, std::vector<float>> read_top(const at::Tensor& probs, const at::Tensor& ids) {
-  at::Tensor both = at::cat({ids.reshape({-1}).to(at::kDouble), probs.reshape({-1}).to(at::kDouble)}).cpu();
+  at::Tensor both = read_as_double({ids, probs});
   const int64_t n = ids.numel();
   const double* d = both.data_ptr<double>();  // [n ids | n probs]
   std::vector<int64_t> ic(static_cast<size_t>(n));

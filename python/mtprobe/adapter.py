@@ -399,37 +399,47 @@ class HFAdapter:
             x = torch.cat([x, embeds.unsqueeze(0).to(x.dtype)], dim=1)  # [1, T, hidden]
         T = position_ids.shape[-1]
         skip = self.prefill_logits_from if prefix_len == 0 and self._logits_to_keep else 0
-        kwargs = {"logits_to_keep": T - skip} if skip > 0 else {}
         offsets = None
         if self._layers is not None and self._mask_offsets is not None and embeds is not None:
             offsets = layer_offsets(self._layers, self._mask_offsets, tokens.shape[0])
         linears = contextlib.nullcontext()
         if self._router is not None and prefix_len > 0:
             linears = self._router.routed(self.linear_routes.route(T))
-        if self.plan is not None:
-            # The offsets' hooks split each forward at its first mask input, a number a graph would freeze.
-            eager = "calibrated masks with layer offsets (forward hooks)" if offsets is not None else ""
-            with offsets or contextlib.nullcontext(), linears:
-                return self._planned_forward(x, mask, position_ids, prefix_len, want_hidden, skip, eager)
         with offsets or contextlib.nullcontext(), linears:
-            out = self.model(
-                inputs_embeds=x,
-                attention_mask=self._attention_mask(mask, position_ids, prefix_len),
-                position_ids=position_ids,
-                use_cache=True,
-                output_hidden_states=want_hidden,
-                **{self._cache_arg: self.cache},
-                return_dict=True,
-                **kwargs,
-            )
-        hidden = out.hidden_states[self.hidden_layer][0] if want_hidden else None  # [T, hidden]
-        logits = out.logits[0]  # [T - skip, vocab]
+            if self.plan is not None:
+                # The offsets' hooks split each forward at its first mask input, a number a graph would freeze.
+                eager = "calibrated masks with layer offsets (forward hooks)" if offsets is not None else ""
+                return self._planned_forward(x, mask, position_ids, prefix_len, want_hidden, skip, eager)
+            attn = self._attention_mask(mask, position_ids, prefix_len)
+            logits, hidden = self._run_model(x, attn, position_ids, want_hidden, skip)
+        return logits[0], (hidden[0] if hidden is not None else None)  # [T, vocab], [T, hidden]
+
+    def _run_model(
+        self,
+        x: torch.Tensor,  # [1, T, hidden]
+        attention_mask: Any,
+        position_ids: torch.Tensor,  # [1, T]
+        want_hidden: bool,
+        skip: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [1, T, vocab], [1, T, hidden]?
+        """The model over ``x`` on the adapter's cache. ``skip``: the first rows whose logits nobody
+        reads (the prefill's prompt) are not computed; they come back as zeros, so that rows keep their
+        places for the loop, which indexes them by input."""
+        kwargs = {"logits_to_keep": x.shape[1] - skip} if skip > 0 else {}
+        out = self.model(
+            inputs_embeds=x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            output_hidden_states=want_hidden,
+            **{self._cache_arg: self.cache},
+            return_dict=True,
+            **kwargs,
+        )
+        logits = out.logits  # [1, T - skip, vocab]
         if skip > 0:
-            # Rows the loop indexes by input keep their places; the skipped ones are zeros nobody reads.
-            full = logits.new_zeros((T, logits.shape[-1]))  # [T, vocab]
-            full[skip:] = logits
-            logits = full
-        return logits, hidden  # [T, vocab]
+            logits = torch.cat([logits.new_zeros((1, skip, logits.shape[-1])), logits], dim=1)
+        return logits, (out.hidden_states[self.hidden_layer] if want_hidden else None)
 
     def _planned_forward(
         self,
@@ -459,21 +469,7 @@ class HFAdapter:
         def run_model(
             xb: torch.Tensor, attention_mask: Any, pos: torch.Tensor, hidden: bool
         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-            kwargs = {"logits_to_keep": xb.shape[1] - skip} if skip > 0 else {}
-            out = self.model(
-                inputs_embeds=xb,
-                attention_mask=attention_mask,
-                position_ids=pos,
-                use_cache=True,
-                output_hidden_states=hidden,
-                **{self._cache_arg: self.cache},
-                return_dict=True,
-                **kwargs,
-            )
-            logits = out.logits  # [1, T - skip, vocab]
-            if skip > 0:  # the prefill's rows nobody reads: zeros, as in forward
-                logits = torch.cat([logits.new_zeros((1, skip, logits.shape[-1])), logits], dim=1)
-            return logits, (out.hidden_states[self.hidden_layer] if hidden else None)
+            return self._run_model(xb, attention_mask, pos, hidden, skip)
 
         # What run_model computes beyond its inputs, part of its graphs' key: which hidden states it returns.
         variant = (self.hidden_layer,)

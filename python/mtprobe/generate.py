@@ -7,6 +7,7 @@ the decoding itself is the C++ loop (csrc/decode/decode_loop.cpp).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import operator
@@ -377,13 +378,8 @@ def custom_generate(
         ancestor_bits=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
         vocab_size=model.get_input_embeddings().weight.shape[0],
     )
-    if forward_plan is not None:
-        forward_plan.busy = True
-    try:
+    with forward_plan.in_use() if forward_plan is not None else contextlib.nullcontext():
         result = loop.run(input_ids[0])
-    finally:
-        if forward_plan is not None:
-            forward_plan.busy = False
     if streamer is not None:
         streamer.end()
     if result.fallback_steps:

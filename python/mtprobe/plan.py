@@ -38,10 +38,11 @@ Worked example: capacity 16, buckets (1, 2, 4); a step after P = 5 cached positi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,6 +225,15 @@ class ForwardPlan:
         self.eager_reason = "" if graphs else f"no CUDA graphs on {self.device.type}"
         self.busy = False  # a generate call is running through this plan (plan_for hands out another)
         self.start_call()
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Marks the plan busy while a generate call runs through it (plan_for then hands out another)."""
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
 
     def start_call(self) -> None:
         """Zero the per-call counters that ``describe`` reports (the graphs themselves stay)."""
