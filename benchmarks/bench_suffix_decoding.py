@@ -43,9 +43,11 @@ import mtprobe
 from _common import first_turn_prompts, run_lines, write_report
 from bench_baselines import configs as baseline_configs
 from mtprobe import models
+from mtprobe.calibrate import load_calibration
 from mtprobe.drafters import ngram_memories
 from mtprobe.specbench.methods import SHARED_NGRAM_MEMORY_SIZE
 from mtprobe.specbench.questions import first_per_category, load_questions
+from mtprobe.topology.bank import default_bank
 
 ARCTIC_VERSION = "0.3.0"
 DEFAULT_PEER_DIR = (
@@ -79,6 +81,10 @@ MTPROBE_DEFAULT = (
 # 0.1, 0.3, 0.5, 1 and 2 on 25 tuning questions (the 6th to 10th of each 20-question task of the dev
 # split, none of them among the first five per category that the 45-question runs use).
 MASK_VALUE = 0.5
+# Issue 43's rows (τ at large budgets): `-mk{j}` probe and hybrid with the first j masks of a
+# --multi-mask-path calibration (per-mask layer offsets, λ 0), `heads` a circuit head (--head),
+# `entmtp` the uncalibrated default bank at BC (hysteretic policy).
+MULTI_MASK_ROWS = ("probe-mk{j}", "hybrid-mk{j}", "hybrid-mk{j}+mem")
 SUFFIX_ROWS = {  # name -> (use_tree_spec, cross-request cache)
     "suffix-tree+cache": (True, True),
     "suffix-tree": (True, False),
@@ -188,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--mask-path", default=None, help="mask calibration for the *-cal rows")
     ap.add_argument(
+        "--multi-mask-path",
+        default=None,
+        help="a calibration of k >= 2 masks: adds probe-mk{j}, hybrid-mk{j} and hybrid-mk{j}+mem for j = 1..k "
+        "(its first j masks, λ 0)",
+    )
+    ap.add_argument("--head", default=None, help="a circuit head's folder: adds the `heads` row")
+    ap.add_argument("--entmtp", action="store_true", help="adds the `entmtp` row (default bank at each BC)")
+    ap.add_argument(
         "--methods",
         nargs="*",
         default=None,
@@ -205,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default="benchmarks/results/suffix_decoding/bench_suffix_decoding.md")
     args = ap.parse_args(argv)
+    multi_k = 0
+    if args.multi_mask_path is not None:
+        multi_k = load_calibration(args.multi_mask_path).num_masks
+    extra_rows = [r.format(j=j) for j in range(1, multi_k + 1) for r in MULTI_MASK_ROWS]
+    extra_rows += ["heads"] * (args.head is not None) + ["entmtp"] * args.entmtp
     torch.set_num_threads(args.threads)
     SuffixDecodingCache = import_suffix_cache(args.peer_dir)
 
@@ -236,10 +255,24 @@ def main(argv: list[str] | None = None) -> int:
         cfgs = baseline_configs(bc, args.mask_path)
         if "hybrid-cal-lam0" in cfgs:
             cfgs["hybrid-cal-lam0-mv"] = dataclasses.replace(cfgs["hybrid-cal-lam0"], mask_value=MASK_VALUE)
-        for base in ("stand", "hybrid", "hybrid-cal-lam0", "hybrid-cal-lam0-mv"):
+        multi = dict(mask_init="calibrated", mask_path=args.multi_mask_path, mask_lambda=0.0)
+        for j in range(1, multi_k + 1):
+            if bc >= 2 * (j + 1):
+                cfgs[f"probe-mk{j}"] = mtprobe.ProbeConfig(block_complexity=bc, num_masks=j, **multi)
+                cfgs[f"hybrid-mk{j}"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=j, **multi)
+        if args.head is not None:
+            cfgs["heads"] = mtprobe.HeadsConfig(path=args.head, block_complexity=bc)
+        cfgs["entmtp"] = mtprobe.EntMTPConfig(bank=default_bank(1, bc))
+        for base in (
+            "stand",
+            "hybrid",
+            "hybrid-cal-lam0",
+            "hybrid-cal-lam0-mv",
+            *(f"hybrid-mk{j}" for j in range(1, 5)),
+        ):
             if base in cfgs:
                 cfgs[base + "+mem"] = dataclasses.replace(cfgs[base], memory_size=SHARED_NGRAM_MEMORY_SIZE)
-        for name in MTPROBE_DEFAULT if args.methods is None else args.methods:
+        for name in [*MTPROBE_DEFAULT, *extra_rows] if args.methods is None else args.methods:
             if name not in cfgs:
                 print(f"BC {bc} {name}: skipped (no such configuration here)", file=sys.stderr)
                 continue
@@ -320,6 +353,30 @@ def main(argv: list[str] | None = None) -> int:
                 "more drafts with the inputs freed (HybridConfig)",
             ]
         ),
+        *(
+            [
+                f"- `-mk{{j}}` rows: ProbeConfig / HybridConfig(block_complexity=BC, num_masks=j, mask_init='calibrated', "
+                f"mask_path=`{Path(args.multi_mask_path).name}`, mask_lambda=0), the first j of its {multi_k} masks "
+                "with their own layer offsets (probing's tree: static for j = 1, seed 001's dynamic tree for j >= 2; "
+                "the hybrid's: dynamic), B = BC/(j + 1) nodes with j masks each"
+            ]
+            if multi_k
+            else []
+        ),
+        *(
+            [
+                f"- `heads`: HeadsConfig(path=`{Path(args.head).name}`, block_complexity=BC) (best-first tree of BC - 1 drafts)"
+            ]
+            if args.head is not None
+            else []
+        ),
+        *(
+            [
+                "- `entmtp`: EntMTPConfig(bank=default_bank(1, BC)) (uncalibrated shapes, hysteretic policy, prompt-mean masks)"
+            ]
+            if args.entmtp
+            else []
+        ),
         "- τ = tokens gained per decode forward, pooled over the decode steps of all questions, the prefill "
         "forward not counted (mtprobe: `sum(out.accept_lengths) / len(out.accept_lengths)`; SuffixDecoding: "
         "the simulator's step 0, which speculates from the prompt alone, is that forward); tok/fwd: all new "
@@ -380,6 +437,48 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *verdicts,
         ]
+    issue43 = []
+    for bc in args.block_complexity:
+        taus = {name: tau_of(per_task["all"]) for b, name, per_task, _, _ in rows if b == bc}
+        if multi_k:
+            issue43.append(
+                f"- BC {bc}, τ by masks j = 1..{multi_k}: probing "
+                + ", ".join(
+                    f"{taus[f'probe-mk{j}']:.3f}" if f"probe-mk{j}" in taus else "–"
+                    for j in range(1, multi_k + 1)
+                )
+                + "; hybrid "
+                + ", ".join(
+                    f"{taus[f'hybrid-mk{j}']:.3f}" if f"hybrid-mk{j}" in taus else "–"
+                    for j in range(1, multi_k + 1)
+                )
+                + "; hybrid + memory "
+                + ", ".join(
+                    f"{taus[f'hybrid-mk{j}+mem']:.3f}" if f"hybrid-mk{j}+mem" in taus else "–"
+                    for j in range(1, multi_k + 1)
+                )
+            )
+            probes = {n: t for n, t in taus.items() if n.startswith("probe-mk") and n != "probe-mk1"}
+            if probes and "stand" in taus:
+                best = max(probes, key=probes.get)
+                r = probes[best] / taus["stand"]
+                issue43.append(
+                    f"  - probing with k ≥ 2 calibrated masks over STAND: {best} τ {probes[best]:.3f} / {taus['stand']:.3f} "
+                    f"= {r:.3f}× ({'≥' if r >= 1.15 else '<'} 1.15×, the target at BC 64)"
+                )
+        lossless = {n: t for n, t in taus.items() if n not in SUFFIX_ROWS}
+        if lossless:
+            best = max(lossless, key=lossless.get)
+            issue43.append(
+                f"  - best lossless row at BC {bc}: {best} τ {lossless[best]:.3f}"
+                + (
+                    f" ({'≥' if lossless[best] >= 2.5 else '<'} 2.5, the target at BC ≤ 64)"
+                    if bc <= 64
+                    else ""
+                )
+            )
+    if issue43:
+        lines += ["", "Issue 43 (τ at large budgets):", "", *issue43]
     if args.suffix_sweep:
         lines += [
             "",

@@ -215,14 +215,19 @@ def test_the_drafter_starts_from_the_file(model, calibration):
         raw("prompt_mean", torch.zeros(1, 64))
 
 
-@pytest.fixture(scope="module")
-def offsets_calibration(model, tmp_path_factory) -> tuple[MaskCalibration, str]:
+def _offsets_calibration(model, tmp_path_factory, k: int) -> tuple[MaskCalibration, str]:
+    """A tiny calibration with layer offsets (shared by the mask for k = 1, one set per mask for more)."""
     cal = calibrate_masks(
-        model, _prompts(6), num_masks=1, max_new_tokens=24, epochs=3, holdout=2, lr=0.2, layer_offsets=True
+        model, _prompts(6), num_masks=k, max_new_tokens=24, epochs=3, holdout=2, lr=0.2, layer_offsets=True
     )
-    path = tmp_path_factory.mktemp("cal") / "tiny-offsets.safetensors"
+    path = tmp_path_factory.mktemp("cal") / f"tiny-k{k}-offsets.safetensors"
     cal.save(path)
     return cal, str(path)
+
+
+@pytest.fixture(scope="module")
+def offsets_calibration(model, tmp_path_factory) -> tuple[MaskCalibration, str]:
+    return _offsets_calibration(model, tmp_path_factory, 1)
 
 
 def test_layer_offset_zero_is_a_shift_of_the_mask(model):
@@ -324,6 +329,117 @@ def test_auto_refuses_two_different_sets_of_offsets(model, offsets_calibration, 
         )
     )
     with pytest.raises(ValueError, match="different layer offsets"):
+        mtprobe.generate(model, torch.tensor([[5, 6, 7]]), cfg, max_new_tokens=4)
+
+
+def _per_mask_case(k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(masks [k, hidden], offsets [k, 2, hidden] nonzero before layer 0 only, the masks they shift to)."""
+    g = torch.Generator().manual_seed(seed)
+    masks = torch.randn(k, 64, generator=g) * 0.3
+    offsets = torch.zeros(k, 2, 64)  # [k, num_layers, hidden]
+    offsets[:, 0] = torch.randn(k, 64, generator=g) * 2.0  # mask j's own shift before layer 0
+    return masks, offsets, masks + offsets[:, 0]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_per_mask_offsets_land_on_their_own_mask(model, k):
+    # Per-mask offsets [k, L, hidden] nonzero before layer 0 only must score exactly as masks m_j + v_j
+    # without offsets: offset set j reaches mask j of every anchor and no other input.
+    torch.manual_seed(k)
+    ids = torch.randint(0, 96, (16,))
+    anchors = torch.tensor([0, 2, 6, 11, 13])
+    masks, offsets, shifted = _per_mask_case(k, seed=k)
+    with torch.no_grad():
+        want, n1 = mask_loss(model, shifted, ids, anchors)
+        got, n2 = mask_loss(model, masks, ids, anchors, layer_offsets=offsets)
+        swapped, _ = mask_loss(model, masks, ids, anchors, layer_offsets=offsets.flip(0))
+        ce, count, hits = mask_loss(model, masks, ids, anchors, layer_offsets=offsets, per_mask=True)
+    assert int(n1) == int(n2) == int(count.sum()) and count.shape == (k,)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert abs(float(swapped) - float(want)) > 1e-3  # the sets are not interchangeable
+    torch.testing.assert_close(float(ce.sum()) / int(count.sum()), float(got), rtol=1e-5, atol=1e-6)
+    assert int(count[-1]) < int(count[0])  # the deepest mask of the last anchors has no target
+    assert 0 <= int(hits.sum()) <= int(count.sum())
+
+
+def test_decoding_adds_each_mask_its_own_offsets(model, tmp_path):
+    # A k = 2 file with per-mask offsets drafts exactly as the masks they shift to, probing with both
+    # masks and with the first only (a k-mask file serves every smaller k: offsets_for slices it).
+    ident = model_identity(model)
+    masks, offsets, shifted = _per_mask_case(2, seed=7)
+    files = {
+        "offsets": MaskCalibration(masks, ident, layer_offsets=offsets),
+        "shifted": MaskCalibration(shifted, ident),
+        "plain": MaskCalibration(masks, ident),
+    }
+    paths = {name: str(cal.save(tmp_path / f"{name}.safetensors")) for name, cal in files.items()}
+    assert torch.equal(files["offsets"].offsets_for(1), offsets[:1])
+    for k in (1, 2):
+        runs = {}
+        for name, path in paths.items():
+            cfg = mtprobe.ProbeConfig(
+                block_complexity=12, num_masks=k, tree="dynamic", mask_init="calibrated", mask_path=path
+            )
+            runs[name] = [
+                mtprobe.generate(model, p, cfg, max_new_tokens=32).accept_lengths for p in _prompts(3, seed=4)
+            ]
+        assert runs["offsets"] == runs["shifted"], k
+        assert runs["offsets"] != runs["plain"], k
+
+
+@pytest.fixture(scope="module")
+def per_mask_calibration(model, tmp_path_factory) -> tuple[MaskCalibration, str]:
+    return _offsets_calibration(model, tmp_path_factory, 2)
+
+
+def test_calibration_learns_one_set_of_offsets_per_mask(model, per_mask_calibration):
+    cal, path = per_mask_calibration
+    assert cal.layer_offsets.shape == (2, 2, 64)  # [k, num_layers, hidden]
+    assert all(cal.layer_offsets[j].abs().sum() > 0 for j in range(2))
+    assert not torch.equal(cal.layer_offsets[0], cal.layer_offsets[1])
+    s = cal.stats
+    assert s["holdout_after"]["loss"] < s["holdout_before"]["loss"] - 0.05, s
+    assert len(s["holdout_after"]["by_mask"]) == 2 and len(s["holdout_prompt_mean"]["by_mask"]) == 2
+    back = MaskCalibration.load(path)
+    assert torch.equal(back.layer_offsets, cal.layer_offsets)
+    back.check(model, num_masks=2)
+    with pytest.raises(ValueError, match="num_masks=3 but the calibration holds 2 mask"):
+        back.check(model, num_masks=3)
+
+
+@pytest.mark.parametrize("method", ["probe", "hybrid"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_per_mask_offsets_are_token_identical_to_greedy(model, per_mask_calibration, method, k):
+    _, path = per_mask_calibration
+    cal = dict(mask_init="calibrated", mask_path=path, num_masks=k)
+    cfg = {
+        "probe": mtprobe.ProbeConfig(block_complexity=12, **cal),
+        "hybrid": mtprobe.HybridConfig(block_complexity=15, **cal),
+    }[method]
+    _assert_greedy(model, cfg)
+
+
+def test_per_mask_offsets_must_be_one_set_per_mask():
+    ident = {"model_class": "M", "vocab_size": 8, "hidden_size": 4, "embedding_sha256": "0"}
+    with pytest.raises(ValueError, match=r"or \[2, num_layers, 4\] \(one set per mask\), got \(3, 2, 4\)"):
+        MaskCalibration(torch.zeros(2, 4), ident, layer_offsets=torch.zeros(3, 2, 4))
+    with pytest.raises(ValueError, match="expected \\[2, hidden\\] or \\[k, 2, hidden\\]"):
+        with mtprobe.adapter.layer_offsets(
+            torch.nn.ModuleList([torch.nn.Identity()] * 2), torch.zeros(2, 3, 4), 0
+        ):
+            pass
+
+
+def test_auto_refuses_one_per_mask_file_at_two_mask_counts(model, per_mask_calibration):
+    _, path = per_mask_calibration
+    cal = dict(mask_init="calibrated", mask_path=path)
+    cfg = mtprobe.AutoConfig(
+        drafters=(
+            mtprobe.ProbeConfig(block_complexity=6, num_masks=1, **cal),
+            mtprobe.ProbeConfig(block_complexity=9, num_masks=2, **cal),
+        )
+    )
+    with pytest.raises(ValueError, match="different layer offsets .*num_masks=1.*num_masks=2"):
         mtprobe.generate(model, torch.tensor([[5, 6, 7]]), cfg, max_new_tokens=4)
 
 

@@ -583,3 +583,61 @@ def test_the_command_line_refuses_head_settings_without_a_head(flag, capsys):
 
     assert main(["topology", *flag, "--out", "bank.json"]) == 2
     assert f"{flag[0]} is a circuit head's setting: give --head DIR too" in capsys.readouterr().err
+
+
+def test_bucket_sizes_fill_the_plan_buckets():
+    from mtprobe.topology.build import bucket_sizes
+
+    # probing, one mask: nodes 1, 2, 4, ..., 32 fill 2, 4, ..., 64 inputs exactly
+    assert bucket_sizes((1, 2, 4, 8, 16, 32, 64), 2) == (32, (1, 3, 7, 15, 31))
+    # a head drafts no masks: one input per node
+    assert bucket_sizes((1, 2, 4, 8), 1) == (8, (1, 3, 7))
+    # three inputs per node: the largest tree under each bucket
+    assert bucket_sizes((8, 16, 64), 3) == (21, (1, 4, 20))
+    with pytest.raises(ValueError, match="hold no tree with a draft at 3 inputs per node"):
+        bucket_sizes((1, 2, 4), 3)
+    with pytest.raises(ValueError, match="buckets must be positive ints"):
+        bucket_sizes((0, 4), 2)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--buckets", "4,x"], "--buckets 4,x: invalid literal"),
+        (["--buckets", "1,2"], "hold no tree with a draft at 2 inputs per node"),
+        (["--buckets", "8,16", "--max-nodes", "9"], "leave out --max-nodes and --debias-sizes"),
+    ],
+)
+def test_the_command_line_checks_buckets(argv, message, capsys):
+    from mtprobe.cli import main
+
+    assert main(["topology", *argv, "--out", "bank.json"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_command_line_builds_the_bank_of_the_buckets(monkeypatch, capsys, tmp_path):
+    import mtprobe.cli.topology as cli
+
+    seen = {}
+
+    def fake_build(model, ids, **kw):
+        seen.update(kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "build_bank", fake_build)
+    monkeypatch.setattr(cli, "calibration_prompts", lambda args: (None, None, []))
+    from mtprobe.cli import main
+
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "topology",
+                "--buckets",
+                "1,2,4,8,16,32,64",
+                "--num-masks",
+                "1",
+                "--out",
+                str(tmp_path / "b.json"),
+            ]
+        )
+    assert seen["max_nodes"] == 32 and tuple(seen["debias_sizes"]) == (1, 3, 7, 15, 31)

@@ -271,7 +271,7 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
 @contextlib.contextmanager
 def layer_offsets(
     layers: torch.nn.ModuleList,
-    offsets: torch.Tensor,  # [num_layers, hidden]
+    offsets: torch.Tensor,  # [num_layers, hidden] or [k, num_layers, hidden]
     start: int,
 ) -> Iterator[None]:
     """While open, the input of decoder layer l gains ``offsets[l]`` at every position from ``start``
@@ -281,14 +281,29 @@ def layer_offsets(
     vector per layer: more of the model's computation at the mask is fitted to predicting the token
     after next, while the model's weights and every token input's computation stay as they were (no
     draft token attends to a mask, so verification is untouched). Forward pre-hooks, removed on exit.
+
+    ``[k, num_layers, hidden]`` offsets are one set per mask: the mask inputs come as runs of k
+    chained masks m_1..m_k (csrc/drafters/mask_probe.cpp, mtprobe.calibrate.mask_loss), so input
+    ``start + i`` is mask ``i % k + 1`` and gains ``offsets[i % k, l]``.
     """
-    if offsets.shape[0] != len(layers):
-        raise ValueError(f"{offsets.shape[0]} layer offsets for a model with {len(layers)} decoder layers")
+    if offsets.dim() == 2:
+        offsets = offsets.unsqueeze(0)  # one set shared by every mask
+    if offsets.dim() != 3 or offsets.shape[1] != len(layers):
+        raise ValueError(
+            f"layer offsets of shape {tuple(offsets.shape)} for a model with {len(layers)} decoder layers: "
+            f"expected [{len(layers)}, hidden] or [k, {len(layers)}, hidden]"
+        )
+    k = offsets.shape[0]
 
     def hook(index: int) -> Callable[[torch.nn.Module, tuple, dict], tuple[tuple, dict]]:
         def pre(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             h = args[0] if args else kwargs["hidden_states"]  # [batch, T, hidden]
-            add = offsets[index].to(h.dtype)  # [hidden]
+            add = offsets[:, index].to(h.dtype)  # [k, hidden]
+            if k == 1:
+                add = add[0]  # [hidden]
+            else:
+                n = h.shape[1] - start
+                add = add.repeat((n + k - 1) // k, 1)[:n]  # [n, hidden]: mask i % k + 1 at input start + i
             h = h + add if start == 0 else torch.cat([h[:, :start], h[:, start:] + add], dim=1)
             if args:
                 return (h, *args[1:]), kwargs
@@ -348,8 +363,8 @@ class HFAdapter:
         # Which of the model's hidden_states a drafter reads: -1, the last (final-normed); a circuit
         # head with LoRA draft layers reads the input of the first of them (mtprobe.lora).
         self.hidden_layer = -1
-        # [num_layers, hidden] added before each decoder layer to the mask inputs (calibrated masks with
-        # layer offsets, mtprobe.calibrate), or None: see set_mask_layer_offsets.
+        # [num_layers, hidden] or [k, num_layers, hidden] added before each decoder layer to the mask
+        # inputs (calibrated masks with layer offsets, mtprobe.calibrate), or None: set_mask_layer_offsets.
         self._mask_offsets: torch.Tensor | None = None
         self._layers: torch.nn.ModuleList | None = None
         # How a decode step's linear layers run, by its block size (mtprobe.linear_routes); the prefill
@@ -359,14 +374,15 @@ class HFAdapter:
         self._router = Router(model, used) if used - {STOCK} else None
 
     def set_mask_layer_offsets(self, offsets: torch.Tensor | None) -> None:
-        """Add ``offsets[l]`` (``[num_layers, hidden]``) to every mask input before decoder layer l from now
-        on (None: nothing); ValueError, before any forward, if the model's layers cannot be found or
-        their number differs."""
+        """Add ``offsets[l]`` (``[num_layers, hidden]``; ``[k, num_layers, hidden]``: one set per mask,
+        :func:`layer_offsets`) to every mask input before decoder layer l from now on (None: nothing);
+        ValueError, before any forward, if the model's layers cannot be found or their number differs."""
         if offsets is not None:
             self._layers = decoder_layers(self.model)
-            if offsets.shape[0] != len(self._layers):
+            if offsets.dim() not in (2, 3) or offsets.shape[-2] != len(self._layers):
                 raise ValueError(
-                    f"{offsets.shape[0]} layer offsets for a model with {len(self._layers)} decoder layers"
+                    f"layer offsets of shape {tuple(offsets.shape)} for a model with {len(self._layers)} decoder "
+                    f"layers: expected [{len(self._layers)}, hidden] or [k, {len(self._layers)}, hidden]"
                 )
         self._mask_offsets = offsets
 

@@ -20,7 +20,8 @@ passages of local text files, each under an instruction (:func:`mtprobe.data.cor
 go first, so the held-out prompts (the last ``--holdout``) stay the set's own.
 
 ``--layer-offsets`` also learns one vector per decoder layer, added to the masks' hidden state before
-that layer (``[num_layers, hidden]``, 17 280 numbers for SmolLM2; :func:`mtprobe.adapter.layer_offsets`).
+that layer (``[num_layers, hidden]``, 17 280 numbers for SmolLM2; :func:`mtprobe.adapter.layer_offsets`;
+with ``--num-masks`` k >= 2 one such set per mask, ``[k, num_layers, hidden]``).
 A mask embedding only chooses the first layer's input; the offsets steer every layer's computation at
 the mask, which a 576-number input cannot. The model's weights and every token input stay untouched
 (no draft token attends to a mask), so verification, and the output, are unchanged.
@@ -92,6 +93,8 @@ class MaskCalibration:
         stats: how they were learned (data, steps, held-out loss and accuracy before and after).
         layer_offsets: ``[num_layers, hidden]`` float32 or None; row l is added to every mask input's
             hidden state before decoder layer l (``--layer-offsets``; :func:`mtprobe.adapter.layer_offsets`).
+            ``[k, num_layers, hidden]``: one set per mask (what ``--layer-offsets`` learns for k >= 2: mask
+            j predicts a different depth, so it gets its own computation, not only its own input).
 
     >>> cal = MaskCalibration(torch.zeros(2, 4), {"model_class": "M", "vocab_size": 8, "hidden_size": 4,
     ...                                            "embedding_sha256": "0"})
@@ -106,7 +109,7 @@ class MaskCalibration:
     masks: torch.Tensor  # [k, hidden] float32
     model: dict[str, Any]
     stats: dict[str, Any] = field(default_factory=dict)
-    layer_offsets: torch.Tensor | None = None  # [num_layers, hidden] float32
+    layer_offsets: torch.Tensor | None = None  # [num_layers, hidden] or [k, num_layers, hidden] float32
 
     def __post_init__(self) -> None:
         m = self.masks
@@ -130,10 +133,12 @@ class MaskCalibration:
         object.__setattr__(self, "masks", m.detach().to("cpu", torch.float32).contiguous())
         o = self.layer_offsets
         if o is not None:
-            if not isinstance(o, torch.Tensor) or o.dim() != 2 or o.shape[0] < 1 or o.shape[1] != m.shape[1]:
+            shared = isinstance(o, torch.Tensor) and o.dim() == 2
+            per_mask = isinstance(o, torch.Tensor) and o.dim() == 3 and o.shape[0] == m.shape[0]
+            if not (shared or per_mask) or o.shape[-2] < 1 or o.shape[-1] != m.shape[1]:
                 raise ValueError(
                     f"layer_offsets must be a [num_layers, {m.shape[1]}] tensor (one vector per decoder layer, "
-                    f"the masks' hidden size), got "
+                    f"the masks' hidden size) or [{m.shape[0]}, num_layers, {m.shape[1]}] (one set per mask), got "
                     f"{tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__}"
                 )
             if not torch.isfinite(o).all():
@@ -150,6 +155,15 @@ class MaskCalibration:
     def hidden_size(self) -> int:
         return int(self.masks.shape[1])
 
+    def offsets_for(self, num_masks: int) -> torch.Tensor | None:
+        """The layer offsets a drafter with ``num_masks`` masks adds: the shared ``[num_layers, hidden]``
+        set as it is, or the first ``num_masks`` sets of per-mask offsets (``[num_masks, num_layers,
+        hidden]``: masks 1..k see nothing of later masks, so a k-mask file serves every smaller k)."""
+        o = self.layer_offsets
+        if o is None or o.dim() == 2:
+            return o
+        return o[:num_masks]
+
     def check(self, model: Any, num_masks: int | None = None) -> None:
         """ValueError unless these masks belong to ``model`` and hold at least ``num_masks`` masks."""
         now = model_identity(model)
@@ -161,9 +175,9 @@ class MaskCalibration:
             )
         if self.layer_offsets is not None:
             layers = model.config.get_text_config(decoder=True).num_hidden_layers
-            if layers != self.layer_offsets.shape[0]:
+            if layers != self.layer_offsets.shape[-2]:
                 raise ValueError(
-                    f"this mask calibration has layer offsets for {self.layer_offsets.shape[0]} decoder layers but "
+                    f"this mask calibration has layer offsets for {self.layer_offsets.shape[-2]} decoder layers but "
                     f"the model has {layers}; learn one for this model with python -m mtprobe calibrate"
                 )
         if num_masks is not None and num_masks > self.num_masks:
@@ -291,11 +305,13 @@ def mask_loss(
     anchors: torch.Tensor,  # [a] node positions p, each with p + 2 <= n - 1 (mask 1 has a target)
     cache: Any = None,
     *,
-    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden]
+    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
     return_hits: bool = False,
+    per_mask: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean cross-entropy, number of targets) of the k chained masks on every anchor, predicting
     ``ids[p + j + 1]`` from mask j; with ``return_hits`` also the number of targets the mask's top-1 hits.
+    ``per_mask``: the three as ``[k]`` tensors, one entry per mask (summed cross-entropy, not the mean).
 
     One forward over the a * k mask inputs on the cached prefix ``ids`` (``cache``: the sequence's own,
     left unchanged: the forward runs on a copy): mask j of anchor p sits at position p + j and attends to ids[0..p] and to
@@ -339,6 +355,10 @@ def mask_loss(
     ce = torch.nn.functional.cross_entropy(logits, targets.to(device), reduction="none")  # [a*k]
     count = valid.sum()
     loss = (ce * valid.to(device)).sum() / count.clamp(min=1)
+    if per_mask:
+        by_mask = lambda x: x.reshape(a, k).sum(0)  # noqa: E731  [a*k] -> [k]
+        hits = (logits.argmax(-1).cpu() == targets) & valid
+        return by_mask((ce * valid.to(device)).detach().cpu()), by_mask(valid.long()), by_mask(hits.long())
     if return_hits:
         hits = ((logits.argmax(-1).cpu() == targets) & valid).sum()
         return loss, count, hits
@@ -355,11 +375,16 @@ def _evaluate(
     masks: torch.Tensor | None,
     data: list[tuple[torch.Tensor, int, Any]],
     k: int = 1,
-    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden]
-) -> dict[str, float]:
+    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
+) -> dict[str, Any]:
     """Held-out loss and top-1 of ``masks`` ([k, hidden]; ``None``: seed 001's soft initialisation,
-    the mean of each prompt's embeddings, the baseline calibration has to beat)."""
-    total = hits = count = 0.0
+    the mean of each prompt's embeddings, the baseline calibration has to beat), pooled over the k
+    masks, and with k >= 2 also per mask (``by_mask``: mask j predicts the token j + 1 after its node)."""
+    if masks is not None:
+        k = int(masks.shape[0])
+    total = torch.zeros(k, dtype=torch.float64)  # [k]
+    hits = torch.zeros(k, dtype=torch.long)  # [k]
+    count = torch.zeros(k, dtype=torch.long)  # [k]
     table = model.get_input_embeddings().weight
     with torch.no_grad():
         for ids, start, cache in data:
@@ -370,13 +395,22 @@ def _evaluate(
                 m = table[ids[:start].to(table.device)].float().mean(0).repeat(k, 1).cpu()  # [k, hidden]
             else:
                 m = masks
-            loss, c, h = mask_loss(
-                model, m, ids, anchors, cache, layer_offsets=layer_offsets, return_hits=True
-            )
-            total += float(loss) * int(c)
-            count += int(c)
-            hits += int(h)
-    return {"loss": total / max(count, 1), "top1": hits / max(count, 1), "targets": int(count)}
+            ce, c, h = mask_loss(model, m, ids, anchors, cache, layer_offsets=layer_offsets, per_mask=True)
+            total += ce.double()
+            count += c
+            hits += h
+    n = max(int(count.sum()), 1)
+    out: dict[str, Any] = {
+        "loss": float(total.sum()) / n,
+        "top1": int(hits.sum()) / n,
+        "targets": int(count.sum()),
+    }
+    if k > 1:
+        out["by_mask"] = [
+            {"loss": float(total[j]) / max(int(count[j]), 1), "top1": int(hits[j]) / max(int(count[j]), 1)}
+            for j in range(k)
+        ]
+    return out
 
 
 def calibrate_masks(
@@ -408,7 +442,8 @@ def calibrate_masks(
     ``layer_offsets``: also learn one vector per decoder layer, added to the masks' hidden state
     before that layer (``[num_layers, hidden]``, starting at zero, with the same step size): 30 x 576
     more numbers for SmolLM2, still nothing of the model's own. They shape the model's computation at
-    the mask, not only its input, and token inputs never see them.
+    the mask, not only its input, and token inputs never see them. With ``num_masks`` >= 2 every mask
+    gets its own set (``[k, num_layers, hidden]``).
     """
     if not 1 <= num_masks <= 4:
         raise ValueError(f"num_masks={num_masks} must be between 1 and 4")
@@ -444,7 +479,13 @@ def calibrate_masks(
         offsets = None
         if layer_offsets:
             num_layers = len(adapter.decoder_layers(model))
-            offsets = torch.zeros(num_layers, masks.shape[1], requires_grad=True)  # [num_layers, hidden]
+            # One set per mask from k = 2 on: mask j predicts depth j + 1, a different job for every layer.
+            shape = (
+                (num_layers, masks.shape[1]) if num_masks == 1 else (num_masks, num_layers, masks.shape[1])
+            )
+            offsets = torch.zeros(
+                shape, requires_grad=True
+            )  # [num_layers, hidden] or [k, num_layers, hidden]
             learned.append(offsets)
         paper = _evaluate(model, None, held, num_masks) if held else {}
         before = _evaluate(model, masks.detach(), held) if held else {}
@@ -482,6 +523,10 @@ def calibrate_masks(
         after = _evaluate(model, masks.detach(), held, layer_offsets=offsets) if held else {}
         if held:
             say(f"held out after: loss {after['loss']:.3f}, top-1 {after['top1']:.3f}")
+            for j, row in enumerate(after.get("by_mask", [])):
+                say(
+                    f"  mask {j + 1} (the token {j + 2} after its node): loss {row['loss']:.3f}, top-1 {row['top1']:.3f}"
+                )
     finally:
         for p in params:
             p.requires_grad_(True)

@@ -260,20 +260,24 @@ def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
 
 
 def mask_layer_offsets(model: PreTrainedModel, config: DecodingConfig) -> torch.Tensor | None:
-    """The layer offsets (``[num_layers, hidden]``, the model's dtype and device) of the calibrated masks
+    """The layer offsets (``[num_layers, hidden]`` or, one set per mask, ``[k, num_layers, hidden]``; the
+    model's dtype and device) of the calibrated masks
     ``config`` probes with, or None when its masks have none; ValueError if two drafters of an
     AutoConfig bring different ones (one forward adds one set)."""
     configs = config.drafters if isinstance(config, AutoConfig) else (config,)
-    found: dict[str, torch.Tensor] = {}
+    found: dict[tuple[str, int], torch.Tensor] = {}
     for c in configs:
         if isinstance(c, (ProbeConfig, HybridConfig)) and c.mask_init == "calibrated":
-            offsets = load_calibration(c.mask_path).layer_offsets
+            offsets = load_calibration(c.mask_path).offsets_for(c.num_masks)
             if offsets is not None:
-                found[c.mask_path] = offsets
-    if len(found) > 1 and any(not torch.equal(o, next(iter(found.values()))) for o in found.values()):
+                found[(c.mask_path, c.num_masks)] = offsets
+    first = next(iter(found.values()), None)
+    if any(o.shape != first.shape or not torch.equal(o, first) for o in found.values()):
         raise ValueError(
-            f"AutoConfig's drafters probe with calibrations that have different layer offsets ({sorted(found)}); "
-            "one forward adds one set: use the same mask_path for every probing drafter"
+            "AutoConfig's drafters probe with different layer offsets ("
+            + ", ".join(f"{p} with num_masks={k}" for p, k in sorted(found))
+            + "); one forward adds one set: use the same mask_path and, with per-mask offsets, the same "
+            "num_masks for every probing drafter"
         )
     if not found:
         return None

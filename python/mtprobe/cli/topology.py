@@ -15,7 +15,7 @@ from mtprobe.cli._common import (
 )
 from mtprobe.config import HeadsConfig
 from mtprobe.profile import ForwardProfile
-from mtprobe.topology.build import build_bank
+from mtprobe.topology.build import bucket_sizes, build_bank
 
 HELP = "build an EntMTP topology bank for a model (or a circuit head)"
 DESCRIPTION = (
@@ -56,6 +56,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="draft counts of the frontier trees re-run on their own (one rollout each; default %(default)s)",
     )
     parser.add_argument(
+        "--buckets",
+        default=None,
+        help="comma-separated block sizes, e.g. the static plan's 1,2,4,8,16,32,64 (PlanConfig.buckets): the "
+        "bank's trees are the largest that fill each (GPU graphs run a padded bucket, so a tree between two "
+        "pays for the larger); replaces --max-nodes and --debias-sizes",
+    )
+    parser.add_argument(
         "--profile",
         default=None,
         help="a forward profile saved with mtprobe.ForwardProfile.save (default: measured once and cached)",
@@ -76,6 +83,14 @@ def run(args: argparse.Namespace) -> int:
     head = None
     if args.head is not None:
         head = HeadsConfig(path=args.head, vocab_top_k=args.vocab_top_k, head_dtype=args.head_dtype)
+    if args.buckets is not None:
+        if args.max_nodes != 15 or args.debias_sizes != "1,2,3,4,6,8,11,14":
+            raise UsageError("--buckets sets the trees' sizes: leave out --max-nodes and --debias-sizes")
+        try:
+            buckets = tuple(int(x) for x in args.buckets.split(","))
+            args.max_nodes, debias = bucket_sizes(buckets, 1 if args.head is not None else args.num_masks + 1)
+        except ValueError as e:
+            raise UsageError(f"--buckets {args.buckets}: {e}") from None
     model, _, ids = calibration_prompts(args)
     bank = build_bank(
         model,

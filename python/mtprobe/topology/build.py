@@ -308,6 +308,31 @@ def calibrate_policies(
     return best
 
 
+def bucket_sizes(buckets: Sequence[int], inputs_per_node: int) -> tuple[int, tuple[int, ...]]:
+    """(max_nodes, debias sizes) of a bank whose trees fill fixed block sizes: the static forward
+    plan's buckets (:class:`mtprobe.PlanConfig`), where every forward is padded up to a bucket, so a
+    tree between two buckets pays for the larger one. A tree of ``d`` drafts takes ``(d + 1) *
+    inputs_per_node`` inputs (``num_masks + 1`` for probing, 1 for a head): each bucket gets the
+    largest tree that fits it.
+
+    >>> bucket_sizes((1, 2, 4, 8, 16, 32, 64), 2)
+    (32, (1, 3, 7, 15, 31))
+    >>> bucket_sizes((2, 4, 8, 16, 32, 64), 3)
+    (21, (1, 4, 9, 20))
+    """
+    if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets):
+        raise ValueError(f"buckets must be positive ints (block sizes), got {list(buckets)!r}")
+    if inputs_per_node < 1:
+        raise ValueError(f"inputs_per_node={inputs_per_node} must be >= 1")
+    drafts = sorted({b // inputs_per_node - 1 for b in buckets} - {-1, 0})
+    if not drafts:
+        raise ValueError(
+            f"buckets {list(buckets)} hold no tree with a draft at {inputs_per_node} inputs per node; the "
+            f"largest must be >= {2 * inputs_per_node}"
+        )
+    return drafts[-1] + 1, tuple(drafts)
+
+
 def build_bank(
     model: Any,
     prompts: Sequence[torch.Tensor],
