@@ -24,6 +24,7 @@ import torch
 import mtprobe
 from _common import first_turn_prompts, run_lines, write_report
 from mtprobe import models
+from mtprobe.calibrate import load_calibration
 from mtprobe.config import LOOKAHEAD_PAPER_CONFIGS
 from mtprobe.specbench.questions import first_per_category, load_questions
 
@@ -52,7 +53,8 @@ def configs(bc: int, mask_path: str | None = None) -> dict[str, object]:
         cal = dict(mask_init="calibrated", mask_path=mask_path)
         out["probe-cal"] = mtprobe.ProbeConfig(block_complexity=bc, mask_lambda=0.1, **cal)
         out["probe-cal-lam0"] = mtprobe.ProbeConfig(block_complexity=bc, mask_lambda=0.0, **cal)
-        k = 2 if bc >= 60 else 1
+        # two masks from BC 60 (the paper's choice) where the file holds them
+        k = 2 if bc >= 60 and load_calibration(mask_path).num_masks >= 2 else 1
         out["hybrid-cal"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=k, mask_lambda=0.1, **cal)
         out["hybrid-cal-lam0"] = mtprobe.HybridConfig(
             block_complexity=bc, num_masks=k, mask_lambda=0.0, **cal

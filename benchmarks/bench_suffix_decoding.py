@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             if bc >= 2 * (j + 1):
                 cfgs[f"probe-mk{j}"] = mtprobe.ProbeConfig(block_complexity=bc, num_masks=j, **multi)
                 cfgs[f"hybrid-mk{j}"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=j, **multi)
+                cfgs[f"hybrid-mk{j}-mv"] = dataclasses.replace(cfgs[f"hybrid-mk{j}"], mask_value=MASK_VALUE)
         if args.head is not None:
             cfgs["heads"] = mtprobe.HeadsConfig(path=args.head, block_complexity=bc)
         cfgs["entmtp"] = mtprobe.EntMTPConfig(bank=default_bank(1, bc))
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             "hybrid",
             "hybrid-cal-lam0",
             "hybrid-cal-lam0-mv",
-            *(f"hybrid-mk{j}" for j in range(1, 5)),
+            *(f"hybrid-mk{j}{mv}" for j in range(1, 5) for mv in ("", "-mv")),
         ):
             if base in cfgs:
                 cfgs[base + "+mem"] = dataclasses.replace(cfgs[base], memory_size=SHARED_NGRAM_MEMORY_SIZE)
@@ -470,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         if lossless:
             best = max(lossless, key=lossless.get)
             issue43.append(
-                f"  - best lossless row at BC {bc}: {best} τ {lossless[best]:.3f}"
+                f"- best lossless row at BC {bc}: {best} τ {lossless[best]:.3f}"
                 + (
                     f" ({'≥' if lossless[best] >= 2.5 else '<'} 2.5, the target at BC ≤ 64)"
                     if bc <= 64
