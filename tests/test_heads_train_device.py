@@ -47,9 +47,10 @@ def _train(tiny: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _stats(capsys: pytest.CaptureFixture[str]) -> dict:
-    """The JSON object ``heads train`` prints before its size line."""
-    out = capsys.readouterr().out
-    return json.loads(out[: out.rindex("}") + 1])
+    """The JSON object ``heads train`` prints: its whole stdout (the size line goes to stderr)."""
+    captured = capsys.readouterr()
+    assert "head file: " in captured.err
+    return json.loads(captured.out)
 
 
 def _assert_lossless(tiny: Path, folder: Path) -> None:

@@ -354,7 +354,8 @@ def _train(args: argparse.Namespace) -> int:
     path = save_head(head, model, args.out, stats)
     size = path.stat().st_size
     print(json.dumps({"checkpoint": str(path), "file_bytes": size, **stats}, indent=1))
-    print(f"head file: {path}, {size / 2**20:.2f} MiB")
+    # stdout stays one JSON object (scripts parse it); the size line goes with the progress, to stderr
+    print(f"head file: {path}, {size / 2**20:.2f} MiB", file=sys.stderr)
     if size > MAX_COMMITTED_BYTES:
         print(
             f"mtprobe: warning: {path} is {size / 2**20:.1f} MiB, over the "
