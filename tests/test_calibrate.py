@@ -4,6 +4,7 @@ masks stays token-identical to greedy."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -428,6 +429,22 @@ def test_per_mask_offsets_must_be_one_set_per_mask():
             torch.nn.ModuleList([torch.nn.Identity()] * 2), torch.zeros(2, 3, 4), 0
         ):
             pass
+
+
+def test_adapter_checks_offsets_once_and_keeps_them_in_the_models_dtype(model):
+    from mtprobe.adapter import HFAdapter
+
+    adapter = HFAdapter(copy.deepcopy(model).to(torch.bfloat16), capacity=8)
+    layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
+    with pytest.raises(
+        ValueError, match=rf"shape \(2, {layers + 1}, {hidden}\) .* expected \[{layers}, hidden\]"
+    ):
+        adapter.set_mask_layer_offsets(torch.zeros(2, layers + 1, hidden))
+    adapter.set_mask_layer_offsets(torch.ones(layers, hidden))  # one set: stored as k = 1
+    assert adapter._mask_offsets.shape == (1, layers, hidden)
+    assert adapter._mask_offsets.dtype == torch.bfloat16  # cast once, not per layer per forward
+    adapter.set_mask_layer_offsets(None)
+    assert adapter._mask_offsets is None
 
 
 def test_auto_refuses_one_per_mask_file_at_two_mask_counts(model, per_mask_calibration):

@@ -268,6 +268,20 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     )
 
 
+def checked_layer_offsets(offsets: torch.Tensor, num_layers: int) -> torch.Tensor:
+    """Layer offsets as ``[k, num_layers, hidden]`` (a ``[num_layers, hidden]`` set is k = 1), or a
+    ValueError naming the shape a model of ``num_layers`` decoder layers wants."""
+    shape = tuple(offsets.shape)
+    if offsets.dim() == 2:
+        offsets = offsets.unsqueeze(0)  # one set shared by every mask
+    if offsets.dim() != 3 or offsets.shape[1] != num_layers:
+        raise ValueError(
+            f"layer offsets of shape {shape} for a model with {num_layers} decoder layers: "
+            f"expected [{num_layers}, hidden] or [k, {num_layers}, hidden]"
+        )
+    return offsets
+
+
 @contextlib.contextmanager
 def layer_offsets(
     layers: torch.nn.ModuleList,
@@ -286,24 +300,24 @@ def layer_offsets(
     chained masks m_1..m_k (csrc/drafters/mask_probe.cpp, mtprobe.calibrate.mask_loss), so input
     ``start + i`` is mask ``i % k + 1`` and gains ``offsets[i % k, l]``.
     """
-    if offsets.dim() == 2:
-        offsets = offsets.unsqueeze(0)  # one set shared by every mask
-    if offsets.dim() != 3 or offsets.shape[1] != len(layers):
-        raise ValueError(
-            f"layer offsets of shape {tuple(offsets.shape)} for a model with {len(layers)} decoder layers: "
-            f"expected [{len(layers)}, hidden] or [k, {len(layers)}, hidden]"
-        )
+    offsets = checked_layer_offsets(offsets, len(layers))  # [k, num_layers, hidden]
     k = offsets.shape[0]
+    # What each layer adds, built once per forward on the first layer's call (the mask count is the
+    # forward's): [num_layers, hidden] for one set, [num_layers, n, hidden] for k sets, mask i % k + 1
+    # at input start + i; each layer's hook then takes a view of it.
+    per_layer: list[torch.Tensor] = []
 
     def hook(index: int) -> Callable[[torch.nn.Module, tuple, dict], tuple[tuple, dict]]:
         def pre(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             h = args[0] if args else kwargs["hidden_states"]  # [batch, T, hidden]
-            add = offsets[:, index].to(h.dtype)  # [k, hidden]
-            if k == 1:
-                add = add[0]  # [hidden]
-            else:
-                n = h.shape[1] - start
-                add = add.repeat((n + k - 1) // k, 1)[:n]  # [n, hidden]: mask i % k + 1 at input start + i
+            if not per_layer:
+                if k == 1:
+                    per_layer.append(offsets[0].to(h.dtype))
+                else:
+                    n = h.shape[1] - start
+                    which = torch.arange(n, device=offsets.device) % k  # [n]
+                    per_layer.append(offsets[which].transpose(0, 1).to(h.dtype))
+            add = per_layer[0][index]  # [hidden] or [n, hidden]
             h = h + add if start == 0 else torch.cat([h[:, :start], h[:, start:] + add], dim=1)
             if args:
                 return (h, *args[1:]), kwargs
@@ -379,11 +393,9 @@ class HFAdapter:
         ValueError, before any forward, if the model's layers cannot be found or their number differs."""
         if offsets is not None:
             self._layers = decoder_layers(self.model)
-            if offsets.dim() not in (2, 3) or offsets.shape[-2] != len(self._layers):
-                raise ValueError(
-                    f"layer offsets of shape {tuple(offsets.shape)} for a model with {len(self._layers)} decoder "
-                    f"layers: expected [{len(self._layers)}, hidden] or [k, {len(self._layers)}, hidden]"
-                )
+            weight = self.embed.weight
+            # Cast once here, not in every layer's hook of every forward.
+            offsets = checked_layer_offsets(offsets, len(self._layers)).to(weight.device, weight.dtype)
         self._mask_offsets = offsets
 
     def reserve(self, needed: int) -> None:
