@@ -1,6 +1,6 @@
 """What the benchmark scripts share: the SmolLM2 prompts of a Spec-Bench question file, the lines
 every report starts with (command, date, machine, model), the device's description, the load
-average, and writing the report.
+average, τ of one configuration over a question set, and writing the report.
 
 CPU timings depend on the CPU model and its instruction set (which linear kernel is fastest differs
 between an AMD EPYC with AVX2 and an Intel Xeon with AVX-512: mtprobe.linear_routes), so reports
@@ -13,12 +13,15 @@ import os
 import platform
 import shlex
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import torch
 import transformers
 
+import mtprobe
 from mtprobe.data import encode_conversation
+from mtprobe.drafters import ngram_memories
 from mtprobe.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import Question
 
@@ -68,6 +71,30 @@ def load_average() -> str:
         return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def tau_counts(
+    model, prompts: list[tuple[Question, torch.Tensor]], refs: list[torch.Tensor], cfg, max_new_tokens: int
+) -> tuple[dict[str, list[int]], list[int], int]:
+    """One configuration over the questions in order, greedy: ({task and "all": [tokens gained, decode
+    forwards]}, [new tokens, forwards incl. prefill], answers not token-identical to ``refs``). A
+    cross-request n-gram memory starts empty and is emptied after."""
+    for memory in ngram_memories(model, cfg):
+        memory.clear()
+    per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    total = [0, 0]
+    bad = 0
+    for (q, ids), ref in zip(prompts, refs, strict=True):
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=max_new_tokens, do_sample=False)
+        bad += not torch.equal(out.sequences, ref)
+        for key in (q.task, "all"):
+            per_task[key][0] += sum(out.accept_lengths)
+            per_task[key][1] += len(out.accept_lengths)
+        total[0] += out.new_tokens
+        total[1] += out.forward_calls
+    for memory in ngram_memories(model, cfg):
+        memory.clear()
+    return per_task, total, bad
 
 
 def write_report(out: str | Path, lines: list[str]) -> None:

@@ -40,11 +40,10 @@ import numpy as np
 import torch
 
 import mtprobe
-from _common import first_turn_prompts, run_lines, write_report
+from _common import first_turn_prompts, run_lines, tau_counts, write_report
 from bench_baselines import configs as baseline_configs
 from mtprobe import models
 from mtprobe.calibrate import load_calibration
-from mtprobe.drafters import ngram_memories
 from mtprobe.specbench.methods import SHARED_NGRAM_MEMORY_SIZE
 from mtprobe.specbench.questions import first_per_category, load_questions
 from mtprobe.topology.bank import default_bank
@@ -279,21 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cfg = cfgs[name]
             t0 = time.perf_counter()
-            for memory in ngram_memories(model, cfg):
-                memory.clear()  # each run starts from an empty shared memory, questions in order
-            per_task = defaultdict(lambda: [0, 0])
-            total = [0, 0]
-            bad = 0
-            for (q, ids), ref in zip(prompts, refs, strict=True):
-                out = mtprobe.generate(model, ids, cfg, max_new_tokens=args.max_new_tokens, do_sample=False)
-                bad += not torch.equal(out.sequences, ref)
-                for key in (q.task, "all"):
-                    per_task[key][0] += sum(out.accept_lengths)
-                    per_task[key][1] += len(out.accept_lengths)
-                total[0] += out.new_tokens
-                total[1] += out.forward_calls
-            for memory in ngram_memories(model, cfg):
-                memory.clear()
+            per_task, total, bad = tau_counts(model, prompts, refs, cfg, args.max_new_tokens)
             rows.append((bc, name, per_task, total, bad))
             tau = per_task["all"][0] / max(1, per_task["all"][1])
             print(
