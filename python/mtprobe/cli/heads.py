@@ -16,7 +16,6 @@ written over the model as loaded on the CPU. ``--max-seconds S`` caps the traini
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -211,8 +210,8 @@ def _float32_features(features: Features) -> Features:
 
 
 def _cpu_head(head: CircuitHead, model: Any) -> CircuitHead:
-    """``head``, trained on another device or over a bfloat16 copy of ``model``, as a float32 head over
-    ``model`` (the backbone as loaded, on the CPU): what ``load_head`` would build from its file, with
+    """``head``, trained on another device or over the backbone in bfloat16, as a float32 head over
+    ``model`` (the backbone as loaded, on the CPU, in float32): what ``load_head`` would build from its file, with
     the trained parameters and buffers copied in. The frozen copies in its LoRA draft layers (norms)
     stay ``model``'s own float32 weights, and the checkpoint names ``model``, not a rounded copy."""
     frozen = {name for name, p in head.named_parameters() if not p.requires_grad}
@@ -228,15 +227,20 @@ def _train(args: argparse.Namespace) -> int:
     _check_train_arguments(args)
     device = resolve_device(args)
     model, tokenizer, prompts = calibration_prompts(args)  # on the CPU, float32
-    # The backbone that generates, computes the features and carries the head: `model` itself on the
-    # CPU in float32 (as before), else a copy on the device in --dtype, so that `model` stays what the
-    # checkpoint is written over (its identity hashes float32 weights; bfloat16 ones would differ).
+    # The backbone that generates, computes the features and carries the head: the model as loaded on
+    # the CPU in float32, else moved to the device in --dtype (not copied: host memory stays one
+    # model's). A checkpoint names the float32 CPU model (its identity hashes float32 weights;
+    # bfloat16 ones would differ), so a moved one is loaded afresh where that model is needed.
     as_loaded = device.type == "cpu" and args.dtype == "float32"
-    work = model if as_loaded else copy.deepcopy(model).to(device=device, dtype=getattr(torch, args.dtype))
+    work = model if as_loaded else model.to(device=device, dtype=getattr(torch, args.dtype))
+
+    def cpu_model() -> Any:
+        return model if as_loaded else models.load(args.model)[0]
+
     layer = -1
     if args.lora_layers:
         try:
-            layers = len(decoder_of(model).layers)
+            layers = len(decoder_of(work).layers)
         except ValueError as e:
             raise UsageError(str(e)) from None
         if args.lora_layers > layers:
@@ -287,7 +291,7 @@ def _train(args: argparse.Namespace) -> int:
         features = compute_features(work, seqs, print_progress, layer)
         if args.features:
             torch.save({"features": asdict(_float32_features(features)), "data": data}, args.features)
-    weight, _ = output_embedding(model)
+    weight, _ = output_embedding(work)
     spec = HeadSpec(
         circuit=args.circuit,
         window=args.window,
@@ -303,7 +307,7 @@ def _train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     head = new_head(work, spec)  # initialised on the CPU, then moved: the same start on every device
     if args.init is not None:  # loaded over the CPU model, whose identity its checkpoint names
-        init_from(head, load_head(args.init, model))
+        init_from(head, load_head(args.init, cpu_model()))
         data["init"] = os.path.basename(os.path.normpath(args.init))
     stats = train_head(
         head,
@@ -322,6 +326,7 @@ def _train(args: argparse.Namespace) -> int:
     if getattr(args, "argv", None):  # the training command, recorded with the head it made
         stats["command"] = "python -m mtprobe " + shlex.join(args.argv)
     if not as_loaded:
+        model = cpu_model()
         head = _cpu_head(head, model)
     path = save_head(head, model, args.out, stats)
     size = path.stat().st_size
