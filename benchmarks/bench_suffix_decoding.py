@@ -47,6 +47,7 @@ from mtprobe.calibrate import load_calibration
 from mtprobe.specbench.methods import SHARED_NGRAM_MEMORY_SIZE
 from mtprobe.specbench.questions import first_per_category, load_questions
 from mtprobe.topology.bank import default_bank
+from sweep_tau import parse_fields
 
 ARCTIC_VERSION = "0.3.0"
 DEFAULT_PEER_DIR = (
@@ -198,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a calibration of k >= 2 masks: adds probe-mk{j}, hybrid-mk{j} and hybrid-mk{j}+mem for j = 1..k "
         "(its first j masks, λ 0)",
     )
+    ap.add_argument(
+        "--tuned",
+        nargs="*",
+        default=None,
+        help="key=value fields of HybridConfig over hybrid-cal-lam0 (e.g. max_depth=16 grow_probed=True, "
+        "chosen on held-out questions with sweep_tau.py): adds the hybrid-tuned and hybrid-tuned+mem rows",
+    )
     ap.add_argument("--head", default=None, help="a circuit head's folder: adds the `heads` row")
     ap.add_argument("--entmtp", action="store_true", help="adds the `entmtp` row (default bank at each BC)")
     ap.add_argument(
@@ -223,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         multi_k = load_calibration(args.multi_mask_path).num_masks
     extra_rows = [r.format(j=j) for j in range(1, multi_k + 1) for r in MULTI_MASK_ROWS]
     extra_rows += ["heads"] * (args.head is not None) + ["entmtp"] * args.entmtp
+    tuned = {}
+    if args.tuned is not None:
+        if args.mask_path is None:
+            raise SystemExit("--tuned changes hybrid-cal-lam0, which needs --mask-path")
+        tuned = parse_fields(args.tuned, mtprobe.HybridConfig, many=False)
+        extra_rows += ["hybrid-tuned", "hybrid-tuned+mem"]
     torch.set_num_threads(args.threads)
     SuffixDecodingCache = import_suffix_cache(args.peer_dir)
 
@@ -260,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 cfgs[f"probe-mk{j}"] = mtprobe.ProbeConfig(block_complexity=bc, num_masks=j, **multi)
                 cfgs[f"hybrid-mk{j}"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=j, **multi)
                 cfgs[f"hybrid-mk{j}-mv"] = dataclasses.replace(cfgs[f"hybrid-mk{j}"], mask_value=MASK_VALUE)
+        if args.tuned is not None:
+            cfgs["hybrid-tuned"] = dataclasses.replace(cfgs["hybrid-cal-lam0"], **tuned)
         if args.head is not None:
             cfgs["heads"] = mtprobe.HeadsConfig(path=args.head, block_complexity=bc)
         cfgs["entmtp"] = mtprobe.EntMTPConfig(bank=default_bank(1, bc))
@@ -268,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             "hybrid",
             "hybrid-cal-lam0",
             "hybrid-cal-lam0-mv",
+            "hybrid-tuned",
             *(f"hybrid-mk{j}{mv}" for j in range(1, 5) for mv in ("", "-mv")),
         ):
             if base in cfgs:
@@ -347,6 +364,15 @@ def main(argv: list[str] | None = None) -> int:
                 "the hybrid's: dynamic), B = BC/(j + 1) nodes with j masks each"
             ]
             if multi_k
+            else []
+        ),
+        *(
+            [
+                "- `hybrid-tuned`: hybrid-cal-lam0 with "
+                + ", ".join(f"{k}={v!r}" for k, v in tuned.items())
+                + " (fields chosen on held-out tuning questions, `benchmarks/sweep_tau.py`)"
+            ]
+            if args.tuned is not None
             else []
         ),
         *(

@@ -131,10 +131,12 @@ def tiny():
     return tiny_llama(vocab_size=24, eos_token_id=23)
 
 
-@pytest.mark.parametrize("mask_value", [None, 0.5])
+@pytest.mark.parametrize("mask_value, grow_probed", [(None, False), (0.5, False), (None, True), (0.5, True)])
 @pytest.mark.parametrize("block_complexity, num_masks", [(4, 1), (10, 1), (30, 1), (60, 2), (30, 3)])
-def test_lossless_on_tiny_llama(tiny, block_complexity, num_masks, mask_value):
-    cfg = mtprobe.HybridConfig(block_complexity=block_complexity, num_masks=num_masks, mask_value=mask_value)
+def test_lossless_on_tiny_llama(tiny, block_complexity, num_masks, mask_value, grow_probed):
+    cfg = mtprobe.HybridConfig(
+        block_complexity=block_complexity, num_masks=num_masks, mask_value=mask_value, grow_probed=grow_probed
+    )
     gen = torch.Generator().manual_seed(block_complexity + num_masks)
     for length in (1, 9, 50):
         prompt = torch.randint(0, 6, (1, length), generator=gen)
@@ -170,31 +172,47 @@ class Recorder(_C.Drafter):
         self.inner.observe(outcome)
 
 
-def test_both_sources_draft_within_the_budget(tiny):
-    cfg = mtprobe.HybridConfig(block_complexity=12)  # B = 6 nodes, each with its mask
+def _recorded_steps(tiny, cfg: mtprobe.HybridConfig) -> list[tuple[int, int, int, int]]:
+    """Decode a repetitive prompt (the store has matches) at BC 12, check it is greedy's output, and
+    return the Recorder's steps."""
     drafter = Recorder(hybrid_drafter(tiny, cfg))
     prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]])
     loop = cpu_decode_loop(tiny, drafter, max_new_tokens=40, block_complexity=12, prompt_len=prompt.shape[1])
     seq = loop.run(prompt[0]).sequence
     assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()
-    assert all(inputs <= 12 and drafts <= 5 for _, _, drafts, inputs in drafter.steps)
-    assert all(inputs == 2 * (drafts + 1) for _, _, drafts, inputs in drafter.steps if inputs > 2)
+    return drafter.steps
+
+
+def test_both_sources_draft_within_the_budget(tiny):
+    cfg = mtprobe.HybridConfig(block_complexity=12)  # B = 6 nodes, each with its mask
+    steps = _recorded_steps(tiny, cfg)
+    assert all(inputs <= 12 and drafts <= 5 for _, _, drafts, inputs in steps)
+    assert all(inputs == 2 * (drafts + 1) for _, _, drafts, inputs in steps if inputs > 2)
     # Both sources offered drafts on the same step, and the union had to choose.
-    assert any(p > 0 and n > 0 and p + n > d for p, n, d, _ in drafter.steps)
+    assert any(p > 0 and n > 0 and p + n > d for p, n, d, _ in steps)
+
+
+@pytest.mark.parametrize("mask_value", [None, 0.5])
+def test_grown_tree_drafts_within_the_budget_and_below_probed_nodes(tiny, mask_value):
+    # grow_probed: one best-first tree, so the block never exceeds BC and, on a repetitive prompt,
+    # holds store drafts besides probing's.
+    cfg = mtprobe.HybridConfig(block_complexity=12, mask_value=mask_value, grow_probed=True)
+    steps = _recorded_steps(tiny, cfg)
+    assert all(inputs <= 12 for _, _, _, inputs in steps)
+    if mask_value is None:
+        assert all(drafts <= 5 and inputs == 2 * (drafts + 1) for _, _, drafts, inputs in steps if inputs > 2)
+    assert any(p > 0 and n > 0 for p, n, _, _ in steps)  # both sources in one block
+    assert all(n <= d for _, n, d, _ in steps)  # the store's count is of the block's own nodes
 
 
 def test_planned_masks_draft_more_within_the_budget(tiny):
     # mask_value: masks only where the step is likely to end, so on a repetitive prompt (confident
     # n-gram chains) a step drafts more than B - 1 = 5 nodes, and never more inputs than BC.
     cfg = mtprobe.HybridConfig(block_complexity=12, mask_value=0.5)
-    drafter = Recorder(hybrid_drafter(tiny, cfg))
-    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]])
-    loop = cpu_decode_loop(tiny, drafter, max_new_tokens=40, block_complexity=12, prompt_len=prompt.shape[1])
-    seq = loop.run(prompt[0]).sequence
-    assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()
-    assert all(inputs <= 12 for _, _, _, inputs in drafter.steps)
-    assert any(drafts > 5 for _, _, drafts, _ in drafter.steps)
-    assert any(inputs < 2 * (drafts + 1) for _, _, drafts, inputs in drafter.steps)  # some nodes unmasked
+    steps = _recorded_steps(tiny, cfg)
+    assert all(inputs <= 12 for _, _, _, inputs in steps)
+    assert any(drafts > 5 for _, _, drafts, _ in steps)
+    assert any(inputs < 2 * (drafts + 1) for _, _, drafts, inputs in steps)  # some nodes unmasked
 
 
 def test_smollm2_greedy_equality_and_gain_over_probing(smollm2):
@@ -204,6 +222,8 @@ def test_smollm2_greedy_equality_and_gain_over_probing(smollm2):
     ref = model.generate(ids, do_sample=False, max_new_tokens=48)
     hybrid = mtprobe.generate(model, ids, mtprobe.HybridConfig(block_complexity=30), max_new_tokens=48)
     probe = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=30), max_new_tokens=48)
+    grown = mtprobe.HybridConfig(block_complexity=30, grow_probed=True)
+    assert torch.equal(mtprobe.generate(model, ids, grown, max_new_tokens=48).sequences, ref)
     assert torch.equal(hybrid.sequences, ref)
     assert torch.equal(probe.sequences, ref)
     # Text that repeats the prompt: the n-gram half must add what probing alone does not draft.
@@ -227,3 +247,5 @@ def test_bad_config(kwargs, message):
         mtprobe.HybridConfig(**kwargs)
     with pytest.raises(TypeError, match="mask_value must be None or a number >= 0, got '0.5'"):
         mtprobe.HybridConfig(mask_value="0.5")
+    with pytest.raises(TypeError, match="grow_probed must be True or False, got 1"):
+        mtprobe.HybridConfig(grow_probed=1)

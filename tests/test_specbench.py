@@ -1215,6 +1215,19 @@ def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
             _drafter_configs(bad)
 
 
+def test_hybrid_grow_probed_flag(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "grown.jsonl"
+    args = ("--model", str(tiny), "--max-new-tokens", "8", "--method", "hybrid", "--limit", "1")
+    assert _run_cli(*args, "--grow-probed", "true", "--answer-file", str(out)) == 0
+    line = _lines(out)[0]
+    assert line["mtprobe"]["method_config"]["grow_probed"] is True
+    assert line["model_id"].endswith("-hybrid-bc30-grow-on")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        _run_cli(*args, "--grow-probed", "maybe", "--answer-file", str(tmp_path / "x.jsonl"))
+    assert "argument --grow-probed: expected true or false, got 'maybe'" in capsys.readouterr().err
+
+
 def test_shared_ngram_memory_across_questions(
     tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -206,6 +206,92 @@ def test_cpp_store_and_tree_match_reference(seed):
             )
 
 
+def _random_seed_tree(rng: random.Random) -> tuple[list[int], list[int], list[float]]:
+    """A probing-like tree over the root (node 0): tokens from the stores' alphabet, distinct among
+    siblings, scores in sixteenths that never rise above a parent's."""
+    tokens, parents, scores = [rng.randint(0, 5)], [-1], [1.0]
+    for _ in range(rng.randint(0, 7)):
+        parent = rng.randrange(len(tokens))
+        token = rng.randint(0, 7)
+        if any(p == parent and t == token for p, t in zip(parents, tokens, strict=True)):
+            continue
+        tokens.append(token)
+        parents.append(parent)
+        scores.append(scores[parent] * rng.randint(1, 16) / 16)
+    return tokens, parents, scores
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cpp_seeded_tree_matches_reference(seed):
+    for rng, ref, cpp in _random_stores(100 + seed):
+        for _ in range(5):
+            context = [rng.randint(0, 5) for _ in range(rng.randint(1, 8))]
+            grow = _random_seed_tree(rng)
+            budget, depth = rng.randint(1, 12), rng.randint(1, 6)
+            got = _C.build_stand_tree(cpp, context, budget, depth, seed=grow)
+            want = build_stand_tree(ref, context, budget, depth, seed=grow)
+            assert got[:2] == tuple(want[:2]), (context, grow, budget, depth)
+            assert got[2] == pytest.approx(want[2], rel=1e-9)
+
+
+def test_seeded_tree_properties():
+    # Every seed node within the budget and depth is in the tree; no (parent, token) twice; each
+    # node's score is the best of its sources; a seed of the root alone is the store's tree.
+    rng = random.Random(7)
+    for _, ref, _ in _random_stores(200):
+        context = [rng.randint(0, 5) for _ in range(rng.randint(1, 8))]
+        plain = build_stand_tree(ref, context, 12, 4)
+        assert build_stand_tree(ref, context, 12, 4, seed=([context[-1]], [-1], [1.0]))[:2] == plain
+        grow = _random_seed_tree(rng)
+        tokens, parents, scores = build_stand_tree(ref, context, 64, 8, seed=grow)
+        pairs = list(zip(parents, tokens, strict=True))
+        assert len(set(pairs)) == len(pairs)
+        assert all(p < i for i, p in enumerate(parents))
+        assert all(scores[i] <= scores[p] + 1e-12 for i, p in enumerate(parents) if p >= 0)
+        if len(tokens) == 64:
+            continue  # the budget cut the tree: seed nodes may be among the cut
+        where = {0: -1}  # each seed path is a tree path
+        for i in range(1, len(grow[0])):
+            if grow[1][i] in where:
+                match = [j for j, pt in enumerate(pairs) if pt == (where[grow[1][i]], grow[0][i])]
+                assert match, (grow, i)
+                where[i] = match[0]
+                assert scores[match[0]] >= grow[2][i] - 1e-12
+
+
+def test_seeded_tree_worked_example():
+    # csrc/core/ngram_store.h: 8 enters at the seed's .5 (the store's is .25) and its seed child 7 (.3)
+    # outranks the store's 7 below it (.25), the same node.
+    grow = ([6, 8, 7], [-1, 0, 1], [1.0, 0.5, 0.3])
+    for store in (example_store(), _C.NgramStore(2, 3)):
+        if isinstance(store, _C.NgramStore):
+            store.add([5, 6], [7, 8], [0.6, 0.2])
+            store.add([6, 7], [9], [1.0])
+            store.add([6, 8], [9, 7], [0.5, 0.5])
+            tokens, parents, scores = _C.build_stand_tree(store, [5, 6], 4, 3, seed=grow)
+        else:
+            tokens, parents, scores = build_stand_tree(store, [5, 6], 4, 3, seed=grow)
+        assert (tokens, parents) == ([7, 9, 8, 7], [-1, 0, -1, 2])
+        assert scores == pytest.approx([0.75, 0.75, 0.5, 0.3])
+    # A probed token the store never predicted after [5 6] still gets the store's continuation
+    # below it (its key [4]): the union of two separate trees would end that branch at 4.
+    store = example_store()
+    store.add([3, 4], [9], [1.0])
+    assert build_stand_tree(store, [5, 6], 3, 3) == ([7, 9, 8], [-1, 0, -1])
+    tokens, parents, _ = build_stand_tree(store, [5, 6], 3, 3, seed=([6, 4], [-1, 0], [1.0, 0.9]))
+    assert (tokens, parents) == ([4, 9, 7], [-1, 0, -1])
+
+
+def test_cpp_seed_must_be_a_tree():
+    store = _C.NgramStore(2, 3)
+    with pytest.raises(ValueError, match="seed node 2 has parent 2"):
+        _C.build_stand_tree(store, [5, 6], 4, 3, seed=([6, 8, 7], [-1, 0, 2], [1.0, 0.5, 0.3]))
+    with pytest.raises(ValueError, match="seed nodes 1 and 2 share parent 0 and token 8"):
+        _C.build_stand_tree(store, [5, 6], 4, 3, seed=([6, 8, 8], [-1, 0, 0], [1.0, 0.5, 0.3]))
+    with pytest.raises(ValueError, match="one entry per node, got 3, 2 and 3"):
+        _C.build_stand_tree(store, [5, 6], 4, 3, seed=([6, 8, 7], [-1, 0], [1.0, 0.5, 0.3]))
+
+
 def test_cpp_worked_example():
     store = _C.NgramStore(2, 3)
     store.add([5, 6], [7, 8], [0.6, 0.2])

@@ -1,20 +1,21 @@
 // Bindings that exist for tests and inspection, not for generation: the torch-free core's
 // algorithms (draft trees, prompt lookup, STAND's n-gram store, lookahead's pool and window, the
-// scheduler's best cut), the decode loop's mask builder and the small-batch linear op's kernels, exposed so that tests/test_*.py can
-// compare each with its Python reference (mtprobe.reference) or pin its output. Nothing in
-// python/mtprobe calls them; the drafters and the decode loop reach the same C++ directly. They keep
-// flat names on mtprobe._C (mtprobe._C.build_draft_tree, ...), registered after the API bindings
-// whose types they take (NgramMemory, AcceptanceStats, CostTable).
-#include <pybind11/stl.h>
-
+// scheduler's best cut), the decode loop's mask builder and the small-batch linear op's kernels, exposed so
+// that tests/test_*.py can compare each with its Python reference (mtprobe.reference) or pin its output.
+// Nothing in python/mtprobe calls them; the drafters and the decode loop reach the same C++ directly. They
+// keep flat names on mtprobe._C (mtprobe._C.build_draft_tree, ...), registered after the API bindings whose
+// types they take (NgramMemory, AcceptanceStats, CostTable).
 #include <ATen/Parallel.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bindings/bindings.h"
@@ -76,10 +77,11 @@ void bind_testing(py::module_& m) {
         return static_cast<int64_t>(ids.size());
       },
       py::arg("n"));
-  m.def("small_batch_linear_at_level", &ops::small_batch_linear_at_level, py::arg("x"), py::arg("weight"),
-        py::arg("bias"), py::arg("level"),
-        "torch.ops.mtprobe.small_batch_linear with the kernel named: 0 portable, 1 AVX2/FMA, 2 AVX-512, 3 the "
-        "default (a level the CPU does not run falls back to the default).");
+  m.def(
+      "small_batch_linear_at_level", &ops::small_batch_linear_at_level, py::arg("x"), py::arg("weight"),
+      py::arg("bias"), py::arg("level"),
+      "torch.ops.mtprobe.small_batch_linear with the kernel named: 0 portable, 1 AVX2/FMA, 2 AVX-512, 3 the "
+      "default (a level the CPU does not run falls back to the default).");
   // Draft trees from candidates, merged, and their mask carriers (csrc/core/draft_tree.h; tests compare
   // them with mtprobe.reference.draft_tree).
   m.def(
@@ -191,20 +193,45 @@ void bind_testing(py::module_& m) {
   m.def(
       "build_stand_tree",
       [](const core::NgramStore& store, const std::vector<int64_t>& context, int64_t budget,
-         int64_t max_depth, std::shared_ptr<core::NgramMemory> memory) {
+         int64_t max_depth, std::shared_ptr<core::NgramMemory> memory,
+         std::optional<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<double>>> seed)
+          -> py::tuple {
         std::vector<int64_t> tokens(static_cast<size_t>(std::max<int64_t>(budget, 0)));
         std::vector<int64_t> parents(tokens.size());
-        const int64_t n =
-            core::build_stand_tree(store, context.data(), static_cast<int64_t>(context.size()), budget,
-                                   max_depth, tokens.data(), parents.data(), nullptr, memory.get());
+        std::vector<double> scores(tokens.size());
+        core::SeedTree grow;
+        if (seed) {
+          const auto& [st, sp, ss] = *seed;
+          TORCH_CHECK_VALUE(st.size() == sp.size() && sp.size() == ss.size(),
+                            "seed tokens, parents and scores must have one entry per node, got ", st.size(),
+                            ", ", sp.size(), " and ", ss.size());
+          for (size_t i = 0; i < sp.size(); ++i)
+            TORCH_CHECK_VALUE(i == 0 ? sp[i] == -1 : (sp[i] >= 0 && sp[i] < static_cast<int64_t>(i)),
+                              "seed node ", i, " has parent ", sp[i],
+                              ": node 0 is the root (parent -1), every "
+                              "other node's parent an earlier node");
+          for (size_t i = 1; i < sp.size(); ++i) {
+            for (size_t j = 1; j < i; ++j)
+              TORCH_CHECK_VALUE(sp[j] != sp[i] || st[j] != st[i], "seed nodes ", j, " and ", i,
+                                " share parent ", sp[i], " and token ", st[i], ": siblings must differ");
+          }
+          grow = {st.data(), sp.data(), ss.data(), static_cast<int64_t>(st.size())};
+        }
+        const int64_t n = core::build_stand_tree(store, context.data(), static_cast<int64_t>(context.size()),
+                                                 budget, max_depth, tokens.data(), parents.data(),
+                                                 scores.data(), memory.get(), grow);
         tokens.resize(static_cast<size_t>(n));
         parents.resize(static_cast<size_t>(n));
+        scores.resize(static_cast<size_t>(n));
+        if (seed) return py::make_tuple(tokens, parents, scores);
         return py::make_tuple(tokens, parents);
       },
       py::arg("store"), py::arg("context"), py::arg("budget"), py::arg("max_depth"),
-      py::arg("memory") = py::none(),
+      py::arg("memory") = py::none(), py::arg("seed") = py::none(),
       "The STAND draft tree (csrc/core/ngram_store.h): (tokens, parents), parent -1 = the root; with a "
-      "memory, lookups fall back to it where the store has no key of that length.");
+      "memory, lookups fall back to it where the store has no key of that length. With a seed (tokens, "
+      "parents, scores; node 0 the root), the tree grown from it too, returned as (tokens, parents, "
+      "scores).");
 
   // Lookahead's n-gram pool and Jacobi window as host objects, mirroring csrc/core/lookahead.h
   // (tests compare them with mtprobe.reference.lookahead).

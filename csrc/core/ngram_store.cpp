@@ -193,7 +193,7 @@ void NgramMemory::clear() {
 
 int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_t len, int64_t budget,
                          int64_t max_depth, int64_t* out_tokens, int64_t* out_parents, double* out_scores,
-                         NgramMemory* memory) {
+                         NgramMemory* memory, const SeedTree& seed) {
   if (len < 1 || budget < 1 || max_depth < 1) return 0;
   struct Cand {
     double score;
@@ -237,17 +237,51 @@ int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_
     for (int64_t i = 0; i < m; ++i) queue.push({score * cand_probs[i], node, cand_probs[i], cand_tokens[i]});
   };
 
+  // The seed's children per seed node, and the seed node each placed node is (-1: none).
+  std::vector<std::vector<int64_t>> seed_children(static_cast<size_t>(std::max<int64_t>(seed.size, 0)));
+  for (int64_t i = 1; i < seed.size; ++i) seed_children[static_cast<size_t>(seed.parents[i])].push_back(i);
+  std::vector<int64_t> seed_of;
+  auto push_seed_children = [&](int64_t node, int64_t s) {
+    for (int64_t i : seed_children[static_cast<size_t>(s)])
+      queue.push({seed.scores[i], node, seed.scores[i], seed.tokens[i]});
+  };
+  std::vector<std::vector<int64_t>> children(1);  // placed nodes per parent (index parent + 1)
+
   push_children(-1, 1.0);
+  if (seed.size > 0) push_seed_children(-1, 0);
   int64_t count = 0;
   while (count < budget && !queue.empty()) {
     const Cand c = queue.top();
     queue.pop();
+    auto& siblings = children[static_cast<size_t>(c.parent + 1)];
+    if (seed.size > 0) {  // without a seed no (parent, token) repeats: one table per parent
+      bool placed = false;
+      for (int64_t v : siblings) placed = placed || out_tokens[v] == c.token;
+      if (placed) continue;
+    }
     out_tokens[count] = c.token;
     out_parents[count] = c.parent;
     if (out_scores != nullptr) out_scores[count] = c.score;
     depth.push_back(c.parent < 0 ? 1 : depth[c.parent] + 1);
+    siblings.push_back(count);
+    children.emplace_back();
     ++count;
-    if (depth.back() < max_depth && count < budget) push_children(count - 1, c.score);
+    const int64_t node = count - 1;
+    if (depth.back() < max_depth && count < budget) push_children(node, c.score);
+    if (seed.size > 0) {
+      const int64_t parent_seed = c.parent < 0 ? 0 : seed_of[static_cast<size_t>(c.parent)];
+      int64_t s = -1;
+      if (parent_seed >= 0) {
+        for (int64_t i : seed_children[static_cast<size_t>(parent_seed)]) {
+          if (seed.tokens[i] == c.token) {
+            s = i;
+            break;
+          }
+        }
+      }
+      seed_of.push_back(s);
+      if (s >= 0 && depth.back() < max_depth && count < budget) push_seed_children(node, s);
+    }
   }
   return count;
 }

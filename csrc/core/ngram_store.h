@@ -175,8 +175,26 @@ class NgramMemory {
 // Returns the number of nodes (0: nothing matched). out_tokens[budget], out_parents[budget], and,
 // when given, out_scores[budget]: each node's cumulative probability. With a `memory`, lookups fall
 // back to it where the store has no key of that length (NgramMemory above).
+//
+// With a `seed`, the tree grows from another drafter's tree as well (the hybrid: probing's tree over
+// the same root). Seed node i > 0 (node 0 is the root; parents[i] < i) is a candidate with its own
+// score (siblings distinct), pushed once its seed parent is placed, and every placed node, wherever it came
+// from, pushes the store's children: the store drafts below a probed token too. A (parent, token) placed
+// twice is one node, at the higher score (the one taken first). Without a seed, or with only its root, the
+// tree is the store's alone.
+//   Example: the store above, context [5 6], seed 6 -+- 8 (.5) --- 7 (.3); budget 4, max_depth 3:
+//     7 (.75), 9 (.75 * 1), 8 (.5: the seed's, above the store's .25), then 8's children from the
+//     seed (7 .3) and the store (7 .25, 9 .25): 7 (.3); the store's 7 under 8 is the same node.
+//     tokens = [7 9 8 7], parents = [-1 0 -1 2]
+struct SeedTree {
+  const int64_t* tokens = nullptr;   // [size]
+  const int64_t* parents = nullptr;  // [size], parents[0] = -1
+  const double* scores = nullptr;    // [size], cumulative probabilities
+  int64_t size = 0;
+};
 int64_t build_stand_tree(const NgramStore& store, const int64_t* context, int64_t len, int64_t budget,
                          int64_t max_depth, int64_t* out_tokens, int64_t* out_parents,
-                         double* out_scores = nullptr, NgramMemory* memory = nullptr);
+                         double* out_scores = nullptr, NgramMemory* memory = nullptr,
+                         const SeedTree& seed = SeedTree{});
 
 }  // namespace mtprobe::core

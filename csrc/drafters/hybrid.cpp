@@ -12,14 +12,28 @@ MaskProbeOptions dynamic(MaskProbeOptions o, double mask_value) {
   if (mask_value >= 0.0) o.tree_nodes = o.block_complexity - o.num_masks;
   return o;
 }
+// Nodes of `tree` (root excluded) whose path from the root is not one of `seed`'s.
+int64_t count_outside(const std::vector<core::DraftNode>& tree, const std::vector<core::DraftNode>& seed) {
+  std::vector<int64_t> in_seed(tree.size(), -1);  // tree index -> seed index, -1: none
+  if (!tree.empty() && !seed.empty()) in_seed[0] = 0;
+  int64_t outside = 0;
+  for (size_t i = 1; i < tree.size(); ++i) {
+    const int64_t sp = in_seed[static_cast<size_t>(tree[i].parent)];
+    for (size_t j = 1; sp >= 0 && j < seed.size() && in_seed[i] < 0; ++j)
+      if (seed[j].parent == sp && seed[j].token == tree[i].token) in_seed[i] = static_cast<int64_t>(j);
+    outside += in_seed[i] < 0;
+  }
+  return outside;
+}
 }  // namespace
 
 HybridDrafter::HybridDrafter(at::Tensor embedding, MaskProbeOptions probe, StandOptions stand,
-                             double mask_value)
+                             double mask_value, bool grow_probed)
     : probe_(std::move(embedding), dynamic(std::move(probe), mask_value)),
       stand_(stand),
       stand_depth_(stand.max_depth),
-      mask_value_(mask_value) {}
+      mask_value_(mask_value),
+      grow_probed_(grow_probed) {}
 
 void HybridDrafter::begin(const at::Tensor& prompt) {
   probe_.begin(prompt);
@@ -37,12 +51,20 @@ DraftBlock HybridDrafter::propose(const at::Tensor& committed, int64_t prefix_le
   std::vector<core::DraftNode> probed = probe_.candidate_tree(root_token, limits);
   // The store's tree: no deeper than the tokens still wanted, and room for the masks below it.
   const int64_t depth = std::min({stand_depth_, limits.tokens_left - 1, limits.max_depth - k});
-  std::vector<core::DraftNode> copied = stand_.tree_nodes(root_token, budget - 1, depth);
   probe_nodes_ = std::max<int64_t>(0, static_cast<int64_t>(probed.size()) - 1);
-  ngram_nodes_ = static_cast<int64_t>(copied.size()) - 1;
-  std::vector<core::DraftNode> merged = core::merge_draft_trees(probed, copied, budget);
+  std::vector<core::DraftNode> merged;
+  if (grow_probed_) {
+    // One best-first tree: probed nodes compete with the store's, which drafts below them too.
+    merged = stand_.tree_nodes(root_token, budget - 1, depth, &probed);
+    ngram_nodes_ = count_outside(merged, probed);
+  } else {
+    std::vector<core::DraftNode> copied = stand_.tree_nodes(root_token, budget - 1, depth);
+    ngram_nodes_ = static_cast<int64_t>(copied.size()) - 1;
+    merged = core::merge_draft_trees(probed, copied, budget);
+  }
   if (mask_value_ < 0.0) return probe_.block_with_masks(committed, std::move(merged), limits);
   core::MaskPlan plan = core::plan_mask_carriers(merged, inputs, k, mask_value_);
+  if (grow_probed_) ngram_nodes_ = count_outside(plan.nodes, probed);  // the plan may cut nodes
   return probe_.block_with_masks(committed, std::move(plan.nodes), limits, &plan.carries);
 }
 

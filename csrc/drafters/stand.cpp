@@ -40,15 +40,26 @@ DraftBlock StandDrafter::propose(const at::Tensor& committed, int64_t prefix_len
   return token_block(committed, tokens, parents);  // the store's parent -1 is the root
 }
 
-std::vector<core::DraftNode> StandDrafter::tree_nodes(int64_t root_token, int64_t budget,
-                                                      int64_t depth) const {
+std::vector<core::DraftNode> StandDrafter::tree_nodes(int64_t root_token, int64_t budget, int64_t depth,
+                                                      const std::vector<core::DraftNode>* seed) const {
   std::vector<core::DraftNode> nodes{{root_token, -1, 0, 1.0}};
   if (budget < 1 || depth < 1) return nodes;
   std::vector<int64_t> tokens(static_cast<size_t>(budget)), parents(tokens.size());
   std::vector<double> scores(tokens.size());
+  std::vector<int64_t> seed_tokens, seed_parents;
+  std::vector<double> seed_scores;
+  core::SeedTree grow;
+  if (seed != nullptr && !seed->empty()) {
+    for (const auto& n : *seed) {
+      seed_tokens.push_back(n.token);
+      seed_parents.push_back(n.parent);
+      seed_scores.push_back(n.prob);
+    }
+    grow = {seed_tokens.data(), seed_parents.data(), seed_scores.data(), static_cast<int64_t>(seed->size())};
+  }
   const int64_t n =
       core::build_stand_tree(store_, history_.data(), static_cast<int64_t>(history_.size()), budget, depth,
-                             tokens.data(), parents.data(), scores.data(), options_.memory.get());
+                             tokens.data(), parents.data(), scores.data(), options_.memory.get(), grow);
   for (int64_t j = 0; j < n; ++j) {
     const int64_t parent = parents[j] + 1;  // the store's -1 is the root, node 0 here
     nodes.push_back({tokens[j], parent, nodes[static_cast<size_t>(parent)].depth + 1, scores[j]});

@@ -51,7 +51,10 @@ class StandDrafter : public Drafter {
 
   // The tree propose() drafts after the history, as [root, ...] nodes with cumulative scores
   // (the hybrid drafter merges it with probing's tree): at most `budget` drafts, depth <= depth.
-  std::vector<core::DraftNode> tree_nodes(int64_t root_token, int64_t budget, int64_t depth) const;
+  // With a `seed` tree over the same root ([root, ...], as returned here), one best-first tree over
+  // the seed's nodes and the store's, the store drafting below seed nodes too (core::SeedTree).
+  std::vector<core::DraftNode> tree_nodes(int64_t root_token, int64_t budget, int64_t depth,
+                                          const std::vector<core::DraftNode>* seed = nullptr) const;
 
  private:
   StandOptions options_;

@@ -728,6 +728,10 @@ class HybridConfig(_ConfigData):
             that frees; the plan maximises the expected accepted drafts plus ``mask_value`` times
             the chance that the step ends at a masked node (the tokens the next step's probing is
             taken to add). Verification is the same either way: greedy output stays identical.
+        grow_probed: ``False`` (seed 001's hybrid): the union of probing's tree and STAND's, each
+            grown on its own. ``True``: one best-first tree over both sources' candidates, STAND's
+            store drafting below probed tokens too, so a probed token the store did not predict is
+            followed by the store's continuation after it instead of ending its branch.
 
     >>> HybridConfig(block_complexity=30).probe
     ProbeConfig(block_complexity=30, num_masks=1, tree='dynamic', branches=None, prune=True, mask_init='prompt_mean', mask_path=None, mask_lambda=0.5, incremental_masks=True, seed=0)
@@ -752,6 +756,7 @@ class HybridConfig(_ConfigData):
     logits_top_k: int = 8
     memory_size: int | None = None
     mask_value: float | None = None
+    grow_probed: bool = False
 
     reads_prompt_logits: ClassVar[bool] = True  # its STAND half
 
@@ -766,6 +771,8 @@ class HybridConfig(_ConfigData):
                     f"mask_value={self.mask_value} must be None (masks on every node) or a finite number >= 0"
                 )
             object.__setattr__(self, "mask_value", float(self.mask_value))
+        if not isinstance(self.grow_probed, bool):
+            raise TypeError(f"grow_probed must be True or False, got {self.grow_probed!r}")
         if self.mask_path is not None:
             object.__setattr__(self, "mask_path", os.fspath(self.mask_path))
 

@@ -178,6 +178,7 @@ def hybrid_drafter(
         memory=ngram_memory(model, config),
         fold_memory=fold_memory,
         mask_value=config.mask_value,
+        grow_probed=config.grow_probed,
         **_mask_options(model, config.probe),
     )
 

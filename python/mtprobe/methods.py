@@ -55,7 +55,8 @@ def _parse_bool(text: str) -> bool:
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected true or false, got {text!r}")
+    # argparse prints an ArgumentTypeError's own message (a ValueError: "invalid _parse_bool value")
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _memory_option() -> Option:
@@ -302,6 +303,14 @@ register(
                 "mv",
                 "masks only where the step is likely to end, drafts with the inputs freed, valuing the "
                 "next step's probing at V tokens (default: masks on every node, seed 001's rule)",
+            ),
+            Option(
+                "--grow-probed",
+                "grow_probed",
+                _parse_bool,
+                "grow-",
+                "true/false: one best-first tree over both sources, the n-gram store drafting below probed "
+                "tokens too (default false: the union of two separate trees, seed 001's hybrid)",
             ),
         ),
     )

@@ -18,6 +18,15 @@ the higher probability, then the lower token id. ``parents[i] == -1`` marks a ch
 >>> build_stand_tree(store, [5, 6], budget=4, max_depth=3)  # 7 (.75) -> 9 (.75); 8 (.25) -> 7 (.125)
 ([7, 9, 8, 7], [-1, 0, -1, 2])
 
+With a ``seed`` tree over the same root (tokens, parents, scores; node 0 the root), its nodes compete
+with the store's and every placed node gets the store's children as well (the hybrid: probing's tree
+with STAND drafting below probed tokens); a (parent, token) taken twice is one node, at the score
+taken first (the higher). It returns the scores too:
+
+>>> tokens, parents, scores = build_stand_tree(store, [5, 6], 4, 3, seed=([6, 8, 7], [-1, 0, 1], [1, 0.5, 0.3]))
+>>> tokens, parents, [round(x, 3) for x in scores]  # 8 at the seed's .5, above the store's .25
+([7, 9, 8, 7], [-1, 0, -1, 2], [0.75, 0.75, 0.5, 0.3])
+
 ``NgramMemory`` is the cross-request memory: ``fold(text)`` adds count 1 for ``text[i]`` to every key
 ``text[i-n:i]``, n = 1..max_ngram; at most ``capacity`` keys, the least recently used (written by a
 fold or returned by a lookup) evicted first. A lookup gives each count c as c / (total + distinct)
@@ -143,7 +152,8 @@ def build_stand_tree(
     budget: int,
     max_depth: int,
     memory: NgramMemory | None = None,
-) -> tuple[list[int], list[int]]:
+    seed: tuple[Sequence[int], Sequence[int], Sequence[float]] | None = None,
+) -> tuple[list[int], list[int]] | tuple[list[int], list[int], list[float]]:
     # lookups read only the last max_ngram tokens (of either store)
     longest = max(store.max_ngram, memory.max_ngram if memory is not None else 0)
     tail = list(context)[-longest:]
@@ -168,14 +178,35 @@ def build_stand_tree(
         for t, p in zip(toks, probs, strict=True):
             heapq.heappush(heap, (-(score * p), node, -p, t))
 
+    scores: list[float] = []
+    seed_tokens, seed_parents, seed_scores = seed if seed is not None else ([], [], [])
+    seed_of: list[int] = []  # the seed node each placed node is, -1: none
+
+    def push_seed_children(node: int, s: int) -> None:
+        for i in range(1, len(seed_tokens)):
+            if seed_parents[i] == s:
+                heapq.heappush(heap, (-seed_scores[i], node, -seed_scores[i], seed_tokens[i]))
+
     if not tail or budget < 1 or max_depth < 1:
-        return [], []
+        return ([], [], []) if seed is not None else ([], [])
     push_children(-1, 1.0)
+    if seed_tokens:
+        push_seed_children(-1, 0)
     while heap and len(tokens) < budget:
         neg_score, parent, _, token = heapq.heappop(heap)
+        if any(p == parent and t == token for p, t in zip(parents, tokens, strict=True)):
+            continue  # taken already, at a score at least this one
         tokens.append(token)
         parents.append(parent)
+        scores.append(-neg_score)
         depths.append(1 if parent < 0 else depths[parent] + 1)
         if depths[-1] < max_depth and len(tokens) < budget:
             push_children(len(tokens) - 1, -neg_score)
-    return tokens, parents
+        if seed_tokens:
+            ps = 0 if parent < 0 else seed_of[parent]
+            match = [i for i in range(1, len(seed_tokens)) if ps >= 0 and seed_parents[i] == ps]
+            s = next((i for i in match if seed_tokens[i] == token), -1)
+            seed_of.append(s)
+            if s >= 0 and depths[-1] < max_depth and len(tokens) < budget:
+                push_seed_children(len(tokens) - 1, s)
+    return (tokens, parents, scores) if seed is not None else (tokens, parents)
