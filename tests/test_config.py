@@ -63,6 +63,7 @@ NON_DEFAULT = {
         logits_top_k=6,
         memory_size=33,
         mask_value=0.25,
+        grow_probed=True,
     ),
     "auto": mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig(block_complexity=12)),
