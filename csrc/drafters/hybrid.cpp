@@ -56,16 +56,20 @@ DraftBlock HybridDrafter::propose(const at::Tensor& committed, int64_t prefix_le
   if (grow_probed_) {
     // One best-first tree: probed nodes compete with the store's, which drafts below them too.
     merged = stand_.tree_nodes(root_token, budget - 1, depth, &probed);
-    ngram_nodes_ = count_outside(merged, probed);
   } else {
     std::vector<core::DraftNode> copied = stand_.tree_nodes(root_token, budget - 1, depth);
     ngram_nodes_ = static_cast<int64_t>(copied.size()) - 1;
     merged = core::merge_draft_trees(probed, copied, budget);
   }
-  if (mask_value_ < 0.0) return probe_.block_with_masks(committed, std::move(merged), limits);
-  core::MaskPlan plan = core::plan_mask_carriers(merged, inputs, k, mask_value_);
-  if (grow_probed_) ngram_nodes_ = count_outside(plan.nodes, probed);  // the plan may cut nodes
-  return probe_.block_with_masks(committed, std::move(plan.nodes), limits, &plan.carries);
+  core::MaskPlan plan;
+  const bool planned = mask_value_ >= 0.0;  // masks only where a step is likely to end
+  if (planned) {
+    plan = core::plan_mask_carriers(merged, inputs, k, mask_value_);
+    merged = std::move(plan.nodes);
+  }
+  // Counted once, on the tree the block verifies (the plan may have cut nodes).
+  if (grow_probed_) ngram_nodes_ = count_outside(merged, probed);
+  return probe_.block_with_masks(committed, std::move(merged), limits, planned ? &plan.carries : nullptr);
 }
 
 void HybridDrafter::observe(const StepOutcome& outcome) {
