@@ -692,3 +692,18 @@ def test_the_command_line_builds_the_bank_of_the_buckets(monkeypatch, capsys, tm
             ]
         )
     assert seen["max_nodes"] == 32 and tuple(seen["debias_sizes"]) == (1, 3, 7, 15, 31)
+
+
+def test_the_command_line_refuses_a_profile_from_another_device(capsys, monkeypatch, tmp_path):
+    # A profile measured on a GPU, given to a CPU build: one line naming the field, exit 2, no rollout.
+    import mtprobe.cli.topology as cli
+
+    model = tiny_llama()
+    key = ProfileKey.of(model)
+    gpu = ProfileKey(**{**key.__dict__, "device": "cuda (NVIDIA H100 80GB HBM3)", "threads": 0, "isa": ""})
+    path = ForwardProfile(gpu, (1, 2), (0,), ((1.0, 1.1),)).save(tmp_path / "gpu.json")
+    monkeypatch.setattr(cli, "calibration_prompts", lambda args: (model, None, [torch.tensor([[1, 2, 3]])]))
+    assert cli_main(["topology", "--profile", str(path), "--out", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert "measured for another setting (device: profile 'cuda (NVIDIA H100 80GB HBM3)'" in err
+    assert "Traceback" not in err and not (tmp_path / "b.json").exists()
