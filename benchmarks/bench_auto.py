@@ -357,7 +357,12 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
         "step); `auto` `mtprobe.AutoConfig()`; `auto-stock` the same with "
         f"`{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every forward)",
-        f"- linear routes chosen on this machine (`choose_linear_routes`, what `auto` runs): {routes.describe()}",
+        f"- linear routes chosen on this machine (`choose_linear_routes`, what `auto` runs): {routes.describe()}"
+        + (
+            ""
+            if routes.other_load is None
+            else f" (timed while other processes used {100 * routes.other_load:.0f}% of the CPU)"
+        ),
     ]
     write_report(args.out, interleaved_report(header, runs, methods, question_count=len(prompts)))
     return 0

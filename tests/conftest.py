@@ -38,6 +38,31 @@ def _keep_torch_threads():
     torch.set_num_threads(threads)
 
 
+class QuietMachine:
+    """Stands in for :class:`mtprobe.machine.OtherLoad` in the tests of the measurement caches
+    (``monkeypatch.setattr(mtprobe.profile, "OtherLoad", QuietMachine)``), which must not depend on
+    what the other test worker is doing."""
+
+    share = 0.0
+    busy = False
+
+    def describe(self):
+        return f"{100 * self.share:.0f}% of the CPU"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+class BusyMachine(QuietMachine):
+    """:class:`QuietMachine` with other processes using 60 % of the CPU."""
+
+    share = 0.6
+    busy = True
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct (Q4_1-dequantized, fp32), fetched by the set-up command."""

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mtprobe
-from conftest import tiny_llama
+from conftest import QuietMachine, tiny_llama
 from mtprobe import linear_routes, machine, profile, small_batch_linear
 from mtprobe.adapter import HFAdapter
 from mtprobe.linear_routes import (
@@ -53,6 +53,7 @@ FORCED = {r: f"every T: {r} (forced by {ENV})" for r in ROUTES}
 def _clean(monkeypatch, tmp_path):
     """No memoized choice, forced route or cached measurement leaks into or out of a test."""
     monkeypatch.setattr(profile, "_ROUTES_SEEN", {})
+    monkeypatch.setattr(profile, "OtherLoad", QuietMachine)  # not the other test worker's load
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.delenv(small_batch_linear.ENV, raising=False)
     monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path / "cache"))
@@ -170,8 +171,22 @@ def test_the_tag_is_stock_only_when_every_block_size_is(monkeypatch):
         (((1, 2), (STOCK, STOCK), {"stock": (1.0,)}), r"seconds\['stock'\] has 1 entries for 2 block sizes"),
         (((1,), (STOCK,), {"fast": (1.0,)}), "'fast' is not a linear route"),
         (((1,), (STOCK,), {}, 0, "turbo"), "'turbo' is not a linear route"),
+        (
+            ((1,), (STOCK,), {}, 0, "", 2.0),
+            r"other_load must be None or the share of the CPU .* in \[0, 1\]; got 2.0",
+        ),
     ],
-    ids=["from_2", "repeated", "empty", "lengths", "route_name", "seconds_length", "seconds_name", "forced"],
+    ids=[
+        "from_2",
+        "repeated",
+        "empty",
+        "lengths",
+        "route_name",
+        "seconds_length",
+        "seconds_name",
+        "forced",
+        "other_load",
+    ],
 )
 def test_linear_routes_refuse_bad_values(args, message):
     with pytest.raises(ValueError, match=message):
@@ -473,6 +488,36 @@ def test_the_measured_choice_is_memoized_cached_on_disk_and_remeasured_when_stal
     profile._ROUTES_SEEN.clear()
     choose_linear_routes(model, repeats=1, warmup=0, cache=False)
     assert measured == [key, key] and not files[0].exists()
+
+
+def test_routes_timed_on_a_busy_machine_are_timed_again_once_it_is_quiet(monkeypatch, tmp_path, caplog):
+    from conftest import BusyMachine, QuietMachine
+
+    cache = tmp_path / "cache"  # the fixture's MTPROBE_CACHE
+    monkeypatch.setattr(linear_routes, "MIN_WEIGHT_BYTES", 0)
+    monkeypatch.setattr(profile, "OtherLoad", BusyMachine)
+    model = tiny_llama()
+    with caplog.at_level("WARNING", logger="mtprobe"):
+        first = choose_linear_routes(model, repeats=1, warmup=0)
+    assert "other processes used 60% of the CPU while the CPU linear routes were timed" in caplog.text
+    (path,) = cache.glob("linear_routes/*.json")
+    assert first.other_load == 0.6 and LinearRoutes.from_dict(json.loads(path.read_text())) == first
+    # A later process on a machine still busy loads them; on a quiet one it times them again.
+    profile._ROUTES_SEEN.clear()
+    monkeypatch.setattr(profile, "_measure_routes", _no_measuring)
+    assert choose_linear_routes(model, repeats=1, warmup=0) == first
+    profile._ROUTES_SEEN.clear()
+    measured = []
+
+    def stand_in(model, key, candidates, repeats, warmup):
+        measured.append(key)
+        return choose(key, first.block_sizes, first.seconds, first.context)
+
+    monkeypatch.setattr(profile, "_measure_routes", stand_in)
+    monkeypatch.setattr(profile, "OtherLoad", QuietMachine)
+    again = choose_linear_routes(model, repeats=1, warmup=0)
+    assert len(measured) == 1 and again.other_load == 0.0
+    assert LinearRoutes.from_dict(json.loads(path.read_text())).other_load == 0.0
 
 
 # --- the adapter ------------------------------------------------------------------------------------

@@ -8,10 +8,17 @@ import pytest
 import torch
 
 import mtprobe
-from conftest import tiny_llama
+from conftest import QuietMachine, tiny_llama
 from mtprobe.profile import ForwardProfile, ProfileKey, profile_forward
 
 KEY = ProfileKey(model="M:0", device="cpu", dtype="float32", threads=1)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_machine(monkeypatch):
+    """The caches' behaviour must not depend on the other test worker's load (tests of a busy machine
+    put BusyMachine in its place)."""
+    monkeypatch.setattr(mtprobe.profile, "OtherLoad", QuietMachine)
 
 
 def test_docstring_example_and_interpolation():
@@ -127,3 +134,38 @@ def test_the_packed_linear_layers_of_bench_cpu_linear_compute_the_same_model():
     assert torch.equal(packed, ref)
     out = mtprobe.generate(model, ids, mtprobe.StandConfig(block_complexity=10), max_new_tokens=24)
     assert torch.equal(out.sequences, packed)
+
+
+def test_a_profile_measured_on_a_busy_machine_is_measured_again_once_it_is_quiet(
+    tmp_path, monkeypatch, caplog
+):
+    import mtprobe.profile as profile
+    from conftest import BusyMachine
+
+    monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))
+    monkeypatch.setattr(profile, "OtherLoad", BusyMachine)
+    model = tiny_llama()
+    grid = dict(block_sizes=(1, 4), context_lengths=(8,), repeats=1, warmup=0)
+    with caplog.at_level("WARNING", logger="mtprobe"):
+        busy = profile_forward(model, **grid)
+    assert "other processes used 60% of the CPU while the forward profile was measured" in caplog.text
+    assert busy.other_load == 0.6
+    (path,) = tmp_path.glob("profiles/*.json")
+    # Still busy: the cached profile serves (edited, to tell it from a new measurement).
+    data = json.loads(path.read_text())
+    data["seconds"][0][0] = 123.0
+    path.write_text(json.dumps(data))
+    assert profile_forward(model, **grid).seconds[0][0] == 123.0
+    # Quiet now: measured again and overwritten, and from then on loaded.
+    monkeypatch.setattr(profile, "OtherLoad", QuietMachine)
+    quiet = profile_forward(model, **grid)
+    assert quiet.seconds[0][0] != 123.0 and quiet.other_load == 0.0
+    assert ForwardProfile.load(path) == quiet == profile_forward(model, **grid)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "high", True])
+def test_a_profile_refuses_a_bad_load(bad):
+    with pytest.raises(
+        ValueError, match="other_load must be None or the share of the CPU other processes used"
+    ):
+        ForwardProfile(KEY, (1,), (0,), ((1.0,),), bad)

@@ -121,6 +121,7 @@ class LinearRoutes:
     ``routes[j]`` is the route at ``block_sizes[j]`` (ascending, from 1); ``seconds`` the medians each
     measured route took there (``[len(block_sizes)]`` per route), ``context`` the cached positions they
     were measured after. ``forced``: the one route ``MTPROBE_LINEAR_ROUTE`` named for every T, or ``""``.
+    ``other_load``: the share of the CPU other processes used while they were timed (None: not known).
     """
 
     key: RouteKey
@@ -129,6 +130,7 @@ class LinearRoutes:
     seconds: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # route -> [B]
     context: int = 0
     forced: str = ""
+    other_load: float | None = None
 
     def __post_init__(self) -> None:
         b = tuple(int(x) for x in self.block_sizes)
@@ -145,6 +147,7 @@ class LinearRoutes:
         for r, s in self.seconds.items():
             if len(s) != len(b):
                 raise ValueError(f"seconds[{r!r}] has {len(s)} entries for {len(b)} block sizes")
+        machine.check_other_load(self.other_load)
         # route(T) for T in 1..block_sizes[-1], looked up once per forward.
         table = [STOCK]
         for t in range(1, b[-1] + 1):
@@ -212,6 +215,7 @@ class LinearRoutes:
             "routes": list(self.routes),
             "seconds": {r: list(s) for r, s in self.seconds.items()},
             "context": self.context,
+            "other_load": self.other_load,
         }
 
     @classmethod
@@ -220,7 +224,12 @@ class LinearRoutes:
             raise ValueError("not a linear-route measurement of format 1")
         try:
             return cls(
-                RouteKey(**data["key"]), data["block_sizes"], data["routes"], data["seconds"], data["context"]
+                RouteKey(**data["key"]),
+                data["block_sizes"],
+                data["routes"],
+                data["seconds"],
+                data["context"],
+                other_load=data.get("other_load"),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed linear-route measurement: {e}") from None

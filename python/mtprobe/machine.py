@@ -68,3 +68,82 @@ def architecture(model: Any) -> str:
     arch["_attn_implementation"] = getattr(model.config, "_attn_implementation", None)
     digest = hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return f"{type(model).__name__}:{digest}"
+
+
+# A measurement during which other processes used more than this share of the machine's CPU time was
+# made on a busy machine: the load can turn a route's ranking around, and a cache entry outlives the
+# load, so such an entry is measured again once the machine is quiet (mtprobe.profile).
+BUSY_SHARE = 0.25
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of the whole machine since boot, from /proc/stat (None elsewhere)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            # cpu  user nice system idle iowait irq softirq steal (guest time is inside user)
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+class OtherLoad:
+    """The share of this machine's CPU time that processes other than this one used while the ``with``
+    block ran: 0 on a quiet machine, about 0.5 on 2 cores beside one busy process. ``share`` is None
+    where the machine does not tell (no /proc/stat) or the block was too short to say.
+
+    >>> with OtherLoad() as load:
+    ...     pass
+    >>> load.share is None or 0.0 <= load.share <= 1.0
+    True
+    """
+
+    def __init__(self) -> None:
+        self.share: float | None = None
+        self._start: tuple[tuple[int, int] | None, float] = (None, 0.0)
+
+    def __enter__(self) -> OtherLoad:
+        self._start = (_cpu_ticks(), _own_cpu_seconds())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ticks, own = _cpu_ticks(), _own_cpu_seconds()
+        start, own0 = self._start
+        if ticks is None or start is None:
+            return
+        hz = os.sysconf("SC_CLK_TCK")
+        busy, total = (ticks[0] - start[0]) / hz, (ticks[1] - start[1]) / hz
+        if total < 0.2:  # under 20 ticks of 10 ms: too coarse to say
+            return
+        self.share = min(1.0, max(0.0, (busy - (own - own0)) / total))
+
+    @property
+    def busy(self) -> bool:
+        """Whether other processes used more than :data:`BUSY_SHARE` of the CPU meanwhile."""
+        return self.share is not None and self.share > BUSY_SHARE
+
+    def describe(self) -> str:
+        return "unknown" if self.share is None else f"{100 * self.share:.0f}% of the CPU"
+
+
+def check_other_load(other_load: object) -> None:
+    """A recorded :attr:`OtherLoad.share`: None or a number in [0, 1] (ValueError otherwise)."""
+    if other_load is None:
+        return
+    if (
+        isinstance(other_load, bool)
+        or not isinstance(other_load, (int, float))
+        or not 0.0 <= other_load <= 1.0
+    ):
+        raise ValueError(
+            f"other_load must be None or the share of the CPU other processes used, in [0, 1]; got {other_load!r}"
+        )
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds this process (every thread) has used."""
+    t = os.times()
+    return t.user + t.system

@@ -26,7 +26,9 @@ format of the model's attention implementation, and on a CPU the linear route ea
 (:func:`choose_linear_routes`, measured first: :mod:`mtprobe.linear_routes`). Median of ``repeats``
 timed calls after ``warmup``. A profile's key names the model's architecture, the device (the CPU's
 model name), its instruction set, dtype, threads and the linear routes; a profile measured under
-another key is refused.
+another key is refused. Each measurement records how much of the CPU other processes used meanwhile
+(:class:`mtprobe.machine.OtherLoad`): one made on a busy machine, where the load can reorder the
+routes, is measured again by the first process that finds the machine quiet.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from mtprobe._jsonl import read_json, write_json
 from mtprobe.adapter import HFAdapter, max_positions
 from mtprobe.linear_routes import ENV as ROUTE_ENV
 from mtprobe.linear_routes import STOCK, LinearRoutes, RouteKey
-from mtprobe.machine import architecture, cpu_isa, device_name
+from mtprobe.machine import BUSY_SHARE, OtherLoad, architecture, check_other_load, cpu_isa, device_name
 from mtprobe.models import cache_root
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
@@ -127,6 +129,8 @@ class ForwardProfile:
     block_sizes: tuple[int, ...]  # [B]
     context_lengths: tuple[int, ...]  # [C]
     seconds: tuple[tuple[float, ...], ...]  # [C][B]
+    other_load: float | None = None
+    """The share of the CPU other processes used while it was measured (None: not known)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_sizes", tuple(int(b) for b in self.block_sizes))
@@ -149,6 +153,7 @@ class ForwardProfile:
                         f"seconds[{i}][{j}] (block size {b[j]}, context {c[i]}) is {s}: every forward time must "
                         "be a positive finite number of seconds; measure again with profile_forward"
                     )
+        check_other_load(self.other_load)
 
     def __repr__(self) -> str:  # the grid of numbers would drown a config's repr and the logs
         k = self.key
@@ -201,6 +206,7 @@ class ForwardProfile:
             "block_sizes": list(self.block_sizes),
             "context_lengths": list(self.context_lengths),
             "seconds": [list(r) for r in self.seconds],
+            "other_load": self.other_load,
         }
 
     @classmethod
@@ -210,7 +216,11 @@ class ForwardProfile:
             raise ValueError(f"not a forward profile of format {PROFILE_FORMAT} (format {got!r})")
         try:
             return cls(
-                ProfileKey(**data["key"]), data["block_sizes"], data["context_lengths"], data["seconds"]
+                ProfileKey(**data["key"]),
+                data["block_sizes"],
+                data["context_lengths"],
+                data["seconds"],
+                data.get("other_load"),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed forward profile: {e}") from None
@@ -238,6 +248,17 @@ def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Se
 
 
 _ROUTES_SEEN: dict[RouteKey, LinearRoutes] = {}
+
+
+def _quiet_now(other_load: float | None) -> bool:
+    """Whether a measurement made under ``other_load`` (busy: above :data:`~mtprobe.machine.BUSY_SHARE`)
+    should be made again because the machine is quiet now (sampled for a quarter of a second, only
+    for a busy one)."""
+    if other_load is None or other_load <= BUSY_SHARE:
+        return False
+    with OtherLoad() as now:
+        time.sleep(0.25)
+    return now.share is not None and not now.busy
 
 
 def _routes_path(key: RouteKey) -> Path:
@@ -295,6 +316,14 @@ def choose_linear_routes(
             )
         except ValueError:
             routes = None  # a corrupt cache entry is measured again and overwritten
+    if routes is not None and routes.key == key and _quiet_now(routes.other_load):
+        logger.info(
+            "mtprobe: the CPU linear routes of %s were timed while other processes used %.0f%% of the CPU; "
+            "timed again now that the machine is quiet",
+            key.model,
+            100 * (routes.other_load or 0.0),
+        )
+        routes = None
     if routes is None or routes.key != key:
         logger.info(
             "mtprobe: timing the CPU linear routes (%s) of %s on this machine (%s, %s); once per machine and "
@@ -304,7 +333,16 @@ def choose_linear_routes(
             key.cpu,
             key.isa,
         )
-        routes = _measure_routes(model, key, candidates, repeats, warmup)
+        with OtherLoad() as load:
+            routes = _measure_routes(model, key, candidates, repeats, warmup)
+        routes = dataclasses.replace(routes, other_load=load.share)
+        if load.busy:
+            logger.warning(
+                "mtprobe: other processes used %s while the CPU linear routes were timed: the choice (%s) may "
+                "not hold on a quiet machine; the first process to find it quiet times them again",
+                load.describe(),
+                routes.describe(),
+            )
         if cache:
             write_json(path, routes.to_dict())
     if linear_routes.PACKED not in routes.used:
@@ -406,9 +444,11 @@ def profile_forward(
     path = _cache_path(key, sizes, contexts)
     if cache and not refresh and path.is_file():
         try:
-            return ForwardProfile.load(path)
+            cached = ForwardProfile.load(path)
         except ValueError:
-            pass  # a corrupt cache entry is measured again and overwritten
+            cached = None  # a corrupt cache entry is measured again and overwritten
+        if cached is not None and not _quiet_now(cached.other_load):
+            return cached
 
     device = next(model.parameters()).device
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -422,7 +462,7 @@ def profile_forward(
             torch.cuda.synchronize(device)
 
     rows: list[tuple[float, ...]] = []
-    with torch.inference_mode():
+    with torch.inference_mode(), OtherLoad() as load:
         if contexts[-1] > 0:  # the prefix every measured block attends to
             pos = torch.arange(contexts[-1], device=device)[None]
             adapter.forward(ids[: contexts[-1]], None, pos, None, 0, False)
@@ -442,7 +482,13 @@ def profile_forward(
                         times.append(time.perf_counter() - t0)
                 row.append(statistics.median(times))
             rows.append(tuple(row))
-    profile = ForwardProfile(key, sizes, contexts, tuple(rows))
+    profile = ForwardProfile(key, sizes, contexts, tuple(rows), load.share)
+    if load.busy:
+        logger.warning(
+            "mtprobe: other processes used %s while the forward profile was measured: its costs may not hold "
+            "on a quiet machine; the first process to find it quiet measures it again",
+            load.describe(),
+        )
     if cache:
         profile.save(path)
     return profile
