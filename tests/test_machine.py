@@ -1,5 +1,5 @@
-"""mtprobe.machine: the names measurements are keyed by, and the load meter that keeps a measurement
-made on a busy machine off the disk caches."""
+"""mtprobe.machine: the load meter whose share a cached measurement records, so that one made on a
+busy machine is measured again once the machine is quiet."""
 
 from __future__ import annotations
 

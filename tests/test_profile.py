@@ -144,6 +144,7 @@ def test_a_profile_measured_on_a_busy_machine_is_measured_again_once_it_is_quiet
 
     monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))
     monkeypatch.setattr(profile, "OtherLoad", BusyMachine)
+    monkeypatch.setattr(profile, "_KEPT_BUSY", set())
     model = tiny_llama()
     grid = dict(block_sizes=(1, 4), context_lengths=(8,), repeats=1, warmup=0)
     with caplog.at_level("WARNING", logger="mtprobe"):
@@ -156,6 +157,8 @@ def test_a_profile_measured_on_a_busy_machine_is_measured_again_once_it_is_quiet
     data["seconds"][0][0] = 123.0
     path.write_text(json.dumps(data))
     assert profile_forward(model, **grid).seconds[0][0] == 123.0
+    assert path in profile._KEPT_BUSY  # this process samples the machine for it once, not every call
+    profile._KEPT_BUSY.clear()  # a later process
     # Quiet now: measured again and overwritten, and from then on loaded.
     monkeypatch.setattr(profile, "OtherLoad", QuietMachine)
     quiet = profile_forward(model, **grid)

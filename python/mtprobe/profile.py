@@ -248,6 +248,8 @@ def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Se
 
 
 _ROUTES_SEEN: dict[RouteKey, LinearRoutes] = {}
+# Cached profiles measured on a busy machine that this process found the machine still busy for.
+_KEPT_BUSY: set[Path] = set()
 
 
 def _quiet_now(other_load: float | None) -> bool:
@@ -447,7 +449,11 @@ def profile_forward(
             cached = ForwardProfile.load(path)
         except ValueError:
             cached = None  # a corrupt cache entry is measured again and overwritten
-        if cached is not None and not _quiet_now(cached.other_load):
+        # A busy entry costs a 0.25 s sample once per process, not at every call (AutoConfig asks at
+        # every generation): once the machine was found still busy, this process keeps the entry.
+        if cached is not None and (path in _KEPT_BUSY or not _quiet_now(cached.other_load)):
+            if cached.other_load is not None and cached.other_load > BUSY_SHARE:
+                _KEPT_BUSY.add(path)
             return cached
 
     device = next(model.parameters()).device
