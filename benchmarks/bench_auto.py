@@ -20,8 +20,9 @@ kinds run only when named in ``--methods``.
 ``--interleaved`` instead runs issue 42's comparison in this one process, the model loaded once: per
 question (the first turns of ``--per-category`` questions of every category), per repeat, HF greedy,
 HF prompt lookup, mtprobe's plain decoding (T = 1 every step), ``auto`` (the linear routes as measured
-on this machine) and ``auto-stock`` (torch's linear), each in turn after one warm-up generation per
-method, and writes a report (``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task:
+on this machine), ``auto-stock`` (torch's linear) and the quantized self-draft with chains of 8 and 12
+(``DraftModelConfig(self_draft="quantized")``), each in turn after one warm-up generation per method,
+and writes a report (``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task:
 
     python benchmarks/bench_auto.py --interleaved --question-file ../shared/specbench/question-dev.jsonl \
         --per-category 2 --max-new-tokens 64 --repeats 3 --out benchmarks/results/auto/interleaved.md
@@ -49,7 +50,7 @@ import torch
 import transformers
 
 from _common import device_name, first_turn_prompts, load_average, write_report
-from mtprobe import linear_routes
+from mtprobe import linear_routes, quantized_linear
 from mtprobe.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
 
@@ -115,7 +116,15 @@ def round_sizes(per_category: int, rounds: int) -> list[int]:
 
 PLD_TOKENS = 10
 HF_GREEDY = "HF greedy"
-INTERLEAVED = (HF_GREEDY, "HF prompt lookup", "mtprobe plain", "auto", "auto-stock")
+INTERLEAVED = (
+    HF_GREEDY,
+    "HF prompt lookup",
+    "mtprobe plain",
+    "auto",
+    "auto-stock",
+    "quantized draft K8",
+    "quantized draft K12",
+)
 """The rows of --interleaved, in the order each question runs them (HF greedy first: the reference)."""
 
 
@@ -306,6 +315,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "auto": mt(mtprobe.AutoConfig()),
         "auto-stock": mt(mtprobe.AutoConfig(), stock=True),
         "mtprobe plain": mt(mtprobe.PlainConfig()),
+        # The target's own weights in 4 bits (its head's in 8) draft a chain of K.
+        "quantized draft K8": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=8)),
+        "quantized draft K12": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12)),
     }
     methods = [m for m in INTERLEAVED if m in rows]
 
@@ -342,7 +354,8 @@ def run_interleaved(args: argparse.Namespace) -> int:
     hook.remove()
     where = "CPU" if device.type == "cpu" else device_name(device)
     header = [
-        "# Issue 42: HF greedy, HF prompt lookup, plain decoding and AutoConfig, interleaved in one process",
+        "# Issue 42: HF greedy, HF prompt lookup, plain decoding, AutoConfig and the quantized self-draft, "
+        "interleaved in one process",
         "",
         f"- command: `{shlex.join(['python', *sys.argv])}`",
         f"- date: {started:%Y-%m-%d %H:%M} – {dt.datetime.now(dt.timezone.utc):%H:%M UTC}; host: {cpu_name()} "
@@ -356,7 +369,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"- rows: `HF greedy` `model.generate(do_sample=False)`; `HF prompt lookup` the same with "
         f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
         "step); `auto` `mtprobe.AutoConfig()`; `auto-stock` the same with "
-        f"`{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every forward)",
+        f"`{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every forward); `quantized draft K` "
+        "`mtprobe.DraftModelConfig(self_draft='quantized', num_tokens=K)` (the target's layers in 4 bits and its "
+        f"head in 8 draft a chain of K; kernel `{quantized_linear.isa()}`)",
         f"- linear routes chosen on this machine (`choose_linear_routes`, what `auto` runs): {routes.describe()}"
         + (
             ""

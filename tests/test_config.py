@@ -42,7 +42,9 @@ NON_DEFAULT = {
         seed=2**63 - 1,
     ),
     "pld": mtprobe.PromptLookupConfig(num_tokens=7, max_ngram_size=4, block_complexity=12),
-    "sps": mtprobe.DraftModelConfig(num_draft_layers=3, num_tokens=4, top_branches=2, block_complexity=9),
+    "sps": mtprobe.DraftModelConfig(
+        num_draft_layers=3, num_tokens=4, top_branches=2, block_complexity=9, self_draft="quantized"
+    ),
     "stand": mtprobe.StandConfig(
         block_complexity=17, max_depth=6, max_ngram=2, table_size=5, logits_top_k=4, memory_size=50
     ),

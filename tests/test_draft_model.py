@@ -3,6 +3,8 @@ assisted generation as the peer, and bad configurations. Sampling exactness is i
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -10,8 +12,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import _C
-from mtprobe.draft_model import check_draft_model, layer_truncated
+from mtprobe.draft_model import check_draft_model, layer_truncated, quantized
 from mtprobe.drafters import make_drafter
+from mtprobe.quantized_linear import QuantizedLinear, dequantize, quantize
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,39 @@ def test_truncated_copy_rejects_bad_depth(tiny, bad):
         layer_truncated(tiny, bad)
 
 
+# --- the quantized self-draft -------------------------------------------------------------------
+
+
+def test_quantized_copy_swaps_every_linear_and_leaves_the_target_alone(tiny):
+    draft = quantized(tiny)
+    for name, module in tiny.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            twin = draft.get_submodule(name)
+            assert isinstance(twin, QuantizedLinear), name
+            assert twin.weight is module.weight  # the float32 tensors are shared, not copied
+            assert twin.format == ("q8_0" if module is tiny.get_output_embeddings() else "q4_1"), name
+    assert not any(isinstance(m, QuantizedLinear) for m in tiny.modules())  # the target is untouched
+    assert draft.model.embed_tokens is tiny.model.embed_tokens and draft.model.norm is tiny.model.norm
+    assert quantized(tiny) is draft  # built once per model
+    ids = torch.randint(0, 47, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(draft(ids).logits, tiny(ids).logits)  # 9 rows > MAX_ROWS: the float32 weights
+        # 3 rows run on the codes: the target with each weight rounded to its format, up to float32 rounding.
+        rounded = copy.deepcopy(tiny)
+        for name, module in rounded.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                fmt = draft.get_submodule(name).format
+                module.weight = torch.nn.Parameter(dequantize(quantize(module.weight, fmt)))
+        step = draft(ids[:, :3]).logits
+        assert not torch.equal(step, tiny(ids[:, :3]).logits)
+        torch.testing.assert_close(step, rounded(ids[:, :3]).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_copy_refuses_other_dtypes(tiny):
+    with pytest.raises(ValueError, match=r"runs on the CPU in float32 .* the model is torch.float64"):
+        quantized(tiny_llama(vocab_size=48, num_hidden_layers=1).double())
+
+
 # --- lossless greedy decoding ------------------------------------------------------------------
 
 
@@ -81,6 +117,40 @@ def test_lossless_with_the_self_draft(tiny, num_draft_layers):
             a == min(5, r)
             for a, r in zip(out.accept_lengths, _remaining(30, out.accept_lengths), strict=True)
         )
+
+
+def test_lossless_with_the_quantized_self_draft(tiny):
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    gen = torch.Generator().manual_seed(5)
+    for length in (1, 10, 30):
+        prompt = torch.randint(0, 47, (1, length), generator=gen)
+        ref = tiny.generate(prompt, do_sample=False, max_new_tokens=30)
+        out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=30)
+        assert torch.equal(out.sequences, ref), length
+
+
+def test_quantized_self_draft_starts_from_the_targets_cache_not_a_prefill_of_its_own(tiny):
+    # The draft's forwards feed at most the bonus token and the last draft: the prompt reaches its cache
+    # from the target's, copied after the target's first forward. Hooks on the target do not see them.
+    draft = quantized(tiny)
+    fed, target_forwards = [], [0]
+    h1 = draft.register_forward_pre_hook(
+        lambda m, a, kw: fed.append(kw["inputs_embeds"].shape[1]), with_kwargs=True
+    )
+    h2 = tiny.register_forward_pre_hook(lambda *_: target_forwards.__setitem__(0, target_forwards[0] + 1))
+    try:
+        prompt = torch.randint(0, 47, (1, 40), generator=torch.Generator().manual_seed(6))
+        cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+        out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=30)
+    finally:
+        h1.remove()
+        h2.remove()
+    assert torch.equal(out.sequences, tiny.generate(prompt, do_sample=False, max_new_tokens=30))
+    assert fed and max(fed) <= 2
+    assert target_forwards[0] == 1 + len(
+        out.accept_lengths
+    )  # the target's own forwards only (and its prefill)
+    assert any(a > 1 for a in out.accept_lengths[1:])  # the copied cache drafts
 
 
 class CheckedDraftTree(_C.Drafter):
@@ -170,6 +240,22 @@ def test_smollm2_self_draft_matches_greedy_and_transformers_assisted_generation(
         assert torch.equal(hf, ref), text
 
 
+def test_smollm2_quantized_self_draft_matches_greedy_and_is_accepted(smollm2):
+    # The wheel's layers are 4-bit values and its embedding 8-bit ones: the draft is the target up to
+    # rounding, so nearly every draft is accepted; that is what makes it worth its forwards.
+    model, tok = smollm2
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    steps = gained = 0
+    for text in ("Write a haiku about autumn rain.", "Explain what a prime number is in two sentences."):
+        ids = chat_ids(tok, [{"role": "user", "content": text}])
+        ref = model.generate(ids, do_sample=False, max_new_tokens=32)
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=32)
+        assert torch.equal(out.sequences, ref), text
+        steps += len(out.accept_lengths)
+        gained += sum(out.accept_lengths)
+    assert gained / steps > 4.0  # of at most 5 a step
+
+
 # --- bad configurations ------------------------------------------------------------------------
 
 
@@ -187,6 +273,17 @@ def test_config_validation():
         mtprobe.DraftModelConfig(num_tokens=2.5)
     with pytest.raises(TypeError, match="draft_model must be a HuggingFace causal LM"):
         mtprobe.DraftModelConfig(draft_model="HuggingFaceTB/SmolLM2-135M")
+    with pytest.raises(
+        ValueError, match="self_draft='int4' is not a self-draft; choose one of 'truncated', 'quantized'"
+    ):
+        mtprobe.DraftModelConfig(self_draft="int4")
+
+
+def test_quantized_self_draft_with_a_draft_model_is_refused(tiny, tiny_draft):
+    with pytest.raises(
+        ValueError, match="self_draft='quantized' makes the draft from the target, so it cannot be given"
+    ):
+        mtprobe.DraftModelConfig(draft_model=tiny_draft, self_draft="quantized")
 
 
 def test_draft_with_another_vocabulary_is_refused(tiny):

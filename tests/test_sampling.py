@@ -337,6 +337,7 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
         "draft_model_independent",
         "draft_model_tree",
         "draft_model_self_1_layer",
+        "draft_model_self_quantized",
         "prompt_lookup",
         "stand",
         "stand_memory",
@@ -355,6 +356,8 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
         "draft_model_independent": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3),
         "draft_model_tree": mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=2, top_branches=3),
         "draft_model_self_1_layer": mtprobe.DraftModelConfig(num_draft_layers=1, num_tokens=3),
+        # Nearly the target: most drafts are accepted, so acceptance (not only rejection) is exercised.
+        "draft_model_self_quantized": mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3),
         "prompt_lookup": mtprobe.PromptLookupConfig(num_tokens=3),
         "stand": mtprobe.StandConfig(block_complexity=10),
         # A cross-request memory filled by the earlier samples' text, which later samples draft from.

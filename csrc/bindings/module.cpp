@@ -26,5 +26,7 @@ PYBIND11_MODULE(_C, m) {
         "portable scalar loop, slower than torch's own linear)");
   m.def("small_batch_linear_isa", &mtprobe::ops::small_batch_linear_isa,
         "The kernel torch.ops.mtprobe.small_batch_linear runs on this CPU: 'avx2' or 'scalar'");
+  m.def("quantized_linear_isa", &mtprobe::ops::quantized_linear_isa,
+        "The kernel torch.ops.mtprobe.quantized_linear runs on this CPU: 'avx512', 'avx2' or 'scalar'");
   mtprobe::bindings::bind_testing(m);  // last: its functions take NgramMemory, AcceptanceStats, CostTable
 }

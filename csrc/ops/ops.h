@@ -107,6 +107,31 @@ bool small_batch_linear_simd();
 // The kernel the op runs on this CPU: "avx2" or "scalar" (csrc/core/small_batch_linear.h).
 std::string small_batch_linear_isa();
 
+// A linear layer's input as rows and its output: x [..., in] viewed as [rows, in] (contiguous), y [rows, out]
+// allocated, the bias checked (float32 CPU [out]; undefined if none) and the shape [..., out] y takes back.
+// For the CPU linear ops; `op` names the op in errors.
+struct LinearRows {
+  at::Tensor x;     // [rows, in]
+  at::Tensor y;     // [rows, out]
+  at::Tensor bias;  // [out], contiguous, or undefined
+  std::vector<int64_t> out_shape;
+  int64_t rows;
+};
+LinearRows linear_rows(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                       int64_t in_features, int64_t out_features);
+
+// y = x W^T + bias with W in groups of 32 codes and a scale (csrc/core/quantized_linear.h): uint8 codes
+// [out, in / 2] are Q4_1 (with min [out, in / 32]), int8 codes [out, in] Q8_0 (min none). x [..., in] float32
+// CPU, scale [out, in / 32] float32, bias [out] or none. Returns [..., out].
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                            const std::optional<at::Tensor>& min, const std::optional<at::Tensor>& bias);
+// The same with the kernel named, as small_batch_linear_at_level: for tests of every kernel this CPU runs.
+at::Tensor quantized_linear_at_level(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                                     const std::optional<at::Tensor>& min,
+                                     const std::optional<at::Tensor>& bias, int64_t level);
+// The kernel quantized_linear runs on this CPU: "avx512", "avx2" or "scalar".
+std::string quantized_linear_isa();
+
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);
 void check_parents_or_throw(const std::vector<int64_t>& parents);

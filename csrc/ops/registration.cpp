@@ -19,6 +19,9 @@ TORCH_LIBRARY(mtprobe, m) {
   m.def("tree_attention(Tensor q, Tensor k, Tensor v, Tensor ancestor_bits, float scale) -> Tensor");
   // A linear layer over a few rows on the CPU (csrc/ops/small_batch_linear.cpp).
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  // A linear layer with a group-quantized weight on the CPU, the quantized self-draft's
+  // (csrc/ops/quantized_linear.cpp).
+  m.def("quantized_linear(Tensor x, Tensor codes, Tensor scale, Tensor? min, Tensor? bias) -> Tensor");
   // Circuit heads (csrc/ops/circuit.cpp; CUDA: circuit_cuda.cu).
   m.def(
       "circuit_log_prob(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor tokens) -> "
@@ -44,6 +47,7 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("tree_attention", &mtprobe::ops::tree_attention);
   m.impl("expand_draft_tree", &mtprobe::ops::expand_draft_tree);
   m.impl("small_batch_linear", &mtprobe::ops::small_batch_linear);
+  m.impl("quantized_linear", &mtprobe::ops::quantized_linear);
   m.impl("circuit_log_prob", &mtprobe::ops::circuit_log_prob);
   m.impl("circuit_prefix_log_marginals", &mtprobe::ops::circuit_prefix_log_marginals);
   m.impl("circuit_next_token_log_probs", &mtprobe::ops::circuit_next_token_log_probs);

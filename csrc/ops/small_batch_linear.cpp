@@ -35,32 +35,38 @@ at::Tensor small_batch_linear_at_level(const at::Tensor& x, const at::Tensor& we
   TORCH_CHECK_VALUE(weight.is_contiguous(), op,
                     ": weight must be contiguous (row-major [out_features, in_features]); call .contiguous() "
                     "once on the module's weight");
-  const float* b = nullptr;
-  at::Tensor bias_c;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == out, op, ": bias must be [out_features] = [", out,
-                      "], got shape ", bias->sizes());
-    TORCH_CHECK_VALUE(bias->scalar_type() == at::kFloat && bias->is_cpu(), op,
-                      ": bias must be a float32 CPU tensor, got ", bias->scalar_type(), " on ",
-                      bias->device());
-    bias_c = bias->contiguous();
-    b = bias_c.const_data_ptr<float>();
-  }
-  const at::Tensor x2 = x.reshape({-1, in}).contiguous();  // [rows, in]
-  const int64_t rows = x2.size(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = out;
-  at::Tensor y = at::empty({rows, out}, x.options());  // [rows, out]
-  if (rows == 0 || out == 0) return y.reshape(out_shape);
-  const float* xp = x2.const_data_ptr<float>();
+  LinearRows io = linear_rows(op, x, bias, in, out);
+  const float* b = io.bias.defined() ? io.bias.const_data_ptr<float>() : nullptr;
+  const int64_t rows = io.rows;
+  if (rows == 0 || out == 0) return io.y.reshape(io.out_shape);
+  const float* xp = io.x.const_data_ptr<float>();
   const float* wp = weight.const_data_ptr<float>();
-  float* yp = y.mutable_data_ptr<float>();
+  float* yp = io.y.mutable_data_ptr<float>();
   // A grain of 64 columns: a thread's share is then at least 64 weight rows (the tiny k/v
   // projections of a GQA model are not worth splitting further).
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
     core::small_batch_linear(xp, rows, in, wp, b, yp, out, begin, end, static_cast<core::SimdLevel>(level));
   });
-  return y.reshape(out_shape);
+  return io.y.reshape(io.out_shape);
+}
+
+LinearRows linear_rows(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                       int64_t in_features, int64_t out_features) {
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == out_features, op,
+                      ": bias must be [out_features] = [", out_features, "], got shape ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->scalar_type() == at::kFloat && bias->is_cpu(), op,
+                      ": bias must be a float32 CPU tensor, got ", bias->scalar_type(), " on ",
+                      bias->device());
+    b = bias->contiguous();
+  }
+  at::Tensor x2 = x.reshape({-1, in_features}).contiguous();  // [rows, in]
+  const int64_t rows = x2.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = out_features;
+  at::Tensor y = at::empty({rows, out_features}, x.options());  // [rows, out]
+  return {std::move(x2), std::move(y), std::move(b), std::move(out_shape), rows};
 }
 
 bool small_batch_linear_simd() { return core::small_batch_linear_simd(); }

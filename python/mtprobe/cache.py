@@ -98,6 +98,23 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             layer.length = length
 
+    def copy_prefix(self, source: TreeKVCache, length: int) -> None:
+        """Take ``source``'s first ``length`` entries of every layer and hold exactly those: a draft of the
+        target's architecture starting from the target's prefill instead of computing its own."""
+        if len(source.layers) != len(self.layers):
+            raise ValueError(
+                f"copy_prefix: the source cache has {len(source.layers)} layers, this one {len(self.layers)}"
+            )
+        self.reserve(length)
+        for mine, theirs in zip(self.layers, source.layers, strict=True):
+            if not theirs.is_initialized or theirs.length < length:
+                raise ValueError(f"copy_prefix: the source cache holds fewer than {length} entries")
+            if not mine.is_initialized:
+                mine.lazy_initialization(theirs.keys[:, :, :0], theirs.values[:, :, :0])
+            mine.keys[:, :, :length] = theirs.keys[:, :, :length]
+            mine.values[:, :, :length] = theirs.values[:, :, :length]
+            mine.length = length
+
     def buffers(self) -> list[torch.Tensor]:
         """Every initialised key and value buffer, for in-place compaction."""
         out: list[torch.Tensor] = []

@@ -468,6 +468,13 @@ class PromptLookupConfig(_ConfigData):
         )
 
 
+SELF_DRAFTS = ("truncated", "quantized")
+"""The drafts :class:`DraftModelConfig` makes from the target itself when no ``draft_model`` is given."""
+
+TRUNCATED_DRAFT_LAYERS = 8
+"""The layer-truncated self-draft's depth when ``num_draft_layers`` is not given."""
+
+
 @dataclass(frozen=True)
 class DraftModelConfig(_ConfigData):
     """Draft-model speculative decoding (seed 004): a smaller model drafts a chain of ``num_tokens``
@@ -476,10 +483,16 @@ class DraftModelConfig(_ConfigData):
 
     Args:
         draft_model: any HF causal LM with the target's tokenizer (same vocabulary, same special
-            tokens), on the target's device. ``None``: a layer-truncated copy of the target itself
-            (its first ``num_draft_layers`` layers, final norm and head, sharing the target's
-            weights; see ``mtprobe.draft_model.layer_truncated``).
-        num_draft_layers: the truncated copy's depth when ``draft_model`` is ``None``.
+            tokens), on the target's device. ``None``: a draft made from the target itself, as
+            ``self_draft`` says.
+        self_draft: which draft the target makes of itself when ``draft_model`` is ``None``.
+            ``"truncated"`` (the default): its first ``num_draft_layers`` layers, final norm and head,
+            sharing the target's weights (``mtprobe.draft_model.layer_truncated``). ``"quantized"``:
+            every layer, the linear weights in 4 bits and the head's in 8
+            (``mtprobe.draft_model.quantized``; a float32 CPU model), which on a CPU drafts in a
+            fraction of a target forward and agrees with it on almost every token.
+        num_draft_layers: the self-draft's depth, its first layers: ``None`` (the default) is 8 for
+            ``"truncated"`` and every layer for ``"quantized"``.
         num_tokens: K, the chain's drafts per step.
         top_branches: b, children of the root: the chain's first token and b - 1 siblings from the
             same first draft forward (the draft's next best tokens under greedy decoding, more
@@ -501,18 +514,29 @@ class DraftModelConfig(_ConfigData):
     method: ClassVar[str] = "sps"
 
     draft_model: Any = field(default=None, repr=False)
-    num_draft_layers: int = 8
+    num_draft_layers: int | None = None
     num_tokens: int = 5
     top_branches: int = 1
     block_complexity: int | None = None
+    self_draft: str = "truncated"
 
     def __post_init__(self) -> None:
+        if self.self_draft not in SELF_DRAFTS:
+            raise ValueError(
+                f"self_draft={self.self_draft!r} is not a self-draft; choose one of {', '.join(map(repr, SELF_DRAFTS))}"
+            )
+        if self.self_draft != "truncated" and self.draft_model is not None:
+            raise ValueError(
+                f"self_draft={self.self_draft!r} makes the draft from the target, so it cannot be given with a "
+                "draft_model; pass one or the other"
+            )
         _check_int("num_tokens", self.num_tokens)
-        _check_int("num_draft_layers", self.num_draft_layers)
         if self.num_tokens < 1:
             raise ValueError(f"num_tokens={self.num_tokens} must be >= 1 (drafts per step)")
-        if self.num_draft_layers < 1:
-            raise ValueError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
+        if self.num_draft_layers is not None:
+            _check_int("num_draft_layers", self.num_draft_layers)
+            if self.num_draft_layers < 1:
+                raise ValueError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
         _check_int("top_branches", self.top_branches)
         if self.top_branches < 1:
             raise ValueError(f"top_branches={self.top_branches} must be >= 1 (1 drafts a plain chain)")

@@ -16,9 +16,11 @@ import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C, heads, registry
-from mtprobe.adapter import HFAdapter
+from mtprobe.adapter import HFAdapter, cache_argument
+from mtprobe.cache import TreeKVCache
 from mtprobe.calibrate import load_calibration
 from mtprobe.config import (
+    TRUNCATED_DRAFT_LAYERS,
     AutoConfig,
     DraftModelConfig,
     EntMTPConfig,
@@ -31,7 +33,7 @@ from mtprobe.config import (
     StandConfig,
     config_from_dict,
 )
-from mtprobe.draft_model import check_draft_model, layer_truncated
+from mtprobe.draft_model import check_draft_model, layer_truncated, quantized
 from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.registry import DecodingConfig, ProcessFn
 
@@ -192,7 +194,7 @@ def draft_model_drafter(
     process: ProcessFn | None = None,
     fold_memory: bool = True,
 ) -> _C.DraftModelDrafter:
-    """A draft-model drafter for ``model``: ``config.draft_model`` or the layer-truncated self-draft,
+    """A draft-model drafter for ``model``: ``config.draft_model`` or the self-draft ``config.self_draft`` names,
     with a KV cache of ``capacity`` entries at first (it doubles when full); ``process`` (HF's logits
     processors) shapes its q."""
     if capacity < 1:
@@ -200,13 +202,60 @@ def draft_model_drafter(
             f"capacity={capacity}: the draft model's KV cache needs at least one entry (it grows as needed)"
         )
     draft = config.draft_model
-    if draft is None:
-        draft = layer_truncated(model, config.num_draft_layers)
+    if draft is None and config.self_draft == "quantized":
+        draft = quantized(model, config.num_draft_layers)
+    elif draft is None:
+        draft = layer_truncated(model, config.num_draft_layers or TRUNCATED_DRAFT_LAYERS)
     check_draft_model(model, draft)
-    # Kept alive by the bound method the drafter holds; its linear layers routed as measured for it.
-    adapter = HFAdapter(draft, capacity, linear_routes=choose_linear_routes(draft))
+    # Kept alive by the bound method the drafter holds; its linear layers routed as measured for it (the
+    # quantized draft's are its own op already).
+    routes = None if config.self_draft == "quantized" else choose_linear_routes(draft)
+    adapter = HFAdapter(draft, capacity, linear_routes=routes)
+    # The quantized self-draft of every layer would run the prompt through the target's own float32
+    # weights (QuantizedLinear.MAX_ROWS): a second prefill, as costly as the target's. It takes the
+    # target's cache instead. The loop's first forward verifies the prompt with the first block, so
+    # the target's prompt entries exist only after it: until then the draft proposes token 0 from no
+    # cache at all (flat logits; verification rejects them, losslessly under greedy and sampling
+    # alike), then copies the entries it is told it holds from the target's cache (found by a one-shot
+    # hook on the target's first forward through mtprobe's cache) and drafts from there.
+    share = config.self_draft == "quantized" and config.num_draft_layers in (
+        None,
+        model.config.get_text_config(decoder=True).num_hidden_layers,
+    )
+    state: dict[str, Any] = {"target": None, "seeded": not share}
+    if share:
+
+        def keep(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+            cache = kwargs.get(cache_argument(model))
+            if isinstance(cache, TreeKVCache):  # mtprobe's forward, not a route measurement's
+                handle.remove()
+                state["target"] = cache
+
+        handle = model.register_forward_hook(keep, with_kwargs=True)
+    vocab = model.get_output_embeddings().weight.shape[0]
+
+    def forward(
+        tokens: torch.Tensor,  # [n] int64
+        embeds: torch.Tensor | None,
+        position_ids: torch.Tensor,  # [1, n]
+        mask: torch.Tensor | None,
+        prefix_len: int,
+        want_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [n, vocab], [n, hidden]?
+        n = position_ids.shape[-1]
+        if not state["seeded"]:
+            if state["target"] is None:  # before the target's first forward
+                return tokens.new_zeros((1, vocab), dtype=torch.float32).expand(n, -1), None
+            if prefix_len > 0:
+                adapter.cache.copy_prefix(state["target"], prefix_len)
+            state.update(target=None, seeded=True)
+        # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's
+        # other rows need no logits: the head over a long prompt costs as much as its layers.
+        adapter.prefill_logits_from = n - 1
+        return adapter.forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden)
+
     return _C.DraftModelDrafter(
-        adapter.forward,
+        forward,
         num_tokens=config.num_tokens,
         top_branches=config.top_branches,
         do_sample=do_sample,

@@ -28,7 +28,7 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from mtprobe.config import DraftModelConfig, PromptLookupConfig
+from mtprobe.config import TRUNCATED_DRAFT_LAYERS, DraftModelConfig, PromptLookupConfig
 from mtprobe.registry import DecodingConfig
 
 HONOURED = "honoured"
@@ -394,7 +394,13 @@ def resolve_config(
         agrees = (
             isinstance(config, DraftModelConfig)
             and config.draft_model is wanted.draft_model
-            and (assistant_model is not None or config.num_draft_layers == early_exit)
+            and (
+                assistant_model is not None
+                or (
+                    config.self_draft == "truncated"
+                    and (config.num_draft_layers or TRUNCATED_DRAFT_LAYERS) == early_exit
+                )
+            )
             and (not num_tokens_set or config.num_tokens == num_tokens)
         )
         if not agrees:

@@ -198,8 +198,8 @@ register(
         name="sps",
         config_type=DraftModelConfig,
         drafter=draft_model_drafter,
-        summary="draft-model speculative decoding: a draft model (--draft-model; default the target's "
-        "layer-truncated self-draft) proposes a chain, the target verifies it",
+        summary="draft-model speculative decoding: a draft model (--draft-model; default a self-draft made "
+        "of the target, --self-draft) proposes a chain, the target verifies it",
         # Not schedulable: the draft model's own forwards are not in the forward profile.
         options=(
             Option(
@@ -212,11 +212,20 @@ register(
                 always_in_id=True,
             ),
             Option(
+                "--self-draft",
+                "self_draft",
+                str,
+                "sd",
+                "the draft made of the target when --draft-model is not given: 'truncated' (its first layers) "
+                "or 'quantized' (its linear weights in 4 bits, the head's in 8; a float32 CPU model)",
+            ),
+            Option(
                 "--draft-layers",
                 "num_draft_layers",
                 int,
                 "l",
-                "layers of the target's layer-truncated self-draft (used when --draft-model is not given)",
+                "layers of the target's self-draft, its first ones (default: 8 for --self-draft truncated, "
+                "every layer for quantized)",
             ),
             Option(
                 "--top-branches",

@@ -2,7 +2,7 @@
 
 The CPU kernels are C++ (csrc/ops/); importing this module loads them. When the extension is built
 with CUDA, the ops also take CUDA tensors (csrc/ops/*_cuda.cu, every op here but
-``small_batch_linear``); those kernels ran once, on an H100 on 2026-11-26, and matched the CPU ops
+``small_batch_linear`` and ``quantized_linear``); those kernels ran once, on an H100 on 2026-11-26, and matched the CPU ops
 wherever the test was right (benchmarks/results/gpu/README.md). The fake kernels below give every op
 its output metadata without running it, so the ops trace under torch.compile and pass
 ``torch.library.opcheck``. Reference definitions: ``mtprobe.reference``.
@@ -24,6 +24,7 @@ __all__ = [
     "verify_rejection",
     "compact_kv_",
     "small_batch_linear",
+    "quantized_linear",
     "circuit_log_prob",
     "circuit_prefix_log_marginals",
     "circuit_next_token_log_probs",
@@ -95,6 +96,17 @@ def _small_batch_linear_fake(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("mtprobe::quantized_linear")
+def _quantized_linear_fake(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    min: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], codes.shape[0]))
 
 
 def _circuit_out_dtype(emissions: torch.Tensor) -> torch.dtype:
@@ -207,6 +219,18 @@ def small_batch_linear(
     """``x @ weight.T + bias`` with the weight read from memory once for up to 12 rows of ``x``
     (csrc/core/small_batch_linear.h); reference: :func:`mtprobe.reference.small_batch_linear`."""
     return torch.ops.mtprobe.small_batch_linear(x, weight, bias)
+
+
+def quantized_linear(
+    x: torch.Tensor,  # [..., in] float32, CPU
+    codes: torch.Tensor,  # [out, in / 2] uint8 (Q4_1, two codes a byte) or [out, in] int8 (Q8_0)
+    scale: torch.Tensor,  # [out, in / 32] float32
+    min: torch.Tensor | None = None,  # [out, in / 32] float32, Q4_1 only
+    bias: torch.Tensor | None = None,  # [out]
+) -> torch.Tensor:  # [..., out]
+    """``x @ W.T + bias`` with ``W`` in groups of 32 codes (csrc/core/quantized_linear.h,
+    :mod:`mtprobe.quantized_linear`); reference: :func:`mtprobe.reference.quantized_linear`."""
+    return torch.ops.mtprobe.quantized_linear(x, codes, scale, min, bias)
 
 
 def tree_ancestor_bits(parents: torch.Tensor) -> torch.Tensor:

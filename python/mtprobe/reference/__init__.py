@@ -6,6 +6,7 @@ Nothing here imports from mtprobe outside this subpackage, so the definitions st
 from .draft_tree import dynamic_tree, expand_tree, merge_trees, static_tree
 from .kv_compact import check_compaction, compact_kv
 from .prompt_lookup import prompt_lookup
+from .quantized_linear import quantized_linear
 from .small_batch_linear import small_batch_linear
 from .stand import NgramStore, build_stand_tree
 from .tree_mask import (
@@ -28,6 +29,7 @@ __all__ = [
     "expand_tree",
     "merge_trees",
     "prompt_lookup",
+    "quantized_linear",
     "small_batch_linear",
     "static_tree",
     "tree_ancestors",

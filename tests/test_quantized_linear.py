@@ -1,0 +1,207 @@
+"""torch.ops.mtprobe.quantized_linear against its float64 reference over awkward shapes and both formats,
+within float32's rounding bound; opcheck; bad arguments; quantize/dequantize; QuantizedLinear's fallback.
+The quantized self-draft built from it is tested in test_draft_model.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.library import opcheck
+
+import mtprobe
+from mtprobe import _C
+from mtprobe import quantized_linear as ql
+from mtprobe.reference import quantized_linear as reference
+from mtprobe.reference.quantized_linear import quantized_weight
+
+# (leading dims of x, in_features, out_features): one row and many, rows past a pass of 4, out counts
+# that leave a column block of 4 short, one group and many.
+SHAPES = [
+    ((1,), 32, 1),
+    ((1,), 32, 5),
+    ((2,), 64, 7),
+    ((3,), 96, 130),
+    ((4,), 576, 65),
+    ((5,), 64, 3),
+    ((1, 7), 128, 33),
+    ((2, 4), 160, 64),
+    ((9,), 32, 9),
+]
+
+
+def _case(lead, k, n, fmt, bias, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, k, generator=g)  # [..., in]
+    q = ql.quantize(torch.randn(n, k, generator=g), fmt)
+    b = torch.randn(n, generator=g) if bias else None  # [out]
+    return x, q, b
+
+
+def _bound(x, q):
+    # Each output sums 32-term group products, scales them and adds the groups (and Q4_1's min * sum x):
+    # at most m = 32 + groups + 4 roundings deep, each within gamma_m of the absolute terms.
+    groups = q.scale.shape[1]
+    m = 32 + groups + 4
+    u = torch.finfo(torch.float32).eps / 2
+    gamma = m * u / (1 - m * u)
+    if q.min is None:
+        absw = quantized_weight(q.codes, q.scale.abs(), None).abs()
+    else:
+        absw = quantized_weight(q.codes, q.scale.abs(), q.min.abs())  # |s| q + |min|, q >= 0
+    return gamma * (x.double().abs() @ absw.T)
+
+
+@pytest.mark.parametrize("fmt", ql.FORMATS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize(
+    "lead,k,n", SHAPES, ids=[f"{'x'.join(map(str, s[0]))}-{s[1]}-{s[2]}" for s in SHAPES]
+)
+def test_op_matches_the_reference_within_float32_rounding(lead, k, n, bias, fmt):
+    x, q, b = _case(lead, k, n, fmt, bias)
+    y = torch.ops.mtprobe.quantized_linear(x, q.codes, q.scale, q.min, b)
+    assert y.shape == (*lead, n) and y.dtype == torch.float32
+    exact = reference(x, q.codes, q.scale, q.min, b).double()
+    bound = _bound(x, q) + torch.finfo(torch.float32).eps * exact.abs() + 1e-30
+    assert ((y.double() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("fmt", ql.FORMATS)
+@pytest.mark.parametrize("level", [0, 1, 2, 3], ids=["portable", "avx2", "avx512", "default"])
+def test_every_kernel_matches_the_reference(level, fmt):
+    # Every kernel this CPU runs (a level it lacks falls back to the default): rows in passes of 1-4 and a
+    # column count that leaves each column block short.
+    for rows in (1, 2, 3, 4, 7):
+        x, q, b = _case((rows,), 96, 67, fmt, True, seed=level)
+        got = _C.quantized_linear_at_level(x, q.codes, q.scale, q.min, b, level)
+        exact = reference(x, q.codes, q.scale, q.min, b).double()
+        bound = _bound(x, q) + torch.finfo(torch.float32).eps * exact.abs() + 1e-30
+        assert ((got.double() - exact).abs() <= bound).all(), rows
+    with pytest.raises(ValueError, match="level must be 0"):
+        _C.quantized_linear_at_level(x, q.codes, q.scale, q.min, b, 4)
+
+
+def test_op_is_deterministic_and_independent_of_threads():
+    x, q, b = _case((3,), 320, 1000, "q4_1", True)
+    first = torch.ops.mtprobe.quantized_linear(x, q.codes, q.scale, q.min, b)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = torch.ops.mtprobe.quantized_linear(x, q.codes, q.scale, q.min, b)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(first, single)
+
+
+@pytest.mark.parametrize("fmt", ql.FORMATS)
+def test_op_opcheck(fmt):
+    for bias in (True, False):
+        x, q, b = _case((3,), 64, 24, fmt, bias)
+        opcheck(torch.ops.mtprobe.quantized_linear, (x, q.codes, q.scale, q.min, b))
+        assert mtprobe.ops.quantized_linear(x, q.codes, q.scale, q.min, b).shape == (3, 24)
+
+
+def test_isa_names_a_kernel():
+    assert ql.isa() in ("avx512", "avx2", "scalar")
+
+
+BAD_ARGS = {
+    "float64_x": (lambda x, c, s, m, b: (x.double(), c, s, m, b), "x must be float32"),
+    "int32_codes": (lambda x, c, s, m, b: (x, c.int(), s, m, b), "codes must be uint8"),
+    "q4_without_min": (lambda x, c, s, m, b: (x, c, s, None, b), "uint8 codes are Q4_1, which needs min"),
+    "q8_with_min": (
+        lambda x, c, s, m, b: (x, torch.zeros(6, 64, dtype=torch.int8), s, m, b),
+        "int8 codes are Q8_0, which has no min",
+    ),
+    "in_features": (lambda x, c, s, m, b: (x[:, :32], c, s, m, b), r"with in_features = 64 \(twice codes'"),
+    "not_a_group_multiple": (
+        lambda x, c, s, m, b: (x, torch.zeros(6, 24, dtype=torch.int8), s, None, b),
+        "in_features = 24 must be a multiple of 32",
+    ),
+    "scale_shape": (
+        lambda x, c, s, m, b: (x, c, s[:, :1], m, b),
+        r"scale must be float32 \[out_features, in_features / 32\] = \[6, 2\]",
+    ),
+    "min_dtype": (lambda x, c, s, m, b: (x, c, s, m.double(), b), "min must be float32"),
+    "bias_shape": (
+        lambda x, c, s, m, b: (x, c, s, m, b[:2]),
+        r"bias must be \[out_features\] = \[6\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGS.values()), ids=list(BAD_ARGS))
+def test_op_refuses_bad_arguments_with_the_reason(case):
+    change, message = case
+    x, q, b = _case((3,), 64, 6, "q4_1", True)
+    with pytest.raises(ValueError, match=message):
+        torch.ops.mtprobe.quantized_linear(*change(x, q.codes, q.scale, q.min, b))
+
+
+# --- quantize, dequantize ----------------------------------------------------------------------------
+
+
+def test_values_on_the_formats_grids_come_back_exactly():
+    g = torch.Generator().manual_seed(3)
+    # Q4_1 values: per group a scale, a minimum and codes 0..15 (with 0 and 15 present, so the range is the grid's).
+    codes = torch.randint(0, 16, (8, 4, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0, 15
+    scale, lo = torch.rand(8, 4, 1, generator=g) / 8, torch.randn(8, 4, 1, generator=g)
+    w4 = (codes * scale + lo).reshape(8, 128)
+    assert torch.allclose(ql.dequantize(ql.quantize(w4, "q4_1")), w4, atol=1e-6, rtol=0)
+    # Q8_0 values: a scale and codes in [-127, 127] with 127 or -127 present.
+    c8 = torch.randint(-127, 128, (8, 4, 32), generator=g).float()
+    c8[..., 0] = 127
+    w8 = (c8 * scale).reshape(8, 128)
+    assert torch.allclose(ql.dequantize(ql.quantize(w8, "q8_0")), w8, atol=1e-7, rtol=0)
+
+
+def test_quantization_error_is_within_half_a_step():
+    w = torch.randn(16, 96, generator=torch.Generator().manual_seed(4))
+    for fmt in ql.FORMATS:
+        q = ql.quantize(w, fmt)
+        step = q.scale.repeat_interleave(32, dim=1)  # [out, in]
+        assert ((ql.dequantize(q) - w).abs() <= step / 2 + 1e-6).all(), fmt
+
+
+def test_constant_and_zero_groups():
+    w = torch.zeros(2, 64)
+    w[1] = 0.5
+    for fmt in ql.FORMATS:
+        assert torch.equal(ql.dequantize(ql.quantize(w, fmt)), w), fmt
+
+
+@pytest.mark.parametrize(
+    "weight, fmt, message",
+    [
+        (torch.zeros(4, 40), "q4_1", "in_features=40 must be a multiple of 32"),
+        (torch.zeros(64), "q4_1", r"weight must be \[out_features, in_features\]"),
+        (torch.zeros(4, 64), "q5_k", "format='q5_k' is not one of"),
+    ],
+)
+def test_quantize_refuses_what_it_cannot_hold(weight, fmt, message):
+    with pytest.raises(ValueError, match=message):
+        ql.quantize(weight, fmt)
+
+
+# --- the module ----------------------------------------------------------------------------------------
+
+
+def test_module_runs_few_rows_on_the_codes_and_many_on_the_shared_float32_weight():
+    layer = nn.Linear(64, 24)
+    mod = ql.QuantizedLinear(layer)
+    assert mod.weight is layer.weight and mod.bias is layer.bias  # shared, not copied
+    with torch.no_grad():
+        few = torch.randn(2, ql.MAX_ROWS // 2, 64)  # [..., in], MAX_ROWS rows
+        assert torch.equal(
+            mod(few), torch.ops.mtprobe.quantized_linear(few, mod.codes, mod.scale, mod.min, layer.bias)
+        )
+        many = torch.randn(ql.MAX_ROWS + 1, 64)
+        assert torch.equal(mod(many), layer(many))
+
+
+def test_module_refuses_a_layer_it_cannot_stand_in_for():
+    with pytest.raises(ValueError, match="must be a float32 CPU nn.Linear with in_features a multiple of 32"):
+        ql.QuantizedLinear(nn.Linear(40, 8))
+    with pytest.raises(ValueError, match="must be a float32 CPU nn.Linear"):
+        ql.QuantizedLinear(nn.Linear(64, 8).double())
