@@ -90,8 +90,7 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None) -> PreTrain
             f"kernel); the model is {model.dtype} on {model.device}: use DraftModelConfig(self_draft='truncated') "
             "or a draft_model there"
         )
-    total = model.config.get_text_config(decoder=True).num_hidden_layers
-    if num_layers is not None and num_layers != total:
+    if not is_full_depth(model, num_layers):
         model = layer_truncated(model, num_layers)  # its own checks; cached, so the key below lives on
     if model in _QUANTIZED:
         return _QUANTIZED[model]
@@ -105,6 +104,11 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None) -> PreTrain
     draft.generation_config = copy.deepcopy(model.generation_config)
     _QUANTIZED[model] = draft
     return draft
+
+
+def is_full_depth(model: PreTrainedModel, num_layers: int | None) -> bool:
+    """Whether a self-draft of ``num_layers`` (``None``: all) has every layer of ``model``."""
+    return num_layers is None or num_layers == model.config.get_text_config(decoder=True).num_hidden_layers
 
 
 # Every hook container of a module, empty: a twin starts with none, as a model built anew would (a hook
@@ -133,7 +137,7 @@ def _swap_linears(module: torch.nn.Module, head: torch.nn.Module | None) -> int:
             module._modules[name] = quantized_linear.QuantizedLinear(child, fmt)
             swapped += 1
             continue
-        if not any(True for _ in child.children()):
+        if next(child.children(), None) is None:
             continue
         twin = _twin(child)
         n = _swap_linears(twin, head)

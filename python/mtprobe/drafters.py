@@ -33,7 +33,7 @@ from mtprobe.config import (
     StandConfig,
     config_from_dict,
 )
-from mtprobe.draft_model import check_draft_model, layer_truncated, quantized
+from mtprobe.draft_model import check_draft_model, is_full_depth, layer_truncated, quantized
 from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.registry import DecodingConfig, ProcessFn
 
@@ -218,10 +218,7 @@ def draft_model_drafter(
     # cache at all (flat logits; verification rejects them, losslessly under greedy and sampling
     # alike), then copies the entries it is told it holds from the target's cache (found by a one-shot
     # hook on the target's first forward through mtprobe's cache) and drafts from there.
-    share = config.self_draft == "quantized" and config.num_draft_layers in (
-        None,
-        model.config.get_text_config(decoder=True).num_hidden_layers,
-    )
+    share = config.self_draft == "quantized" and is_full_depth(model, config.num_draft_layers)
     state: dict[str, Any] = {"target": None, "seeded": not share}
     if share:
 
