@@ -18,9 +18,10 @@ from mtprobe.profile import ForwardProfile, ProfileKey
 REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]  # prompt lookup and STAND draft here
 
 
-def _profile(model, *, slope: float) -> ForwardProfile:
-    """A profile for ``model`` where T inputs cost 1 + slope (T - 1) / 63 plain forwards."""
-    return ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01 * (1 + slope)),))
+def _profile(model, *, slope: float, plain: float = 0.01) -> ForwardProfile:
+    """A profile for ``model`` where T inputs cost 1 + slope (T - 1) / 63 plain forwards of ``plain``
+    seconds (a long one makes the step overhead the scheduler measures negligible)."""
+    return ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((plain, plain * (1 + slope)),))
 
 
 def _greedy(model, ids, n=32):
@@ -275,8 +276,7 @@ def test_bad_input():
     model = tiny_llama()
     with pytest.raises(ValueError, match="needs at least one drafter"):
         mtprobe.AutoConfig(drafters=())
-    with pytest.raises(ValueError, match="draft model's own forwards are not in the forward profile"):
-        mtprobe.AutoConfig(drafters=(mtprobe.DraftModelConfig(),))
+    assert mtprobe.AutoConfig(drafters=(mtprobe.DraftModelConfig(),)).block_complexity == 6
     with pytest.raises(ValueError, match="which AutoConfig cannot schedule"):
         mtprobe.AutoConfig(drafters=(mtprobe.AutoConfig(),))
     with pytest.raises(TypeError, match=r"drafters\[1\] is str, not a drafter configuration"):
@@ -303,6 +303,153 @@ def test_bad_input():
         _C.AutoDrafter(kids, table, budgets=[4])
     with pytest.raises(ValueError, match=r"budgets\[1\] = 0; a block complexity is at least 1"):
         _C.AutoDrafter(kids, table, budgets=[4, 0])
+    with pytest.raises(ValueError, match="own_forwards has 3 entries for 2 drafters"):
+        _C.AutoDrafter(kids, table, own_forwards=[False, True, False])
+
+
+class _DraftOracle(_ChainOracle):
+    """A drafter with forwards of its own (a draft model's place in the scheduler): proposes the next
+    ``limits.budget - 1`` tokens of ``truth`` as a chain and counts the decode steps it was asked at."""
+
+    def __init__(self, truth: list[int]) -> None:
+        super().__init__(truth)
+        self.asked: list[int] = []
+        self.step = -1  # the prefill's propose is step -1
+
+    def propose(self, committed: torch.Tensor, prefix_len: int, limits) -> _C.DraftBlock:
+        self.asked.append(self.step)
+        start = prefix_len + committed.numel()
+        chain = self.truth[start : start + limits.budget - 1]
+        return _C.token_block(committed, chain, list(range(-1, len(chain) - 1)))
+
+    def observe(self, outcome) -> None:
+        self.step += 1
+
+
+def _run_oracle(monkeypatch, table: _C.CostTable, *, explore_every: int = 16):
+    import sys
+
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    truth = _greedy(model, ids, 40)[0].tolist()
+    oracle = _DraftOracle(truth)
+    auto = _C.AutoDrafter(
+        [oracle], table, decay=1.0, explore_every=explore_every, budgets=[7], own_forwards=[True]
+    )
+    monkeypatch.setattr(sys.modules["mtprobe.generate"], "make_drafter", lambda *a, **k: auto)
+    cfg = mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=1.0)
+    )
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
+    assert out.sequences[0].tolist() == truth[: ids.shape[1] + 32]
+    return oracle, auto, out
+
+
+def test_a_drafter_with_own_forwards_is_asked_when_its_forecast_pays(monkeypatch):
+    """Free, exact drafts on a flat profile: the first step explores with every draft the budget allows
+    (6), and from then on the forecast (p = 7/8, 13/14, ...) keeps asking for the longest chain."""
+    oracle, auto, out = _run_oracle(monkeypatch, _C.CostTable([1, 64], [0], [1.0, 1.0]))
+    assert -1 not in oracle.asked  # not at the prefill
+    assert oracle.asked == list(range(len(auto.choices())))  # every decode step
+    # Each step drafts 6 (fewer near the end: tokens_left), all accepted with the bonus.
+    assert [c for c in auto.choices()[:4]] == [(0, 7, 6)] * 4 and out.accept_lengths[:4] == [7] * 4
+    assert auto.draft_costs[0] > 0  # measured at the first step
+
+
+def test_a_drafter_with_own_forwards_only_explores_where_it_cannot_pay(monkeypatch):
+    """Where every input costs a whole forward (t(T) = T t(1)) no chain pays: after the first step's
+    exploration the drafter is asked only once it has idled explore_every steps (every fifth step
+    with explore_every = 4), with the forecast's best chain of at least one draft."""
+    oracle, auto, out = _run_oracle(monkeypatch, _C.CostTable([1, 64], [0], [1.0, 64.0]), explore_every=4)
+    steps = len(auto.choices())
+    assert oracle.asked == list(range(0, steps, 5))
+    for i, (child, t, nodes) in enumerate(auto.choices()):
+        if i % 5 == 0:
+            assert child == 0 and nodes == t - 1 >= 1 and (i > 0 or nodes == 6)
+        else:
+            assert (child, t, nodes) == (-1, 1, 0)
+
+
+def test_auto_schedules_the_quantized_self_draft():
+    """AutoConfig's default drafters name the quantized self-draft; on a float32 CPU model it is a
+    candidate (method "sps" in the choices) and the output is greedy's. On a bfloat16 model, which the
+    draft cannot run, it is left out; left with no drafter at all, the configuration is an error."""
+    from mtprobe.drafters import auto_candidates
+
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    cfg = mtprobe.AutoConfig(profile=_profile(model, slope=0.0))
+    assert [c.method for c in auto_candidates(model, cfg)] == ["pld", "stand", "sps"]
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(out.sequences, _greedy(model, ids))
+    assert "sps" in {m for m, _ in out.choices}  # explored at least
+    half = tiny_llama().to(torch.bfloat16)
+    assert [c.method for c in auto_candidates(half, cfg)] == ["pld", "stand"]
+    alone = mtprobe.AutoConfig(drafters=(mtprobe.DraftModelConfig(self_draft="quantized"),))
+    with pytest.raises(ValueError, match="AutoConfig has no drafter that runs on this model: the quantized"):
+        auto_candidates(half, alone)
+
+
+def test_what_auto_measured_of_a_draft_model_carries_to_the_next_generation():
+    """Where no chain pays (t(T) = T t(1)), the first generation explores the draft model at its first
+    step; the next generation of the model starts from those measurements and does not."""
+    from mtprobe import drafters
+
+    model = tiny_llama()
+    ids = torch.tensor([REPEATING])
+    draft = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=6)
+    cfg = mtprobe.AutoConfig(
+        drafters=(draft,), profile=_profile(model, slope=63.0, plain=1.0), explore_every=64
+    )
+    kw = dict(max_new_tokens=16, eos_token_id=None, pad_token_id=0)
+    first = mtprobe.generate(model, ids, cfg, **kw)
+    (counts, seconds) = drafters._CARRIED[model][(draft, False)]
+    assert seconds > 0 and sum(row[0] for row in counts[0]) >= 1  # trials of the first step's chain
+    second = mtprobe.generate(model, ids, cfg, **kw)
+    assert first.choices[0] == ("sps", 7) and all(m == "plain" for m, _ in second.choices)
+    assert torch.equal(first.sequences, second.sequences)
+    assert torch.equal(first.sequences, _greedy(model, ids, 16))
+
+
+def test_carried_measurements_are_checked():
+    from mtprobe.drafters import make_drafter
+
+    table = _C.CostTable([1, 64], [0], [1.0, 2.0])
+    kids = [make_drafter(tiny_llama(), mtprobe.PromptLookupConfig())]
+    with pytest.raises(ValueError, match="carried_stats has 2 entries for 1 drafters"):
+        _C.AutoDrafter(kids, table, carried_stats=[_C.AcceptanceStats(), _C.AcceptanceStats()])
+    with pytest.raises(ValueError, match=r"carried_costs\[0\] = -1; seconds per draft are finite and >= 0"):
+        _C.AutoDrafter(kids, table, carried_costs=[-1.0])
+    with pytest.raises(ValueError, match="depth 1, rank 0 has 2.0+ accepts of 1.0+ trials"):
+        _C.AcceptanceStats(0.95, [[1.0, 0, 0, 0]], [[2.0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="depth 1 needs 4 ranks of trials and of accepts"):
+        _C.AcceptanceStats(0.95, [[1.0]], [[1.0]])
+    with pytest.raises(ValueError, match="trials has 1 depths, accepts 0"):
+        _C.AcceptanceStats(0.95, [[1.0, 0, 0, 0]], [])
+    carried = _C.AcceptanceStats(0.95, [[3.0, 1, 0, 0]], [[2.0, 0, 0, 0]])
+    assert carried.trials == [[3.0, 1.0, 0.0, 0.0]] and carried.rate(1) == pytest.approx(3 / 5)
+
+
+def test_the_quantized_draft_catches_up_from_the_targets_cache(smollm2):
+    """Asked only every fifth step (a profile where nothing pays, explore_every 4), the quantized
+    self-draft has missed the tokens of four plain steps each time; it takes their entries from the
+    target's cache and drafts as well as ever: almost every draft of its chains is accepted."""
+    from conftest import chat_ids
+
+    model, tok = smollm2
+    ids = chat_ids(tok, [{"role": "user", "content": "Explain how a bicycle stays upright."}])
+    draft = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    cfg = mtprobe.AutoConfig(
+        drafters=(draft,), profile=_profile(model, slope=63.0, plain=1.0), explore_every=4
+    )
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=40)
+    ref = model.generate(ids, do_sample=False, max_new_tokens=40)
+    assert torch.equal(out.sequences, ref)
+    asked = [(i, t) for i, (m, t) in enumerate(out.choices) if m == "sps"]
+    assert [i for i, _ in asked] == list(range(0, len(out.choices), 5))[: len(asked)] and len(asked) >= 4
+    drafted = sum(t - 1 for _, t in asked)
+    accepted = sum(out.accept_lengths[i] - 1 for i, _ in asked)
+    assert accepted >= 0.8 * drafted, (accepted, drafted)
 
 
 @pytest.mark.parametrize(("slope", "with_probe"), [(0.0, True), (1.2, False)])
@@ -503,6 +650,7 @@ def test_bench_auto_interleaved_refuses_the_subprocess_modes_options(tmp_path, c
         (["--interleaved", *q, *out, "--out-dir", str(tmp_path)], "drop --out-dir"),
         (["--interleaved", *q, *out, "--per-category", "2", "--rounds", "2"], "drop --rounds"),
         (["--interleaved", *q, *out, "--repeats", "0"], "--repeats must be >= 1"),
+        (["--interleaved", *q, *out, "--rows", "auto,autoo"], "--rows: unknown row(s) 'autoo'; choose from"),
         (q, "--out-dir is required"),
     ]:
         with pytest.raises(SystemExit):

@@ -39,6 +39,32 @@ def test_reserve_before_the_first_forward_sizes_the_lazy_allocation():
     assert keys.shape == (1, 2, 5, 4) and cache.layers[0].keys.shape[2] == 6
 
 
+def test_copy_entries_takes_a_range_and_keeps_what_came_before():
+    source, mine = TreeKVCache(num_layers=2, capacity=8), TreeKVCache(num_layers=2, capacity=2)
+    keys = torch.arange(1 * 2 * 8 * 3, dtype=torch.float32).view(1, 2, 8, 3)  # [B, H, 8, D]
+    for layer in source.layers:
+        layer.update(keys, -keys)
+    mine.copy_entries(source, 0, 3)  # allocates and grows as needed
+    own = torch.full((1, 2, 2, 3), 7.0)
+    mine.reserve(7)
+    for layer in mine.layers:
+        layer.length = 3
+        layer.update(own, own)  # entries 3, 4: computed by the draft itself
+    mine.copy_entries(source, 5, 7)  # only [5, 7): entries 3 and 4 stay the draft's
+    for layer in mine.layers:
+        assert layer.length == 7
+        assert torch.equal(layer.keys[:, :, :3], keys[:, :, :3]) and torch.equal(
+            layer.values[:, :, 5:7], -keys[:, :, 5:7]
+        )
+        assert torch.equal(layer.keys[:, :, 3:5], own)
+    with pytest.raises(ValueError, match=r"copy_entries: \[4, 2\) is not a range of entries"):
+        mine.copy_entries(source, 4, 2)
+    with pytest.raises(ValueError, match="copy_entries: the source cache has room for fewer than 9 entries"):
+        mine.copy_entries(source, 0, 9)
+    with pytest.raises(ValueError, match="copy_entries: the source cache has 2 layers, this one 1"):
+        TreeKVCache(num_layers=1, capacity=2).copy_entries(source, 0, 1)
+
+
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         TreeKVCache(num_layers=1, capacity=0)

@@ -176,8 +176,9 @@ def test_every_built_in_method_is_one_registration():
         assert harness.METHODS[name] is method
     assert {m.name for m in registry.methods() if m.drafter is None} >= {"ar", "hf-pld"}
     schedulable = {m.name for m in registry.methods() if m.schedulable}
-    assert schedulable >= {"probe", "pld", "stand", "lookahead", "hybrid", "entmtp", "heads"}
-    assert not schedulable & {"sps", "auto", "ar", "hf-pld"}
+    assert schedulable >= {"probe", "pld", "stand", "lookahead", "hybrid", "entmtp", "heads", "sps"}
+    assert not schedulable & {"auto", "ar", "hf-pld"}
+    assert {m.name for m in registry.methods() if m.own_forwards} == {"sps"}  # the draft model's
     # a subclass of a registered configuration is that method
     sub = dataclasses.make_dataclass("Sub", [], bases=(mtprobe.PromptLookupConfig,), frozen=True)
     assert registry.method_of(sub()).name == "pld"
@@ -211,6 +212,10 @@ def test_registration_errors(toy):
         mtprobe.Method(name="m", config_type=Other, summary="")
     with pytest.raises(ValueError, match="non-empty string without spaces"):
         mtprobe.Method(name="a b", config_type=Other, drafter=toy_drafter, summary="")
+    with pytest.raises(
+        ValueError, match="own_forwards=True tells AutoConfig how to schedule it; set schedulable"
+    ):
+        mtprobe.Method(name="m", config_type=Other, drafter=toy_drafter, summary="", own_forwards=True)
 
     @dataclass(frozen=True)
     class NoBudget:

@@ -344,6 +344,7 @@ LOOKAHEAD_PROMPT = [4, 2, 9, 2, 2, 2, 13, 2, 6, 2, 12, 6, 9, 1, 12, 4, 2]
         "lookahead",
         "hybrid",
         "auto",
+        "auto_draft_model",
         "entmtp_ladder",
         "entmtp_hysteretic",
     ],
@@ -367,6 +368,15 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
         # A flat forward profile: the scheduler verifies the drafts it is offered, so they matter.
         "auto": mtprobe.AutoConfig(
             drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.StandConfig(block_complexity=10)),
+            profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)),
+        ),
+        # The quantized self-draft beside prompt lookup: asked when its forecast beats prompt lookup's
+        # cut, its sampled chain verified by rejection sampling.
+        "auto_draft_model": mtprobe.AutoConfig(
+            drafters=(
+                mtprobe.PromptLookupConfig(num_tokens=3),
+                mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3),
+            ),
             profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)),
         ),
         # Thresholds that switch trees on the tiny model's scores, so several shapes are verified.

@@ -86,8 +86,13 @@ def test_stats_and_cuts_match_the_reference():
         table, ctx = _table(p), rng.uniform(0, 2000)
         parents = _random_tree(rng)
         extra, cuttable, committed = rng.choice([0, 0, 3]), rng.random() < 0.8, rng.choice([1, 1, 2])
-        got = _C.best_cut(cpp, table, committed, parents, extra, cuttable, ctx)
-        want = ref.best_cut(py, lambda t, c=ctx, q=p: q.relative(t, c), committed, parents, extra, cuttable)
+        o = rng.choice([0.0, rng.uniform(0, 0.05)])  # the step's overhead, seconds
+
+        def relative(t, c=ctx, q=p, o=o):
+            return (q.time(t, c) + o) / (q.time(1, c) + o)
+
+        got = _C.best_cut(cpp, table, committed, parents, extra, cuttable, ctx, o)
+        want = ref.best_cut(py, relative, committed, parents, extra, cuttable)
         assert got[:2] == want[:2], case
         assert got[2:] == pytest.approx(want[2:])
 
@@ -162,3 +167,55 @@ def test_cheap_forwards_verify_deep_and_dear_ones_plain():
         [],
         1,
     )  # nothing pays: plain
+
+
+def test_chain_forecast_matches_the_reference():
+    rng = random.Random(2)
+    for case in range(100):
+        cpp, py = _C.AcceptanceStats(1.0), ref.Stats(1.0)
+        for _ in range(rng.randint(0, 40)):
+            depth, rank, accepted = rng.randint(1, 12), rng.choice([0, 0, 0, 1]), rng.random() < 0.85
+            cpp.record(depth, rank, accepted)
+            py.record(depth, rank, accepted)
+        p = _random_profile(rng)
+        ctx, draft_seconds, most = rng.uniform(0, 2000), rng.uniform(0, 0.2), rng.randint(0, 16)
+        o = rng.choice([0.0, rng.uniform(0, 0.05)])
+        got = _C.forecast_chain(cpp, _table(p), draft_seconds, most, ctx, o)
+        plain = p.time(1, ctx) + o
+
+        def relative(t, c=ctx, q=p, o=o, plain=plain):
+            return (q.time(t, c) + o) / plain
+
+        want = ref.forecast_chain(py, relative, draft_seconds / plain, most)
+        assert got[0] == want[0], case
+        assert got[1:] == pytest.approx(want[1:])
+
+
+def test_chain_forecast_bad_input():
+    stats, flat = _C.AcceptanceStats(1.0), _C.CostTable([1, 64], [0], [1.0, 1.0])
+    for seconds in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="draft_seconds must be a finite number of seconds >= 0"):
+            _C.forecast_chain(stats, flat, seconds, 4, 0.0)
+        with pytest.raises(ValueError, match="draft_seconds must be a finite number of seconds >= 0"):
+            ref.forecast_chain(ref.Stats(1.0), lambda t: 1.0, seconds, 4)
+    with pytest.raises(ValueError, match="context must be a finite number of cached positions"):
+        _C.forecast_chain(stats, flat, 0.1, 4, -1.0)
+    for overhead in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="overhead must be a finite number of seconds >= 0"):
+            _C.forecast_chain(stats, flat, 0.1, 4, 0.0, overhead)
+        with pytest.raises(ValueError, match="overhead must be a finite number of seconds >= 0"):
+            _C.best_cut(stats, flat, 1, [-1], 0, True, 0.0, overhead)
+
+
+def test_the_step_overhead_favours_blocks_that_gain_more():
+    # A chain of two with a = 0.6, 0.5 (P 0.6, 0.3) where t(2), t(3) = 1.1, 1.4 t(1): without overhead
+    # the first node alone pays best (1.6 / 1.1 = 1.455 > 1.9 / 1.4 = 1.357); with an overhead of one
+    # forward per step, the costs are 2.1 / 2 and 2.4 / 2, and the whole chain wins (1.583 > 1.524).
+    stats = _C.AcceptanceStats(1.0)
+    for depth, accepted in [(1, False)] * 3 + [(1, True)] * 5 + [(2, False)] * 2 + [(2, True)] * 2:
+        stats.record(depth, 0, accepted)
+    table = _C.CostTable([1, 2, 3], [0], [1.0, 1.1, 1.4])
+    assert _C.best_cut(stats, table, 1, [-1, 0], 0, True, 0.0)[:2] == ([0], 2)
+    kept, inputs, _, score = _C.best_cut(stats, table, 1, [-1, 0], 0, True, 0.0, 1.0)
+    assert (kept, inputs) == ([0, 1], 3) and score == pytest.approx(1.9 / 1.2)
+    assert table.relative(3, 0.0, 1.0) == pytest.approx(1.2)

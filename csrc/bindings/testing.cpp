@@ -317,13 +317,26 @@ void bind_testing(py::module_& m) {
   m.def(
       "best_cut",
       [](const core::AcceptanceStats& stats, const core::CostTable& cost, int64_t committed,
-         const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context) {
-        const core::Cut c = core::best_cut(stats, cost, committed, parents, extra, cuttable, context);
+         const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context, double overhead) {
+        const core::Cut c =
+            core::best_cut(stats, cost, committed, parents, extra, cuttable, context, overhead);
         return py::make_tuple(c.kept, c.inputs, c.expected, c.score);
       },
       py::arg("stats"), py::arg("cost"), py::arg("committed"), py::arg("parents"), py::arg("extra"),
-      py::arg("cuttable"), py::arg("context"),
+      py::arg("cuttable"), py::arg("context"), py::arg("overhead") = 0.0,
       "(kept draft nodes, inputs, expected tokens, score) of the best cut of one draft tree "
+      "(csrc/core/schedule.h).");
+  m.def(
+      "forecast_chain",
+      [](const core::AcceptanceStats& stats, const core::CostTable& cost, double draft_seconds,
+         int64_t max_drafts, double context, double overhead) {
+        const core::ChainForecast f =
+            core::forecast_chain(stats, cost, draft_seconds, max_drafts, context, overhead);
+        return py::make_tuple(f.drafts, f.rate, f.expected, f.score);
+      },
+      py::arg("stats"), py::arg("cost"), py::arg("draft_seconds"), py::arg("max_drafts"), py::arg("context"),
+      py::arg("overhead") = 0.0,
+      "(drafts, rate, expected tokens, score) of the best chain of a drafter with own forwards "
       "(csrc/core/schedule.h).");
 
   // The decode loop's mask builder (csrc/decode/tree_mask_builder.h; tests compare its masks with

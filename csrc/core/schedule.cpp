@@ -62,13 +62,35 @@ double CostTable::time(double block_size, double context) const {
   return (1 - w) * row(i - 1, block_size) + w * row(i, block_size);
 }
 
-double CostTable::relative(double block_size, double context) const {
-  return time(block_size, context) / time(1, context);
+double CostTable::relative(double block_size, double context, double overhead) const {
+  return (time(block_size, context) + overhead) / (time(1, context) + overhead);
 }
 
 AcceptanceStats::AcceptanceStats(double decay) : decay_(decay) {
   if (!(decay > 0 && decay <= 1))
     throw std::invalid_argument("acceptance statistics: decay must lie in (0, 1]");
+}
+
+AcceptanceStats::AcceptanceStats(double decay, std::vector<std::vector<double>> trials,
+                                 std::vector<std::vector<double>> accepts)
+    : AcceptanceStats(decay) {
+  if (trials.size() != accepts.size())
+    throw std::invalid_argument("acceptance statistics: trials has " + std::to_string(trials.size()) +
+                                " depths, accepts " + std::to_string(accepts.size()));
+  for (size_t d = 0; d < trials.size(); ++d) {
+    if (trials[d].size() != static_cast<size_t>(kRanks) || accepts[d].size() != static_cast<size_t>(kRanks))
+      throw std::invalid_argument("acceptance statistics: depth " + std::to_string(d + 1) + " needs " +
+                                  std::to_string(kRanks) + " ranks of trials and of accepts");
+    for (int64_t r = 0; r < kRanks; ++r) {
+      const double t = trials[d][static_cast<size_t>(r)], a = accepts[d][static_cast<size_t>(r)];
+      if (!(std::isfinite(t) && std::isfinite(a) && a >= 0 && a <= t))
+        throw std::invalid_argument("acceptance statistics: depth " + std::to_string(d + 1) + ", rank " +
+                                    std::to_string(r) + " has " + std::to_string(a) + " accepts of " +
+                                    std::to_string(t) + " trials; counts are finite, 0 <= accepts <= trials");
+    }
+  }
+  trials_ = std::move(trials);
+  accepts_ = std::move(accepts);
 }
 
 void AcceptanceStats::step() {
@@ -108,7 +130,8 @@ double AcceptanceStats::rate(int64_t depth, int64_t rank) const {
 }
 
 Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t committed,
-             const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context) {
+             const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context,
+             double overhead) {
   if (committed < 1)
     throw std::invalid_argument("best_cut: committed = " + std::to_string(committed) +
                                 "; a block holds at least the last committed token (committed >= 1)");
@@ -117,6 +140,8 @@ Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t commit
                                 "; auxiliary inputs are counted from 0 (extra >= 0)");
   if (!std::isfinite(context) || context < 0)
     throw std::invalid_argument("best_cut: context must be a finite number of cached positions >= 0");
+  if (!std::isfinite(overhead) || overhead < 0)
+    throw std::invalid_argument("best_cut: overhead must be a finite number of seconds >= 0");
   const size_t n_nodes = parents.size();
   std::vector<int64_t> depth(n_nodes), children(n_nodes + 1, 0);  // children[k + 1]: of node k; [0]: root
   std::vector<double> left(n_nodes + 1, 1.0);  // left[k + 1]: P(no earlier child of k accepted | k was)
@@ -136,9 +161,9 @@ Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t commit
   }
   Cut best;
   best.inputs = committed;
-  best.score = 1.0 / cost.relative(static_cast<double>(committed), context);
+  best.score = 1.0 / cost.relative(static_cast<double>(committed), context, overhead);
   const auto score_of = [&](double expected, int64_t inputs) {
-    return expected / cost.relative(static_cast<double>(inputs), context);
+    return expected / cost.relative(static_cast<double>(inputs), context, overhead);
   };
   if (n_nodes == 0) return best;
   if (!cuttable || extra > 0) {  // whole or nothing
@@ -171,6 +196,38 @@ Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t commit
   }
   best.kept.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(best_k));
   std::sort(best.kept.begin(), best.kept.end());
+  return best;
+}
+
+ChainForecast forecast_chain(const AcceptanceStats& stats, const CostTable& cost, double draft_seconds,
+                             int64_t max_drafts, double context, double overhead) {
+  if (!std::isfinite(draft_seconds) || draft_seconds < 0)
+    throw std::invalid_argument("forecast_chain: draft_seconds must be a finite number of seconds >= 0");
+  if (!std::isfinite(context) || context < 0)
+    throw std::invalid_argument("forecast_chain: context must be a finite number of cached positions >= 0");
+  if (!std::isfinite(overhead) || overhead < 0)
+    throw std::invalid_argument("forecast_chain: overhead must be a finite number of seconds >= 0");
+  double trials = 0.0, accepts = 0.0;
+  for (size_t d = 0; d < stats.trials().size(); ++d) {
+    trials += stats.trials()[d][0];
+    accepts += stats.accepts()[d][0];
+  }
+  ChainForecast best;
+  best.rate = (accepts + 1.0) / (trials + 2.0);
+  const double plain = cost.time(1, context) + overhead;
+  double expected = 1.0, reach = 1.0;
+  for (int64_t k = 1; k <= max_drafts; ++k) {
+    reach *= best.rate;
+    expected += reach;
+    const double seconds =
+        cost.time(static_cast<double>(1 + k), context) + overhead + static_cast<double>(k) * draft_seconds;
+    const double score = expected / (seconds / plain);
+    if (score > best.score) {
+      best.drafts = k;
+      best.expected = expected;
+      best.score = score;
+    }
+  }
   return best;
 }
 

@@ -38,8 +38,9 @@ class CostTable {
   // Linear between grid points in both coordinates; past the last block size the last segment's
   // slope continues; contexts outside the grid are clamped to its ends.
   double time(double block_size, double context) const;
-  // t(block_size, context) / t(1, context).
-  double relative(double block_size, double context) const;
+  // (t(block_size, context) + overhead) / (t(1, context) + overhead): a step's cost in plain steps,
+  // `overhead` the seconds a decode step spends besides its forward (see best_cut).
+  double relative(double block_size, double context, double overhead = 0.0) const;
   bool empty() const { return block_sizes_.empty(); }
 
  private:
@@ -59,6 +60,10 @@ class AcceptanceStats {
   static constexpr int64_t kRanks = 4;
 
   explicit AcceptanceStats(double decay = 0.95);
+  // Counts carried over from an earlier run (trials()/accepts() of one): [depth][kRanks] each, every
+  // count >= 0 and no accepts above its trials; throws std::invalid_argument naming the first violation.
+  AcceptanceStats(double decay, std::vector<std::vector<double>> trials,
+                  std::vector<std::vector<double>> accepts);
 
   // One decode step passed: every count decays by `decay`.
   void step();
@@ -95,9 +100,38 @@ struct Cut {
 // each other, sum to at most 1. A cut keeps the k nodes of highest P (ties: the earlier node), which
 // is a subtree since no child outranks its parent, and gains 1 + the sum of their P; the best k is
 // taken. A block with extra > 0 (or `cuttable` false) is verified whole or not at all. Ties go to
-// the smaller block. Throws std::invalid_argument for committed < 1, extra < 0, a context that is
-// negative or not finite, or a parent that is not -1 or an earlier node.
+// the smaller block. A step costs its forward and `overhead` seconds besides (verification, the
+// drafters' and the loop's own work), whatever T: a block's cost is cost.relative(T, context,
+// overhead) plain steps, so the overhead favours blocks that gain more per step. Throws
+// std::invalid_argument for committed < 1, extra < 0, a context or overhead that is negative or not
+// finite, or a parent that is not -1 or an earlier node.
 Cut best_cut(const AcceptanceStats& stats, const CostTable& cost, int64_t committed,
-             const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context);
+             const std::vector<int64_t>& parents, int64_t extra, bool cuttable, double context,
+             double overhead = 0.0);
+
+// A drafter that runs forwards of its own to propose (a draft model) costs time before its block
+// exists, so the scheduler forecasts its chain instead of cutting it. Every draft of the chain is
+// taken to be accepted with the same p given its parent was: a draft model drafts each token the
+// same way, and one rate pools the verdicts of every depth, so that a few steps measure it. p is the
+// pooled first-child rate, (sum of accepts + 1) / (sum of trials + 2) over the depths. A chain of k
+// drafts gains E[k] = 1 + p + p^2 + ... + p^k tokens for one target forward over 1 + k inputs plus
+// k draft forwards of `draft_seconds` each (and the step's `overhead`, as in best_cut):
+//     score(k) = E[k] / ((t(1 + k) + overhead + k draft_seconds) / (t(1) + overhead))
+// and the forecast is the k in 1..max_drafts of the best score (ties: the shorter chain).
+//
+// Worked example: p = 0.9, draft_seconds = t(1) / 2, t(1 + k) / t(1) = 1 + 0.1 k:
+//     k = 1: 1.9 / 1.6 = 1.188    k = 2: 2.71 / 2.2 = 1.232    k = 3: 3.439 / 2.8 = 1.228
+// so two drafts, which beat plain decoding (score 1) and any block in hand scoring less than 1.232.
+struct ChainForecast {
+  int64_t drafts = 0;     // k (0: max_drafts < 1, nothing to forecast)
+  double rate = 0.0;      // p
+  double expected = 1.0;  // E[k]
+  double score = 0.0;     // tokens per plain-decoding forward time
+};
+
+// Throws std::invalid_argument for draft_seconds, a context or an overhead that is negative or not
+// finite.
+ChainForecast forecast_chain(const AcceptanceStats& stats, const CostTable& cost, double draft_seconds,
+                             int64_t max_drafts, double context, double overhead = 0.0);
 
 }  // namespace mtprobe::core

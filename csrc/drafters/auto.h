@@ -17,12 +17,23 @@
 //
 // A child whose block carries auxiliary inputs (probing's mask tokens, lookahead's window) drafts
 // only after its inputs ran; one that has not run for `explore_every` steps runs whole once.
+//
+// A child that runs forwards of its own to propose (a draft model; AutoOptions::own_forwards) is not
+// asked every step: its chain is forecast (core::forecast_chain) from its pooled acceptance and the
+// measured seconds of its drafts, and it proposes only when the forecast beats the best block in hand
+// (or to explore: at its first step, with every draft it may make, and after `explore_every` idle
+// steps). Its block then runs whole, its chain as long as the forecast's k (no siblings). Its drafts
+// are timed as it makes them; the first measurement sets the cost, later ones move it halfway. Its
+// counts decay only on steps it ran (its chain's verdicts come from those alone), and a generation
+// can start from what an earlier one measured (AutoOptions::carried_stats, carried_costs): how well a
+// draft model agrees with the target, and what it costs here, do not change with the text much.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/schedule.h"
@@ -36,6 +47,12 @@ struct AutoOptions {
   // [children] or empty: the most inputs each child may propose (its own block complexity). The
   // loop's budget is the largest of them; without this every child would draft up to it.
   std::vector<int64_t> budgets;
+  // [children] or empty: which children run forwards of their own to propose (see above).
+  std::vector<bool> own_forwards;
+  // [children] or empty: what an earlier generation measured of each child with own forwards, its
+  // acceptance counts and seconds per draft (0: none), where each generation starts from.
+  std::vector<core::AcceptanceStats> carried_stats;
+  std::vector<double> carried_costs;
 };
 
 // One decode step's choice.
@@ -47,6 +64,8 @@ struct ScheduleChoice {
 
 class AutoDrafter : public Drafter {
  public:
+  using Clock = std::chrono::steady_clock;
+
   AutoDrafter(std::vector<std::shared_ptr<Drafter>> children, core::CostTable cost, AutoOptions options);
 
   std::string name() const override { return "auto"; }
@@ -57,6 +76,12 @@ class AutoDrafter : public Drafter {
 
   const std::vector<ScheduleChoice>& choices() const { return choices_; }
   const std::vector<core::AcceptanceStats>& stats() const { return stats_; }
+  // [children]: measured seconds per draft of the children with own forwards (0: not yet measured).
+  const std::vector<double>& draft_costs() const { return draft_costs_; }
+  // Seconds a decode step spends besides its forward's profiled time (verification, the drafters',
+  // the loop's and Python's work): measured between proposals, a moving average; each block's cost
+  // includes it (core::best_cut), so blocks that gain more per step are worth more.
+  double step_overhead() const { return overhead_; }
   double draft_seconds() const { return draft_seconds_; }        // children's propose and observe
   double schedule_seconds() const { return schedule_seconds_; }  // the scheduler's own work
 
@@ -74,6 +99,14 @@ class AutoDrafter : public Drafter {
     int64_t node = -1;  // the deepest node reached; -1: the root
     int64_t depth = 0;  // its depth
   };
+  // Fresh counts, and for the children with own forwards the carried ones (AutoOptions).
+  void begin_stats();
+  // Checks child i's block and copies its draft tree to the host (proposals_[i].tokens, parents).
+  void take(size_t i, const at::Tensor& committed);
+  // The child with own forwards to ask this step and its chain length, or {-1, 0}.
+  std::pair<int64_t, int64_t> forecast(const at::Tensor& committed, int64_t prefix_len,
+                                       const StepLimits& limits, double best_score) const;
+  bool own_forwards(size_t i) const { return !options_.own_forwards.empty() && options_.own_forwards[i]; }
   // Walks `walk` as far as history_ goes, recording each verdict; false once it can go no further.
   bool advance(Walk& walk, core::AcceptanceStats& stats) const;
 
@@ -82,6 +115,7 @@ class AutoDrafter : public Drafter {
   AutoOptions options_;
   std::vector<core::AcceptanceStats> stats_;  // [children]
   std::vector<int64_t> idle_;                 // [children]: steps since the child's block last ran whole
+  std::vector<double> draft_costs_;           // [children]: seconds per draft, own-forward children
   std::vector<Proposal> proposals_;           // [children]: this step's
   std::vector<std::vector<Walk>> walks_;      // [children][walks still waiting for tokens]
   std::vector<int64_t> history_;              // every token decoded so far (prefill's included)
@@ -91,6 +125,13 @@ class AutoDrafter : public Drafter {
   bool whole_ = false;         // the chosen child's block ran uncut
   bool prefill_ = true;
   double draft_seconds_ = 0.0, schedule_seconds_ = 0.0;
+  // The step in flight, timed from its propose to the next: its forward's profiled seconds and the
+  // seconds its own-forward child drafted (neither is overhead).
+  Clock::time_point step_start_;
+  bool timing_ = false;
+  double step_forward_ = 0.0, step_drafts_ = 0.0;
+  double overhead_ = 0.0;
+  int64_t overhead_samples_ = 0;
 };
 
 }  // namespace mtprobe

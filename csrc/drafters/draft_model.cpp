@@ -88,11 +88,12 @@ DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefi
 
 void DraftModelDrafter::observe(const StepOutcome& outcome) {
   // The cache holds history + chain[0 : K - 1]; the accepted part of the chain is still valid (a
-  // path through a sibling keeps none of it).
+  // path through a sibling keeps none of it). A replaced block's path is another block's: none of
+  // the chain ran.
   int64_t accepted = 0;
   const int64_t root = outcome.path.front();
-  while (accepted + 1 < static_cast<int64_t>(outcome.path.size()) && accepted < chain_len_ &&
-         outcome.path[accepted + 1] == root + accepted + 1) {
+  while (!outcome.block_replaced && accepted + 1 < static_cast<int64_t>(outcome.path.size()) &&
+         accepted < chain_len_ && outcome.path[accepted + 1] == root + accepted + 1) {
     ++accepted;
   }
   cached_ = std::min(cached_, static_cast<int64_t>(history_.size()) + accepted);

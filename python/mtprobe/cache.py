@@ -98,22 +98,27 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             layer.length = length
 
-    def copy_prefix(self, source: TreeKVCache, length: int) -> None:
-        """Take ``source``'s first ``length`` entries of every layer and hold exactly those: a draft of the
-        target's architecture starting from the target's prefill instead of computing its own."""
+    def copy_entries(self, source: TreeKVCache, start: int, end: int) -> None:
+        """Take ``source``'s entries ``[start, end)`` of every layer and hold the first ``end``: a draft of
+        the target's architecture taking the target's verified entries instead of computing its own
+        (the entries before ``start`` are this cache's already). The caller vouches that ``source``
+        holds them: its lengths say where its last forward began, not what the loop verified since
+        (and a :class:`~mtprobe.plan.PlannedKVCache` never advances them), so only its capacity is checked."""
         if len(source.layers) != len(self.layers):
             raise ValueError(
-                f"copy_prefix: the source cache has {len(source.layers)} layers, this one {len(self.layers)}"
+                f"copy_entries: the source cache has {len(source.layers)} layers, this one {len(self.layers)}"
             )
-        self.reserve(length)
+        if not 0 <= start <= end:
+            raise ValueError(f"copy_entries: [{start}, {end}) is not a range of entries (0 <= start <= end)")
+        self.reserve(end)
         for mine, theirs in zip(self.layers, source.layers, strict=True):
-            if not theirs.is_initialized or theirs.length < length:
-                raise ValueError(f"copy_prefix: the source cache holds fewer than {length} entries")
+            if not theirs.is_initialized or theirs.keys.shape[-2] < end:
+                raise ValueError(f"copy_entries: the source cache has room for fewer than {end} entries")
             if not mine.is_initialized:
                 mine.lazy_initialization(theirs.keys[:, :, :0], theirs.values[:, :, :0])
-            mine.keys[:, :, :length] = theirs.keys[:, :, :length]
-            mine.values[:, :, :length] = theirs.values[:, :, :length]
-            mine.length = length
+            mine.keys[:, :, start:end] = theirs.keys[:, :, start:end]
+            mine.values[:, :, start:end] = theirs.values[:, :, start:end]
+            mine.length = end
 
     def buffers(self) -> list[torch.Tensor]:
         """Every initialised key and value buffer, for in-place compaction."""

@@ -1037,14 +1037,25 @@ class AutoConfig(_ConfigData):
     continuation, a sampled one only on steps it ran), and its cost t(T_k) / t(1) from a
     :class:`~mtprobe.profile.ForwardProfile` of the model on this machine. The step verifies the
     block and cut with the most tokens per unit of time, or only the committed token (plain
-    decoding, T = 1) when no draft pays for itself. What it chose is in ``GenerateOutput.choices``.
-    The output is that of plain decoding whatever it chooses.
+    decoding, T = 1) when no draft pays for itself. A draft model (``DraftModelConfig``) costs its
+    own forwards before its chain exists, so it is not asked every step: its chain is forecast from its
+    acceptance so far and the measured seconds of its forwards, and it drafts only when the forecast
+    beats the best block in hand (and to explore: at its first step, with all ``num_tokens`` drafts,
+    and after ``explore_every`` idle steps); what it measured of the draft model carries over to the
+    model's next generation in the process. What it chose is in ``GenerateOutput.choices``. The
+    output is that of plain decoding whatever it chooses.
+
+    The default drafters are prompt lookup, STAND and the quantized self-draft
+    (``DraftModelConfig(self_draft="quantized", num_tokens=12)``), which on a CPU drafts in about half a
+    target forward and agrees with the model on almost every token. A quantized self-draft the model
+    cannot run (on a GPU, in bfloat16, no linear to quantize:
+    :func:`mtprobe.draft_model.why_not_quantized`) is left out of the candidates.
 
     Args:
-        drafters: the candidate drafters' configurations (not ``DraftModelConfig``: its draft forwards
-            are not in the profile; not ``AutoConfig``). Blocks made only of draft tokens (prompt
-            lookup, STAND) can be cut to any subtree; blocks with auxiliary inputs (probing's mask
-            tokens, lookahead's window) run whole or not at all.
+        drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of
+            draft tokens (prompt lookup, STAND) can be cut to any subtree; blocks with auxiliary inputs
+            (probing's mask tokens, lookahead's window) run whole or not at all; a draft model's chain
+            runs as long as its forecast says (``top_branches`` siblings are not drafted here).
         profile: a ForwardProfile, the path of one saved with ``ForwardProfile.save``, or ``None``:
             :func:`mtprobe.profile_forward` measures the model at the first call (seconds; cached on disk).
         decay: per-step decay of the acceptance counts, in (0, 1].
@@ -1054,7 +1065,7 @@ class AutoConfig(_ConfigData):
             Each drafter still drafts within its own ``block_complexity``.
 
     >>> AutoConfig().block_complexity
-    11
+    13
     >>> AutoConfig(drafters=())
     Traceback (most recent call last):
     ...
@@ -1064,7 +1075,11 @@ class AutoConfig(_ConfigData):
     method: ClassVar[str] = "auto"
 
     drafters: tuple[Any, ...] = field(
-        default_factory=lambda: (PromptLookupConfig(), StandConfig(block_complexity=10))
+        default_factory=lambda: (
+            PromptLookupConfig(),
+            StandConfig(block_complexity=10),
+            DraftModelConfig(self_draft="quantized", num_tokens=12),
+        )
     )
     profile: Any = None
     decay: float = 0.95
@@ -1082,7 +1097,7 @@ class AutoConfig(_ConfigData):
                 "drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))"
             )
         # The registered methods with schedulable=True (probing, prompt lookup, STAND, lookahead, the hybrid,
-        # EntMTP, heads, and any registered so since).
+        # EntMTP, heads, draft models, and any registered so since).
         choosable = tuple(m.config_type for m in registry.methods() if m.schedulable)
         for i, c in enumerate(drafters):
             if isinstance(c, choosable):
@@ -1090,13 +1105,7 @@ class AutoConfig(_ConfigData):
             names = ", ".join(k.__name__ for k in choosable)
             if registry.find(c) is not None:
                 raise ValueError(
-                    f"drafters[{i}] is a {type(c).__name__}, which AutoConfig cannot schedule"
-                    + (
-                        ": the draft model's own forwards are not in the forward profile; use it on its own"
-                        if isinstance(c, DraftModelConfig)
-                        else ""
-                    )
-                    + f"; choose among {names}"
+                    f"drafters[{i}] is a {type(c).__name__}, which AutoConfig cannot schedule; choose among {names}"
                 )
             raise TypeError(
                 f"drafters[{i}] is {type(c).__name__}, not a drafter configuration; use one of {names}"

@@ -84,12 +84,9 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None) -> PreTrain
     per model and reused. A float32 CPU model only: the op is a CPU kernel.
     """
     check_causal_lm(model)
-    if model.device.type != "cpu" or model.dtype != torch.float32:
-        raise ValueError(
-            f"the quantized self-draft runs on the CPU in float32 (torch.ops.mtprobe.quantized_linear is a CPU "
-            f"kernel); the model is {model.dtype} on {model.device}: use DraftModelConfig(self_draft='truncated') "
-            "or a draft_model there"
-        )
+    reason = why_not_quantized(model)
+    if reason:
+        raise ValueError(reason)
     if not is_full_depth(model, num_layers):
         model = layer_truncated(model, num_layers)  # its own checks; cached, so the key below lives on
     if model in _QUANTIZED:
@@ -97,13 +94,31 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None) -> PreTrain
     draft = _twin(model)  # its module tree is copied wherever a linear changes
     swapped = _swap_linears(draft, head=model.get_output_embeddings())
     if swapped == 0:
-        raise ValueError(
-            f"{type(model).__name__} has no float32 nn.Linear with in_features a multiple of "
-            f"{quantized_linear.GROUP}: nothing to quantize; use DraftModelConfig(self_draft='truncated')"
-        )
+        raise ValueError(_nothing_to_quantize(model))
     draft.generation_config = copy.deepcopy(model.generation_config)
     _QUANTIZED[model] = draft
     return draft
+
+
+def why_not_quantized(model: PreTrainedModel) -> str:
+    """Why :func:`quantized` cannot make a draft of ``model``, or ``""`` where it can: the op is a CPU
+    kernel over float32 activations, and it needs linear weights whose rows split into groups of 32."""
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return (
+            f"the quantized self-draft runs on the CPU in float32 (torch.ops.mtprobe.quantized_linear is a CPU "
+            f"kernel); the model is {model.dtype} on {model.device}: use DraftModelConfig(self_draft='truncated') "
+            "or a draft_model there"
+        )
+    if not any(quantized_linear.quantizable(m) for m in model.modules()):
+        return _nothing_to_quantize(model)
+    return ""
+
+
+def _nothing_to_quantize(model: PreTrainedModel) -> str:
+    return (
+        f"{type(model).__name__} has no float32 nn.Linear with in_features a multiple of "
+        f"{quantized_linear.GROUP}: nothing to quantize; use DraftModelConfig(self_draft='truncated')"
+    )
 
 
 def is_full_depth(model: PreTrainedModel, num_layers: int | None) -> bool:

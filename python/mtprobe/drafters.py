@@ -33,7 +33,13 @@ from mtprobe.config import (
     StandConfig,
     config_from_dict,
 )
-from mtprobe.draft_model import check_draft_model, is_full_depth, layer_truncated, quantized
+from mtprobe.draft_model import (
+    check_draft_model,
+    is_full_depth,
+    layer_truncated,
+    quantized,
+    why_not_quantized,
+)
 from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.registry import DecodingConfig, ProcessFn
 
@@ -213,13 +219,16 @@ def draft_model_drafter(
     adapter = HFAdapter(draft, capacity, linear_routes=routes)
     # The quantized self-draft of every layer would run the prompt through the target's own float32
     # weights (QuantizedLinear.MAX_ROWS): a second prefill, as costly as the target's. It takes the
-    # target's cache instead. The loop's first forward verifies the prompt with the first block, so
-    # the target's prompt entries exist only after it: until then the draft proposes token 0 from no
-    # cache at all (flat logits; verification rejects them, losslessly under greedy and sampling
-    # alike), then copies the entries it is told it holds from the target's cache (found by a one-shot
-    # hook on the target's first forward through mtprobe's cache) and drafts from there.
+    # target's cache instead: at every draft step the tokens it has not seen but the target verified
+    # (all of the prompt at its first step; those of steps a scheduler gave other drafters) are the
+    # target's entries, copied, and only the last committed token runs through the draft. Outside the
+    # scheduler the loop's first forward verifies the prompt with the first block, so the target's
+    # entries exist only after it: until then the draft proposes token 0 from no cache at all (flat
+    # logits; verification rejects them, losslessly under greedy and sampling alike). The target's
+    # cache is found by a one-shot hook on the target's first forward through mtprobe's cache.
     share = config.self_draft == "quantized" and is_full_depth(model, config.num_draft_layers)
-    state: dict[str, Any] = {"target": None, "seeded": not share}
+    # held: the draft cache's entries that are real (the drafter counts the flat forwards' as cached).
+    state: dict[str, Any] = {"target": None, "held": 0}
     if share:
 
         def keep(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
@@ -229,7 +238,7 @@ def draft_model_drafter(
                 state["target"] = cache
 
         handle = model.register_forward_hook(keep, with_kwargs=True)
-    vocab = model.get_output_embeddings().weight.shape[0]
+        vocab = model.get_output_embeddings().weight.shape[0]
 
     def forward(
         tokens: torch.Tensor,  # [n] int64
@@ -240,16 +249,24 @@ def draft_model_drafter(
         want_hidden: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [n, vocab], [n, hidden]?
         n = position_ids.shape[-1]
-        if not state["seeded"]:
+        if share:
             if state["target"] is None:  # before the target's first forward
                 return tokens.new_zeros((1, vocab), dtype=torch.float32).expand(n, -1), None
-            if prefix_len > 0:
-                adapter.cache.copy_prefix(state["target"], prefix_len)
-            state.update(target=None, seeded=True)
+            # The drafter feeds the tokens after its cache, ending with the last committed one, which the
+            # target has not cached yet; every one before it, and every entry the draft counts as cached
+            # but never computed, the target has verified.
+            start, end = min(state["held"], prefix_len), prefix_len + n - 1
+            if start < end:
+                adapter.cache.copy_entries(state["target"], start, end)
+            tokens, position_ids, prefix_len = tokens[n - 1 :], position_ids[:, n - 1 :], end
+            state["held"] = end + 1
         # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's
         # other rows need no logits: the head over a long prompt costs as much as its layers.
-        adapter.prefill_logits_from = n - 1
-        return adapter.forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden)
+        adapter.prefill_logits_from = tokens.shape[0] - 1
+        logits, hidden = adapter.forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden)
+        if logits.shape[0] < n:  # rows of copied entries: the last row stands for each (none is read)
+            logits = logits[-1:].expand(n, -1)
+        return logits, hidden
 
     return _C.DraftModelDrafter(
         forward,
@@ -344,6 +361,48 @@ def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfil
     return profile
 
 
+def auto_candidates(model: PreTrainedModel, config: AutoConfig) -> tuple[DecodingConfig, ...]:
+    """The drafters of ``config`` the scheduler chooses among for ``model``: all of them but a quantized
+    self-draft the model cannot run (:func:`~mtprobe.draft_model.why_not_quantized`: a GPU or bfloat16
+    model, nothing to quantize), which AutoConfig's defaults name for CPUs."""
+    keep = tuple(
+        c
+        for c in config.drafters
+        if not (
+            isinstance(c, DraftModelConfig)
+            and c.draft_model is None
+            and c.self_draft == "quantized"
+            and why_not_quantized(model)
+        )
+    )
+    if not keep:
+        raise ValueError(
+            f"AutoConfig has no drafter that runs on this model: {why_not_quantized(model)}; add others, e.g. "
+            "drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))"
+        )
+    return keep
+
+
+# What the scheduler measured of each drafter with own forwards (its acceptance counts and seconds per
+# draft), per model, configuration and sampling mode: the model's next AutoConfig generation in this
+# process starts from it (csrc/drafters/auto.h) instead of exploring the draft model from nothing.
+_CARRIED: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[Any, bool], tuple[Any, float]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def carry_auto_measurements(
+    model: PreTrainedModel, config: AutoConfig, drafter: _C.AutoDrafter, do_sample: bool
+) -> None:
+    """Keep what ``drafter`` (built by :func:`auto_drafter` for ``model`` and ``config``) measured of its
+    drafters with own forwards, for the model's next generation."""
+    carried = _CARRIED.setdefault(model, {})
+    for i, c in enumerate(auto_candidates(model, config)):
+        if registry.method_of(c).own_forwards and drafter.draft_costs[i] > 0:
+            stats = drafter.stats[i]
+            carried[(c, do_sample)] = ((stats.trials, stats.accepts), drafter.draft_costs[i])
+
+
 def auto_drafter(
     model: PreTrainedModel,
     config: AutoConfig,
@@ -353,23 +412,43 @@ def auto_drafter(
     process: ProcessFn | None = None,
     fold_memory: bool = True,
 ) -> _C.AutoDrafter:
-    """The scheduling drafter over ``config.drafters``, priced by ``model``'s forward profile."""
+    """The scheduling drafter over :func:`auto_candidates`, priced by ``model``'s forward profile (and a
+    draft model by the measured seconds of its own forwards)."""
     profile = forward_profile(model, config)
     cost = _C.CostTable(
         list(profile.block_sizes), list(profile.context_lengths), [s for row in profile.seconds for s in row]
     )
+    candidates = auto_candidates(model, config)
+    # A draft model samples its chain under sampling (rejection sampling then accepts more); the other
+    # drafters draft as under greedy decoding, verified by sample matching, so that the scheduler can
+    # judge their trees every step (a sampled tree only on steps it ran).
+    own_forwards = [registry.method_of(c).own_forwards for c in candidates]
     # Drafters that share a cross-request memory all read it, but only the first folds the generation
     # into it: the same text folded twice would double its counts.
     children, folding = [], set()
-    for c in config.drafters:
+    for c, own in zip(candidates, own_forwards, strict=True):
         memory = ngram_memory(model, c) if isinstance(c, (StandConfig, HybridConfig)) else None
-        children.append(make_drafter(model, c, fold_memory=memory is None or id(memory) not in folding))
+        fold = memory is None or id(memory) not in folding
+        sampling = {"do_sample": do_sample, "process": process} if own else {}
+        children.append(make_drafter(model, c, capacity=capacity, fold_memory=fold, **sampling))
         if memory is not None:
             folding.add(id(memory))
     # Each drafter drafts within its own block complexity; the step's budget is the largest of them.
-    budgets = [c.block_complexity for c in config.drafters]
+    budgets = [c.block_complexity for c in candidates]
+    carried = [
+        _CARRIED.get(model, {}).get((c, do_sample)) if own else None
+        for c, own in zip(candidates, own_forwards, strict=True)
+    ]
+    decay = float(config.decay)
     return _C.AutoDrafter(
-        children, cost, decay=float(config.decay), explore_every=config.explore_every, budgets=budgets
+        children,
+        cost,
+        decay=decay,
+        explore_every=config.explore_every,
+        budgets=budgets,
+        own_forwards=own_forwards,
+        carried_stats=[_C.AcceptanceStats(decay, *m[0]) if m else _C.AcceptanceStats(decay) for m in carried],
+        carried_costs=[m[1] if m else 0.0 for m in carried],
     )
 
 

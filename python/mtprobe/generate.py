@@ -27,6 +27,8 @@ from mtprobe.draft_model import check_draft_model
 from mtprobe.drafters import (
     DecodingConfig,
     as_decoding_config,
+    auto_candidates,
+    carry_auto_measurements,
     check_decoding_config,
     hidden_layer,
     make_drafter,
@@ -413,10 +415,12 @@ def custom_generate(
     )
     if isinstance(drafter, _C.AutoDrafter):
         # What the scheduler chose each step, and its share of the time.
-        names = [registry.method_of(c).name for c in config.drafters]
+        names = [registry.method_of(c).name for c in auto_candidates(model, config)]
         output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
         output.timings["draft_s"] = drafter.draft_seconds
         output.timings["schedule_s"] = drafter.schedule_seconds
+        output.timings["step_overhead_s"] = drafter.step_overhead
+        carry_auto_measurements(model, config, drafter, do_sample)
     bank = config.resolved_bank if isinstance(config, (EntMTPConfig, HeadsConfig)) else None
     if bank is not None:
         output.choices = [

@@ -200,7 +200,8 @@ register(
         drafter=draft_model_drafter,
         summary="draft-model speculative decoding: a draft model (--draft-model; default a self-draft made "
         "of the target, --self-draft) proposes a chain, the target verifies it",
-        # Not schedulable: the draft model's own forwards are not in the forward profile.
+        schedulable=True,
+        own_forwards=True,
         options=(
             Option(
                 "--num-tokens",
@@ -442,8 +443,8 @@ register(
         name="auto",
         config_type=AutoConfig,
         drafter=auto_drafter,
-        summary="per-step choice among drafters (default prompt lookup and STAND) and plain decoding by expected "
-        "tokens per second under this machine's measured forward cost",
+        summary="per-step choice among drafters (default prompt lookup, STAND and the quantized self-draft) and "
+        "plain decoding by expected tokens per second under this machine's measured forward cost",
         options=(
             Option(
                 "--drafters",

@@ -162,8 +162,11 @@ class Method:
     supports_sampling: bool = True
     """Whether ``temperature > 0`` is implemented (every built-in drafter samples losslessly)."""
     schedulable: bool = False
-    """Whether ``AutoConfig`` may choose among its drafts: every forward it costs is the target's own
-    forward, which the forward profile prices (not a draft model's)."""
+    """Whether ``AutoConfig`` may choose among its drafts: it prices them by the target's forward
+    profile and, with ``own_forwards``, by the measured seconds of the drafter's own forwards."""
+    own_forwards: bool = False
+    """Whether the drafter runs forwards of a model of its own to propose (a draft model): the
+    scheduler then asks it for a chain only when the chain's forecast pays (csrc/drafters/auto.h)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
@@ -187,6 +190,11 @@ class Method:
             raise TypeError(
                 f"method {self.name!r}: {cls.__name__} has no block_complexity field; a drafter method's "
                 "configuration needs one (the most inputs one decode forward takes: mtprobe sizes its buffers by it)"
+            )
+        if self.own_forwards and not self.schedulable:
+            raise ValueError(
+                f"method {self.name!r}: own_forwards=True tells AutoConfig how to schedule it; set schedulable=True "
+                "as well, or leave own_forwards False"
             )
         if not isinstance(self.options, tuple) or not all(isinstance(o, Option) for o in self.options):
             raise TypeError(

@@ -18,8 +18,10 @@ namespace {
 
 using mtprobe::core::AcceptanceStats;
 using mtprobe::core::best_cut;
+using mtprobe::core::ChainForecast;
 using mtprobe::core::CostTable;
 using mtprobe::core::Cut;
+using mtprobe::core::forecast_chain;
 
 bool near(double a, double b) { return std::fabs(a - b) < 1e-9; }
 
@@ -177,6 +179,35 @@ void test_best_cut_worked_example() {
   CHECK(thrown == 1);
 }
 
+void test_forecast_chain_worked_example() {
+  // p = 0.9: 17 of 18 first-child verdicts accepted ((17 + 1) / (18 + 2)), pooled over depths.
+  AcceptanceStats s(1.0);
+  for (int i = 0; i < 18; ++i) s.record(1 + i % 3, 0, i != 5);
+  s.record(1, 1, false);  // a later sibling: not a chain's verdict, not pooled
+  // t(1 + k) / t(1) = 1 + 0.1 k (t(1) = 2 s: the forecast works in seconds), a draft costs t(1) / 2.
+  const CostTable cost({1, 2}, {0}, {2.0, 2.2});
+  ChainForecast f = forecast_chain(s, cost, 1.0, 12, 0);
+  CHECK(f.drafts == 2 && near(f.rate, 0.9) && near(f.expected, 2.71) && near(f.score, 2.71 / 2.2));
+  // An overhead of one plain forward per step (2 s) makes longer chains pay: k = 5 scores
+  // 4.686 / (10 / 4) = 1.874, above k = 4 (1.861) and k = 6 (1.863).
+  f = forecast_chain(s, cost, 1.0, 12, 0, 2.0);
+  CHECK(f.drafts == 5 && near(f.score, f.expected / 2.5));
+  f = forecast_chain(s, cost, 1.0, 1, 0);  // at most one draft
+  CHECK(f.drafts == 1 && near(f.score, 1.9 / 1.6));
+  const CostTable flat({1, 64}, {0}, {2.0, 2.0});
+  f = forecast_chain(s, flat, 0.0, 40, 0);  // free drafts and free width: the longest chain allowed
+  CHECK(f.drafts == 40);
+  f = forecast_chain(s, cost, 1.0, 0, 0);  // no room for a draft
+  CHECK(f.drafts == 0 && f.score == 0.0);
+  f = forecast_chain(AcceptanceStats(1.0), cost, 1.0, 12, 0);  // no verdicts: the prior, p = 1 / 2
+  CHECK(near(f.rate, 0.5) && f.drafts == 1 && near(f.score, 1.5 / 1.6));
+  int thrown = 0;
+  expect_throw(thrown, [&] { forecast_chain(s, cost, -1.0, 4, 0); });
+  expect_throw(thrown, [&] { forecast_chain(s, cost, std::nan(""), 4, 0); });
+  expect_throw(thrown, [&] { forecast_chain(s, cost, 1.0, 4, -1.0); });
+  CHECK(thrown == 3);
+}
+
 void test_bad_input_throws() {
   const CostTable flat({1, 64}, {0}, {1.0, 1.0});
   AcceptanceStats s(1.0);
@@ -200,6 +231,7 @@ int main() {
       {"stats_count_verdicts", test_stats_count_verdicts},
       {"stats_decay", test_stats_decay},
       {"best_cut_worked_example", test_best_cut_worked_example},
+      {"forecast_chain_worked_example", test_forecast_chain_worked_example},
       {"bad_input_throws", test_bad_input_throws},
   };
   return mtprobe_test::run_tests(tests);

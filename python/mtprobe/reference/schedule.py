@@ -123,3 +123,39 @@ def best_cut(
         if score > best[3]:
             best = (sorted(order[:k]), committed + k, expected, score)
     return best
+
+
+def forecast_chain(
+    stats: Stats, relative: Callable[[int], float], draft_cost: float, max_drafts: int
+) -> tuple[int, float, float, float]:
+    """``(drafts, rate, expected tokens, score)`` of the best chain of a drafter that runs forwards of its
+    own to propose: every draft accepted with one pooled rate p = (accepts + 1) / (trials + 2) over the
+    first children of every depth; k drafts gain 1 + p + ... + p^k for ``relative(1 + k) + k draft_cost``
+    plain steps (``relative``: a step's cost by T, its overhead included; ``draft_cost``: one draft's
+    seconds over a plain step's). The best k in 1..max_drafts (ties:
+    the shorter chain); 0 drafts and score 0 when max_drafts < 1.
+
+    The worked example of csrc/core/schedule.h: p = 0.9, a draft costing half a plain forward,
+    t(1 + k) / t(1) = 1 + 0.1 k:
+
+    >>> stats = Stats(decay=1.0)
+    >>> for accepted in [True] * 17 + [False]:
+    ...     stats.record(1, 0, accepted)
+    >>> drafts, rate, expected, score = forecast_chain(stats, lambda t: 1 + 0.1 * (t - 1), 0.5, 12)
+    >>> drafts, round(rate, 3), round(expected, 3), round(score, 3)
+    (2, 0.9, 2.71, 1.232)
+    """
+    if not draft_cost >= 0 or draft_cost == float("inf"):
+        raise ValueError("draft_seconds must be a finite number of seconds >= 0")
+    trials = sum(row[0] for row in stats.trials)
+    accepts = sum(row[0] for row in stats.accepts)
+    rate = (accepts + 1) / (trials + 2)
+    best = (0, rate, 1.0, 0.0)
+    expected, reach = 1.0, 1.0
+    for k in range(1, max_drafts + 1):
+        reach *= rate
+        expected += reach
+        score = expected / (relative(1 + k) + k * draft_cost)
+        if score > best[3]:
+            best = (k, rate, expected, score)
+    return best
