@@ -20,9 +20,10 @@ kinds run only when named in ``--methods``.
 ``--interleaved`` instead runs issue 42's comparison in this one process, the model loaded once: per
 question (the first turns of ``--per-category`` questions of every category), per repeat, HF greedy,
 HF prompt lookup, mtprobe's plain decoding (T = 1 every step), ``auto`` (the linear routes as measured
-on this machine), ``auto-stock`` (torch's linear) and the quantized self-draft with chains of 8 and 12
-(``DraftModelConfig(self_draft="quantized")``), each in turn after one warm-up generation per method,
-and writes a report (``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task:
+on this machine), ``auto-stock`` (torch's linear), ``auto without draft`` (prompt lookup and STAND
+only) and the quantized self-draft with chains of 8 and 12 (``DraftModelConfig(self_draft="quantized")``),
+or the ``--rows`` named, each in turn after one warm-up generation per method, and writes a report
+(``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task:
 
     python benchmarks/bench_auto.py --interleaved --question-file ../shared/specbench/question-dev.jsonl \
         --per-category 2 --max-new-tokens 64 --repeats 3 --out benchmarks/results/auto/interleaved.md
@@ -122,6 +123,7 @@ INTERLEAVED = (
     "mtprobe plain",
     "auto",
     "auto-stock",
+    "auto without draft",
     "quantized draft K8",
     "quantized draft K12",
 )
@@ -314,12 +316,18 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "HF prompt lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
         "auto": mt(mtprobe.AutoConfig()),
         "auto-stock": mt(mtprobe.AutoConfig(), stock=True),
+        # AutoConfig's candidates before the quantized self-draft joined them.
+        "auto without draft": mt(
+            mtprobe.AutoConfig(
+                drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig(block_complexity=10))
+            )
+        ),
         "mtprobe plain": mt(mtprobe.PlainConfig()),
         # The target's own weights in 4 bits (its head's in 8) draft a chain of K.
         "quantized draft K8": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=8)),
         "quantized draft K12": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12)),
     }
-    methods = [m for m in INTERLEAVED if m in rows]
+    methods = [m for m in INTERLEAVED if m in rows and m in args.rows]
 
     def sync() -> None:
         if device.type == "cuda":
@@ -368,8 +376,10 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"repeat(s) of every row in turn: {', '.join(methods)}; wall time of each call",
         f"- rows: `HF greedy` `model.generate(do_sample=False)`; `HF prompt lookup` the same with "
         f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
-        "step); `auto` `mtprobe.AutoConfig()`; `auto-stock` the same with "
-        f"`{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every forward); `quantized draft K` "
+        "step); `auto` `mtprobe.AutoConfig()` (prompt lookup, STAND and the quantized self-draft K 12); "
+        f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
+        "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "
+        "`quantized draft K` "
         "`mtprobe.DraftModelConfig(self_draft='quantized', num_tokens=K)` (the target's layers in 4 bits and its "
         f"head in 8 draft a chain of K; kernel `{quantized_linear.isa()}`)",
         f"- linear routes chosen on this machine (`choose_linear_routes`, what `auto` runs): {routes.describe()}"
@@ -419,6 +429,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, help="the report of --interleaved (markdown)")
     ap.add_argument(
+        "--rows",
+        default=",".join(INTERLEAVED),
+        help="--interleaved: comma list of the rows to run, from: "
+        + ", ".join(INTERLEAVED)
+        + f" (default all; "
+        f"{HF_GREEDY} always runs, the reference)",
+    )
+    ap.add_argument(
         "--pld-tokens", type=int, default=PLD_TOKENS, help="--interleaved: HF's prompt_lookup_num_tokens"
     )
     ap.add_argument(
@@ -442,6 +460,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if args.repeats < 1:
             ap.error("--repeats must be >= 1")
+        rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+        unknown = [r for r in rows if r not in INTERLEAVED]
+        if unknown:
+            ap.error(
+                f"--rows: unknown row(s) {', '.join(map(repr, unknown))}; choose from {', '.join(INTERLEAVED)}"
+            )
+        args.rows = {HF_GREEDY, *rows}
         if os.environ.get(linear_routes.ENV, "auto").strip().lower() not in ("", "auto"):
             ap.error(
                 f"{linear_routes.ENV}={os.environ[linear_routes.ENV]} would force auto's linear route too: unset it "
