@@ -1046,7 +1046,7 @@ class AutoConfig(_ConfigData):
     output is that of plain decoding whatever it chooses.
 
     The default drafters are prompt lookup, STAND and the quantized self-draft
-    (``DraftModelConfig(self_draft="quantized", num_tokens=12)``), which on a CPU drafts in about half a
+    (``DraftModelConfig(self_draft="quantized", num_tokens=12)``), which on a CPU drafts in about two thirds of a
     target forward and agrees with the model on almost every token. A quantized self-draft the model
     cannot run (on a GPU, in bfloat16, no linear to quantize:
     :func:`mtprobe.draft_model.why_not_quantized`) is left out of the candidates.
