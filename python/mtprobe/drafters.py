@@ -9,7 +9,7 @@ configuration's drafter through the registry.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -392,12 +392,12 @@ _CARRIED: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[Any, bool], tupl
 
 
 def carry_auto_measurements(
-    model: PreTrainedModel, config: AutoConfig, drafter: _C.AutoDrafter, do_sample: bool
+    model: PreTrainedModel, candidates: Sequence[DecodingConfig], drafter: _C.AutoDrafter, do_sample: bool
 ) -> None:
-    """Keep what ``drafter`` (built by :func:`auto_drafter` for ``model`` and ``config``) measured of its
-    drafters with own forwards, for the model's next generation."""
+    """Keep what ``drafter`` (built by :func:`auto_drafter` for ``model`` over ``candidates``, its
+    :func:`auto_candidates`) measured of its drafters with own forwards, for the model's next generation."""
     carried = _CARRIED.setdefault(model, {})
-    for i, c in enumerate(auto_candidates(model, config)):
+    for i, c in enumerate(candidates):
         if registry.method_of(c).own_forwards and drafter.draft_costs[i] > 0:
             stats = drafter.stats[i]
             carried[(c, do_sample)] = ((stats.trials, stats.accepts), drafter.draft_costs[i])

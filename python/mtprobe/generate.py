@@ -415,12 +415,13 @@ def custom_generate(
     )
     if isinstance(drafter, _C.AutoDrafter):
         # What the scheduler chose each step, and its share of the time.
-        names = [registry.method_of(c).name for c in auto_candidates(model, config)]
+        candidates = auto_candidates(model, config)  # the drafter's children, in its order
+        names = [registry.method_of(c).name for c in candidates]
         output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
         output.timings["draft_s"] = drafter.draft_seconds
         output.timings["schedule_s"] = drafter.schedule_seconds
         output.timings["step_overhead_s"] = drafter.step_overhead
-        carry_auto_measurements(model, config, drafter, do_sample)
+        carry_auto_measurements(model, candidates, drafter, do_sample)
     bank = config.resolved_bank if isinstance(config, (EntMTPConfig, HeadsConfig)) else None
     if bank is not None:
         output.choices = [
