@@ -12,7 +12,7 @@ import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import _C
 from mtprobe.drafters import hybrid_drafter
-from mtprobe.reference.draft_tree import merge_trees, plan_masks
+from mtprobe.reference.draft_tree import mask_source, merge_trees, plan_masks
 
 # --- the merge -----------------------------------------------------------------------------------
 
@@ -121,6 +121,37 @@ def test_plan_rejects_bad_arguments():
         _C.plan_mask_carriers(*PLAN_EXAMPLE, 5, 0, 0.3)
     with pytest.raises(ValueError, match="parents before children"):
         _C.plan_mask_carriers([1, 2], [-1, 1], [1.0, 0.5], 5, 1, 0.3)
+
+
+# --- the masks a step reads after ending where planned masks left none ----------------------------
+
+
+def test_mask_source_worked_example():  # csrc/core/draft_tree.h
+    assert (
+        _C.mask_source([3, 5], [-1, -1, -1, 9, -1, -1], 2)
+        == mask_source([3, 5], [-1, -1, -1, 9, -1, -1], 2)
+        == (9, 1)
+    )
+    assert _C.mask_source([3, 5, 6], [-1, -1, -1, 9, -1, -1, -1], 2) == (
+        -1,
+        0,
+    )  # two up: k = 2 reaches no depth
+    assert _C.mask_source([3, 5, 6], [-1, -1, -1, 9, -1, -1, 11], 2) == (11, 0)  # its own masks first
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        _C.mask_source([3], [9], 0)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_cpp_mask_source_matches_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        mask_input = [rng.choice([-1, -1, rng.randint(n, 40)]) for _ in range(n)]
+        path = sorted(
+            rng.sample(range(n + 2), rng.randint(0, min(5, n + 2)))
+        )  # may name nodes past the table
+        k = rng.randint(1, 4)
+        assert _C.mask_source(path, mask_input, k) == mask_source(path, mask_input, k), (path, mask_input, k)
 
 
 # --- decoding ------------------------------------------------------------------------------------

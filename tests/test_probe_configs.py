@@ -47,6 +47,10 @@ def config_space() -> list[dict]:
     out += [dict(base, num_masks=2, prune=p) for p in (True, False)]
     out += [dict(base, mask_init=m) for m in MASK_INITS]
     out += [dict(base, mask_lambda=lam) for lam in (0.0, 0.1, 0.5, 1.0)]
+    # Planned masks: on the likely ends only; a step ending elsewhere reads an ancestor's deeper masks.
+    out += [
+        dict(base, num_masks=k, mask_value=v) for k, v in ((1, 0.3), (2, 0.3), (3, 0.1), (4, 1.0), (2, 0.0))
+    ]
     out += [
         dict(block_complexity=60, num_masks=2, tree="static", branches=(15, 4), incremental_masks=i)
         for i in (True, False)
@@ -108,6 +112,7 @@ def test_lossless_and_within_budget_on_tiny_llama(tiny, masks_file, kwargs, monk
         dict(block_complexity=30, num_masks=4),
         dict(block_complexity=30, mask_init="gaussian_10sigma"),
         dict(block_complexity=30, num_masks=2, mask_init="prompt_last", mask_lambda=0.0),
+        dict(block_complexity=64, num_masks=3, mask_value=0.3),
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
@@ -161,6 +166,13 @@ def test_deeper_trees_accept_more_than_one_draft(smollm2):
         (dict(block_complexity=30, mask_init="zeros"), ValueError, "mask_init='zeros'"),
         (dict(block_complexity=30, mask_lambda=-0.1), ValueError, r"\[0, 1\]"),
         (dict(block_complexity=30, prune="yes"), TypeError, "prune must be a bool"),
+        (
+            dict(block_complexity=30, num_masks=2, tree="static", mask_value=0.3),
+            ValueError,
+            "plans the dynamic tree's masks; use tree='dynamic'",
+        ),
+        (dict(block_complexity=30, mask_value=-1), ValueError, "finite number >= 0"),
+        (dict(block_complexity=30, mask_value=True), TypeError, "mask_value must be None or a number"),
     ],
 )
 def test_invalid_configurations_are_named(kwargs, error, match):

@@ -170,7 +170,7 @@ def _calibrated_masks(model, path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("masks", ["prompt_mean", "calibrated"])
+@pytest.mark.parametrize("masks", ["prompt_mean", "calibrated", "planned"])
 def test_mask_probe_sampling_is_exact(tiny, tmp_path, masks):
     # Three tokens: the prefill samples x1 and appends the masks; the first decode step drafts from
     # them, so (x2, x3) is an accepted draft and its bonus, or a rejection's resample. (Two tokens
@@ -181,6 +181,8 @@ def test_mask_probe_sampling_is_exact(tiny, tmp_path, masks):
     extra = {}
     if masks == "calibrated":  # masks learned for the tiny model (python/mtprobe/calibrate.py)
         extra = dict(mask_init="calibrated", mask_path=_calibrated_masks(tiny, tmp_path / "tiny.safetensors"))
+    if masks == "planned":  # two masks on the likely ends only (ProbeConfig.mask_value)
+        extra = dict(num_masks=2, mask_value=0.3)
     cfg = mtprobe.ProbeConfig(block_complexity=10, **extra)
     counts, accepted = sample_triples(tiny, prompt, cfg, seed=2)
     assert accepted > N_SAMPLES // 20, accepted  # drafts were verified and kept, or this proves little

@@ -145,25 +145,29 @@ void bind_drafters(py::module_& m) {
 
   py::class_<MaskProbeDrafter, Drafter, std::shared_ptr<MaskProbeDrafter>>(
       m, "MaskProbeDrafter", "Mask-token probing: k chained mask tokens per node (seed 001).")
-      .def(
-          py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
-                      std::vector<int64_t> branches, bool prune, std::string mask_init, double gaussian_shift,
-                      double mask_lambda, int64_t seed, std::vector<core::Topology> bank,
-                      std::optional<core::TopologyPolicy> policy, std::string feature, double ema,
-                      bool record, std::optional<at::Tensor> initial_masks) {
-            MaskProbeOptions o = mask_options(num_masks, block_complexity, prune, std::move(mask_init),
-                                              gaussian_shift, mask_lambda, seed, initial_masks);
-            o.dynamic_tree = dynamic_tree;
-            o.branches = std::move(branches);
-            set_bank(o, std::move(bank), policy, std::move(feature), ema, record);
-            return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
-          }),
-          py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
-          py::arg("dynamic_tree"), py::arg("branches"), py::arg("prune"), py::arg("mask_init"),
-          py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0,
-          py::arg("bank") = std::vector<core::Topology>{}, py::arg("policy") = std::nullopt,
-          py::arg("feature") = "path_value", py::arg("ema") = 0.5, py::arg("record") = false,
-          py::arg("initial_masks") = std::nullopt)
+      .def(py::init([](at::Tensor embedding, int64_t num_masks, int64_t block_complexity, bool dynamic_tree,
+                       std::vector<int64_t> branches, bool prune, std::string mask_init,
+                       double gaussian_shift, double mask_lambda, int64_t seed,
+                       std::vector<core::Topology> bank, std::optional<core::TopologyPolicy> policy,
+                       std::string feature, double ema, bool record, std::optional<at::Tensor> initial_masks,
+                       std::optional<double> mask_value) {
+             TORCH_CHECK_VALUE(!mask_value || (std::isfinite(*mask_value) && *mask_value >= 0.0),
+                               "mask_value must be None (masks on every node) or a finite number >= 0, got ",
+                               mask_value.value_or(0.0));
+             MaskProbeOptions o = mask_options(num_masks, block_complexity, prune, std::move(mask_init),
+                                               gaussian_shift, mask_lambda, seed, initial_masks);
+             o.dynamic_tree = dynamic_tree;
+             o.mask_value = mask_value.value_or(-1.0);
+             o.branches = std::move(branches);
+             set_bank(o, std::move(bank), policy, std::move(feature), ema, record);
+             return std::make_shared<MaskProbeDrafter>(std::move(embedding), std::move(o));
+           }),
+           py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
+           py::arg("dynamic_tree"), py::arg("branches"), py::arg("prune"), py::arg("mask_init"),
+           py::arg("gaussian_shift"), py::arg("mask_lambda"), py::arg("seed") = 0,
+           py::arg("bank") = std::vector<core::Topology>{}, py::arg("policy") = std::nullopt,
+           py::arg("feature") = "path_value", py::arg("ema") = 0.5, py::arg("record") = false,
+           py::arg("initial_masks") = std::nullopt, py::arg("mask_value") = std::nullopt)
       .def_property_readonly("mask_embeddings", &MaskProbeDrafter::mask_embeddings)
       .def_property_readonly("candidate_width", &MaskProbeDrafter::candidate_width)
       .def("tree_choices", &MaskProbeDrafter::tree_choices,

@@ -141,6 +141,16 @@ void bind_testing(py::module_& m) {
       "Which nodes of a draft tree carry k masks when masks and drafts share `inputs` inputs "
       "(csrc/core/draft_tree.h): (tokens, parents, probs, carries).");
 
+  m.def(
+      "mask_source",
+      [](const std::vector<int64_t>& path, const std::vector<int64_t>& mask_input, int64_t k) {
+        TORCH_CHECK_VALUE(k >= 1, "k must be >= 1, got ", k);
+        core::MaskSource s = core::mask_source(path, mask_input, k);
+        return py::make_tuple(s.first, s.shift);
+      },
+      py::arg("path"), py::arg("mask_input"), py::arg("k"),
+      "The masks the next tree reads after a step accepted `path` (csrc/core/draft_tree.h): (first, shift).");
+
   // The prompt-lookup match (csrc/core/ngram.h; tests compare it with mtprobe.reference.prompt_lookup).
   m.def(
       "prompt_lookup",

@@ -183,4 +183,13 @@ MaskPlan plan_mask_carriers(const std::vector<DraftNode>& nodes, int64_t inputs,
   return plan;
 }
 
+MaskSource mask_source(const std::vector<int64_t>& path, const std::vector<int64_t>& mask_input, int64_t k) {
+  int64_t shift = 0;
+  for (auto node = path.rbegin(); node != path.rend() && shift < k; ++node, ++shift) {
+    if (*node >= 0 && *node < static_cast<int64_t>(mask_input.size()) && mask_input[*node] >= 0)
+      return {mask_input[*node], shift};
+  }
+  return {};
+}
+
 }  // namespace mtprobe::core

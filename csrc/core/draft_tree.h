@@ -78,4 +78,20 @@ struct MaskPlan {
 MaskPlan plan_mask_carriers(const std::vector<DraftNode>& nodes, int64_t inputs, int64_t k,
                             double mask_value);
 
+// The masks the next step's tree reads after a step accepted `path` (block indices, root first, the
+// last accepted node last): the last node's own (shift 0), else, where planned masks left it none,
+// its nearest masked ancestor's, `shift` nodes up. Ancestor u holds m_j at position p_u + j, so the
+// next root (right after the last node) is followed by what its m_{shift+1}, ..., m_k predicted: rows
+// first + shift .. first + k - 1 of the step's logits, depths 1..k - shift. first = -1 (no masks within
+// k - 1 nodes up, or none at all): no candidates. mask_input[i]: input index of node i's m_1, or -1.
+//
+// Example, k = 2: path [3, 5, 6] (root 3), masks on 3 at inputs 9-10 and on nothing else:
+//   6 has none, 5 has none, 3 is two up but shift 2 = k leaves nothing: first = -1.
+//   path [3, 5]: 3 is one up, shift 1: rows 10 .. 10 (its m_2), one depth: first = 9, shift = 1.
+struct MaskSource {
+  int64_t first = -1;  // input index of the chosen node's m_1, -1: none
+  int64_t shift = 0;   // nodes from the last accepted node up to the chosen one
+};
+MaskSource mask_source(const std::vector<int64_t>& path, const std::vector<int64_t>& mask_input, int64_t k);
+
 }  // namespace mtprobe::core

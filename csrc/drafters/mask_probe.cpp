@@ -65,6 +65,12 @@ MaskProbeDrafter::MaskProbeDrafter(at::Tensor embedding, MaskProbeOptions option
                       " drafts: (k + 1)(1 + sum K) = ", (o.num_masks + 1) * nodes,
                       " exceeds block_complexity ", o.block_complexity);
   }
+  if (o.mask_value >= 0.0) {
+    TORCH_CHECK_VALUE(std::isfinite(o.mask_value), "mask_value must be finite, got ", o.mask_value);
+    TORCH_CHECK_VALUE(o.dynamic_tree, "mask_value plans the dynamic tree's masks: it needs dynamic_tree");
+    // Planned masks leave room for up to BC - k nodes (only the root masked).
+    if (o.tree_nodes == 0) options_.tree_nodes = o.block_complexity - o.num_masks;
+  }
   TORCH_CHECK_VALUE(o.tree_nodes == 0 || (o.dynamic_tree && o.tree_nodes >= 2 &&
                                           o.tree_nodes + o.num_masks <= o.block_complexity),
                     "tree_nodes ", o.tree_nodes, " must be 0 (B) or, for the dynamic tree, in [2, ",
@@ -167,6 +173,11 @@ DraftBlock MaskProbeDrafter::propose(const at::Tensor& committed, int64_t prefix
   std::vector<core::DraftNode> tree;
   if (committed.size(0) == 1 && have_candidates_) tree = candidate_tree(root_of(committed), limits);
   if (uses_bank() && prefix_len > 0) tree_choices_.push_back(tree.empty() ? -1 : current_tree_);
+  if (options_.mask_value >= 0.0 && tree.size() > 1) {
+    core::MaskPlan plan =
+        core::plan_mask_carriers(tree, options_.block_complexity, options_.num_masks, options_.mask_value);
+    return block_with_masks(committed, std::move(plan.nodes), limits, &plan.carries);
+  }
   return block_with_masks(committed, std::move(tree), limits);
 }
 
@@ -223,22 +234,24 @@ void MaskProbeDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = options_.num_masks;
   if (!outcome.new_tokens.empty()) next_root_ = outcome.new_tokens.back();
   const int64_t last = outcome.path.back();
-  // A replaced block ran without its masks: no candidates this time.
-  const int64_t first = !outcome.block_replaced && last < static_cast<int64_t>(mask_input_of_node_.size())
-                            ? mask_input_of_node_[last]
-                            : -1;
+  // The masks the next tree reads: the last accepted node's, else (planned masks) those of its
+  // nearest masked ancestor, `shift` nodes up, from m_{shift+1} on. A replaced block ran without its
+  // masks: no candidates this time.
+  core::MaskSource source;
+  if (!outcome.block_replaced) source = core::mask_source(outcome.path, mask_input_of_node_, k);
+  const int64_t first = source.first, shift = source.shift;
   have_candidates_ = false;
   if (first >= 0 && !outcome.finished && options_.dynamic_tree && !outcome.new_tokens.empty()) {
-    // The accepted node's masks predicted depths 1..k after the bonus token, the next root.
-    // The tree is expanded where the logits are, without reading anything back (a GPU kernel
-    // there); token ids below 2^53 survive the float64 packing exactly.
+    // The masks predicted depths 1..k - shift after the bonus token, the next root. The tree is
+    // expanded where the logits are, without reading anything back (a GPU kernel there); token ids
+    // below 2^53 survive the float64 packing exactly.
     tree_root_ = outcome.new_tokens.back();
     at::Tensor root = at::scalar_tensor(tree_root_, at::kLong).to(outcome.logits.device());
     auto [tokens, parents, probs, num_nodes] = ops::dispatch::expand_draft_tree(
-        outcome.logits.narrow(0, first, k), root, tree_nodes(), cand_width_, options_.prune);
+        outcome.logits.narrow(0, first + shift, k - shift), root, tree_nodes(), cand_width_, options_.prune);
     tree_ = at::stack({tokens.to(at::kDouble), parents.to(at::kDouble), probs});  // [3, budget]
     have_candidates_ = true;
-  } else if (first >= 0 && !outcome.finished) {
+  } else if (first >= 0 && shift == 0 && !outcome.finished) {
     // The accepted node's masks predicted depths 1..k after the bonus token.
     at::Tensor probs = outcome.logits.narrow(0, first, k).to(at::kFloat).softmax(-1);  // [k, vocab]
     auto top = probs.topk(cand_width_, -1);

@@ -10,6 +10,13 @@
 // fitted to the embedding table, optionally shifted out of distribution, or from masks learned once
 // per model (calibrated, python/mtprobe/calibrate.py: the first k rows), and follow the generated
 // tokens: m <- m + lambda (E[t] - m) after every new token t (Eq. 4).
+//
+// With a mask value (beyond seed 001) only the nodes a step is likely to end at carry masks
+// (core::plan_mask_carriers) and the inputs that frees take more drafts. A step that ends at a node
+// without masks reads its nearest masked ancestor's deeper masks instead: ancestor u, s nodes above
+// the end, has m_j at position p_u + j, so its m_{s+1..k} predict depths 1..k - s of the next tree.
+// Example, k = 2: root r carries masks, r -> a accepted, a carries none, bonus b: the next tree hangs
+// from b with one depth, from r's m_2 (which predicted the token after b).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +41,9 @@ struct MaskProbeOptions {
   double mask_lambda = 0.1;               // in [0, 1]; 0 keeps the initial masks
   int64_t seed = 0;                       // for gaussian masks
   int64_t tree_nodes = 0;  // dynamic tree's most nodes, root included (0: B); the hybrid plans more
+  // >= 0: masks only where a step is likely to end, valued at this many next-step tokens
+  // (core::plan_mask_carriers; needs the dynamic tree, whose nodes default to BC - k); < 0: on every node.
+  double mask_value = -1.0;
   // EntMTP (seed 002): static trees by child rank (core/topology.h), one chosen per step by the
   // policy from a confidence score. A non-empty bank replaces `branches`.
   std::vector<core::Topology> bank;

@@ -141,6 +141,18 @@ def config_from_json(text: str | bytes, **overrides: Any) -> _ConfigData:
     return config_from_dict(json.loads(text), **overrides)
 
 
+def _check_mask_value(config: Any) -> None:
+    """``config.mask_value`` (ProbeConfig, HybridConfig): None or a finite number >= 0, stored as a float."""
+    v = config.mask_value
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"mask_value must be None or a number >= 0, got {v!r}")
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"mask_value={v} must be None (masks on every node) or a finite number >= 0")
+    object.__setattr__(config, "mask_value", float(v))
+
+
 @dataclass(frozen=True)
 class ProbeConfig(_ConfigData):
     """Mask-token probing (seed 001).
@@ -181,6 +193,11 @@ class ProbeConfig(_ConfigData):
         incremental_masks: carry the attention mask and position ids across steps of the same
             tree shape (App. E) instead of rebuilding them every step.
         seed: seed of the Gaussian mask initialisations, an int in [0, 2**63 - 1].
+        mask_value: ``None``: every node carries k masks (seed 001's rule, B - 1 drafts). A number >= 0
+            (beyond seed 001; the dynamic tree): masks only on the nodes a step is likely to end at, and
+            up to BC - k - 1 drafts with the inputs that frees, as :class:`HybridConfig`'s ``mask_value``
+            plans them. A step that ends at a node without masks drafts the next tree from its nearest
+            masked ancestor's deeper masks (csrc/drafters/mask_probe.h).
 
     >>> ProbeConfig(block_complexity=30).branches
     (14,)
@@ -207,6 +224,7 @@ class ProbeConfig(_ConfigData):
     mask_lambda: float | None = None
     incremental_masks: bool = True
     seed: int = 0
+    mask_value: float | None = None
 
     def __post_init__(self) -> None:
         bc = self.block_complexity
@@ -222,8 +240,13 @@ class ProbeConfig(_ConfigData):
                 f"block_complexity={bc} is too small for {k} mask token(s): BC = (k + 1)(1 + sum K) needs at "
                 f"least {2 * (k + 1)} to draft one token"
             )
+        _check_mask_value(self)
         if self.tree is None:
-            object.__setattr__(self, "tree", "static" if k == 1 else "dynamic")
+            object.__setattr__(self, "tree", "static" if k == 1 and self.mask_value is None else "dynamic")
+        if self.mask_value is not None and self.tree != "dynamic":
+            raise ValueError(
+                f"mask_value={self.mask_value} plans the dynamic tree's masks; use tree='dynamic' (or None)"
+            )
         if self.tree not in TREES:
             raise ValueError(f"tree={self.tree!r} must be one of {TREES}")
         budget = bc // (k + 1)  # B: tree nodes, root included
@@ -758,7 +781,7 @@ class HybridConfig(_ConfigData):
             followed by the store's continuation after it instead of ending its branch.
 
     >>> HybridConfig(block_complexity=30).probe
-    ProbeConfig(block_complexity=30, num_masks=1, tree='dynamic', branches=None, prune=True, mask_init='prompt_mean', mask_path=None, mask_lambda=0.5, incremental_masks=True, seed=0)
+    ProbeConfig(block_complexity=30, num_masks=1, tree='dynamic', branches=None, prune=True, mask_init='prompt_mean', mask_path=None, mask_lambda=0.5, incremental_masks=True, seed=0, mask_value=None)
     >>> HybridConfig(block_complexity=3)
     Traceback (most recent call last):
     ...
@@ -787,14 +810,7 @@ class HybridConfig(_ConfigData):
     def __post_init__(self) -> None:
         object.__setattr__(self, "mask_lambda", self.probe.mask_lambda)  # resolved (None: by mask_init)
         self.stand  # noqa: B018  (each half validates its own fields)
-        if self.mask_value is not None:
-            if isinstance(self.mask_value, bool) or not isinstance(self.mask_value, (int, float)):
-                raise TypeError(f"mask_value must be None or a number >= 0, got {self.mask_value!r}")
-            if not math.isfinite(self.mask_value) or self.mask_value < 0:
-                raise ValueError(
-                    f"mask_value={self.mask_value} must be None (masks on every node) or a finite number >= 0"
-                )
-            object.__setattr__(self, "mask_value", float(self.mask_value))
+        _check_mask_value(self)
         if not isinstance(self.grow_probed, bool):
             raise TypeError(f"grow_probed must be True or False, got {self.grow_probed!r}")
         if self.mask_path is not None:

@@ -81,6 +81,7 @@ def mask_probe_drafter(
         model.get_input_embeddings().weight,
         dynamic_tree=config.tree == "dynamic",
         branches=list(config.branches or ()),
+        mask_value=config.mask_value,
         **_mask_options(model, config),
     )
 

@@ -69,6 +69,23 @@ void test_plan_invariants_on_random_trees() {
   }
 }
 
+void test_mask_source_header_example() {
+  // k = 2, masks on the root (block index 3, inputs 9-10) only.
+  std::vector<int64_t> mask_input(7, -1);
+  mask_input[3] = 9;
+  MaskSource none = mask_source({3, 5, 6}, mask_input, 2);
+  CHECK(none.first == -1 && none.shift == 0);
+  MaskSource up = mask_source({3, 5}, mask_input, 2);
+  CHECK(up.first == 9 && up.shift == 1);
+  MaskSource own = mask_source({3}, mask_input, 2);
+  CHECK(own.first == 9 && own.shift == 0);
+  mask_input[6] = 11;  // the last node's own masks win over any ancestor's
+  MaskSource last = mask_source({3, 5, 6}, mask_input, 2);
+  CHECK(last.first == 11 && last.shift == 0);
+  CHECK(mask_source({}, mask_input, 2).first == -1);
+  CHECK(mask_source({3, 40}, mask_input, 2).first == 9);  // an index past the table: no masks there
+}
+
 }  // namespace
 
 int main() {
@@ -76,6 +93,7 @@ int main() {
       {"merge_header_example", test_merge_header_example},
       {"plan_header_example", test_plan_header_example},
       {"plan_invariants_on_random_trees", test_plan_invariants_on_random_trees},
+      {"mask_source_header_example", test_mask_source_header_example},
   };
   return mtprobe_test::run_tests(tests);
 }

@@ -217,3 +217,22 @@ def plan_masks(
         [probs[u] for u in kept],
         [u in masked for u in kept],
     )
+
+
+def mask_source(path: Sequence[int], mask_input: Sequence[int], k: int) -> tuple[int, int]:
+    """``(first, shift)``: the masks the next tree reads after a step accepted ``path`` (block indices,
+    root first): the last node's own (shift 0), else its nearest masked ancestor's within ``k - 1`` nodes
+    up, whose masks ``m_{shift+1}..m_k`` (logit rows ``first + shift .. first + k - 1``) predict the next
+    tree's depths; ``(-1, 0)`` when there are none. ``mask_input[i]``: input index of node i's m_1, or -1.
+
+    >>> mask_source([3, 5], [-1, -1, -1, 9, -1, -1], 2)
+    (9, 1)
+    >>> mask_source([3, 5, 6], [-1, -1, -1, 9, -1, -1, -1], 2)
+    (-1, 0)
+    """
+    for shift, node in enumerate(reversed(path)):
+        if shift >= k:
+            break
+        if 0 <= node < len(mask_input) and mask_input[node] >= 0:
+            return mask_input[node], shift
+    return -1, 0
