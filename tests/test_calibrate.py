@@ -15,12 +15,16 @@ from conftest import tiny_llama
 from mtprobe.calibrate import MaskCalibration, calibrate_masks, load_calibration, mask_loss, model_identity
 
 
-@pytest.fixture(scope="module")
-def model():
+def tiny_model():
     m = tiny_llama(seed=3)
     m.generation_config.eos_token_id = None
     m.generation_config.pad_token_id = 0
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
 
 
 def _prompts(n: int, seed: int = 0) -> list[torch.Tensor]:

@@ -333,6 +333,93 @@ def layer_offsets(
             h.remove()
 
 
+# The projections of a decoder layer a mask LoRA may adapt (Llama-style names: SmolLM2, Gemma 3, Qwen).
+MASK_LORA_MODULES = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def checked_mask_lora(lora: dict[str, torch.Tensor], layers: torch.nn.ModuleList) -> dict[str, torch.Tensor]:
+    """``lora`` if every entry names a linear of ``layers`` with matching shapes, else a ValueError saying
+    what is wrong. Keys ``"{layer}.{module}.A"`` (``[rank, in_features]``) and ``"...B"`` (``[out_features,
+    rank]``), one pair per adapted linear, ``module`` one of :data:`MASK_LORA_MODULES`."""
+    if not lora:
+        raise ValueError("a mask LoRA needs at least one adapted linear (an A and a B matrix)")
+    for key, t in lora.items():
+        head, _, part = key.rpartition(".")
+        index, _, name = head.partition(".")
+        if part not in ("A", "B") or not index.isdigit() or name not in MASK_LORA_MODULES:
+            raise ValueError(
+                f"mask LoRA entry {key!r}: expected '<layer>.<module>.A' or '.B' with module one of "
+                f"{', '.join(MASK_LORA_MODULES)}"
+            )
+        if int(index) >= len(layers):
+            raise ValueError(
+                f"mask LoRA entry {key!r} adapts decoder layer {index} but the model has {len(layers)} layers; "
+                "learn one for this model with python -m mtprobe calibrate --mask-lora RANK"
+            )
+        linear = layers[int(index)].get_submodule(name)
+        other = lora.get(f"{head}.{'B' if part == 'A' else 'A'}")
+        if other is None:
+            raise ValueError(f"mask LoRA entry {key!r} has no partner ({'B' if part == 'A' else 'A'} matrix)")
+        a, b = (t, other) if part == "A" else (other, t)
+        want_a = (a.shape[0], linear.in_features)
+        want_b = (linear.out_features, a.shape[0])
+        if a.dim() != 2 or b.dim() != 2 or tuple(a.shape) != want_a or tuple(b.shape) != want_b:
+            raise ValueError(
+                f"mask LoRA {head}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit the model's "
+                f"{linear.in_features} -> {linear.out_features} linear: expected A [rank, {linear.in_features}] "
+                f"and B [{linear.out_features}, rank]"
+            )
+    return lora
+
+
+@contextlib.contextmanager
+def mask_lora(
+    layers: torch.nn.ModuleList,
+    lora: dict[str, torch.Tensor],  # "{layer}.{module}.A": [rank, in], ".B": [out, rank]
+    start: int,
+) -> Iterator[None]:
+    """While open, each adapted linear's output gains ``x @ A.T @ B.T`` at every input from ``start`` on
+    (the mask tokens, after the forward's token inputs), and nothing elsewhere.
+
+    A mask LoRA (``python -m mtprobe calibrate --mask-lora RANK``) gives the model's computation at the
+    masks more room than layer offsets do: a low-rank change of its projections, gated to the masks, as
+    in "Your LLM Knows the Future" (Samragh et al., 2025). No draft or prompt token attends to a mask, so
+    every token's computation, and so verification and the output, stay exactly as they were. Forward
+    hooks (they fire whichever route runs the linear, :mod:`mtprobe.linear_routes`), removed on exit.
+    """
+    pairs = {}
+    for key, t in lora.items():
+        head, _, part = key.rpartition(".")
+        pairs.setdefault(head, {})[part] = t
+    handles = []
+    for head, ab in pairs.items():
+        index, _, name = head.partition(".")
+        module = layers[int(index)].get_submodule(name)
+        a, b = ab["A"], ab["B"]  # [rank, in], [out, rank]
+
+        def hook(mod: torch.nn.Module, args: tuple, out: torch.Tensor, a=a, b=b) -> torch.Tensor:
+            x = args[0]  # [batch, T, in]
+            if start == 0:
+                return out + (x @ a.T.to(x.dtype)) @ b.T.to(x.dtype)
+            delta = (x[:, start:] @ a.T.to(x.dtype)) @ b.T.to(x.dtype)  # [batch, n_masks, out]
+            return torch.cat([out[:, :start], out[:, start:] + delta], dim=1)
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 class HFAdapter:
     """Runs one draft block through ``model``; owns the model's KV cache for one sequence.
 
@@ -380,6 +467,8 @@ class HFAdapter:
         # [num_layers, hidden] or [k, num_layers, hidden] added before each decoder layer to the mask
         # inputs (calibrated masks with layer offsets, mtprobe.calibrate), or None: set_mask_layer_offsets.
         self._mask_offsets: torch.Tensor | None = None
+        # The mask LoRA (mask_lora), or None: set_mask_lora.
+        self._mask_lora: dict[str, torch.Tensor] | None = None
         self._layers: torch.nn.ModuleList | None = None
         # How a decode step's linear layers run, by its block size (mtprobe.linear_routes); the prefill
         # keeps torch's. No router where every block size takes torch's linear.
@@ -397,6 +486,17 @@ class HFAdapter:
             # Cast once here, not in every layer's hook of every forward.
             offsets = checked_layer_offsets(offsets, len(self._layers)).to(weight.device, weight.dtype)
         self._mask_offsets = offsets
+
+    def set_mask_lora(self, lora: dict[str, torch.Tensor] | None) -> None:
+        """Adapt the model's projections at every mask input from now on (:func:`mask_lora`; None:
+        nothing); ValueError, before any forward, if the entries do not fit the model's layers."""
+        if lora is not None:
+            self._layers = decoder_layers(self.model)
+            weight = self.embed.weight
+            lora = {
+                k: t.to(weight.device, weight.dtype) for k, t in checked_mask_lora(lora, self._layers).items()
+            }
+        self._mask_lora = lora
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
@@ -427,16 +527,20 @@ class HFAdapter:
             x = torch.cat([x, embeds.unsqueeze(0).to(x.dtype)], dim=1)  # [1, T, hidden]
         T = position_ids.shape[-1]
         skip = self.prefill_logits_from if prefix_len == 0 and self._logits_to_keep else 0
-        offsets = None
+        offsets = lora = None
         if self._layers is not None and self._mask_offsets is not None and embeds is not None:
             offsets = layer_offsets(self._layers, self._mask_offsets, tokens.shape[0])
+        if self._layers is not None and self._mask_lora is not None and embeds is not None:
+            lora = mask_lora(self._layers, self._mask_lora, tokens.shape[0])
         linears = contextlib.nullcontext()
         if self._router is not None and prefix_len > 0:
             linears = self._router.routed(self.linear_routes.route(T))
-        with offsets or contextlib.nullcontext(), linears:
+        with offsets or contextlib.nullcontext(), lora or contextlib.nullcontext(), linears:
             if self.plan is not None:
-                # The offsets' hooks split each forward at its first mask input, a number a graph would freeze.
-                eager = "calibrated masks with layer offsets (forward hooks)" if offsets is not None else ""
+                # The hooks split each forward at its first mask input, a number a graph would freeze.
+                eager = ""
+                if offsets is not None or lora is not None:
+                    eager = "calibrated masks with layer offsets or a mask LoRA (forward hooks)"
                 return self._planned_forward(x, mask, position_ids, prefix_len, want_hidden, skip, eager)
             attn = self._attention_mask(mask, position_ids, prefix_len)
             logits, hidden = self._run_model(x, attn, position_ids, want_hidden, skip)

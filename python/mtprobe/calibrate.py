@@ -68,6 +68,7 @@ __all__ = [
 ]
 
 FORMAT = "mtprobe-mask-calibration/1"
+LORA_PREFIX = "mask_lora."  # the file's names of the mask LoRA's tensors
 
 
 def model_identity(model: Any) -> dict[str, Any]:
@@ -95,6 +96,9 @@ class MaskCalibration:
             hidden state before decoder layer l (``--layer-offsets``; :func:`mtprobe.adapter.layer_offsets`).
             ``[k, num_layers, hidden]``: one set per mask (what ``--layer-offsets`` learns for k >= 2: mask
             j predicts a different depth, so it gets its own computation, not only its own input).
+        mask_lora: a low-rank change of the model's projections at the mask inputs only (``--mask-lora
+            RANK``; :func:`mtprobe.adapter.mask_lora`), shared by every mask, or None: entries
+            ``"{layer}.{module}.A"`` ``[rank, in_features]`` and ``".B"`` ``[out_features, rank]`` float32.
 
     >>> cal = MaskCalibration(torch.zeros(2, 4), {"model_class": "M", "vocab_size": 8, "hidden_size": 4,
     ...                                            "embedding_sha256": "0"})
@@ -110,6 +114,7 @@ class MaskCalibration:
     model: dict[str, Any]
     stats: dict[str, Any] = field(default_factory=dict)
     layer_offsets: torch.Tensor | None = None  # [num_layers, hidden] or [k, num_layers, hidden] float32
+    mask_lora: dict[str, torch.Tensor] | None = None  # "{layer}.{module}.A": [rank, in], ".B": [out, rank]
 
     def __post_init__(self) -> None:
         m = self.masks
@@ -146,6 +151,22 @@ class MaskCalibration:
                     "layer_offsets hold NaN or infinite values: the calibration diverged or the file is corrupt"
                 )
             object.__setattr__(self, "layer_offsets", o.detach().to("cpu", torch.float32).contiguous())
+        if self.mask_lora is not None:
+            lora = self.mask_lora
+            if (
+                not isinstance(lora, dict)
+                or not lora
+                or not all(isinstance(t, torch.Tensor) for t in lora.values())
+            ):
+                raise ValueError(
+                    "mask_lora must be a non-empty dict of tensors ('<layer>.<module>.A' / '.B')"
+                )
+            if not all(torch.isfinite(t).all() for t in lora.values()):
+                raise ValueError(
+                    "mask_lora holds NaN or infinite values: the calibration diverged or the file is corrupt"
+                )
+            lora = {k: t.detach().to("cpu", torch.float32).contiguous() for k, t in sorted(lora.items())}
+            object.__setattr__(self, "mask_lora", lora)
 
     @property
     def num_masks(self) -> int:
@@ -180,6 +201,11 @@ class MaskCalibration:
                     f"this mask calibration has layer offsets for {self.layer_offsets.shape[-2]} decoder layers but "
                     f"the model has {layers}; learn one for this model with python -m mtprobe calibrate"
                 )
+        if self.mask_lora is not None:
+            try:
+                adapter.checked_mask_lora(self.mask_lora, adapter.decoder_layers(model))
+            except ValueError as e:
+                raise ValueError(f"this mask calibration's LoRA does not fit the model: {e}") from None
         if num_masks is not None and num_masks > self.num_masks:
             raise ValueError(
                 f"num_masks={num_masks} but the calibration holds {self.num_masks} mask(s); calibrate with "
@@ -193,6 +219,8 @@ class MaskCalibration:
         tensors = {"masks": self.masks}
         if self.layer_offsets is not None:
             tensors["layer_offsets"] = self.layer_offsets
+        for key, t in (self.mask_lora or {}).items():
+            tensors[LORA_PREFIX + key] = t
         save_file(tensors, str(path), metadata=meta)
         return path
 
@@ -210,6 +238,7 @@ class MaskCalibration:
                 meta = f.metadata() or {}
                 masks = f.get_tensor("masks")
                 offsets = f.get_tensor("layer_offsets") if "layer_offsets" in f.keys() else None
+                lora = {k[len(LORA_PREFIX) :]: f.get_tensor(k) for k in f.keys() if k.startswith(LORA_PREFIX)}
         except Exception as e:  # safetensors raises its own types for a damaged header
             raise ValueError(
                 f"{str(path)!r} is not a mask calibration file (not readable as safetensors: {e})"
@@ -221,7 +250,7 @@ class MaskCalibration:
             stats = json.loads(meta.get("stats", "{}"))
         except (KeyError, json.JSONDecodeError) as e:
             raise ValueError(f"{str(path)!r} has a damaged header ({e})") from e
-        return cls(masks, model, stats, offsets)
+        return cls(masks, model, stats, offsets, lora or None)
 
 
 _CACHE: dict[tuple[str, int, int], MaskCalibration] = {}
@@ -306,6 +335,7 @@ def mask_loss(
     cache: Any = None,
     *,
     layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
+    mask_lora: dict[str, torch.Tensor] | None = None,
     return_hits: bool = False,
     per_mask: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -316,7 +346,8 @@ def mask_loss(
     One forward over the a * k mask inputs on the cached prefix ``ids`` (``cache``: the sequence's own,
     left unchanged: the forward runs on a copy): mask j of anchor p sits at position p + j and attends to ids[0..p] and to
     masks 1..j-1 of its own anchor. ``layer_offsets`` (or None) are added to every mask's hidden state
-    before each decoder layer, as in decoding.
+    before each decoder layer, as in decoding; ``mask_lora`` (or None) adapts the projections at the
+    masks (:func:`mtprobe.adapter.mask_lora`).
     """
     n = int(ids.shape[0])
     k = int(masks.shape[0])
@@ -342,7 +373,10 @@ def mask_loss(
     offsets = contextlib.nullcontext()
     if layer_offsets is not None:  # every input of this forward is a mask: offsets from position 0
         offsets = adapter.layer_offsets(adapter.decoder_layers(model), layer_offsets.to(device), 0)
-    with offsets:
+    lora = contextlib.nullcontext()
+    if mask_lora is not None:  # every input of this forward is a mask: adapted from position 0
+        lora = adapter.mask_lora(adapter.decoder_layers(model), mask_lora, 0)
+    with offsets, lora:
         out = model(
             inputs_embeds=embeds,
             attention_mask=additive[None, None].to(device),
@@ -376,6 +410,7 @@ def _evaluate(
     data: list[tuple[torch.Tensor, int, Any]],
     k: int = 1,
     layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
+    mask_lora: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Held-out loss and top-1 of ``masks`` ([k, hidden]; ``None``: seed 001's soft initialisation,
     the mean of each prompt's embeddings, the baseline calibration has to beat), pooled over the k
@@ -395,7 +430,9 @@ def _evaluate(
                 m = table[ids[:start].to(table.device)].float().mean(0).repeat(k, 1).cpu()  # [k, hidden]
             else:
                 m = masks
-            ce, c, h = mask_loss(model, m, ids, anchors, cache, layer_offsets=layer_offsets, per_mask=True)
+            ce, c, h = mask_loss(
+                model, m, ids, anchors, cache, layer_offsets=layer_offsets, mask_lora=mask_lora, per_mask=True
+            )
             total += ce.double()
             count += c
             hits += h
@@ -426,6 +463,9 @@ def calibrate_masks(
     seed: int = 0,
     gen_batch_size: int = 1,
     layer_offsets: bool = False,
+    mask_lora_rank: int = 0,
+    lora_lr: float = 1e-3,
+    init: MaskCalibration | None = None,
     sources: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> MaskCalibration:
@@ -444,6 +484,12 @@ def calibrate_masks(
     more numbers for SmolLM2, still nothing of the model's own. They shape the model's computation at
     the mask, not only its input, and token inputs never see them. With ``num_masks`` >= 2 every mask
     gets its own set (``[k, num_layers, hidden]``).
+
+    ``mask_lora_rank`` > 0: also learn a rank-``mask_lora_rank`` LoRA of every decoder layer's projections
+    (:data:`mtprobe.adapter.MASK_LORA_MODULES`), applied at the masks only (:func:`mtprobe.adapter.mask_lora`),
+    shared by the k masks, with Adam step ``lora_lr``; B starts at zero, so training starts from the masks
+    as they are. ``init``: start from that calibration's first ``num_masks`` masks (and its layer offsets
+    and mask LoRA, where it has them and this run learns them) instead of the data's mean embedding.
     """
     if not 1 <= num_masks <= 4:
         raise ValueError(f"num_masks={num_masks} must be between 1 and 4")
@@ -452,6 +498,7 @@ def calibrate_masks(
         ("anchors_per_step", anchors_per_step, 1),
         ("holdout", holdout, 0),
         ("gen_batch_size", gen_batch_size, 1),
+        ("mask_lora_rank", mask_lora_rank, 0),
     ):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"{name}={v!r} must be an int >= {low}")
@@ -459,6 +506,10 @@ def calibrate_masks(
         raise ValueError(f"{len(prompts)} prompt(s) leave none to train on with holdout={holdout}")
     if not lr > 0:
         raise ValueError(f"lr={lr} must be > 0")
+    if not lora_lr > 0:
+        raise ValueError(f"lora_lr={lora_lr} must be > 0")
+    if init is not None:
+        init.check(model, num_masks)
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     was_training = model.training
@@ -474,7 +525,10 @@ def calibrate_masks(
         table = model.get_input_embeddings().weight.detach().float()  # [vocab, hidden]
         sigma = float((table - table.mean(0)).pow(2).mean().sqrt())
         first = torch.cat([table[ids.to(table.device)].cpu() for ids, _, _ in train]).mean(0)  # [hidden]
-        masks = first.repeat(num_masks, 1).clone().requires_grad_(True)  # [k, hidden]
+        masks = first.repeat(num_masks, 1)  # [k, hidden]
+        if init is not None:
+            masks = init.masks[:num_masks]
+        masks = masks.clone().requires_grad_(True)
         learned = [masks]
         offsets = None
         if layer_offsets:
@@ -483,18 +537,42 @@ def calibrate_masks(
             shape = (
                 (num_layers, masks.shape[1]) if num_masks == 1 else (num_masks, num_layers, masks.shape[1])
             )
-            offsets = torch.zeros(
-                shape, requires_grad=True
-            )  # [num_layers, hidden] or [k, num_layers, hidden]
+            offsets = torch.zeros(shape)  # [num_layers, hidden] or [k, num_layers, hidden]
+            start_offsets = init.offsets_for(num_masks) if init is not None else None
+            if start_offsets is not None:
+                if start_offsets.shape != offsets.shape:
+                    raise ValueError(
+                        f"init's layer offsets are {tuple(start_offsets.shape)}, this run learns {tuple(shape)}"
+                    )
+                offsets = start_offsets.clone()
+            offsets.requires_grad_(True)
             learned.append(offsets)
+        lora: dict[str, torch.Tensor] | None = None
+        if mask_lora_rank > 0:
+            lora = _initial_lora(model, mask_lora_rank, seed)
+            if init is not None and init.mask_lora is not None:
+                if {k: t.shape for k, t in init.mask_lora.items()} != {k: t.shape for k, t in lora.items()}:
+                    raise ValueError(
+                        f"init's mask LoRA is not of rank {mask_lora_rank} over every projection"
+                    )
+                lora = {k: t.clone() for k, t in init.mask_lora.items()}
+            for t in lora.values():
+                t.requires_grad_(True)
         paper = _evaluate(model, None, held, num_masks) if held else {}
-        before = _evaluate(model, masks.detach(), held) if held else {}
+        before = (
+            _evaluate(model, masks.detach(), held, layer_offsets=_detached(offsets), mask_lora=lora)
+            if held
+            else {}
+        )
         if held:
             say(
                 f"held out, prompt-mean masks (seed 001): loss {paper['loss']:.3f}, top-1 {paper['top1']:.3f}; "
                 f"calibration's start: loss {before['loss']:.3f}, top-1 {before['top1']:.3f}"
             )
-        opt = torch.optim.Adam(learned, lr=lr * sigma)
+        groups: list[dict[str, Any]] = [{"params": learned, "lr": lr * sigma}]
+        if lora is not None:
+            groups.append({"params": list(lora.values()), "lr": lora_lr})
+        opt = torch.optim.Adam(groups)
         gen = torch.Generator().manual_seed(seed)
         batches = []
         for i, (ids, start, _) in enumerate(train):
@@ -509,7 +587,7 @@ def calibrate_masks(
             for b in order:
                 i, chunk = batches[b]
                 ids, _, cache = train[i]
-                loss, _ = mask_loss(model, masks, ids, chunk, cache, layer_offsets=offsets)
+                loss, _ = mask_loss(model, masks, ids, chunk, cache, layer_offsets=offsets, mask_lora=lora)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -520,7 +598,8 @@ def calibrate_masks(
                     say(f"step {step}/{total_steps} (epoch {epoch + 1}) loss {value:.3f}")
             say(f"epoch {epoch + 1}/{epochs}: mean training loss {run / max(1, len(order)):.3f}")
         offsets = offsets.detach() if offsets is not None else None
-        after = _evaluate(model, masks.detach(), held, layer_offsets=offsets) if held else {}
+        lora = {k: t.detach() for k, t in lora.items()} if lora is not None else None
+        after = _evaluate(model, masks.detach(), held, layer_offsets=offsets, mask_lora=lora) if held else {}
         if held:
             say(f"held out after: loss {after['loss']:.3f}, top-1 {after['top1']:.3f}")
             for j, row in enumerate(after.get("by_mask", [])):
@@ -542,6 +621,11 @@ def calibrate_masks(
             "max_new_tokens": max_new_tokens,
             "gen_batch_size": gen_batch_size,
             "layer_offsets": bool(layer_offsets),
+            "mask_lora_rank": mask_lora_rank,
+            "lora_lr": lora_lr if mask_lora_rank else None,
+            "init": dict(init.stats.get("sources", {}), steps=init.stats.get("steps"))
+            if init is not None
+            else None,
             "epochs": epochs,
             "steps": total_steps,
             "anchors_per_step": anchors_per_step,
@@ -554,4 +638,32 @@ def calibrate_masks(
             "torch": torch.__version__,
         },
         offsets,
+        lora,
     )
+
+
+def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.detach() if t is not None else None
+
+
+def _initial_lora(model: Any, rank: int, seed: int) -> dict[str, torch.Tensor]:
+    """A rank-``rank`` mask LoRA of every decoder layer's projections that changes nothing yet: A
+    ``[rank, in]`` random (scaled by 1 / sqrt(in)), B ``[out, rank]`` zero."""
+    gen = torch.Generator().manual_seed(seed)
+    lora = {}
+    for index, layer in enumerate(adapter.decoder_layers(model)):
+        for name in adapter.MASK_LORA_MODULES:
+            try:
+                linear = layer.get_submodule(name)
+            except AttributeError:
+                continue  # a model without this projection
+            lora[f"{index}.{name}.A"] = (
+                torch.randn(rank, linear.in_features, generator=gen) / linear.in_features**0.5
+            )
+            lora[f"{index}.{name}.B"] = torch.zeros(linear.out_features, rank)
+    if not lora:
+        raise ValueError(
+            f"{type(model).__name__} has none of the projections a mask LoRA adapts "
+            f"({', '.join(adapter.MASK_LORA_MODULES)})"
+        )
+    return lora

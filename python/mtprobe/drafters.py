@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C, heads, registry
-from mtprobe.adapter import HFAdapter, cache_argument
+from mtprobe.adapter import HFAdapter, cache_argument, checked_mask_lora, decoder_layers
 from mtprobe.cache import TreeKVCache
 from mtprobe.calibrate import load_calibration
 from mtprobe.config import (
@@ -322,6 +322,29 @@ def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
             )
         return layers.pop() if layers else -1
     return -1
+
+
+def mask_lora(model: PreTrainedModel, config: DecodingConfig) -> dict[str, torch.Tensor] | None:
+    """The mask LoRA (:func:`mtprobe.adapter.mask_lora`) of the calibrated masks ``config`` probes with, or
+    None when its masks have none; ValueError if two drafters of an AutoConfig bring different ones (one
+    forward adapts one way) or if it does not fit the model."""
+    configs = config.drafters if isinstance(config, AutoConfig) else (config,)
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    for c in configs:
+        if isinstance(c, (ProbeConfig, HybridConfig)) and c.mask_init == "calibrated":
+            cal = load_calibration(c.mask_path)
+            if cal.mask_lora is not None:
+                found[c.mask_path] = cal.mask_lora
+    if len(found) > 1:
+        raise ValueError(
+            "AutoConfig's drafters probe with different mask LoRAs (" + ", ".join(sorted(found)) + "); one "
+            "forward adapts one way: use the same mask_path for every probing drafter"
+        )
+    if not found:
+        return None
+    lora = next(iter(found.values()))
+    checked_mask_lora(lora, decoder_layers(model))
+    return lora
 
 
 def mask_layer_offsets(model: PreTrainedModel, config: DecodingConfig) -> torch.Tensor | None:

@@ -33,6 +33,7 @@ from mtprobe.drafters import (
     hidden_layer,
     make_drafter,
     mask_layer_offsets,
+    mask_lora,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.plan import PlanConfig, plan_for
@@ -344,6 +345,7 @@ def custom_generate(
     )
     adapter.hidden_layer = hidden_layer(model, config)
     adapter.set_mask_layer_offsets(mask_layer_offsets(model, config))
+    adapter.set_mask_lora(mask_lora(model, config))
     # A configuration that does not say reads them (a registered one of any class): computed, to be safe.
     if not getattr(config, "reads_prompt_logits", True):
         adapter.prefill_logits_from = prompt_len - 1

@@ -5,6 +5,8 @@
     python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2.safetensors \\
         --corpus-prompts /usr/share/games/fortunes/* --num-corpus-prompts 136 --gen-batch-size 16
     python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2-offsets.safetensors --layer-offsets
+    python -m mtprobe calibrate --model smollm2-135m --out masks-lora.safetensors --num-masks 2 --layer-offsets \\
+        --mask-lora 8 --init masks-smollm2-offsets.safetensors --lr 0.01
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mtprobe.calibrate import calibrate_masks
+from mtprobe.calibrate import calibrate_masks, load_calibration
 from mtprobe.cli._common import (
     EXIT_OK,
     UsageError,
@@ -48,6 +50,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also learn one vector per decoder layer added to the masks' hidden state before it",
     )
+    parser.add_argument(
+        "--mask-lora",
+        type=int,
+        default=0,
+        metavar="RANK",
+        help="also learn a rank-RANK LoRA of every decoder layer's projections, applied at the masks only",
+    )
+    parser.add_argument("--lora-lr", type=float, default=1e-3, help="Adam's step for the mask LoRA")
+    parser.add_argument(
+        "--init",
+        default=None,
+        metavar="FILE",
+        help="start from this calibration (its first --num-masks masks)",
+    )
     add_corpus_arguments(parser)
 
 
@@ -66,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
             corpus_prompts=[os.path.basename(f) for f in args.corpus_prompts], num_corpus_prompts=len(extra)
         )
     try:
+        init = load_calibration(args.init) if args.init is not None else None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--init: {e}") from None
+    try:
         cal = calibrate_masks(
             model,
             ids,
@@ -78,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             gen_batch_size=args.gen_batch_size,
             layer_offsets=args.layer_offsets,
+            mask_lora_rank=args.mask_lora,
+            lora_lr=args.lora_lr,
+            init=init,
             sources=sources,
             progress=print_progress,
         )
