@@ -156,6 +156,14 @@ register(
                 "lambda in [0, 1], step of the running mask update m <- m + lambda (e_new - m); 0 keeps "
                 "the initial masks",
             ),
+            Option(
+                "--mask-value",
+                "mask_value",
+                float,
+                "mv",
+                "masks only where the step is likely to end (dynamic tree), drafts with the inputs freed, "
+                "valuing the next step's probing at V tokens (default: masks on every node, seed 001's rule)",
+            ),
         ),
     )
 )
