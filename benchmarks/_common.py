@@ -97,8 +97,9 @@ def tau_counts(
     return per_task, total, bad
 
 
-def write_report(out: str | Path, lines: list[str]) -> None:
-    """Write the report's lines to ``out`` (creating its folder) and print them."""
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text("\n".join(lines) + "\n")
+def write_report(out: str | Path | None, lines: list[str]) -> None:
+    """Write the report's lines to ``out`` (creating its folder; None: nowhere) and print them."""
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

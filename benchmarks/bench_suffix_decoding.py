@@ -206,6 +206,15 @@ def main(argv: list[str] | None = None) -> int:
         "(its first j masks, λ 0)",
     )
     ap.add_argument(
+        "--probe-mask-values",
+        type=float,
+        nargs="+",
+        default=[PROBE_MASK_VALUE],
+        metavar="V",
+        help=f"ProbeConfig.mask_value of the probe-mk{{j}}-mv rows (default {PROBE_MASK_VALUE}); each further "
+        "value adds probe-mk{j}-mv{V} rows",
+    )
+    ap.add_argument(
         "--tuned",
         nargs="*",
         default=None,
@@ -278,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         for j in range(1, multi_k + 1):
             if bc >= 2 * (j + 1):
                 cfgs[f"probe-mk{j}"] = mtprobe.ProbeConfig(block_complexity=bc, num_masks=j, **multi)
-                cfgs[f"probe-mk{j}-mv"] = mtprobe.ProbeConfig(
-                    block_complexity=bc, num_masks=j, mask_value=PROBE_MASK_VALUE, **multi
-                )
+                for i, v in enumerate(args.probe_mask_values):
+                    cfgs[f"probe-mk{j}-mv" + (f"{v:g}" if i else "")] = mtprobe.ProbeConfig(
+                        block_complexity=bc, num_masks=j, mask_value=v, **multi
+                    )
                 cfgs[f"hybrid-mk{j}"] = mtprobe.HybridConfig(block_complexity=bc, num_masks=j, **multi)
                 cfgs[f"hybrid-mk{j}-mv"] = dataclasses.replace(cfgs[f"hybrid-mk{j}"], mask_value=MASK_VALUE)
         if args.tuned is not None:
@@ -371,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"mask_path=`{Path(args.multi_mask_path).name}`, mask_lambda=0), the first j of its {multi_k} masks "
                 "with their own layer offsets (probing's tree: static for j = 1, seed 001's dynamic tree for j >= 2; "
                 "the hybrid's: dynamic), B = BC/(j + 1) nodes with j masks each; `probe-mk{j}-mv`: "
-                f"mask_value={PROBE_MASK_VALUE} (dynamic tree of up to BC - j nodes, masks on the nodes a step is "
-                "likely to end at; a step ending elsewhere drafts from its nearest masked ancestor's deeper masks)"
+                f"mask_value={args.probe_mask_values[0]:g} (dynamic tree of up to BC - j nodes, masks on the nodes a step "
+                "is likely to end at; a step ending elsewhere drafts from its nearest masked ancestor's deeper masks)"
+                + "".join(f"; `probe-mk{{j}}-mv{v:g}`: mask_value={v:g}" for v in args.probe_mask_values[1:])
             ]
             if multi_k
             else []

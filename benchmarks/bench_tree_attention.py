@@ -164,10 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tree's pattern once per decode step (`tree_ancestor_bits` / `tree_attention_mask`). max |diff|: "
         "largest absolute difference between the two outputs.",
     ]
-    if args.out is not None:
-        write_report(args.out, lines)
-    else:
-        print("\n".join(lines))
+    write_report(args.out, lines)
     return 0
 
 

@@ -10,7 +10,7 @@ import torch
 import mtprobe
 from conftest import tiny_llama
 from mtprobe import adapter
-from mtprobe.calibrate import MaskCalibration, calibrate_masks, mask_loss, model_identity
+from mtprobe.calibrate import MaskCalibration, calibrate_masks, mask_loss, model_identity, score_calibration
 from test_calibrate import _assert_greedy, _prompts, tiny_model
 
 
@@ -159,13 +159,51 @@ def test_calibration_learns_a_mask_lora(model, learned):
     s = cal.stats
     assert s["mask_lora_rank"] == 2
     assert s["holdout_after"]["loss"] < s["holdout_before"]["loss"] - 0.05, s
-    back = MaskCalibration.load(path)
+    back = MaskCalibration.load(path)  # the file holds the LoRA in bfloat16; it loads as float32
     assert back.mask_lora.keys() == cal.mask_lora.keys()
-    assert all(torch.equal(back.mask_lora[k], cal.mask_lora[k]) for k in cal.mask_lora)
+    assert all(back.mask_lora[k].dtype == torch.float32 for k in back.mask_lora)
+    assert all(torch.equal(back.mask_lora[k], cal.mask_lora[k].bfloat16().float()) for k in cal.mask_lora)
+    assert torch.equal(back.masks, cal.masks) and torch.equal(back.layer_offsets, cal.layer_offsets)
     back.check(model, num_masks=2)
     _assert_greedy(
         model, mtprobe.ProbeConfig(block_complexity=15, num_masks=2, mask_init="calibrated", mask_path=path)
     )
+
+
+def test_the_lora_is_stored_in_the_dtype_asked(learned, tmp_path):
+    cal, _ = learned
+    exact = MaskCalibration.load(cal.save(tmp_path / "f32.safetensors", lora_dtype=torch.float32))
+    assert all(torch.equal(exact.mask_lora[k], cal.mask_lora[k]) for k in cal.mask_lora)
+    from safetensors import safe_open
+
+    with safe_open(str(cal.save(tmp_path / "bf16.safetensors")), framework="pt") as f:
+        stored = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert {stored[k] for k in stored if k.startswith("mask_lora.")} == {"BF16"}  # the default
+    assert stored["masks"] == stored["layer_offsets"] == "F32"
+    with pytest.raises(ValueError, match="lora_dtype=torch.int8 must be torch.float32, torch.bfloat16"):
+        cal.save(tmp_path / "bad.safetensors", lora_dtype=torch.int8)
+
+
+def test_score_calibration_repeats_the_held_out_scores(model, learned):
+    # The learned fixture held out _prompts(6)[-2:], generated one at a time: scoring the calibration
+    # there gives the calibration's own held-out scores, and the soft start its "prompt mean" row.
+    cal, path = learned
+    held = _prompts(6)[-2:]
+    after = score_calibration(model, cal, held, max_new_tokens=24)  # with its fitted temperatures
+    assert after["loss"] == pytest.approx(cal.stats["temperature_fit"]["loss_after"]["loss"], rel=1e-5)
+    assert after["top1"] == cal.stats["holdout_after"]["top1"]
+    soft = score_calibration(model, None, held, num_masks=2, max_new_tokens=24)
+    assert soft["loss"] == pytest.approx(cal.stats["holdout_prompt_mean"]["loss"], rel=1e-5)
+    stored = score_calibration(model, MaskCalibration.load(path), held, max_new_tokens=24)
+    assert stored["loss"] == pytest.approx(after["loss"], abs=0.01)  # bfloat16 rounding of the LoRA only
+    # Mask 1 never sees mask 2: its scores alone are its row of the two-mask scores.
+    one = score_calibration(model, cal, held, num_masks=1, max_new_tokens=24)
+    assert "by_mask" not in one
+    assert one["loss"] == pytest.approx(after["by_mask"][0]["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="num_masks=3 but the calibration holds 2"):
+        score_calibration(model, cal, held, num_masks=3)
+    with pytest.raises(ValueError, match="num_masks=0 must be an int between 1 and 4"):
+        score_calibration(model, cal, held, num_masks=0)
 
 
 def test_calibration_starts_from_init(model, learned):
@@ -225,14 +263,9 @@ def test_bad_files_and_arguments(model):
         calibrate_masks(model, _prompts(3), holdout=1, mask_lora_rank=-1)
 
 
-def test_command_line(tmp_path, capsys):
-    from mtprobe.cli import main
-    from test_cli import _save_tiny
-
-    folder = _save_tiny(tmp_path / "tiny")
-    first = tmp_path / "first.safetensors"
-    out = tmp_path / "lora.safetensors"
-    argv = [
+def calibrate_argv(folder) -> list[str]:
+    """``mtprobe calibrate`` on a saved tiny model, as small as a run gets: 4 prompts, 1 held out, 8 tokens."""
+    return [
         "calibrate",
         "--model",
         str(folder),
@@ -243,6 +276,15 @@ def test_command_line(tmp_path, capsys):
         "--max-new-tokens",
         "8",
     ]
+
+
+def test_command_line(tmp_path, capsys):
+    from mtprobe.cli import main
+    from test_cli import _save_tiny
+
+    first = tmp_path / "first.safetensors"
+    out = tmp_path / "lora.safetensors"
+    argv = calibrate_argv(_save_tiny(tmp_path / "tiny"))
     assert main([*argv, "--out", str(first), "--epochs", "1", "--num-masks", "2", "--layer-offsets"]) == 0
     assert main([*argv, "--out", str(out), "--epochs", "1", "--num-masks", "2", "--layer-offsets",
                  "--mask-lora", "2", "--init", str(first)]) == 0  # fmt: skip

@@ -371,3 +371,23 @@ def test_layer_offsets_run_eager_in_their_call_only(stand_in_graphs):
     assert plan.replays == 1 and "layer offsets" in plan.describe()["eager_reason"]
     plan.start_call()
     assert plan.describe()["eager_reason"] == ""  # the next call may run its graphs again
+
+
+def test_mask_temperatures_keep_the_graphs(stand_in_graphs):
+    # A temperature divides the mask rows of a forward's logits after it ran: graphs still replay, the
+    # token rows are untouched.
+    model = tiny_llama()
+    plan = _plan(model, PlanConfig(cuda_graphs=True), capacity=32)
+    adapter = HFAdapter(model, 32, plan=plan)
+    adapter.forward(torch.tensor([3, 8, 1, 4, 9]), None, torch.arange(5).view(1, 5), None, 0, False)
+    mask = torch.zeros(1, 1, 2, 7)
+    mask[0, 0, 0, 6] = MIN  # the root does not see its mask input
+    args = (torch.tensor([2]), torch.full((1, 64), 0.1), torch.tensor([[5, 6]]), mask, 5, False)
+    plain, _ = adapter.forward(*args)
+    plain = plain.clone()  # [2, vocab]; a replay's output buffer is the next replay's
+    replays = plan.replays
+    adapter.set_mask_temperature(torch.tensor([2.0]))
+    scaled, _ = adapter.forward(*args)
+    assert plan.replays == replays + 1 and plan.describe()["eager_reason"] == ""
+    assert torch.equal(scaled[0], plain[0])
+    torch.testing.assert_close(scaled[1], plain[1] / 2)

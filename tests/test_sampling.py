@@ -161,16 +161,19 @@ def exact_triple_distribution(model, prompt: torch.Tensor) -> torch.Tensor:
     return p12[:, :, None] * p3
 
 
-def _calibrated_masks(model, path) -> str:
+def _calibrated_masks(model, path, temperature=None, **learn) -> str:
+    import dataclasses
+
     from mtprobe.calibrate import calibrate_masks
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (1, 5), generator=g) for _ in range(3)]
-    calibrate_masks(model, prompts, max_new_tokens=8, epochs=2, holdout=0, lr=0.2).save(path)
+    cal = calibrate_masks(model, prompts, max_new_tokens=8, epochs=2, holdout=0, lr=0.2, **learn)
+    dataclasses.replace(cal, mask_temperature=temperature).save(path)
     return str(path)
 
 
-@pytest.mark.parametrize("masks", ["prompt_mean", "calibrated", "planned"])
+@pytest.mark.parametrize("masks", ["prompt_mean", "calibrated", "planned", "lora"])
 def test_mask_probe_sampling_is_exact(tiny, tmp_path, masks):
     # Three tokens: the prefill samples x1 and appends the masks; the first decode step drafts from
     # them, so (x2, x3) is an accepted draft and its bonus, or a rejection's resample. (Two tokens
@@ -183,6 +186,11 @@ def test_mask_probe_sampling_is_exact(tiny, tmp_path, masks):
         extra = dict(mask_init="calibrated", mask_path=_calibrated_masks(tiny, tmp_path / "tiny.safetensors"))
     if masks == "planned":  # two masks on the likely ends only (ProbeConfig.mask_value)
         extra = dict(num_masks=2, mask_value=0.3)
+    if masks == "lora":  # two planned masks with per-mask offsets, a mask LoRA and temperatures
+        learn = dict(num_masks=2, layer_offsets=True, mask_lora_rank=2, lora_lr=0.01)
+        temperature = torch.tensor([0.5, 2.0])
+        path = _calibrated_masks(tiny, tmp_path / "lora.safetensors", temperature, **learn)
+        extra = dict(num_masks=2, mask_value=0.3, mask_init="calibrated", mask_path=path)
     cfg = mtprobe.ProbeConfig(block_complexity=10, **extra)
     counts, accepted = sample_triples(tiny, prompt, cfg, seed=2)
     assert accepted > N_SAMPLES // 20, accepted  # drafts were verified and kept, or this proves little

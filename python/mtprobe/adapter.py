@@ -21,7 +21,7 @@ import inspect
 import logging
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -380,14 +380,73 @@ def checked_mask_lora(lora: dict[str, torch.Tensor], layers: torch.nn.ModuleList
     return lora
 
 
+def checked_mask_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """``temperature`` as a ``[k]`` float32 tensor (1 <= k <= 4) if every entry is finite and > 0, else a
+    ValueError saying what is wrong."""
+    t = temperature
+    if (
+        not isinstance(t, torch.Tensor)
+        or t.dim() != 1
+        or not 1 <= t.shape[0] <= 4
+        or not t.is_floating_point()
+    ):
+        raise ValueError(
+            "a mask temperature is a floating [k] tensor, one per mask (1 <= k <= 4), got "
+            f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+        )
+    if not (torch.isfinite(t).all() and (t > 0).all()):
+        raise ValueError(f"mask temperatures must be finite and > 0, got {t.tolist()}")
+    return t.detach().float()
+
+
+def scale_mask_logits(
+    logits: torch.Tensor,  # [T, vocab], modified in place
+    temperature: torch.Tensor,  # [k]
+    start: int,
+) -> None:
+    """Divide the logits of every mask input (rows ``start`` on, runs of k chained masks m_1..m_k, so row
+    ``start + i`` is mask ``i % k + 1``) by its mask's temperature, in place.
+
+    A calibrated mask's softmax is sharper than its hit rate warrants (SmolLM2's two-mask LoRA file:
+    held-out loss 4.59 at T = 1, 4.15 at T = 1.4). The dynamic draft tree ranks candidates by path
+    probability, products across depths, so miscalibrated depths misplace its nodes. Drafts only: no
+    token's logits change, and so neither verification nor the output.
+    """
+    n = logits.shape[0] - start
+    if n <= 0:
+        return
+    k = temperature.shape[0]
+    t = temperature.to(logits.device)[torch.arange(n, device=logits.device) % k]  # [n]
+    logits[start:].div_(t[:, None])
+
+
+# A mask LoRA ready to run: (decoder layer, module name, A.T [in, rank], B.T [rank, out]) per adapted linear.
+MaskLoRAFactors = list[tuple[int, str, torch.Tensor, torch.Tensor]]
+
+
+def mask_lora_factors(lora: Mapping[str, torch.Tensor]) -> MaskLoRAFactors:
+    """``lora``'s ``"{layer}.{module}.A"`` / ``".B"`` pairs as the transposed factors the hooks of
+    :func:`mask_lora` multiply by (views: gradients still reach ``lora``'s tensors)."""
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in lora.items():
+        head, _, part = key.rpartition(".")
+        pairs.setdefault(head, {})[part] = t
+    factors = []
+    for head, ab in pairs.items():
+        index, _, name = head.partition(".")
+        factors.append((int(index), name, ab["A"].T, ab["B"].T))
+    return factors
+
+
 @contextlib.contextmanager
 def mask_lora(
     layers: torch.nn.ModuleList,
-    lora: dict[str, torch.Tensor],  # "{layer}.{module}.A": [rank, in], ".B": [out, rank]
+    lora: Mapping[str, torch.Tensor] | MaskLoRAFactors,  # "{layer}.{module}.A": [rank, in], ".B": [out, rank]
     start: int,
 ) -> Iterator[None]:
     """While open, each adapted linear's output gains ``x @ A.T @ B.T`` at every input from ``start`` on
-    (the mask tokens, after the forward's token inputs), and nothing elsewhere.
+    (the mask tokens, after the forward's token inputs), and nothing elsewhere. ``lora``: the entries
+    (:func:`checked_mask_lora`) or, prepared once for many forwards, their :func:`mask_lora_factors`.
 
     A mask LoRA (``python -m mtprobe calibrate --mask-lora RANK``) gives the model's computation at the
     masks more room than layer offsets do: a low-rank change of its projections, gated to the masks, as
@@ -395,24 +454,22 @@ def mask_lora(
     every token's computation, and so verification and the output, stay exactly as they were. Forward
     hooks (they fire whichever route runs the linear, :mod:`mtprobe.linear_routes`), removed on exit.
     """
-    pairs = {}
-    for key, t in lora.items():
-        head, _, part = key.rpartition(".")
-        pairs.setdefault(head, {})[part] = t
+    factors = mask_lora_factors(lora) if isinstance(lora, Mapping) else lora
     handles = []
-    for head, ab in pairs.items():
-        index, _, name = head.partition(".")
-        module = layers[int(index)].get_submodule(name)
-        a, b = ab["A"], ab["B"]  # [rank, in], [out, rank]
+    for index, name, a_t, b_t in factors:
 
-        def hook(mod: torch.nn.Module, args: tuple, out: torch.Tensor, a=a, b=b) -> torch.Tensor:
+        def hook(mod: torch.nn.Module, args: tuple, out: torch.Tensor, a_t=a_t, b_t=b_t) -> torch.Tensor:
             x = args[0]  # [batch, T, in]
-            if start == 0:
-                return out + (x @ a.T.to(x.dtype)) @ b.T.to(x.dtype)
-            delta = (x[:, start:] @ a.T.to(x.dtype)) @ b.T.to(x.dtype)  # [batch, n_masks, out]
-            return torch.cat([out[:, :start], out[:, start:] + delta], dim=1)
+            if a_t.dtype != x.dtype:
+                a_t, b_t = a_t.to(x.dtype), b_t.to(x.dtype)
+            if start == 0:  # calibration: every input a mask, and autograd through the sum
+                return out + (x @ a_t) @ b_t
+            # In place on the mask rows: decoding runs without autograd, and a copy of every row per
+            # linear per forward would cost more than the rank-r product.
+            out[:, start:] += (x[:, start:] @ a_t) @ b_t  # [batch, n_masks, out]
+            return out
 
-        handles.append(module.register_forward_hook(hook))
+        handles.append(layers[index].get_submodule(name).register_forward_hook(hook))
     try:
         yield
     finally:
@@ -467,8 +524,11 @@ class HFAdapter:
         # [num_layers, hidden] or [k, num_layers, hidden] added before each decoder layer to the mask
         # inputs (calibrated masks with layer offsets, mtprobe.calibrate), or None: set_mask_layer_offsets.
         self._mask_offsets: torch.Tensor | None = None
-        # The mask LoRA (mask_lora), or None: set_mask_lora.
-        self._mask_lora: dict[str, torch.Tensor] | None = None
+        # [k] the masks' logits are divided by (mask j's by temperature[j - 1]), or None:
+        # set_mask_temperature.
+        self._mask_temperature: torch.Tensor | None = None
+        # The mask LoRA's factors in the model's dtype (mask_lora), or None: set_mask_lora.
+        self._mask_lora: MaskLoRAFactors | None = None
         self._layers: torch.nn.ModuleList | None = None
         # How a decode step's linear layers run, by its block size (mtprobe.linear_routes); the prefill
         # keeps torch's. No router where every block size takes torch's linear.
@@ -490,13 +550,28 @@ class HFAdapter:
     def set_mask_lora(self, lora: dict[str, torch.Tensor] | None) -> None:
         """Adapt the model's projections at every mask input from now on (:func:`mask_lora`; None:
         nothing); ValueError, before any forward, if the entries do not fit the model's layers."""
+        factors = None
         if lora is not None:
             self._layers = decoder_layers(self.model)
             weight = self.embed.weight
-            lora = {
-                k: t.to(weight.device, weight.dtype) for k, t in checked_mask_lora(lora, self._layers).items()
-            }
-        self._mask_lora = lora
+            # Transposed, contiguous and cast once here, not in each of the hooks of every forward.
+            factors = [
+                (
+                    i,
+                    name,
+                    a_t.to(weight.device, weight.dtype).contiguous(),
+                    b_t.to(weight.device, weight.dtype).contiguous(),
+                )
+                for i, name, a_t, b_t in mask_lora_factors(checked_mask_lora(lora, self._layers))
+            ]
+        self._mask_lora = factors
+
+    def set_mask_temperature(self, temperature: torch.Tensor | None) -> None:
+        """Divide the logits of mask j by ``temperature[j - 1]`` (``[k]``, :func:`scale_mask_logits`) from
+        now on (None: nothing); ValueError, before any forward, unless every entry is finite and > 0."""
+        if temperature is not None:
+            temperature = checked_mask_temperature(temperature).to(self.embed.weight.device)
+        self._mask_temperature = temperature
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
@@ -541,10 +616,16 @@ class HFAdapter:
                 eager = ""
                 if offsets is not None or lora is not None:
                     eager = "calibrated masks with layer offsets or a mask LoRA (forward hooks)"
-                return self._planned_forward(x, mask, position_ids, prefix_len, want_hidden, skip, eager)
-            attn = self._attention_mask(mask, position_ids, prefix_len)
-            logits, hidden = self._run_model(x, attn, position_ids, want_hidden, skip)
-        return logits[0], (hidden[0] if hidden is not None else None)  # [T, vocab], [T, hidden]
+                logits, hidden = self._planned_forward(
+                    x, mask, position_ids, prefix_len, want_hidden, skip, eager
+                )
+            else:
+                attn = self._attention_mask(mask, position_ids, prefix_len)
+                out, hid = self._run_model(x, attn, position_ids, want_hidden, skip)
+                logits, hidden = out[0], (hid[0] if hid is not None else None)  # [T, vocab], [T, hidden]
+        if self._mask_temperature is not None and embeds is not None:
+            scale_mask_logits(logits, self._mask_temperature, tokens.shape[0])
+        return logits, hidden
 
     def _run_model(
         self,

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -63,8 +65,10 @@ __all__ = [
     "MaskCalibration",
     "calibrate_masks",
     "calibration_sequences",
+    "fit_mask_temperature",
     "load_calibration",
     "mask_loss",
+    "score_calibration",
 ]
 
 FORMAT = "mtprobe-mask-calibration/1"
@@ -99,6 +103,9 @@ class MaskCalibration:
         mask_lora: a low-rank change of the model's projections at the mask inputs only (``--mask-lora
             RANK``; :func:`mtprobe.adapter.mask_lora`), shared by every mask, or None: entries
             ``"{layer}.{module}.A"`` ``[rank, in_features]`` and ``".B"`` ``[out_features, rank]`` float32.
+        mask_temperature: ``[k]`` float32 or None: decoding divides mask j's logits by entry j - 1
+            (:func:`mtprobe.adapter.scale_mask_logits`), fitted on the held-out continuations so that the
+            masks' probabilities, which the dynamic draft tree multiplies, match how often they hit.
 
     >>> cal = MaskCalibration(torch.zeros(2, 4), {"model_class": "M", "vocab_size": 8, "hidden_size": 4,
     ...                                            "embedding_sha256": "0"})
@@ -115,6 +122,7 @@ class MaskCalibration:
     stats: dict[str, Any] = field(default_factory=dict)
     layer_offsets: torch.Tensor | None = None  # [num_layers, hidden] or [k, num_layers, hidden] float32
     mask_lora: dict[str, torch.Tensor] | None = None  # "{layer}.{module}.A": [rank, in], ".B": [out, rank]
+    mask_temperature: torch.Tensor | None = None  # [k] float32
 
     def __post_init__(self) -> None:
         m = self.masks
@@ -167,6 +175,13 @@ class MaskCalibration:
                 )
             lora = {k: t.detach().to("cpu", torch.float32).contiguous() for k, t in sorted(lora.items())}
             object.__setattr__(self, "mask_lora", lora)
+        if self.mask_temperature is not None:
+            t = adapter.checked_mask_temperature(self.mask_temperature)
+            if t.shape[0] != m.shape[0]:
+                raise ValueError(
+                    f"mask_temperature has {t.shape[0]} entries for {m.shape[0]} mask(s): one per mask"
+                )
+            object.__setattr__(self, "mask_temperature", t.cpu().contiguous())
 
     @property
     def num_masks(self) -> int:
@@ -184,6 +199,11 @@ class MaskCalibration:
         if o is None or o.dim() == 2:
             return o
         return o[:num_masks]
+
+    def temperature_for(self, num_masks: int) -> torch.Tensor | None:
+        """The temperatures of the first ``num_masks`` masks (``[num_masks]``), or None."""
+        t = self.mask_temperature
+        return None if t is None else t[:num_masks]
 
     def check(self, model: Any, num_masks: int | None = None) -> None:
         """ValueError unless these masks belong to ``model`` and hold at least ``num_masks`` masks."""
@@ -212,7 +232,14 @@ class MaskCalibration:
                 f"--num-masks {num_masks} or use num_masks <= {self.num_masks}"
             )
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
+    def save(self, path: str | os.PathLike[str], *, lora_dtype: torch.dtype = torch.bfloat16) -> Path:
+        """Write the calibration to ``path`` (safetensors). The masks and layer offsets are stored in
+        float32; a mask LoRA, millions of numbers, in ``lora_dtype`` (bfloat16 halves the file; loading
+        gives float32 back)."""
+        if lora_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"lora_dtype={lora_dtype} must be torch.float32, torch.bfloat16 or torch.float16"
+            )
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT, "model": json.dumps(self.model), "stats": json.dumps(self.stats)}
@@ -220,7 +247,9 @@ class MaskCalibration:
         if self.layer_offsets is not None:
             tensors["layer_offsets"] = self.layer_offsets
         for key, t in (self.mask_lora or {}).items():
-            tensors[LORA_PREFIX + key] = t
+            tensors[LORA_PREFIX + key] = t.to(lora_dtype)
+        if self.mask_temperature is not None:
+            tensors["mask_temperature"] = self.mask_temperature
         save_file(tensors, str(path), metadata=meta)
         return path
 
@@ -239,6 +268,7 @@ class MaskCalibration:
                 masks = f.get_tensor("masks")
                 offsets = f.get_tensor("layer_offsets") if "layer_offsets" in f.keys() else None
                 lora = {k[len(LORA_PREFIX) :]: f.get_tensor(k) for k in f.keys() if k.startswith(LORA_PREFIX)}
+                temperature = f.get_tensor("mask_temperature") if "mask_temperature" in f.keys() else None
         except Exception as e:  # safetensors raises its own types for a damaged header
             raise ValueError(
                 f"{str(path)!r} is not a mask calibration file (not readable as safetensors: {e})"
@@ -250,7 +280,7 @@ class MaskCalibration:
             stats = json.loads(meta.get("stats", "{}"))
         except (KeyError, json.JSONDecodeError) as e:
             raise ValueError(f"{str(path)!r} has a damaged header ({e})") from e
-        return cls(masks, model, stats, offsets, lora or None)
+        return cls(masks, model, stats, offsets, lora or None, temperature)
 
 
 _CACHE: dict[tuple[str, int, int], MaskCalibration] = {}
@@ -327,28 +357,17 @@ def _prefix_cache(model: Any, ids: torch.Tensor) -> Any:
     return cache
 
 
-def mask_loss(
+def _mask_logits(
     model: Any,
     masks: torch.Tensor,  # [k, hidden]
-    ids: torch.Tensor,  # [n] the sequence
-    anchors: torch.Tensor,  # [a] node positions p, each with p + 2 <= n - 1 (mask 1 has a target)
-    cache: Any = None,
-    *,
-    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
-    mask_lora: dict[str, torch.Tensor] | None = None,
-    return_hits: bool = False,
-    per_mask: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean cross-entropy, number of targets) of the k chained masks on every anchor, predicting
-    ``ids[p + j + 1]`` from mask j; with ``return_hits`` also the number of targets the mask's top-1 hits.
-    ``per_mask``: the three as ``[k]`` tensors, one entry per mask (summed cross-entropy, not the mean).
-
-    One forward over the a * k mask inputs on the cached prefix ``ids`` (``cache``: the sequence's own,
-    left unchanged: the forward runs on a copy): mask j of anchor p sits at position p + j and attends to ids[0..p] and to
-    masks 1..j-1 of its own anchor. ``layer_offsets`` (or None) are added to every mask's hidden state
-    before each decoder layer, as in decoding; ``mask_lora`` (or None) adapts the projections at the
-    masks (:func:`mtprobe.adapter.mask_lora`).
-    """
+    ids: torch.Tensor,  # [n]
+    anchors: torch.Tensor,  # [a]
+    cache: Any,
+    layer_offsets: torch.Tensor | None,
+    mask_lora: dict[str, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits ``[a*k, vocab]`` float32, targets ``[a*k]``, valid ``[a*k]``) of the k chained masks on every
+    anchor, input (p, j) predicting ``ids[p + j + 1]``: :func:`mask_loss`'s forward."""
     n = int(ids.shape[0])
     k = int(masks.shape[0])
     a = int(anchors.shape[0])
@@ -385,7 +404,38 @@ def mask_loss(
             # The forward appends the masks' keys; keep the prefix's.
             **{cache_argument(model): copy.deepcopy(cache)},
         )
-    logits = out.logits[0].float()  # [a*k, vocab]
+    return out.logits[0].float(), targets, valid  # [a*k, vocab], [a*k], [a*k]
+
+
+def mask_loss(
+    model: Any,
+    masks: torch.Tensor,  # [k, hidden]
+    ids: torch.Tensor,  # [n] the sequence
+    anchors: torch.Tensor,  # [a] node positions p, each with p + 2 <= n - 1 (mask 1 has a target)
+    cache: Any = None,
+    *,
+    layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
+    mask_lora: dict[str, torch.Tensor] | None = None,
+    temperature: torch.Tensor | None = None,  # [k]
+    return_hits: bool = False,
+    per_mask: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy, number of targets) of the k chained masks on every anchor, predicting
+    ``ids[p + j + 1]`` from mask j; with ``return_hits`` also the number of targets the mask's top-1 hits.
+    ``per_mask``: the three as ``[k]`` tensors, one entry per mask (summed cross-entropy, not the mean).
+
+    One forward over the a * k mask inputs on the cached prefix ``ids`` (``cache``: the sequence's own,
+    left unchanged: the forward runs on a copy): mask j of anchor p sits at position p + j and attends to ids[0..p] and to
+    masks 1..j-1 of its own anchor. ``layer_offsets`` (or None) are added to every mask's hidden state
+    before each decoder layer, as in decoding; ``mask_lora`` (or None) adapts the projections at the
+    masks (:func:`mtprobe.adapter.mask_lora`); mask j's logits are divided by ``temperature[j - 1]`` (or
+    not, None), as decoding does with a calibration's ``mask_temperature``.
+    """
+    a, k = int(anchors.shape[0]), int(masks.shape[0])
+    logits, targets, valid = _mask_logits(model, masks, ids, anchors, cache, layer_offsets, mask_lora)
+    device = logits.device
+    if temperature is not None:
+        logits = logits / temperature.to(device).repeat(a)[:, None]  # [a*k, vocab]
     ce = torch.nn.functional.cross_entropy(logits, targets.to(device), reduction="none")  # [a*k]
     count = valid.sum()
     loss = (ce * valid.to(device)).sum() / count.clamp(min=1)
@@ -411,6 +461,7 @@ def _evaluate(
     k: int = 1,
     layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
     mask_lora: dict[str, torch.Tensor] | None = None,
+    temperature: torch.Tensor | None = None,  # [k]
 ) -> dict[str, Any]:
     """Held-out loss and top-1 of ``masks`` ([k, hidden]; ``None``: seed 001's soft initialisation,
     the mean of each prompt's embeddings, the baseline calibration has to beat), pooled over the k
@@ -431,8 +482,9 @@ def _evaluate(
             else:
                 m = masks
             ce, c, h = mask_loss(
-                model, m, ids, anchors, cache, layer_offsets=layer_offsets, mask_lora=mask_lora, per_mask=True
-            )
+                model, m, ids, anchors, cache, layer_offsets=layer_offsets, mask_lora=mask_lora,
+                temperature=temperature, per_mask=True,
+            )  # fmt: skip
             total += ce.double()
             count += c
             hits += h
@@ -450,6 +502,106 @@ def _evaluate(
     return out
 
 
+def _fit_temperature(
+    model: Any,
+    masks: torch.Tensor,  # [k, hidden]
+    data: list[tuple[torch.Tensor, int, Any]],
+    layer_offsets: torch.Tensor | None,
+    mask_lora: dict[str, torch.Tensor] | None,
+) -> torch.Tensor:  # [k]
+    """Per mask, the temperature T that minimises the cross-entropy of softmax(logits / T) on ``data``'s
+    targets (temperature scaling, Guo et al. 2017): a search over log T in [1/16, 16] (the bounds where
+    masks predict nothing better than uniform or never miss)."""
+    k = int(masks.shape[0])
+    by_mask: list[list[torch.Tensor]] = [[] for _ in range(k)]
+    picked: list[list[torch.Tensor]] = [[] for _ in range(k)]
+    with torch.no_grad():
+        for ids, start, cache in data:
+            anchors = _anchors(int(ids.shape[0]), start)
+            if anchors.numel() == 0:
+                continue
+            logits, targets, valid = _mask_logits(model, masks, ids, anchors, cache, layer_offsets, mask_lora)
+            j = torch.arange(logits.shape[0]) % k  # [a*k]
+            for m in range(k):
+                rows = (j == m) & valid
+                by_mask[m].append(logits[rows.to(logits.device)].cpu())  # [a_m, vocab]
+                picked[m].append(targets[rows])
+    out = torch.ones(k)
+    for m in range(k):
+        if not by_mask[m]:
+            continue
+        logits, targets = torch.cat(by_mask[m]), torch.cat(picked[m])  # [N, vocab], [N]
+
+        def loss(log_t: float, logits=logits, targets=targets) -> float:
+            return float(torch.nn.functional.cross_entropy(logits / math.exp(log_t), targets))
+
+        lo, hi = math.log(1 / 16), math.log(16)
+        for _ in range(40):  # golden-section search: the loss is convex in 1 / T, so unimodal in log T
+            a, b = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
+            if loss(a) < loss(b):
+                hi = b
+            else:
+                lo = a
+        out[m] = math.exp((lo + hi) / 2)
+    return out
+
+
+def score_calibration(
+    model: Any,
+    cal: MaskCalibration | None,
+    prompts: Sequence[torch.Tensor],
+    *,
+    num_masks: int | None = None,
+    max_new_tokens: int = 128,
+    gen_batch_size: int = 1,
+) -> dict[str, Any]:
+    """Loss and top-1 of ``cal``'s first ``num_masks`` masks (all by default; with its layer offsets and
+    mask LoRA) on the model's greedy continuations of ``prompts`` (token tensors ``[1, L]``), as
+    :func:`calibrate_masks` scores its held-out prompts; ``cal`` None scores seed 001's soft start (each
+    prompt's mean embedding) for ``num_masks`` masks. ValueError if ``cal`` does not belong to the model."""
+    k = num_masks if num_masks is not None else (cal.num_masks if cal is not None else 1)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 4:
+        raise ValueError(f"num_masks={k!r} must be an int between 1 and 4")
+    if cal is not None:
+        cal.check(model, k)
+    seqs = calibration_sequences(model, prompts, max_new_tokens, batch_size=gen_batch_size)
+    data = [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
+    if cal is None:
+        return _evaluate(model, None, data, k)
+    return _evaluate(
+        model, cal.masks[:k], data, layer_offsets=cal.offsets_for(k), mask_lora=cal.mask_lora,
+        temperature=cal.temperature_for(k),
+    )  # fmt: skip
+
+
+def fit_mask_temperature(
+    model: Any,
+    cal: MaskCalibration,
+    prompts: Sequence[torch.Tensor],
+    *,
+    max_new_tokens: int = 128,
+    gen_batch_size: int = 1,
+) -> MaskCalibration:
+    """``cal`` with a ``mask_temperature`` fitted on the model's greedy continuations of ``prompts``
+    (token tensors ``[1, L]``, prompts it did not learn from: the held-out ones), the rest unchanged; its
+    stats gain ``temperature_fit`` (the prompts' count and the scores before and after). ValueError if
+    ``cal`` does not belong to the model."""
+    cal.check(model)
+    seqs = calibration_sequences(model, prompts, max_new_tokens, batch_size=gen_batch_size)
+    data = [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
+    offsets, lora = cal.offsets_for(cal.num_masks), cal.mask_lora
+    t = _fit_temperature(model, cal.masks, data, offsets, lora)
+    before = _evaluate(model, cal.masks, data, layer_offsets=offsets, mask_lora=lora)
+    after = _evaluate(model, cal.masks, data, layer_offsets=offsets, mask_lora=lora, temperature=t)
+    fit = {
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "loss_before": before,
+        "loss_after": after,
+    }
+    return dataclasses.replace(cal, stats={**cal.stats, "temperature_fit": fit}, mask_temperature=t)
+
+
 def calibrate_masks(
     model: Any,
     prompts: Sequence[torch.Tensor],
@@ -465,6 +617,7 @@ def calibrate_masks(
     layer_offsets: bool = False,
     mask_lora_rank: int = 0,
     lora_lr: float = 1e-3,
+    fit_temperature: bool = True,
     init: MaskCalibration | None = None,
     sources: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -488,7 +641,8 @@ def calibrate_masks(
     ``mask_lora_rank`` > 0: also learn a rank-``mask_lora_rank`` LoRA of every decoder layer's projections
     (:data:`mtprobe.adapter.MASK_LORA_MODULES`), applied at the masks only (:func:`mtprobe.adapter.mask_lora`),
     shared by the k masks, with Adam step ``lora_lr``; B starts at zero, so training starts from the masks
-    as they are. ``init``: start from that calibration's first ``num_masks`` masks (and its layer offsets
+    as they are. ``fit_temperature`` (with held-out prompts): fit each mask's temperature on them at the end
+    (:func:`fit_mask_temperature`; the held-out scores stay those of T = 1). ``init``: start from that calibration's first ``num_masks`` masks (and its layer offsets
     and mask LoRA, where it has them and this run learns them) instead of the data's mean embedding.
     """
     if not 1 <= num_masks <= 4:
@@ -600,8 +754,18 @@ def calibrate_masks(
         offsets = offsets.detach() if offsets is not None else None
         lora = {k: t.detach() for k, t in lora.items()} if lora is not None else None
         after = _evaluate(model, masks.detach(), held, layer_offsets=offsets, mask_lora=lora) if held else {}
+        temperature, tempered = None, {}
+        if held and fit_temperature:
+            temperature = _fit_temperature(model, masks.detach(), held, offsets, lora)
+            tempered = _evaluate(
+                model, masks.detach(), held, layer_offsets=offsets, mask_lora=lora, temperature=temperature
+            )
         if held:
             say(f"held out after: loss {after['loss']:.3f}, top-1 {after['top1']:.3f}")
+            if temperature is not None:
+                say(
+                    f"  temperatures {[round(float(t), 3) for t in temperature]}: loss {tempered['loss']:.3f}"
+                )
             for j, row in enumerate(after.get("by_mask", [])):
                 say(
                     f"  mask {j + 1} (the token {j + 2} after its node): loss {row['loss']:.3f}, top-1 {row['top1']:.3f}"
@@ -634,11 +798,20 @@ def calibrate_masks(
             "holdout_prompt_mean": paper,
             "holdout_before": before,
             "holdout_after": after,
+            "temperature_fit": {
+                "prompts": holdout,
+                "max_new_tokens": max_new_tokens,
+                "loss_before": after,
+                "loss_after": tempered,
+            }
+            if temperature is not None
+            else None,
             "seconds": time.perf_counter() - started,
             "torch": torch.__version__,
         },
         offsets,
         lora,
+        temperature,
     )
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C, heads, registry
-from mtprobe.adapter import HFAdapter, cache_argument, checked_mask_lora, decoder_layers
+from mtprobe.adapter import HFAdapter, cache_argument
 from mtprobe.cache import TreeKVCache
 from mtprobe.calibrate import load_calibration
 from mtprobe.config import (
@@ -324,53 +324,54 @@ def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
     return -1
 
 
-def mask_lora(model: PreTrainedModel, config: DecodingConfig) -> dict[str, torch.Tensor] | None:
-    """The mask LoRA (:func:`mtprobe.adapter.mask_lora`) of the calibrated masks ``config`` probes with, or
-    None when its masks have none; ValueError if two drafters of an AutoConfig bring different ones (one
-    forward adapts one way) or if it does not fit the model."""
+class MaskAdaptation(NamedTuple):
+    """What calibrated masks change in the model's computation at the masks, each None when they have none."""
+
+    offsets: torch.Tensor | None  # [num_layers, hidden] or, one set per mask, [k, num_layers, hidden]
+    lora: dict[str, torch.Tensor] | None  # "{layer}.{module}.A": [rank, in], ".B": [out, rank]
+    temperature: torch.Tensor | None  # [k]
+
+
+def mask_adaptation(model: PreTrainedModel, config: DecodingConfig) -> MaskAdaptation:
+    """The layer offsets (:func:`mtprobe.adapter.layer_offsets`), mask LoRA (:func:`mtprobe.adapter.mask_lora`)
+    and mask temperatures (:func:`mtprobe.adapter.scale_mask_logits`) of the calibrated masks ``config``
+    probes with. ValueError if two drafters of an AutoConfig bring different ones: one forward adds one set
+    of offsets, adapts one way and scales its mask rows one way. The adapter checks each against the model
+    (``HFAdapter.set_mask_layer_offsets``, ``set_mask_lora``, ``set_mask_temperature``)."""
     configs = config.drafters if isinstance(config, AutoConfig) else (config,)
-    found: dict[str, dict[str, torch.Tensor]] = {}
+    offsets: dict[tuple[str, int], torch.Tensor] = {}
+    temperatures: dict[tuple[str, int], torch.Tensor] = {}
+    loras: dict[str, dict[str, torch.Tensor]] = {}
     for c in configs:
         if isinstance(c, (ProbeConfig, HybridConfig)) and c.mask_init == "calibrated":
             cal = load_calibration(c.mask_path)
+            for found, t in (
+                (offsets, cal.offsets_for(c.num_masks)),
+                (temperatures, cal.temperature_for(c.num_masks)),
+            ):
+                if t is not None:
+                    found[(c.mask_path, c.num_masks)] = t
             if cal.mask_lora is not None:
-                found[c.mask_path] = cal.mask_lora
-    if len(found) > 1:
+                loras[c.mask_path] = cal.mask_lora
+    for what, found in (("layer offsets", offsets), ("mask temperatures", temperatures)):
+        first = next(iter(found.values()), None)
+        if any(o.shape != first.shape or not torch.equal(o, first) for o in found.values()):
+            raise ValueError(
+                f"AutoConfig's drafters probe with different {what} ("
+                + ", ".join(f"{p} with num_masks={k}" for p, k in sorted(found))
+                + "); one forward has one set: use the same mask_path and, with per-mask offsets or "
+                "temperatures, the same num_masks for every probing drafter"
+            )
+    if len(loras) > 1:
         raise ValueError(
-            "AutoConfig's drafters probe with different mask LoRAs (" + ", ".join(sorted(found)) + "); one "
+            "AutoConfig's drafters probe with different mask LoRAs (" + ", ".join(sorted(loras)) + "); one "
             "forward adapts one way: use the same mask_path for every probing drafter"
         )
-    if not found:
-        return None
-    lora = next(iter(found.values()))
-    checked_mask_lora(lora, decoder_layers(model))
-    return lora
-
-
-def mask_layer_offsets(model: PreTrainedModel, config: DecodingConfig) -> torch.Tensor | None:
-    """The layer offsets (``[num_layers, hidden]`` or, one set per mask, ``[k, num_layers, hidden]``; the
-    model's dtype and device) of the calibrated masks
-    ``config`` probes with, or None when its masks have none; ValueError if two drafters of an
-    AutoConfig bring different ones (one forward adds one set)."""
-    configs = config.drafters if isinstance(config, AutoConfig) else (config,)
-    found: dict[tuple[str, int], torch.Tensor] = {}
-    for c in configs:
-        if isinstance(c, (ProbeConfig, HybridConfig)) and c.mask_init == "calibrated":
-            offsets = load_calibration(c.mask_path).offsets_for(c.num_masks)
-            if offsets is not None:
-                found[(c.mask_path, c.num_masks)] = offsets
-    first = next(iter(found.values()), None)
-    if any(o.shape != first.shape or not torch.equal(o, first) for o in found.values()):
-        raise ValueError(
-            "AutoConfig's drafters probe with different layer offsets ("
-            + ", ".join(f"{p} with num_masks={k}" for p, k in sorted(found))
-            + "); one forward adds one set: use the same mask_path and, with per-mask offsets, the same "
-            "num_masks for every probing drafter"
-        )
-    if not found:
-        return None
-    weight = model.get_input_embeddings().weight
-    return next(iter(found.values())).to(weight.device, weight.dtype)
+    return MaskAdaptation(
+        next(iter(offsets.values()), None),
+        next(iter(loras.values()), None),
+        next(iter(temperatures.values()), None),
+    )
 
 
 def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:

@@ -32,8 +32,7 @@ from mtprobe.drafters import (
     check_decoding_config,
     hidden_layer,
     make_drafter,
-    mask_layer_offsets,
-    mask_lora,
+    mask_adaptation,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.plan import PlanConfig, plan_for
@@ -344,8 +343,10 @@ def custom_generate(
         model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
     )
     adapter.hidden_layer = hidden_layer(model, config)
-    adapter.set_mask_layer_offsets(mask_layer_offsets(model, config))
-    adapter.set_mask_lora(mask_lora(model, config))
+    masks = mask_adaptation(model, config)
+    adapter.set_mask_layer_offsets(masks.offsets)
+    adapter.set_mask_lora(masks.lora)
+    adapter.set_mask_temperature(masks.temperature)
     # A configuration that does not say reads them (a registered one of any class): computed, to be safe.
     if not getattr(config, "reads_prompt_logits", True):
         adapter.prefill_logits_from = prompt_len - 1

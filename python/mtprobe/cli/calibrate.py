@@ -7,6 +7,8 @@
     python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2-offsets.safetensors --layer-offsets
     python -m mtprobe calibrate --model smollm2-135m --out masks-lora.safetensors --num-masks 2 --layer-offsets \\
         --mask-lora 8 --init masks-smollm2-offsets.safetensors --lr 0.01
+    python -m mtprobe calibrate --model smollm2-135m --out masks-lora-t.safetensors --init masks-lora.safetensors \\
+        --temperature-only
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mtprobe.calibrate import calibrate_masks, load_calibration
+from mtprobe.calibrate import calibrate_masks, fit_mask_temperature, load_calibration
 from mtprobe.cli._common import (
     EXIT_OK,
     UsageError,
@@ -64,6 +66,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="start from this calibration (its first --num-masks masks)",
     )
+    parser.add_argument(
+        "--no-temperature",
+        action="store_true",
+        help="do not fit the masks' temperatures on the held-out prompts after training",
+    )
+    parser.add_argument(
+        "--temperature-only",
+        action="store_true",
+        help="learn nothing: write --init's calibration with its masks' temperatures fitted on the held-out "
+        "prompts (the last --holdout of the prompts)",
+    )
     add_corpus_arguments(parser)
 
 
@@ -85,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         init = load_calibration(args.init) if args.init is not None else None
     except (OSError, ValueError) as e:
         raise UsageError(f"--init: {e}") from None
+    if args.temperature_only:
+        return _fit_temperature_only(args, model, ids, init)
     try:
         cal = calibrate_masks(
             model,
@@ -100,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             layer_offsets=args.layer_offsets,
             mask_lora_rank=args.mask_lora,
             lora_lr=args.lora_lr,
+            fit_temperature=not args.no_temperature,
             init=init,
             sources=sources,
             progress=print_progress,
@@ -115,4 +131,34 @@ def run(args: argparse.Namespace) -> int:
             f"(loss {b['loss']:.3f} -> {a['loss']:.3f}, {a['targets']} targets)"
         )
     print(f"{cal.num_masks} mask(s) for {args.model} learned in {s['seconds']:.0f} s, written to {args.out}")
+    return EXIT_OK
+
+
+def _fit_temperature_only(args: argparse.Namespace, model, ids: list, init) -> int:
+    """``--temperature-only``: --init's calibration with temperatures fitted on the held-out prompts."""
+    if init is None:
+        raise UsageError(
+            "--temperature-only fits the temperatures of an existing calibration: give --init FILE"
+        )
+    if args.no_temperature:
+        raise UsageError("--temperature-only and --no-temperature contradict each other: give one")
+    if not 1 <= args.holdout <= len(ids):
+        raise UsageError(f"--holdout {args.holdout} must be between 1 and the {len(ids)} prompts")
+    try:
+        cal = fit_mask_temperature(
+            model,
+            init,
+            ids[-args.holdout :],
+            max_new_tokens=args.max_new_tokens,
+            gen_batch_size=args.gen_batch_size,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    cal.save(args.out)
+    fit = cal.stats["temperature_fit"]
+    print(
+        f"mask temperatures {[round(float(t), 3) for t in cal.mask_temperature]}: held-out loss "
+        f"{fit['loss_before']['loss']:.3f} -> {fit['loss_after']['loss']:.3f} ({fit['loss_after']['targets']} "
+        f"targets), written to {args.out}"
+    )
     return EXIT_OK
