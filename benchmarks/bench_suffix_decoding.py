@@ -85,7 +85,8 @@ MASK_VALUE = 0.5
 # ends elsewhere reads its nearest masked ancestor's deeper masks). 0.3 was the best of 0.05-2 for two
 # and three masks in an exact offline replay of the k = 4 file's candidates on the 45 first-five-per-
 # category questions (1.89 against 1.85 with masks everywhere, two masks); the whole-split runs hold
-# 75 questions outside that choice.
+# 75 questions outside that choice. With the LoRA file's temperatures the 25 tuning questions preferred
+# 0.5 (2.009 against 1.997), which gave 2.031 against 0.3's 2.039 on the 45 (results/tau/README.md).
 PROBE_MASK_VALUE = 0.3
 # Issue 43's rows (τ at large budgets): `-mk{j}` probe and hybrid with the first j masks of a
 # --multi-mask-path calibration (per-mask layer offsets, λ 0), `heads` a circuit head (--head),
