@@ -482,9 +482,11 @@ def test_command_line(tmp_path, capsys):
     folder = _save_tiny(tmp_path / "tiny")
     out = tmp_path / "masks.safetensors"
     argv = ["calibrate", "--model", str(folder), "--out", str(out), "--num-prompts", "4", "--holdout", "1"]
-    assert main([*argv, "--max-new-tokens", "8", "--epochs", "1", "--num-masks", "2"]) == 0
-    printed = capsys.readouterr().out
-    assert "held-out top-1 of the masks" in printed and str(out) in printed
+    kept = ["--continuations", str(tmp_path / "seqs.safetensors")]
+    assert main([*argv, "--max-new-tokens", "8", "--epochs", "1", "--num-masks", "2", *kept]) == 0
+    printed = capsys.readouterr()
+    assert "held-out top-1 of the masks" in printed.out and str(out) in printed.out
+    assert "wrote 4 greedy continuations" in printed.err  # progress goes to stderr
     model, _ = models.load(folder)
     cal = MaskCalibration.load(out)
     cal.check(model, num_masks=2)
@@ -492,9 +494,22 @@ def test_command_line(tmp_path, capsys):
     assert cal.layer_offsets is None
     deep = tmp_path / "deep.safetensors"
     assert (
-        main([*argv[:4], str(deep), *argv[5:], "--max-new-tokens", "8", "--epochs", "1", "--layer-offsets"])
+        main(
+            [
+                *argv[:4],
+                str(deep),
+                *argv[5:],
+                "--max-new-tokens",
+                "8",
+                "--epochs",
+                "1",
+                "--layer-offsets",
+                *kept,
+            ]
+        )
         == 0
     )
+    assert "read 4 greedy continuations" in capsys.readouterr().err
     assert MaskCalibration.load(deep).layer_offsets.shape == (model.config.num_hidden_layers, cal.hidden_size)
     capsys.readouterr()
     assert main([*argv, "--epochs", "0"]) == 2  # a usage error, naming the bad value
@@ -555,3 +570,40 @@ def test_the_committed_masks_belong_to_smollm2(smollm2, path):
     s = cal.stats
     assert s["holdout_after"]["loss"] < s["holdout_prompt_mean"]["loss"]
     assert s["holdout_after"]["top1"] > s["holdout_prompt_mean"]["top1"]
+
+
+def test_continuations_are_kept_in_a_file(model, tmp_path, monkeypatch):
+    from mtprobe import calibrate
+
+    prompts = _prompts(3)
+    path = tmp_path / "seqs" / "c.safetensors"  # a folder that does not exist yet
+    made = calibrate.calibration_sequences(model, prompts, 12, batch_size=2, path=path)
+    want = calibrate.calibration_sequences(model, prompts, 12, batch_size=2)
+    assert [(t.tolist(), s) for t, s in made] == [(t.tolist(), s) for t, s in want]
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("the file should have been read")
+
+    monkeypatch.setattr(calibrate, "_generated_sequences", no_generation)
+    read = calibrate.calibration_sequences(model, prompts, 12, batch_size=2, path=path)
+    assert [(t.tolist(), s) for t, s in read] == [(t.tolist(), s) for t, s in want]
+    assert all(t.dtype == torch.long for t, _ in read)
+    # calibrate_masks reads it too: a second run on the same prompts generates nothing.
+    cal = calibrate_masks(model, prompts, max_new_tokens=12, gen_batch_size=2, epochs=1, holdout=1,
+                          continuations=path)  # fmt: skip
+    assert cal.masks.shape == (1, 64)
+    for kwargs, match in (
+        (dict(prompts=prompts, max_new_tokens=13, batch_size=2), "max_new_tokens=12, this run wants 13"),
+        (dict(prompts=prompts, max_new_tokens=12, batch_size=1), "batch_size=2, this run wants 1"),
+        (dict(prompts=_prompts(3, seed=1), max_new_tokens=12, batch_size=2), "other prompts"),
+        (dict(prompts=prompts[:2], max_new_tokens=12, batch_size=2), "other prompts .3 of them"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            calibrate.calibration_sequences(model, **kwargs, path=path)
+    broken = tmp_path / "broken.safetensors"
+    broken.write_text("not a safetensors file")
+    with pytest.raises(ValueError, match="not a file of calibration continuations"):
+        calibrate.calibration_sequences(model, prompts, 12, path=broken)
+    other = tiny_llama(seed=4)
+    with pytest.raises(ValueError, match="model=.*delete the file or give another path"):
+        calibrate.calibration_sequences(other, prompts, 12, batch_size=2, path=path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mtprobe
-from mtprobe import adapter
+from mtprobe import adapter, calibrate
 from mtprobe.calibrate import (
     MaskCalibration,
     calibrate_masks,
@@ -39,24 +39,29 @@ def test_scale_mask_logits_divides_the_mask_rows_only():
     logits = torch.arange(16.0).reshape(8, 2)  # [T, vocab]
     want = logits.clone()
     want[3:] /= torch.tensor([2.0, 4.0, 2.0, 4.0, 2.0])[:, None]
-    adapter.scale_mask_logits(logits, torch.tensor([2.0, 4.0]), start=3)
-    assert torch.equal(logits, want)
+    rows = adapter.mask_row_temperature(torch.tensor([2.0, 4.0]), 5)
+    assert torch.equal(rows, torch.tensor([2.0, 4.0, 2.0, 4.0, 2.0]))
+    adapter.scale_mask_logits(logits, adapter.mask_row_temperature(torch.tensor([2.0, 4.0]), 64), start=3)
+    assert torch.equal(logits, want)  # a longer row vector (the adapter's cache) reads its first 5
     same = torch.ones(3, 2)
-    adapter.scale_mask_logits(same, torch.tensor([2.0]), start=3)  # no mask rows: nothing to do
+    adapter.scale_mask_logits(same, rows, start=3)  # no mask rows: nothing to do
     assert torch.equal(same, torch.ones(3, 2))
 
 
 def test_the_calibration_fits_temperatures_on_the_held_out_prompts(model, learned):
     t, fit = learned.mask_temperature, learned.stats["temperature_fit"]
+    before = learned.stats["holdout_after"]  # T = 1: the scores the run reports
     assert t is not None and t.shape == (2,) and (t > 0).all()
-    assert fit["loss_before"] == learned.stats["holdout_after"]  # T = 1: the scores the run reports
-    assert fit["loss_after"]["loss"] <= fit["loss_before"]["loss"]
-    assert fit["loss_after"]["top1"] == fit["loss_before"]["top1"]  # a temperature never changes the argmax
+    assert "loss_before" not in fit  # it would repeat holdout_after
+    assert fit["loss_after"]["loss"] <= before["loss"]
+    assert fit["loss_after"]["top1"] == before["top1"]  # a temperature never changes the argmax
     # Each mask's fitted T is a minimum: moving it away raises the held-out loss (towards the search's
     # range [1/16, 16] only, at its bounds: the tiny model's masks barely beat uniform).
     held = _prompts(6)[-2:]
     best = score_calibration(model, learned, held, max_new_tokens=24)
     assert best["loss"] == pytest.approx(fit["loss_after"]["loss"], rel=1e-5)
+    data = calibrate._continuations(model, held, 24, 1)  # score_calibration's data, built once
+    offsets = learned.offsets_for(2)
     moves = 0
     for j in range(2):
         for factor in (0.8, 1.25):
@@ -64,9 +69,7 @@ def test_the_calibration_fits_temperatures_on_the_held_out_prompts(model, learne
                 continue
             moved = t.clone()
             moved[j] *= factor
-            other = score_calibration(
-                model, dataclasses.replace(learned, mask_temperature=moved), held, max_new_tokens=24
-            )
+            other = calibrate._evaluate(model, learned.masks, data, layer_offsets=offsets, temperature=moved)
             assert other["by_mask"][j]["loss"] > best["by_mask"][j]["loss"], (j, factor, t)
             moves += 1
     assert moves >= 3, t  # at least one mask's T inside the range, checked both ways
@@ -160,9 +163,12 @@ def test_command_line(tmp_path, capsys):
     assert "mask temperatures [" in capsys.readouterr().out
     cal = MaskCalibration.load(out)
     assert cal.mask_temperature is not None and torch.equal(cal.masks, MaskCalibration.load(first).masks)
-    assert main([*argv, "--out", str(out), "--temperature-only"]) == 2
+    # Named before the model loads: a folder without a model still gets these messages.
+    absent = calibrate_argv(tmp_path / "no-model-here")
+    assert main([*absent, "--out", str(out), "--temperature-only"]) == 2
     assert "give --init FILE" in capsys.readouterr().err
     assert (
-        main([*argv, "--out", str(out), "--init", str(first), "--temperature-only", "--no-temperature"]) == 2
+        main([*absent, "--out", str(out), "--init", str(first), "--temperature-only", "--no-temperature"])
+        == 2
     )
     assert "contradict" in capsys.readouterr().err

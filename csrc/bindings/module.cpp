@@ -22,8 +22,8 @@ PYBIND11_MODULE(_C, m) {
   mtprobe::bindings::bind_schedule(m);  // after the drafters: AutoDrafter is one
   mtprobe::bindings::bind_decode_loop(m);
   m.def("small_batch_linear_simd", &mtprobe::ops::small_batch_linear_simd,
-        "Whether torch.ops.mtprobe.small_batch_linear runs a SIMD kernel (AVX2/FMA at least) on this CPU (otherwise a "
-        "portable scalar loop, slower than torch's own linear)");
+        "Whether torch.ops.mtprobe.small_batch_linear runs a SIMD kernel (AVX2/FMA at least) on this CPU "
+        "(otherwise a portable scalar loop, slower than torch's own linear)");
   m.def("small_batch_linear_isa", &mtprobe::ops::small_batch_linear_isa,
         "The kernel torch.ops.mtprobe.small_batch_linear runs on this CPU: 'avx2' or 'scalar'");
   m.def("quantized_linear_isa", &mtprobe::ops::quantized_linear_isa,

@@ -114,14 +114,15 @@ Block avx2_block(int nc, int rr) {
 // rounding differs from the AVX2 path's (both within the same float32 bound of the tests).
 template <int NC, int RR>
 __attribute__((target("avx512f"))) void block_avx512(const float* x, int64_t ldx, int64_t in, const float* wn,
-                                                      const float* bias, float* y, int64_t ldy, const char* pf,
-                                                      const char* pf_end) {
+                                                     const float* bias, float* y, int64_t ldy, const char* pf,
+                                                     const char* pf_end) {
   __m512 acc[NC][RR];
   for (int c = 0; c < NC; ++c) {
     for (int r = 0; r < RR; ++r) acc[c][r] = _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < in; k += 16) {
-    const __mmask16 m = in - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (in - k)) - 1);
+    const __mmask16 m =
+        in - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (in - k)) - 1);
     __m512 wv[NC];
     for (int c = 0; c < NC; ++c) wv[c] = _mm512_maskz_loadu_ps(m, wn + c * in + k);
     // NC cache lines of this group per step: as many of the next group's, so that all of it is
@@ -170,8 +171,8 @@ Block avx512_block(int nc, int rr) {
 // Weight rows [begin, end) in groups of `cols` (the register block's NC); each group's rows are read from
 // memory once and reused from cache by its ceil(rows / kBlockRows) blocks, which prefetch the next group
 // in equal parts.
-void linear_blocked(const float* x, int64_t rows, int64_t in, const float* weight, const float* bias, float* y,
-                    int64_t out, int64_t begin, int64_t end, int cols, Block (*block)(int, int)) {
+void linear_blocked(const float* x, int64_t rows, int64_t in, const float* weight, const float* bias,
+                    float* y, int64_t out, int64_t begin, int64_t end, int cols, Block (*block)(int, int)) {
   const int64_t passes = (rows + kBlockRows - 1) / kBlockRows;
   for (int64_t n = begin; n < end; n += cols) {
     const int nc = static_cast<int>(std::min<int64_t>(cols, end - n));
@@ -182,8 +183,8 @@ void linear_blocked(const float* x, int64_t rows, int64_t in, const float* weigh
       const int64_t r0 = p * kBlockRows;
       const int rr = static_cast<int>(std::min<int64_t>(kBlockRows, rows - r0));
       const char* pf = std::min(next_end, next + p * part);
-      block(nc, rr)(x + r0 * in, in, in, weight + n * in, bias ? bias + n : nullptr, y + r0 * out + n, out, pf,
-                    std::min(next_end, pf + part));
+      block(nc, rr)(x + r0 * in, in, in, weight + n * in, bias ? bias + n : nullptr, y + r0 * out + n, out,
+                    pf, std::min(next_end, pf + part));
     }
   }
 }
@@ -245,7 +246,8 @@ void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const
                         const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
                         SimdLevel level) {
   if (rows <= 0 || out_begin >= out_end) return;  // nothing to write; the SIMD paths divide by the passes
-  if (level == SimdLevel::kDefault || !small_batch_linear_supported(level)) level = small_batch_linear_default();
+  if (level == SimdLevel::kDefault || !small_batch_linear_supported(level))
+    level = small_batch_linear_default();
 #ifdef MTPROBE_X86_SIMD
   if (level == SimdLevel::kAvx512) {
     linear_blocked(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, kBlockCols512,

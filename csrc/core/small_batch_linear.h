@@ -11,8 +11,8 @@
 // weights once, like T = 1, and more inputs add only their multiply-adds.
 //
 // Layout (nn.Linear's): x [rows, in] row-major, weight [out, in] row-major, bias [out] or null,
-// y [rows, out] row-major. Sums run over `in` in 8 (AVX2) or 16 (AVX-512) interleaved partial sums that are then added;
-// the result differs from BLAS's only in rounding.
+// y [rows, out] row-major. Sums run over `in` in 8 (AVX2) or 16 (AVX-512) interleaved partial sums that are
+// then added; the result differs from BLAS's only in rounding.
 //
 // Example: x = [[1, 2], [3, 4]], W = [[1, 0], [1, 1], [0, 2]], b = [0, 0, 1]
 //   y = [[1, 3, 5], [3, 7, 9]].

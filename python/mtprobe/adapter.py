@@ -399,13 +399,19 @@ def checked_mask_temperature(temperature: torch.Tensor) -> torch.Tensor:
     return t.detach().float()
 
 
+def mask_row_temperature(temperature: torch.Tensor, n: int) -> torch.Tensor:
+    """The temperature of each of ``n`` mask inputs ``[n]`` from the masks' ``temperature`` ``[k]``: runs of k
+    chained masks m_1..m_k, so mask input i is mask ``i % k + 1``."""
+    k = temperature.shape[0]
+    return temperature.repeat(-(-n // k))[:n]  # [n]
+
+
 def scale_mask_logits(
     logits: torch.Tensor,  # [T, vocab], modified in place
-    temperature: torch.Tensor,  # [k]
+    row_temperature: torch.Tensor,  # [>= T - start], mask_row_temperature
     start: int,
 ) -> None:
-    """Divide the logits of every mask input (rows ``start`` on, runs of k chained masks m_1..m_k, so row
-    ``start + i`` is mask ``i % k + 1``) by its mask's temperature, in place.
+    """Divide the logits of every mask input (rows ``start`` on) by its mask's temperature, in place.
 
     A calibrated mask's softmax is sharper than its hit rate warrants (SmolLM2's two-mask LoRA file:
     held-out loss 4.59 at T = 1, 4.15 at T = 1.4). The dynamic draft tree ranks candidates by path
@@ -413,11 +419,8 @@ def scale_mask_logits(
     token's logits change, and so neither verification nor the output.
     """
     n = logits.shape[0] - start
-    if n <= 0:
-        return
-    k = temperature.shape[0]
-    t = temperature.to(logits.device)[torch.arange(n, device=logits.device) % k]  # [n]
-    logits[start:].div_(t[:, None])
+    if n > 0:
+        logits[start:].div_(row_temperature[:n, None])
 
 
 # A mask LoRA ready to run: (decoder layer, module name, A.T [in, rank], B.T [rank, out]) per adapted linear.
@@ -527,6 +530,8 @@ class HFAdapter:
         # [k] the masks' logits are divided by (mask j's by temperature[j - 1]), or None:
         # set_mask_temperature.
         self._mask_temperature: torch.Tensor | None = None
+        # [>= mask inputs of a forward]: _mask_temperature per mask input, built once, grown as needed.
+        self._mask_rows: torch.Tensor | None = None
         # The mask LoRA's factors in the model's dtype (mask_lora), or None: set_mask_lora.
         self._mask_lora: MaskLoRAFactors | None = None
         self._layers: torch.nn.ModuleList | None = None
@@ -572,6 +577,15 @@ class HFAdapter:
         if temperature is not None:
             temperature = checked_mask_temperature(temperature).to(self.embed.weight.device)
         self._mask_temperature = temperature
+        self._mask_rows = None
+
+    def _mask_row_temperature(self, n: int) -> torch.Tensor:
+        """``[>= n]`` the temperature of each mask input of a forward with n of them (a cached view)."""
+        rows = self._mask_rows
+        if rows is None or rows.shape[0] < n:
+            assert self._mask_temperature is not None
+            rows = self._mask_rows = mask_row_temperature(self._mask_temperature, max(n, 64))
+        return rows
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` entries: double the cache (amortised O(1) copy per token)."""
@@ -624,7 +638,8 @@ class HFAdapter:
                 out, hid = self._run_model(x, attn, position_ids, want_hidden, skip)
                 logits, hidden = out[0], (hid[0] if hid is not None else None)  # [T, vocab], [T, hidden]
         if self._mask_temperature is not None and embeds is not None:
-            scale_mask_logits(logits, self._mask_temperature, tokens.shape[0])
+            start = tokens.shape[0]
+            scale_mask_logits(logits, self._mask_row_temperature(logits.shape[0] - start), start)
         return logits, hidden
 
     def _run_model(

@@ -72,6 +72,7 @@ __all__ = [
 ]
 
 FORMAT = "mtprobe-mask-calibration/1"
+SEQUENCES_FORMAT = "mtprobe-calibration-sequences/1"  # calibration_sequences(path=...)
 LORA_PREFIX = "mask_lora."  # the file's names of the mask LoRA's tensors
 
 
@@ -307,14 +308,57 @@ def calibration_sequences(
     max_new_tokens: int,
     progress: Callable[[str], None] | None = None,
     batch_size: int = 1,
+    path: str | os.PathLike[str] | None = None,
 ) -> list[tuple[torch.Tensor, int]]:
     """(ids ``[n]``, prompt length) per prompt ``[1, L]``: the model's greedy continuation, HF ``generate``.
 
     ``batch_size`` > 1 generates that many prompts at once, left-padded (much faster on a CPU); padding
     can flip a near-tie greedy choice, so batched text is the model's own but not always bit-identical
-    to one prompt at a time. Each continuation ends at its first EOS."""
+    to one prompt at a time. Each continuation ends at its first EOS.
+
+    ``path``: keep them in that file. They are read from it when it holds this model's continuations of
+    exactly these prompts with the same ``max_new_tokens`` and ``batch_size`` (a retry, another learning
+    rate or step count costs no generation), otherwise generated and written there. The file
+    (safetensors): ``ids`` ``[total]`` int32, the sequences one after another, ``lengths`` and ``starts``
+    ``[num]`` int64, and a JSON header with the model's identity and the generation's settings. ValueError,
+    naming what differs, if it exists but was made for another model, other prompts or other settings."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
+    if path is None:
+        return _generated_sequences(model, prompts, max_new_tokens, progress, batch_size)
+    p = Path(path)
+    want = {
+        "format": SEQUENCES_FORMAT,
+        "model": model_identity(model),
+        "max_new_tokens": max_new_tokens,
+        "batch_size": batch_size,
+    }
+    if p.is_file():
+        seqs = _read_sequences(p, want, prompts)
+        if progress is not None:
+            progress(f"read {len(seqs)} greedy continuations from {p}")
+        return seqs
+    seqs = _generated_sequences(model, prompts, max_new_tokens, progress, batch_size)
+    tensors = {
+        "ids": torch.cat([t for t, _ in seqs]).to(torch.int32),  # [total]
+        "lengths": torch.tensor([int(t.shape[0]) for t, _ in seqs], dtype=torch.long),  # [num]
+        "starts": torch.tensor([start for _, start in seqs], dtype=torch.long),  # [num]
+    }
+    p.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(p), metadata={"mtprobe": json.dumps(want)})
+    if progress is not None:
+        progress(f"wrote {len(seqs)} greedy continuations to {p}")
+    return seqs
+
+
+def _generated_sequences(
+    model: Any,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int,
+    progress: Callable[[str], None] | None,
+    batch_size: int,
+) -> list[tuple[torch.Tensor, int]]:
+    """:func:`calibration_sequences` without a ``path``: HF ``generate``, ``batch_size`` prompts at once."""
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     pad = model.config.pad_token_id
@@ -349,12 +393,61 @@ def calibration_sequences(
     return out
 
 
+def _read_sequences(
+    p: Path, want: dict[str, Any], prompts: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, int]]:
+    """The continuations in the file ``p`` (:func:`calibration_sequences`' ``path``); ValueError unless its
+    header matches ``want`` and they continue exactly ``prompts``."""
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("mtprobe", "{}"))
+            ids, lengths, starts = (f.get_tensor(n) for n in ("ids", "lengths", "starts"))
+    except Exception as e:  # safetensors' own errors, a missing tensor, a broken header
+        raise ValueError(
+            f"{p} is not a file of calibration continuations ({type(e).__name__}: {e}): delete it or give "
+            "another path"
+        ) from None
+    for key, value in want.items():
+        if meta.get(key) != value:
+            raise ValueError(
+                f"{p} holds continuations with {key}={meta.get(key)!r}, this run wants {value!r}: "
+                "delete the file or give another path"
+            )
+    seqs = [
+        (t.long(), int(start)) for t, start in zip(ids.split(lengths.tolist()), starts.tolist(), strict=True)
+    ]
+    if len(seqs) != len(prompts) or any(
+        start != int(q.shape[1]) or not torch.equal(t[:start], q[0].cpu())
+        for (t, start), q in zip(seqs, prompts, strict=True)
+    ):
+        raise ValueError(
+            f"{p} holds the continuations of other prompts ({len(seqs)} of them, this run has "
+            f"{len(prompts)}): delete the file or give another path"
+        )
+    return seqs
+
+
 def _prefix_cache(model: Any, ids: torch.Tensor) -> Any:
     """The KV cache of the whole sequence ``ids [n]`` (no gradients: tokens never attend to masks)."""
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=ids.unsqueeze(0), use_cache=True, **{cache_argument(model): cache})
     return cache
+
+
+def _continuations(
+    model: Any,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int,
+    batch_size: int,
+    progress: Callable[[str], None] | None = None,
+    path: str | os.PathLike[str] | None = None,
+) -> list[tuple[torch.Tensor, int, Any]]:
+    """(ids ``[n]``, prompt length, KV cache) per prompt: :func:`calibration_sequences` (kept in ``path``
+    if given) with each sequence's :func:`_prefix_cache`, the data every scoring and training loop here
+    reads."""
+    seqs = calibration_sequences(model, prompts, max_new_tokens, progress, batch_size, path)
+    return [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
 
 
 def _mask_logits(
@@ -546,6 +639,18 @@ def _fit_temperature(
     return out
 
 
+def _temperature_fit(
+    model: Any,
+    masks: torch.Tensor,  # [k, hidden]
+    data: list[tuple[torch.Tensor, int, Any]],
+    layer_offsets: torch.Tensor | None,
+    mask_lora: dict[str, torch.Tensor] | None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(temperatures ``[k]``, :func:`_evaluate`'s scores with them) on ``data``."""
+    t = _fit_temperature(model, masks, data, layer_offsets, mask_lora)
+    return t, _evaluate(model, masks, data, layer_offsets=layer_offsets, mask_lora=mask_lora, temperature=t)
+
+
 def score_calibration(
     model: Any,
     cal: MaskCalibration | None,
@@ -564,8 +669,7 @@ def score_calibration(
         raise ValueError(f"num_masks={k!r} must be an int between 1 and 4")
     if cal is not None:
         cal.check(model, k)
-    seqs = calibration_sequences(model, prompts, max_new_tokens, batch_size=gen_batch_size)
-    data = [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
+    data = _continuations(model, prompts, max_new_tokens, gen_batch_size)
     if cal is None:
         return _evaluate(model, None, data, k)
     return _evaluate(
@@ -587,12 +691,10 @@ def fit_mask_temperature(
     stats gain ``temperature_fit`` (the prompts' count and the scores before and after). ValueError if
     ``cal`` does not belong to the model."""
     cal.check(model)
-    seqs = calibration_sequences(model, prompts, max_new_tokens, batch_size=gen_batch_size)
-    data = [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
+    data = _continuations(model, prompts, max_new_tokens, gen_batch_size)
     offsets, lora = cal.offsets_for(cal.num_masks), cal.mask_lora
-    t = _fit_temperature(model, cal.masks, data, offsets, lora)
     before = _evaluate(model, cal.masks, data, layer_offsets=offsets, mask_lora=lora)
-    after = _evaluate(model, cal.masks, data, layer_offsets=offsets, mask_lora=lora, temperature=t)
+    t, after = _temperature_fit(model, cal.masks, data, offsets, lora)
     fit = {
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
@@ -620,6 +722,7 @@ def calibrate_masks(
     fit_temperature: bool = True,
     init: MaskCalibration | None = None,
     sources: dict[str, Any] | None = None,
+    continuations: str | os.PathLike[str] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> MaskCalibration:
     """Learn ``num_masks`` mask embeddings for ``model`` on its greedy continuations of ``prompts``
@@ -641,9 +744,12 @@ def calibrate_masks(
     ``mask_lora_rank`` > 0: also learn a rank-``mask_lora_rank`` LoRA of every decoder layer's projections
     (:data:`mtprobe.adapter.MASK_LORA_MODULES`), applied at the masks only (:func:`mtprobe.adapter.mask_lora`),
     shared by the k masks, with Adam step ``lora_lr``; B starts at zero, so training starts from the masks
-    as they are. ``fit_temperature`` (with held-out prompts): fit each mask's temperature on them at the end
-    (:func:`fit_mask_temperature`; the held-out scores stay those of T = 1). ``init``: start from that calibration's first ``num_masks`` masks (and its layer offsets
-    and mask LoRA, where it has them and this run learns them) instead of the data's mean embedding.
+    as they are. ``fit_temperature`` (with held-out prompts): fit each mask's temperature on them at the end,
+    as :func:`fit_mask_temperature` does (stats: ``holdout_after`` stays the scores at T = 1,
+    ``temperature_fit["loss_after"]`` those with the temperatures). ``init``: start from that calibration's
+    first ``num_masks`` masks (and its layer offsets and mask LoRA, where it has them and this run learns
+    them) instead of the data's mean embedding. ``continuations``: a file that keeps the greedy continuations
+    between runs on the same prompts (:func:`calibration_sequences`' ``path``).
     """
     if not 1 <= num_masks <= 4:
         raise ValueError(f"num_masks={num_masks} must be between 1 and 4")
@@ -673,8 +779,7 @@ def calibrate_masks(
         p.requires_grad_(False)  # frozen: only the masks learn
     try:
         say(f"generating {len(prompts)} greedy continuations of {max_new_tokens} tokens")
-        seqs = calibration_sequences(model, prompts, max_new_tokens, say, batch_size=gen_batch_size)
-        data = [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
+        data = _continuations(model, prompts, max_new_tokens, gen_batch_size, say, continuations)
         train, held = data[: len(data) - holdout], data[len(data) - holdout :]
         table = model.get_input_embeddings().weight.detach().float()  # [vocab, hidden]
         sigma = float((table - table.mean(0)).pow(2).mean().sqrt())
@@ -756,10 +861,7 @@ def calibrate_masks(
         after = _evaluate(model, masks.detach(), held, layer_offsets=offsets, mask_lora=lora) if held else {}
         temperature, tempered = None, {}
         if held and fit_temperature:
-            temperature = _fit_temperature(model, masks.detach(), held, offsets, lora)
-            tempered = _evaluate(
-                model, masks.detach(), held, layer_offsets=offsets, mask_lora=lora, temperature=temperature
-            )
+            temperature, tempered = _temperature_fit(model, masks.detach(), held, offsets, lora)
         if held:
             say(f"held out after: loss {after['loss']:.3f}, top-1 {after['top1']:.3f}")
             if temperature is not None:
@@ -798,12 +900,8 @@ def calibrate_masks(
             "holdout_prompt_mean": paper,
             "holdout_before": before,
             "holdout_after": after,
-            "temperature_fit": {
-                "prompts": holdout,
-                "max_new_tokens": max_new_tokens,
-                "loss_before": after,
-                "loss_after": tempered,
-            }
+            # The scores before the fit are holdout_after's: the same prompts at T = 1.
+            "temperature_fit": {"prompts": holdout, "max_new_tokens": max_new_tokens, "loss_after": tempered}
             if temperature is not None
             else None,
             "seconds": time.perf_counter() - started,

@@ -332,7 +332,7 @@ class MaskAdaptation(NamedTuple):
     temperature: torch.Tensor | None  # [k]
 
 
-def mask_adaptation(model: PreTrainedModel, config: DecodingConfig) -> MaskAdaptation:
+def mask_adaptation(config: DecodingConfig) -> MaskAdaptation:
     """The layer offsets (:func:`mtprobe.adapter.layer_offsets`), mask LoRA (:func:`mtprobe.adapter.mask_lora`)
     and mask temperatures (:func:`mtprobe.adapter.scale_mask_logits`) of the calibrated masks ``config``
     probes with. ValueError if two drafters of an AutoConfig bring different ones: one forward adds one set

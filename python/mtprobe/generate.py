@@ -343,7 +343,7 @@ def custom_generate(
         model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
     )
     adapter.hidden_layer = hidden_layer(model, config)
-    masks = mask_adaptation(model, config)
+    masks = mask_adaptation(config)
     adapter.set_mask_layer_offsets(masks.offsets)
     adapter.set_mask_lora(masks.lora)
     adapter.set_mask_temperature(masks.temperature)

@@ -9,6 +9,7 @@
         --mask-lora 8 --init masks-smollm2-offsets.safetensors --lr 0.01
     python -m mtprobe calibrate --model smollm2-135m --out masks-lora-t.safetensors --init masks-lora.safetensors \\
         --temperature-only
+    python -m mtprobe calibrate --model smollm2-135m --out masks.safetensors --continuations seqs.safetensors
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mtprobe.calibrate import calibrate_masks, fit_mask_temperature, load_calibration
+from mtprobe.calibrate import MaskCalibration, calibrate_masks, fit_mask_temperature, load_calibration
 from mtprobe.cli._common import (
     EXIT_OK,
     UsageError,
@@ -77,12 +78,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="learn nothing: write --init's calibration with its masks' temperatures fitted on the held-out "
         "prompts (the last --holdout of the prompts)",
     )
+    parser.add_argument(
+        "--continuations",
+        default=None,
+        metavar="FILE",
+        help="keep the greedy continuations in FILE: read them from it when it holds this model's for these "
+        "prompts and settings, else generate and write them (a second run on the same prompts skips "
+        "the generation)",
+    )
     add_corpus_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Calibrate the masks, write them to ``args.out`` and print the held-out scores."""
     check_corpus_arguments(args)
+    if args.temperature_only:  # before the model loads: a wrong command costs no minutes
+        if args.init is None:
+            raise UsageError(
+                "--temperature-only fits the temperatures of an existing calibration: give --init FILE"
+            )
+        if args.no_temperature:
+            raise UsageError("--temperature-only and --no-temperature contradict each other: give one")
     model, tokenizer, ids = calibration_prompts(args)
     sources = {"prompts": args.prompts or "built-in", "num_prompts": len(ids)}
     if args.corpus_prompts:
@@ -118,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
             fit_temperature=not args.no_temperature,
             init=init,
             sources=sources,
+            continuations=args.continuations,
             progress=print_progress,
         )
     except ValueError as e:
@@ -134,14 +151,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _fit_temperature_only(args: argparse.Namespace, model, ids: list, init) -> int:
+def _fit_temperature_only(args: argparse.Namespace, model, ids: list, init: MaskCalibration) -> int:
     """``--temperature-only``: --init's calibration with temperatures fitted on the held-out prompts."""
-    if init is None:
-        raise UsageError(
-            "--temperature-only fits the temperatures of an existing calibration: give --init FILE"
-        )
-    if args.no_temperature:
-        raise UsageError("--temperature-only and --no-temperature contradict each other: give one")
     if not 1 <= args.holdout <= len(ids):
         raise UsageError(f"--holdout {args.holdout} must be between 1 and the {len(ids)} prompts")
     try:
