@@ -172,3 +172,6 @@ def test_command_line(tmp_path, capsys):
         == 2
     )
     assert "contradict" in capsys.readouterr().err
+    kept = ["--continuations", str(tmp_path / "c.safetensors")]
+    assert main([*absent, "--out", str(out), "--init", str(first), "--temperature-only", *kept]) == 2
+    assert "drop one of them" in capsys.readouterr().err

@@ -99,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.no_temperature:
             raise UsageError("--temperature-only and --no-temperature contradict each other: give one")
+        if args.continuations is not None:
+            raise UsageError(
+                "--continuations keeps a training run's continuations; --temperature-only generates only the "
+                "held-out prompts' and keeps none: drop one of them"
+            )
     model, tokenizer, ids = calibration_prompts(args)
     sources = {"prompts": args.prompts or "built-in", "num_prompts": len(ids)}
     if args.corpus_prompts:
