@@ -607,3 +607,27 @@ def test_continuations_are_kept_in_a_file(model, tmp_path, monkeypatch):
     other = tiny_llama(seed=4)
     with pytest.raises(ValueError, match="model=.*delete the file or give another path"):
         calibrate.calibration_sequences(other, prompts, 12, batch_size=2, path=path)
+    # A file with another file's tensors (no ids) is refused by name, not with safetensors' own error.
+    from safetensors.torch import save_file
+
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"masks": torch.zeros(1, 4)}, str(foreign))
+    with pytest.raises(ValueError, match="not a file of calibration continuations.*SafetensorError"):
+        calibrate.calibration_sequences(model, prompts, 12, path=foreign)
+
+
+def test_an_interrupted_continuations_write_leaves_no_file(model, tmp_path, monkeypatch):
+    from mtprobe import calibrate
+
+    def interrupted(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibrate, "save_file", interrupted)
+    path = tmp_path / "c.safetensors"
+    with pytest.raises(KeyboardInterrupt):
+        calibrate.calibration_sequences(model, _prompts(2), 6, path=path)
+    assert not path.exists()  # the next run generates again instead of refusing a half file
+    monkeypatch.undo()
+    seqs = calibrate.calibration_sequences(model, _prompts(2), 6, path=path)
+    assert path.is_file() and len(seqs) == 2

@@ -579,12 +579,12 @@ class HFAdapter:
         self._mask_temperature = temperature
         self._mask_rows = None
 
-    def _mask_row_temperature(self, n: int) -> torch.Tensor:
-        """``[>= n]`` the temperature of each mask input of a forward with n of them (a cached view)."""
+    def _mask_row_temperature(self, temperature: torch.Tensor, n: int) -> torch.Tensor:
+        """``[>= n]`` the temperature of each mask input of a forward with n of them, ``temperature``
+        (``[k]``, the one set) repeated; cached, so a step costs a view."""
         rows = self._mask_rows
         if rows is None or rows.shape[0] < n:
-            assert self._mask_temperature is not None
-            rows = self._mask_rows = mask_row_temperature(self._mask_temperature, max(n, 64))
+            rows = self._mask_rows = mask_row_temperature(temperature, max(n, 64))
         return rows
 
     def reserve(self, needed: int) -> None:
@@ -637,9 +637,10 @@ class HFAdapter:
                 attn = self._attention_mask(mask, position_ids, prefix_len)
                 out, hid = self._run_model(x, attn, position_ids, want_hidden, skip)
                 logits, hidden = out[0], (hid[0] if hid is not None else None)  # [T, vocab], [T, hidden]
-        if self._mask_temperature is not None and embeds is not None:
+        temperature = self._mask_temperature
+        if temperature is not None and embeds is not None:
             start = tokens.shape[0]
-            scale_mask_logits(logits, self._mask_row_temperature(logits.shape[0] - start), start)
+            scale_mask_logits(logits, self._mask_row_temperature(temperature, logits.shape[0] - start), start)
         return logits, hidden
 
     def _run_model(

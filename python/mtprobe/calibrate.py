@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import DynamicCache
 
@@ -270,7 +270,7 @@ class MaskCalibration:
                 offsets = f.get_tensor("layer_offsets") if "layer_offsets" in f.keys() else None
                 lora = {k[len(LORA_PREFIX) :]: f.get_tensor(k) for k in f.keys() if k.startswith(LORA_PREFIX)}
                 temperature = f.get_tensor("mask_temperature") if "mask_temperature" in f.keys() else None
-        except Exception as e:  # safetensors raises its own types for a damaged header
+        except (OSError, SafetensorError) as e:  # unreadable, a damaged header, no masks tensor
             raise ValueError(
                 f"{str(path)!r} is not a mask calibration file (not readable as safetensors: {e})"
             ) from e
@@ -345,7 +345,10 @@ def calibration_sequences(
         "starts": torch.tensor([start for _, start in seqs], dtype=torch.long),  # [num]
     }
     p.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(p), metadata={"mtprobe": json.dumps(want)})
+    # Written whole, then renamed: an interrupted run leaves no half file for the next one to refuse.
+    tmp = p.with_name(p.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"mtprobe": json.dumps(want)})
+    os.replace(tmp, p)
     if progress is not None:
         progress(f"wrote {len(seqs)} greedy continuations to {p}")
     return seqs
@@ -402,7 +405,7 @@ def _read_sequences(
         with safe_open(str(p), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("mtprobe", "{}"))
             ids, lengths, starts = (f.get_tensor(n) for n in ("ids", "lengths", "starts"))
-    except Exception as e:  # safetensors' own errors, a missing tensor, a broken header
+    except (OSError, SafetensorError, json.JSONDecodeError) as e:  # unreadable, no such tensor, bad header
         raise ValueError(
             f"{p} is not a file of calibration continuations ({type(e).__name__}: {e}): delete it or give "
             "another path"
@@ -601,10 +604,11 @@ def _fit_temperature(
     data: list[tuple[torch.Tensor, int, Any]],
     layer_offsets: torch.Tensor | None,
     mask_lora: dict[str, torch.Tensor] | None,
-) -> torch.Tensor:  # [k]
-    """Per mask, the temperature T that minimises the cross-entropy of softmax(logits / T) on ``data``'s
-    targets (temperature scaling, Guo et al. 2017): a search over log T in [1/16, 16] (the bounds where
-    masks predict nothing better than uniform or never miss)."""
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(temperatures ``[k]``, :func:`_evaluate`'s scores with them) on ``data``: per mask, the T that
+    minimises the cross-entropy of softmax(logits / T) on ``data``'s targets (temperature scaling, Guo et
+    al. 2017), a search over log T in [1/16, 16] (the bounds where masks predict nothing better than
+    uniform or never miss)."""
     k = int(masks.shape[0])
     by_mask: list[list[torch.Tensor]] = [[] for _ in range(k)]
     picked: list[list[torch.Tensor]] = [[] for _ in range(k)]
@@ -636,19 +640,9 @@ def _fit_temperature(
             else:
                 lo = a
         out[m] = math.exp((lo + hi) / 2)
-    return out
-
-
-def _temperature_fit(
-    model: Any,
-    masks: torch.Tensor,  # [k, hidden]
-    data: list[tuple[torch.Tensor, int, Any]],
-    layer_offsets: torch.Tensor | None,
-    mask_lora: dict[str, torch.Tensor] | None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """(temperatures ``[k]``, :func:`_evaluate`'s scores with them) on ``data``."""
-    t = _fit_temperature(model, masks, data, layer_offsets, mask_lora)
-    return t, _evaluate(model, masks, data, layer_offsets=layer_offsets, mask_lora=mask_lora, temperature=t)
+    return out, _evaluate(
+        model, masks, data, layer_offsets=layer_offsets, mask_lora=mask_lora, temperature=out
+    )
 
 
 def score_calibration(
@@ -694,7 +688,7 @@ def fit_mask_temperature(
     data = _continuations(model, prompts, max_new_tokens, gen_batch_size)
     offsets, lora = cal.offsets_for(cal.num_masks), cal.mask_lora
     before = _evaluate(model, cal.masks, data, layer_offsets=offsets, mask_lora=lora)
-    t, after = _temperature_fit(model, cal.masks, data, offsets, lora)
+    t, after = _fit_temperature(model, cal.masks, data, offsets, lora)
     fit = {
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
@@ -861,7 +855,7 @@ def calibrate_masks(
         after = _evaluate(model, masks.detach(), held, layer_offsets=offsets, mask_lora=lora) if held else {}
         temperature, tempered = None, {}
         if held and fit_temperature:
-            temperature, tempered = _temperature_fit(model, masks.detach(), held, offsets, lora)
+            temperature, tempered = _fit_temperature(model, masks.detach(), held, offsets, lora)
         if held:
             say(f"held out after: loss {after['loss']:.3f}, top-1 {after['top1']:.3f}")
             if temperature is not None:
