@@ -504,16 +504,21 @@ def test_command_line(tmp_path, capsys):
                 "--epochs",
                 "1",
                 "--layer-offsets",
+                "--cache-gib",
+                "0",
                 *kept,
             ]
         )
         == 0
     )
-    assert "read 4 greedy continuations" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "read 4 greedy continuations" in err and "kept the KV caches of 0 of 4 sequences" in err
     assert MaskCalibration.load(deep).layer_offsets.shape == (model.config.num_hidden_layers, cal.hidden_size)
     capsys.readouterr()
     assert main([*argv, "--epochs", "0"]) == 2  # a usage error, naming the bad value
     assert "epochs=0 must be an int >= 1" in capsys.readouterr().err
+    assert main([*argv, "--cache-gib", "-1"]) == 2
+    assert "cache_gib=-1.0 must be a number >= 0" in capsys.readouterr().err
 
 
 def test_command_line_with_corpus_prompts(tmp_path, capsys):
@@ -631,3 +636,32 @@ def test_an_interrupted_continuations_write_leaves_no_file(model, tmp_path, monk
     monkeypatch.undo()
     seqs = calibrate.calibration_sequences(model, _prompts(2), 6, path=path)
     assert path.is_file() and len(seqs) == 2
+
+
+def test_caches_past_the_budget_are_rebuilt_and_learn_the_same_masks(model):
+    from mtprobe import calibrate
+
+    prompts = _prompts(5)
+    data = calibrate._continuations(model, prompts, 16, 1)
+    one = calibrate._cache_bytes(data[0][2])
+    assert one > 0 and data.num_kept == 5
+    part = calibrate._continuations(model, prompts, 16, 1, cache_bytes=2.5 * one)
+    assert part.num_kept == 2 and len(part) == 5
+    for (ids, start, cache), (ids2, start2, kept) in zip(part, data, strict=True):
+        assert torch.equal(ids, ids2) and start == start2
+        assert calibrate._cache_bytes(cache) == calibrate._cache_bytes(kept)
+    tail = part[3:]  # a slice keeps its own kept caches: none here
+    assert len(tail) == 2 and tail.num_kept == 0 and torch.equal(tail[0][0], data[3][0])
+    assert part[1:].num_kept == 1 and torch.equal(part[-1][0], data[4][0])
+    with pytest.raises(IndexError):
+        part[5]
+    kw = dict(num_masks=2, max_new_tokens=12, epochs=1, holdout=1, mask_lora_rank=2, fit_temperature=False)
+    torch.manual_seed(0)
+    all_kept = calibrate_masks(model, prompts, **kw)
+    torch.manual_seed(0)
+    none_kept = calibrate_masks(model, prompts, cache_gib=0, **kw)
+    assert torch.equal(all_kept.masks, none_kept.masks)
+    assert all(torch.equal(t, none_kept.mask_lora[k]) for k, t in all_kept.mask_lora.items())
+    for bad in (-1, float("nan"), "8", True):
+        with pytest.raises(ValueError, match="cache_gib=.* must be a number >= 0"):
+            calibrate_masks(model, prompts, cache_gib=bad, max_new_tokens=4)

@@ -438,6 +438,63 @@ def _prefix_cache(model: Any, ids: torch.Tensor) -> Any:
     return cache
 
 
+def _cache_bytes(cache: Any) -> int:
+    """The bytes of a DynamicCache's tensors (keys and values of every layer)."""
+    return sum(
+        t.numel() * t.element_size()
+        for layer in getattr(cache, "layers", ())
+        for t in vars(layer).values()
+        if isinstance(t, torch.Tensor)
+    )
+
+
+class Continuations(Sequence[tuple[torch.Tensor, int, Any]]):
+    """(ids ``[n]``, prompt length, KV cache) per sequence, the data every scoring and training loop here
+    reads. The caches in ``kept`` (by index) are kept; the others are built again at every access (one
+    forward over the sequence each), so that memory stays bounded: SmolLM2's cache of a 200-token
+    sequence is about 9 MB, ~9 GB for 1000 sequences. :meth:`build` keeps the first ones up to a budget;
+    a slice is a Continuations over the same kept caches."""
+
+    def __init__(self, model: Any, seqs: Sequence[tuple[torch.Tensor, int]], kept: dict[int, Any]) -> None:
+        self._model, self._seqs, self._kept = model, list(seqs), kept
+
+    @classmethod
+    def build(cls, model: Any, seqs: Sequence[tuple[torch.Tensor, int]], cache_bytes: float) -> Continuations:
+        """``seqs`` (ids ``[n]``, prompt length) with the caches of the first ones kept, up to
+        ``cache_bytes`` in all."""
+        kept: dict[int, Any] = {}
+        used = 0
+        for i, (ids, _) in enumerate(seqs):
+            cache = _prefix_cache(model, ids)
+            used += _cache_bytes(cache)
+            if used > cache_bytes:
+                break
+            kept[i] = cache
+        return cls(model, seqs, kept)
+
+    @property
+    def sequences(self) -> list[tuple[torch.Tensor, int]]:
+        """(ids ``[n]``, prompt length) per sequence, without their caches."""
+        return list(self._seqs)
+
+    @property
+    def num_kept(self) -> int:
+        """How many caches are kept."""
+        return len(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        index = range(len(self._seqs))[i]  # negative indices; IndexError past the end
+        if isinstance(index, range):
+            kept = {n: self._kept[j] for n, j in enumerate(index) if j in self._kept}
+            return Continuations(self._model, [self._seqs[j] for j in index], kept)
+        ids, start = self._seqs[index]
+        cache = self._kept.get(index)
+        return ids, start, cache if cache is not None else _prefix_cache(self._model, ids)
+
+
 def _continuations(
     model: Any,
     prompts: Sequence[torch.Tensor],
@@ -445,12 +502,12 @@ def _continuations(
     batch_size: int,
     progress: Callable[[str], None] | None = None,
     path: str | os.PathLike[str] | None = None,
-) -> list[tuple[torch.Tensor, int, Any]]:
-    """(ids ``[n]``, prompt length, KV cache) per prompt: :func:`calibration_sequences` (kept in ``path``
-    if given) with each sequence's :func:`_prefix_cache`, the data every scoring and training loop here
-    reads."""
+    cache_bytes: float = math.inf,
+) -> Continuations:
+    """:func:`calibration_sequences` (kept in ``path`` if given) as :class:`Continuations`, with up to
+    ``cache_bytes`` of their KV caches kept."""
     seqs = calibration_sequences(model, prompts, max_new_tokens, progress, batch_size, path)
-    return [(ids, start, _prefix_cache(model, ids)) for ids, start in seqs]
+    return Continuations.build(model, seqs, cache_bytes)
 
 
 def _mask_logits(
@@ -717,6 +774,7 @@ def calibrate_masks(
     init: MaskCalibration | None = None,
     sources: dict[str, Any] | None = None,
     continuations: str | os.PathLike[str] | None = None,
+    cache_gib: float = 8.0,
     progress: Callable[[str], None] | None = None,
 ) -> MaskCalibration:
     """Learn ``num_masks`` mask embeddings for ``model`` on its greedy continuations of ``prompts``
@@ -743,8 +801,10 @@ def calibrate_masks(
     ``temperature_fit["loss_after"]`` those with the temperatures). ``init``: start from that calibration's
     first ``num_masks`` masks (and its layer offsets and mask LoRA, where it has them and this run learns
     them) instead of the data's mean embedding. ``continuations``: a file that keeps the greedy continuations
-    between runs on the same prompts (:func:`calibration_sequences`' ``path``).
-    """
+    between runs on the same prompts (:func:`calibration_sequences`' ``path``). ``cache_gib``: the GiB of
+    the sequences' KV caches kept in memory (:class:`Continuations`); past it, a step rebuilds its
+    sequence's cache (a step of the two-mask LoRA calibration on SmolLM2 then takes about 1.5x as long:
+    ``benchmarks/bench_calibrate_cache.py``)."""
     if not 1 <= num_masks <= 4:
         raise ValueError(f"num_masks={num_masks} must be between 1 and 4")
     for name, v, low in (
@@ -758,6 +818,8 @@ def calibrate_masks(
             raise ValueError(f"{name}={v!r} must be an int >= {low}")
     if len(prompts) <= holdout:
         raise ValueError(f"{len(prompts)} prompt(s) leave none to train on with holdout={holdout}")
+    if isinstance(cache_gib, bool) or not isinstance(cache_gib, (int, float)) or not cache_gib >= 0:
+        raise ValueError(f"cache_gib={cache_gib!r} must be a number >= 0 (GiB of KV caches kept)")
     if not lr > 0:
         raise ValueError(f"lr={lr} must be > 0")
     if not lora_lr > 0:
@@ -773,11 +835,19 @@ def calibrate_masks(
         p.requires_grad_(False)  # frozen: only the masks learn
     try:
         say(f"generating {len(prompts)} greedy continuations of {max_new_tokens} tokens")
-        data = _continuations(model, prompts, max_new_tokens, gen_batch_size, say, continuations)
+        data = _continuations(
+            model, prompts, max_new_tokens, gen_batch_size, say, continuations, cache_gib * 2**30
+        )
+        if data.num_kept < len(data):
+            say(
+                f"kept the KV caches of {data.num_kept} of {len(data)} sequences (cache_gib={cache_gib:g}); "
+                "the others are built again at every step that reads them"
+            )
         train, held = data[: len(data) - holdout], data[len(data) - holdout :]
         table = model.get_input_embeddings().weight.detach().float()  # [vocab, hidden]
         sigma = float((table - table.mean(0)).pow(2).mean().sqrt())
-        first = torch.cat([table[ids.to(table.device)].cpu() for ids, _, _ in train]).mean(0)  # [hidden]
+        tokens = torch.cat([ids for ids, _ in train.sequences])  # [total]
+        first = table[tokens.to(table.device)].mean(0).cpu()  # [hidden]
         masks = first.repeat(num_masks, 1)  # [k, hidden]
         if init is not None:
             masks = init.masks[:num_masks]
@@ -828,7 +898,7 @@ def calibrate_masks(
         opt = torch.optim.Adam(groups)
         gen = torch.Generator().manual_seed(seed)
         batches = []
-        for i, (ids, start, _) in enumerate(train):
+        for i, (ids, start) in enumerate(train.sequences):
             anchors = _anchors(int(ids.shape[0]), start)
             for chunk in anchors.split(anchors_per_step):
                 batches.append((i, chunk))

@@ -86,6 +86,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "prompts and settings, else generate and write them (a second run on the same prompts skips "
         "the generation)",
     )
+    parser.add_argument(
+        "--cache-gib",
+        type=float,
+        default=8.0,
+        metavar="GIB",
+        help="GiB of the sequences' KV caches kept in memory while training (default 8: SmolLM2 needs about "
+        "9 GB per 1000 sequences of 128 new tokens); past it, a step rebuilds its sequence's cache",
+    )
     add_corpus_arguments(parser)
 
 
@@ -140,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             init=init,
             sources=sources,
             continuations=args.continuations,
+            cache_gib=args.cache_gib,
             progress=print_progress,
         )
     except ValueError as e:
