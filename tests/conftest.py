@@ -19,33 +19,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
-LONGEST_FIRST = (
-    "test_sampling.py",  # the chi-square sampling tests: the longest file by far
-    "test_readme.py",
-    "test_core_cpp.py",
-    "test_topology.py",
-    "test_specbench.py",
-    "test_draft_model.py",
-    "test_gemma3.py",
-    "test_cuda_build.py",
-    "test_probe_configs.py",
-    "test_notebooks.py",
-    "test_auto.py",
-)
-"""The test files that take longest, longest first (from the fresh-clone runs' --durations lists). pytest-xdist
-(``--dist loadfile``, pyproject's addopts, with ``--no-loadscope-reorder``) hands whole files to the
-workers in collection order as they free up; its default order, most tests first, left long files with
-few tests (the sampling and README tests) to the end, one worker running them while the other idled."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files of :data:`LONGEST_FIRST` first, in its order; the others after them, as collected."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(
-        key=lambda item: rank.get(item.path.name, len(rank))
-    )  # stable: a file's tests keep their order
-
-
 # Under pytest-xdist the workers share the cores: torch's threads are divided among them, or every
 # forward of every worker would fight for all the cores at once.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
