@@ -655,6 +655,11 @@ def test_caches_past_the_budget_are_rebuilt_and_learn_the_same_masks(model):
     assert part[1:].num_kept == 1 and torch.equal(part[-1][0], data[4][0])
     with pytest.raises(IndexError):
         part[5]
+    held = calibrate.Continuations.build(model, part.sequences, 2.5 * one, first=[-1, 4])
+    assert (
+        held.num_kept == 2 and held[3:].num_kept == 1 and held[4:].num_kept == 1
+    )  # the last, then the first
+    assert held[:1].num_kept == 1
     kw = dict(num_masks=2, max_new_tokens=12, epochs=1, holdout=1, mask_lora_rank=2, fit_temperature=False)
     torch.manual_seed(0)
     all_kept = calibrate_masks(model, prompts, **kw)

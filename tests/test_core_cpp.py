@@ -91,41 +91,35 @@ def _link_program(
 
 
 @pytest.fixture(scope="session")
-def programs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, tuple[str, ...]], Path]:
+def programs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
     """Builds every tests/core program with the sanitizer flags where the sanitizers work here, else with
     the plain flags, all compiles and links at once on CPU-count workers; returns a lookup
-    (test program, flags) -> executable that fails with the compiler's output if its build failed.
+    test program -> executable that fails with the compiler's output if its build failed.
 
     csrc/core/*.cpp compiles once; the programs link as soon as its objects are done.
     """
-    objects: dict[tuple[str, ...], list[tuple[Path, Future[subprocess.CompletedProcess]]]] = {}
-    core_errors: dict[tuple[str, ...], str] = {}
-    links: dict[tuple[Path, tuple[str, ...]], tuple[Path, Future[subprocess.CompletedProcess]]] = {}
+    flags = _flags(SANITIZE if sanitizer_env()[0] is not None else None)
+    links: dict[Path, tuple[Path, Future[subprocess.CompletedProcess]]] = {}
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-
-        def submit_core(flags: tuple[str, ...]) -> None:
-            out = tmp_path_factory.mktemp("core_objects")
-            objects[flags] = [
-                (out / f"{src.stem}.o", pool.submit(_compile_object, flags, src, out / f"{src.stem}.o"))
-                for src in CORE_SOURCES
-            ]
-
-        submit_core(_flags(SANITIZE if sanitizer_env()[0] is not None else None))
-        for flags, compiles in objects.items():
-            results = [future.result() for _, future in compiles]
-            errors = [f"$ {' '.join(r.args)}\n{r.stdout}{r.stderr}" for r in results if r.returncode != 0]
-            if errors:
-                core_errors[flags] = "\n".join(errors)
-                continue
+        out = tmp_path_factory.mktemp("core_objects")
+        objects = [out / f"{src.stem}.o" for src in CORE_SOURCES]
+        compiles = [
+            pool.submit(_compile_object, flags, src, obj)
+            for src, obj in zip(CORE_SOURCES, objects, strict=True)
+        ]
+        results = [future.result() for future in compiles]
+        core_errors = "\n".join(
+            f"$ {' '.join(r.args)}\n{r.stdout}{r.stderr}" for r in results if r.returncode != 0
+        )
+        if not core_errors:
             out = tmp_path_factory.mktemp("programs")
-            objs = [obj for obj, _ in compiles]
             for test_source in TEST_SOURCES:
                 exe = out / test_source.stem
-                links[(test_source, flags)] = (exe, pool.submit(_link_program, flags, objs, test_source, exe))
+                links[test_source] = (exe, pool.submit(_link_program, flags, objects, test_source, exe))
 
-    def program(test_source: Path, flags: tuple[str, ...]) -> Path:
-        assert flags not in core_errors, f"compiling csrc/core failed:\n{core_errors[flags]}"
-        exe, future = links[(test_source, flags)]
+    def program(test_source: Path) -> Path:
+        assert not core_errors, f"compiling csrc/core failed:\n{core_errors}"
+        exe, future = links[test_source]
         built = future.result()
         assert built.returncode == 0, (
             f"compiling the core tests failed ({built.returncode}):\n$ {' '.join(built.args)}\n"
@@ -141,13 +135,13 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path, tuple[
 def test_core_cpp(
     test_source: Path,
     tmp_path: Path,
-    programs: Callable[[Path, tuple[str, ...]], Path],
+    programs: Callable[[Path], Path],
 ) -> None:
     assert CORE_SOURCES, f"no C++ sources under {REPO_ROOT / 'csrc' / 'core'}"
     env, why_not = sanitizer_env()
     if env is None:
         warnings.warn(f"the core tests run without sanitizers: {why_not}", stacklevel=1)
-    exe = programs(test_source, _flags(SANITIZE if env is not None else None))
+    exe = programs(test_source)
 
     ran = subprocess.run([str(exe)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     output = ran.stdout + ran.stderr

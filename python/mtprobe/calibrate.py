@@ -459,13 +459,22 @@ class Continuations(Sequence[tuple[torch.Tensor, int, Any]]):
         self._model, self._seqs, self._kept = model, list(seqs), kept
 
     @classmethod
-    def build(cls, model: Any, seqs: Sequence[tuple[torch.Tensor, int]], cache_bytes: float) -> Continuations:
-        """``seqs`` (ids ``[n]``, prompt length) with the caches of the first ones kept, up to
-        ``cache_bytes`` in all."""
+    def build(
+        cls,
+        model: Any,
+        seqs: Sequence[tuple[torch.Tensor, int]],
+        cache_bytes: float,
+        first: Sequence[int] = (),
+    ) -> Continuations:
+        """``seqs`` (ids ``[n]``, prompt length) with caches kept up to ``cache_bytes`` in all: those of
+        the indices in ``first`` before the others (the held-out set, read by every scoring), then from
+        the start."""
+        order = list(dict.fromkeys([range(len(seqs))[i] for i in first]))
+        order += [i for i in range(len(seqs)) if i not in set(order)]
         kept: dict[int, Any] = {}
         used = 0
-        for i, (ids, _) in enumerate(seqs):
-            cache = _prefix_cache(model, ids)
+        for i in order:
+            cache = _prefix_cache(model, seqs[i][0])
             used += _cache_bytes(cache)
             if used > cache_bytes:
                 break
@@ -503,11 +512,12 @@ def _continuations(
     progress: Callable[[str], None] | None = None,
     path: str | os.PathLike[str] | None = None,
     cache_bytes: float = math.inf,
+    first: Sequence[int] = (),
 ) -> Continuations:
     """:func:`calibration_sequences` (kept in ``path`` if given) as :class:`Continuations`, with up to
-    ``cache_bytes`` of their KV caches kept."""
+    ``cache_bytes`` of their KV caches kept, those of ``first`` before the others."""
     seqs = calibration_sequences(model, prompts, max_new_tokens, progress, batch_size, path)
-    return Continuations.build(model, seqs, cache_bytes)
+    return Continuations.build(model, seqs, cache_bytes, first)
 
 
 def _mask_logits(
@@ -610,7 +620,7 @@ def _anchors(n: int, start: int) -> torch.Tensor:
 def _evaluate(
     model: Any,
     masks: torch.Tensor | None,
-    data: list[tuple[torch.Tensor, int, Any]],
+    data: Sequence[tuple[torch.Tensor, int, Any]],
     k: int = 1,
     layer_offsets: torch.Tensor | None = None,  # [num_layers, hidden] or [k, num_layers, hidden]
     mask_lora: dict[str, torch.Tensor] | None = None,
@@ -658,7 +668,7 @@ def _evaluate(
 def _fit_temperature(
     model: Any,
     masks: torch.Tensor,  # [k, hidden]
-    data: list[tuple[torch.Tensor, int, Any]],
+    data: Sequence[tuple[torch.Tensor, int, Any]],
     layer_offsets: torch.Tensor | None,
     mask_lora: dict[str, torch.Tensor] | None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -836,7 +846,14 @@ def calibrate_masks(
     try:
         say(f"generating {len(prompts)} greedy continuations of {max_new_tokens} tokens")
         data = _continuations(
-            model, prompts, max_new_tokens, gen_batch_size, say, continuations, cache_gib * 2**30
+            model,
+            prompts,
+            max_new_tokens,
+            gen_batch_size,
+            say,
+            continuations,
+            cache_gib * 2**30,
+            first=range(len(prompts) - holdout, len(prompts)),  # scored ~5 times: kept first
         )
         if data.num_kept < len(data):
             say(
