@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -101,10 +102,19 @@ def test_command_line_examples_parse():
 
 
 def test_auto_config_example(tmp_path, monkeypatch):
-    # The profile it measures goes to a fresh cache, not the user's; the converted model is the user's
-    # (converting it again from the wheel took half the test's time).
-    (tmp_path / "models").symlink_to(mtprobe.models.cache_root() / "models", target_is_directory=True)
+    # The profile it measures goes to a fresh cache, not the user's; the converted model and the linear
+    # routes measured for it are the user's, as in every other test (converting the model again from the
+    # wheel took half the test's time, timing the routes again a quarter of the rest).
+    for shared in ("models", "linear_routes"):
+        (mtprobe.models.cache_root() / shared).mkdir(parents=True, exist_ok=True)
+        (tmp_path / shared).symlink_to(mtprobe.models.cache_root() / shared, target_is_directory=True)
     monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))
+    # A coarse grid: the full one is 273 timed forwards (about 47 s on one core), and what is checked here
+    # (the example runs, decodes losslessly, caches the profile it measured) does not depend on its size.
+    coarse = functools.partial(
+        mtprobe.profile_forward, block_sizes=(1, 4, 16, 64), context_lengths=(64, 256), repeats=1, warmup=1
+    )
+    monkeypatch.setattr(mtprobe.drafters, "profile_forward", coarse)
     use, auto = python_blocks()[0], block_with("cfg = mtprobe.AutoConfig()")
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=4"), "README.md (Use)", "exec"), ns)

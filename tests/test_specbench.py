@@ -1128,7 +1128,7 @@ def test_compare_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_smollm2_probe_is_lossless_on_mini_file(smollm2, tmp_path: Path) -> None:
     model, tok = smollm2
-    common = dict(question_file=MINI, model="smollm2-135m", max_new_tokens=16, warmup=0, progress=False)
+    common = dict(question_file=MINI, model="smollm2-135m", max_new_tokens=12, warmup=0, progress=False)
     ar = run(RunConfig(**common, method="ar", answer_file=tmp_path / "ar.jsonl"), model=model, tokenizer=tok)
     cfg = ProbeConfig(block_complexity=30)
     probe = run(

@@ -197,20 +197,22 @@ def test_greedy_is_token_identical_on_a_tiny_model(policy, feature, thresholds):
                 assert gained <= bank.topology(i).max_depth + 1
 
 
-def test_greedy_is_token_identical_on_smollm2(smollm2):
+def test_greedy_is_token_identical_on_smollm2(smollm2, greedy):
     model, tok = smollm2
-    for content in ("List three uses of copper.", "Write a Python function that reverses a string."):
-        ids = chat_ids(tok, [{"role": "user", "content": content}])
-        greedy = model.generate(ids, do_sample=False, max_new_tokens=40)
-        used = set()
-        for policy, feature, thresholds in POLICIES:
-            if policy != "static":  # the tiny model's thresholds: re-centred on SmolLM2's scores
-                thresholds = None if feature == "path_value" else thresholds
-            cfg = mtprobe.EntMTPConfig(policy=policy, feature=feature, thresholds=thresholds)
-            out = mtprobe.generate(model, ids, cfg, max_new_tokens=40, do_sample=False)
-            assert torch.equal(out.sequences, greedy), (policy, feature)
-            used |= {c for c, _ in out.choices}
-        assert len(used - {"none"}) >= 3  # the policies did switch between trees
+    prompts = [
+        chat_ids(tok, [{"role": "user", "content": content}])
+        for content in ("List three uses of copper.", "Write a Python function that reverses a string.")
+    ]
+    used = set()
+    for i, (policy, feature, thresholds) in enumerate(POLICIES):
+        ids = prompts[i % 2]  # every policy on one of the two prompts, each prompt under three policies
+        if policy != "static":  # the tiny model's thresholds: re-centred on SmolLM2's scores
+            thresholds = None if feature == "path_value" else thresholds
+        cfg = mtprobe.EntMTPConfig(policy=policy, feature=feature, thresholds=thresholds)
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=40, do_sample=False)
+        assert torch.equal(out.sequences, greedy(model, ids, 40)), (policy, feature)
+        used |= {c for c, _ in out.choices}
+    assert len(used - {"none"}) >= 3  # the policies did switch between trees
 
 
 def test_the_log_explains_every_step(smollm2):
