@@ -45,8 +45,8 @@ PROMPTS = load_prompts()
 def test_token_identical_to_greedy_bc30(smollm2, greedy, prompt):
     model, tok = smollm2
     ids = chat_ids(tok, prompt["messages"])
-    ref = greedy(model, ids, 40)
-    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=30), max_new_tokens=40)
+    ref = greedy(model, ids, 32)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(block_complexity=30), max_new_tokens=32)
     assert_same_as_greedy(model, ids, out.sequences, ref, prompt["id"])
     assert sum(out.accept_lengths) == ref.shape[1] - ids.shape[1] - 1  # prefill gives the first token
     assert out.forward_calls == len(out.accept_lengths) + 1
@@ -105,11 +105,11 @@ def test_custom_eos_token_mid_output(smollm2, greedy):
     # An EOS id that first appears in the middle of the greedy output: both stop right after it.
     model, tok = smollm2
     ids = chat_ids(tok, PROMPTS[0]["messages"])
-    full = greedy(model, ids, 40)[0, ids.shape[1] :]  # the bc30 test's reference for this prompt
+    full = greedy(model, ids, 32)[0, ids.shape[1] :]  # the bc30 test's reference for this prompt
     eos = int(full[len(full) // 2])
     # With an EOS that differs from the pad token, transformers would treat the prompt's pad tokens
     # (SmolLM2's <|im_end|> is its pad token) as padding unless the mask says otherwise.
-    kw = dict(max_new_tokens=40, eos_token_id=eos, attention_mask=torch.ones_like(ids))
+    kw = dict(max_new_tokens=32, eos_token_id=eos, attention_mask=torch.ones_like(ids))
     ref = model.generate(ids, do_sample=False, **kw)
     out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), **kw)
     assert torch.equal(out.sequences, ref) and out.sequences[0, -1].item() == eos
