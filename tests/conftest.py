@@ -121,6 +121,60 @@ def tiny_llama(seed: int = 0, **overrides):
     return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
 
 
+# A word-level chat tokenizer and a tiny Llama saved with it as a local HF folder: what models.load,
+# the command line and the Spec-Bench harness read like any Hugging Face folder, built in seconds.
+CHAT_WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "user", "assistant", ":", "the", "a", "is", "of"]
+CHAT_VOCAB = 32  # the words above plus unused ids w12..w31
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant : {% endif %}"
+)
+
+
+def word_tokenizer(chat: bool = True):
+    """A PreTrainedTokenizerFast over CHAT_WORDS (and w12..w31), with CHAT_TEMPLATE unless ``chat`` is
+    False."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(CHAT_WORDS)} | {
+        f"w{i}": i for i in range(len(CHAT_WORDS), CHAT_VOCAB)
+    }
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_word_llama(folder, *, seed: int = 0, chat: bool = True, **overrides):
+    """A random Llama over :func:`word_tokenizer`'s vocabulary (2 layers, hidden 32; ``overrides`` for
+    LlamaConfig) saved with that tokenizer in ``folder``, returned."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kwargs = dict(
+        vocab_size=CHAT_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(LlamaConfig(**{**kwargs, **overrides})).save_pretrained(folder)
+    word_tokenizer(chat).save_pretrained(folder)
+    return folder
+
+
 def cpu_decode_loop(model, drafter, *, max_new_tokens: int, block_complexity: int, prompt_len: int, **kwargs):
     """A C++ DecodeLoop over ``model`` on the CPU (float32 masks, no EOS), its KV cache sized for
     the prompt, the new tokens and one block; ``kwargs`` override the rest (do_sample, process, ...).

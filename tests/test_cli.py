@@ -18,22 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import mtprobe
+from conftest import CHAT_VOCAB, save_word_llama
 from mtprobe import models
 from mtprobe.cli import EXIT_DIFFERS, EXIT_OK, EXIT_USAGE, main, read_prompts
 from mtprobe.specbench import methods
 
-WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "user", "assistant", ":", "the", "a", "is", "of"]
-VOCAB = 32  # the words above plus unused ids w12..w31
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}assistant : {% endif %}"
-)
 STATS = re.compile(
     r"^mtprobe: (?P<method>\w+) \((?P<mode>[^)]*)\): (?P<new>\d+) new tokens, tau (?P<tau>[\d.]+)"
     r".*, (?P<tps>[\d.]+) tokens/s, (?P<secs>[\d.]+) s$",
@@ -41,35 +32,8 @@ STATS = re.compile(
 )
 
 
-def _tokenizer(chat: bool = True) -> PreTrainedTokenizerFast:
-    vocab = {w: i for i, w in enumerate(WORDS)} | {f"w{i}": i for i in range(len(WORDS), VOCAB)}
-    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = Whitespace()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    if chat:
-        tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
 def _save_tiny(folder: Path, chat: bool = True) -> Path:
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    _tokenizer(chat).save_pretrained(folder)
-    return folder
+    return save_word_llama(folder, chat=chat, max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +259,7 @@ def test_bench_reports_a_method_that_differs(tiny: Path, capsys, tmp_path: Path,
     def wrong(model, input_ids, config, max_new_tokens):
         out = methods.run_method(pld, model, input_ids, config, max_new_tokens)
         new_ids = out.new_ids.clone()
-        new_ids[-1] = (new_ids[-1] + 1) % VOCAB
+        new_ids[-1] = (new_ids[-1] + 1) % CHAT_VOCAB
         return methods.MethodOutput(new_ids, out.decoding_steps, out.accept_lengths)
 
     # pld's registration, run by `wrong` (in place: the listing keeps its order), restored afterwards

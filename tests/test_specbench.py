@@ -17,11 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from conftest import save_word_llama, word_tokenizer
 from mtprobe import ProbeConfig
 from mtprobe.specbench import (
     MT_BENCH_CATEGORIES,
@@ -40,46 +37,13 @@ from mtprobe.specbench.questions import task_of
 from mtprobe.specbench.run import read_answer_file
 
 MINI = Path(__file__).parent / "data" / "specbench_mini.jsonl"
-WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "user", "assistant", ":", "the", "a", "is", "of"]
-VOCAB = 32  # the model's vocabulary: the words above plus unused ids
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}assistant : {% endif %}"
-)
 CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
-
-
-def _tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {w: i for i, w in enumerate(WORDS)} | {f"w{i}": i for i in range(len(WORDS), VOCAB)}
-    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = Whitespace()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random Llama + chat tokenizer saved as a local HF folder."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    _tokenizer().save_pretrained(folder)
-    return folder
+    return save_word_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _lines(path: Path) -> list[dict]:
@@ -517,7 +481,7 @@ def _write(path: Path, rows: list[dict]) -> Path:
 def hand_files(tmp_path: Path) -> tuple[Path, Path, Path]:
     """ar and probe answer files with hand-picked numbers; texts use the tiny tokenizer's words."""
     tok_dir = tmp_path / "tok"
-    _tokenizer().save_pretrained(tok_dir)
+    word_tokenizer().save_pretrained(tok_dir)
     ar = _write(
         tmp_path / "ar.jsonl",
         [
@@ -669,22 +633,15 @@ def test_answer_file_errors_name_line(tmp_path: Path, mutate, message: str) -> N
 def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1-layer random Llama with the tiny model's tokenizer: a draft model for ``sps``."""
     folder = tmp_path_factory.mktemp("tiny-draft")
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
+    return save_word_llama(
+        folder,
+        seed=1,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=1024,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
     )
-    torch.manual_seed(1)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    _tokenizer().save_pretrained(folder)
-    return folder
 
 
 def test_default_model_ids_are_short() -> None:
@@ -920,7 +877,7 @@ def test_repeats_keep_every_wall_time(tiny: Path, tmp_path: Path) -> None:
 
 def test_score_spread_hand_computed(tmp_path: Path) -> None:
     tok_dir = tmp_path / "tok"
-    _tokenizer().save_pretrained(tok_dir)
+    word_tokenizer().save_pretrained(tok_dir)
     base = _answer(1, "qa", "m-ar", ["hello world hello world"], [4], [4], [2.0], [1] * 4)
     base["choices"][0]["wall_times"] = [[2.0], [1.0]]  # 4 text tokens: 2 and 4 tokens/s
     mine = _answer(1, "qa", "m-probe", ["hello world hello world"], [2], [4], [1.0], [2, 1])
@@ -1030,7 +987,7 @@ def test_compare_folder_table_and_figure(tmp_path: Path) -> None:
     from mtprobe.specbench.compare import compare
 
     tok_dir = tmp_path / "tok"
-    _tokenizer().save_pretrained(tok_dir)
+    word_tokenizer().save_pretrained(tok_dir)
     folder = _compare_folder(tmp_path / "answers")
     out = tmp_path / "cmp"
     assert main(["compare", str(folder), "--tokenizer", str(tok_dir), "--out-dir", str(out)]) == 0
@@ -1057,7 +1014,7 @@ def test_score_and_compare_name_a_setup_that_differs(tmp_path: Path) -> None:
     from mtprobe.specbench.score import render_markdown, score
 
     tok_dir = tmp_path / "tok"
-    _tokenizer().save_pretrained(tok_dir)
+    word_tokenizer().save_pretrained(tok_dir)
     folder = _compare_folder(tmp_path / "answers")
     same = render_compare_markdown(compare(folder, str(tok_dir)))
     assert "another setup" not in same
@@ -1078,7 +1035,7 @@ def test_compare_pairs_sampled_runs_with_sampled_ar(tmp_path: Path) -> None:
     from mtprobe.specbench.compare import compare
 
     tok_dir = tmp_path / "tok"
-    _tokenizer().save_pretrained(tok_dir)
+    word_tokenizer().save_pretrained(tok_dir)
     folder = _compare_folder(tmp_path / "answers")
     hot = _answer(1, "qa", "tiny-probe-bc10-t1", ["hello"], [1], [2], [1.0], [1])
     hot["mtprobe"] = _meta("probe", temperature=1.0)
@@ -1100,7 +1057,7 @@ def test_compare_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     from mtprobe.specbench.compare import compare
 
     tok_dir = tmp_path / "tok"
-    _tokenizer().save_pretrained(tok_dir)
+    word_tokenizer().save_pretrained(tok_dir)
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["compare", str(empty), "--tokenizer", str(tok_dir), "--out-dir", str(tmp_path / "o")]) == 1
