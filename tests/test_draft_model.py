@@ -255,6 +255,35 @@ def test_smollm2_quantized_self_draft_matches_greedy_and_is_accepted(smollm2):
     assert gained / steps > 4.0  # of at most 5 a step
 
 
+def test_a_route_measurement_is_not_taken_for_the_targets_first_forward(monkeypatch):
+    # The quantized self-draft copies the target's KV entries from the target's first forward through
+    # mtprobe's cache. Where the linear routes are not measured yet, generate measures them: forwards of
+    # the target over random tokens through that cache, which came after the drafter was made and were
+    # taken for the target's (SmolLM2, Gemma-3: tau about 1.8 instead of 5 on the first call).
+    import importlib
+
+    from mtprobe.adapter import HFAdapter
+
+    generate_module = importlib.import_module("mtprobe.generate")
+    model = tiny_llama(vocab_size=96)
+    ids = torch.tensor([[5, 17, 3, 88, 41, 41, 9, 60, 2, 33]])
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    ref = mtprobe.generate(model, ids, cfg, max_new_tokens=24)
+    real = generate_module.choose_linear_routes
+
+    def measured_here(m):  # what a route measurement runs: random tokens through mtprobe's cache
+        noise = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(1))
+        with torch.inference_mode():
+            HFAdapter(m, 40, checked=True).forward(noise, None, torch.arange(40)[None], None, 0, False)
+        return real(m)
+
+    monkeypatch.setattr(generate_module, "choose_linear_routes", measured_here)
+    out = mtprobe.generate(model, ids, cfg, max_new_tokens=24)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert out.accept_lengths == ref.accept_lengths  # the same drafts: the copied entries are the target's
+    assert sum(ref.accept_lengths) / len(ref.accept_lengths) > 2.0  # and they are accepted
+
+
 # --- bad configurations ------------------------------------------------------------------------
 
 

@@ -234,7 +234,10 @@ def draft_model_drafter(
 
         def keep(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
             cache = kwargs.get(cache_argument(model))
-            if isinstance(cache, TreeKVCache):  # mtprobe's forward, not a route measurement's
+            # mtprobe's forward, not one of HF's own. Route and profile measurements run through mtprobe's
+            # cache too, over random tokens: they are made before this drafter (custom_generate,
+            # auto_drafter), or their forwards would be taken for the target's.
+            if isinstance(cache, TreeKVCache):
                 handle.remove()
                 state["target"] = cache
 

@@ -328,7 +328,9 @@ def custom_generate(
         capacity,
         max_capacity,
     )
-    drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
+    # The routes first: measuring them (on a machine that has not yet) runs the target over random
+    # tokens, which a quantized self-draft, once made, would take for the target's first forward and
+    # copy its KV entries from (drafters.draft_model_drafter).
     routes = choose_linear_routes(model)
     forward_plan = None
     if mtprobe_plan is not None:
@@ -339,6 +341,7 @@ def custom_generate(
             num_layers=model.config.get_text_config(decoder=True).num_hidden_layers,
             max_positions=limit,
         )
+    drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
     adapter = HFAdapter(
         model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
     )
