@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """What a calibration step costs when its sequence's KV cache was kept versus rebuilt.
 
-``calibrate --cache-gib`` keeps the caches of the first sequences up to a budget; a step on any other
+``calibrate --cache-gib`` keeps the caches of the held-out and then the first training sequences up to
+a budget; a step on any other
 sequence first rebuilds its cache (one forward over the sequence, no gradients). This times one
 training step of ``calibrate_masks`` (``mask_loss`` forward and backward over ``--anchors`` anchors, with
 the file's masks, layer offsets and mask LoRA) both ways, interleaved, on a random sequence of

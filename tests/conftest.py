@@ -155,22 +155,17 @@ def word_tokenizer(chat: bool = True):
 def save_word_llama(folder, *, seed: int = 0, chat: bool = True, **overrides):
     """A random Llama over :func:`word_tokenizer`'s vocabulary (2 layers, hidden 32; ``overrides`` for
     LlamaConfig) saved with that tokenizer in ``folder``, returned."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     kwargs = dict(
         vocab_size=CHAT_VOCAB,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=1024,
+        initializer_range=0.02,  # LlamaConfig's own, which these folders were always made with
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
     )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(LlamaConfig(**{**kwargs, **overrides})).save_pretrained(folder)
+    tiny_llama(seed, **{**kwargs, **overrides}).save_pretrained(folder)
     word_tokenizer(chat).save_pretrained(folder)
     return folder
 

@@ -452,8 +452,9 @@ class Continuations(Sequence[tuple[torch.Tensor, int, Any]]):
     """(ids ``[n]``, prompt length, KV cache) per sequence, the data every scoring and training loop here
     reads. The caches in ``kept`` (by index) are kept; the others are built again at every access (one
     forward over the sequence each), so that memory stays bounded: SmolLM2's cache of a 200-token
-    sequence is about 9 MB, ~9 GB for 1000 sequences. :meth:`build` keeps the first ones up to a budget;
-    a slice is a Continuations over the same kept caches."""
+    sequence is about 9 MB, ~9 GB for 1000 sequences. :meth:`build` keeps those it is told to first (the
+    held-out ones), then the first ones, up to a budget; a slice is a Continuations over the same kept
+    caches."""
 
     def __init__(self, model: Any, seqs: Sequence[tuple[torch.Tensor, int]], kept: dict[int, Any]) -> None:
         self._model, self._seqs, self._kept = model, list(seqs), kept
@@ -469,8 +470,9 @@ class Continuations(Sequence[tuple[torch.Tensor, int, Any]]):
         """``seqs`` (ids ``[n]``, prompt length) with caches kept up to ``cache_bytes`` in all: those of
         the indices in ``first`` before the others (the held-out set, read by every scoring), then from
         the start."""
-        order = list(dict.fromkeys([range(len(seqs))[i] for i in first]))
-        order += [i for i in range(len(seqs)) if i not in set(order)]
+        order = list(dict.fromkeys(range(len(seqs))[i] for i in first))  # negative indices allowed
+        chosen = set(order)
+        order += [i for i in range(len(seqs)) if i not in chosen]
         kept: dict[int, Any] = {}
         used = 0
         for i in order:
