@@ -51,7 +51,7 @@ import torch
 import transformers
 
 from _common import device_name, first_turn_prompts, load_average, write_report
-from mtprobe import linear_routes, quantized_linear
+from mtprobe import draft_model, drafters, linear_routes, quantized_linear
 from mtprobe.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
 
@@ -126,6 +126,10 @@ INTERLEAVED = (
     "auto without draft",
     "quantized draft K8",
     "quantized draft K12",
+    "quantized draft K16",
+    "quantized draft K24",
+    "auto (HF draft modules)",
+    "quantized draft K12 (HF modules)",
 )
 """The rows of --interleaved, in the order each question runs them (HF greedy first: the reference)."""
 
@@ -302,10 +306,18 @@ def run_interleaved(args: argparse.Namespace) -> int:
 
         return run
 
-    def mt(config: Any, stock: bool = False) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
+    def mt(
+        config: Any, stock: bool = False, hf_draft: bool = False
+    ) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
+        # What AutoConfig carries from one generation to the next (a draft's measured cost and
+        # acceptance), kept per row: rows share the model, and one row's draft costs are not another's.
+        carried: dict = {}
+
         def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
             forced = environ(linear_routes.ENV, linear_routes.STOCK) if stock else contextlib.nullcontext()
-            with forced:
+            draft = environ(draft_model.DECODER_ENV, "0") if hf_draft else contextlib.nullcontext()
+            drafters._CARRIED[model] = carried
+            with forced, draft:
                 out = mtprobe.generate(model, ids, config, max_new_tokens=n, do_sample=False)
             return out.sequences, sum(out.accept_lengths), len(out.accept_lengths), out.linear_routes
 
@@ -326,6 +338,13 @@ def run_interleaved(args: argparse.Namespace) -> int:
         # The target's own weights in 4 bits (its head's in 8) draft a chain of K.
         "quantized draft K8": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=8)),
         "quantized draft K12": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12)),
+        "quantized draft K16": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=16)),
+        "quantized draft K24": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=24)),
+        # The draft's one-token forwards through HF's modules, as before its C++ decoder step.
+        "auto (HF draft modules)": mt(mtprobe.AutoConfig(), hf_draft=True),
+        "quantized draft K12 (HF modules)": mt(
+            mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12), hf_draft=True
+        ),
     }
     methods = [m for m in INTERLEAVED if m in rows and m in args.rows]
 
@@ -381,7 +400,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "
         "`quantized draft K` "
         "`mtprobe.DraftModelConfig(self_draft='quantized', num_tokens=K)` (the target's layers in 4 bits and its "
-        f"head in 8 draft a chain of K; kernel `{quantized_linear.isa()}`)",
+        f"head in 8 draft a chain of K; kernel `{quantized_linear.isa()}`), its one-token forwards in C++ "
+        "(`mtprobe._C.QuantizedDecoder`); `(HF draft modules)`, `(HF modules)`: the same with "
+        f"`{draft_model.DECODER_ENV}=0` (the draft's forwards through HF's modules, as before that step)",
         f"- linear routes chosen on this machine (`choose_linear_routes`, what `auto` runs): {routes.describe()}"
         + (
             ""

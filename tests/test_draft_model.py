@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
-from mtprobe import _C
+from mtprobe import _C, draft_model
 from mtprobe.draft_model import check_draft_model, layer_truncated, quantized
 from mtprobe.drafters import make_drafter
 from mtprobe.quantized_linear import QuantizedLinear, dequantize, quantize
@@ -129,10 +129,13 @@ def test_lossless_with_the_quantized_self_draft(tiny):
         assert torch.equal(out.sequences, ref), length
 
 
-def test_quantized_self_draft_starts_from_the_targets_cache_not_a_prefill_of_its_own(tiny):
+def test_quantized_self_draft_starts_from_the_targets_cache_not_a_prefill_of_its_own(tiny, monkeypatch):
     # The draft's forwards feed at most the bonus token and the last draft: the prompt reaches its cache
     # from the target's, copied after the target's first forward. Hooks on the target do not see them.
+    # Through HF's modules, as for an architecture the C++ decoder does not run (its own test:
+    # tests/test_quantized_decoder.py, where no draft forward reaches HF's modules at all).
     draft = quantized(tiny)
+    monkeypatch.setitem(draft_model._DECODERS, draft, None)
     fed, target_forwards = [], [0]
     h1 = draft.register_forward_pre_hook(
         lambda m, a, kw: fed.append(kw["inputs_embeds"].shape[1]), with_kwargs=True

@@ -19,16 +19,37 @@ True
 from __future__ import annotations
 
 import copy
+import logging
+import os
 import weakref
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from mtprobe import quantized_linear
-from mtprobe.adapter import check_causal_lm, max_positions
+from mtprobe import _C, quantized_linear
+from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions
+
+logger = logging.getLogger(__name__)
 
 _TRUNCATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {num_layers: draft}
 _QUANTIZED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> its quantized self-draft
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # quantized draft -> its C++ step or None
+
+DECODER_ENV = "MTPROBE_QUANTIZED_DECODER"
+"""``0`` keeps the quantized self-draft's one-token forwards on HF's modules (:func:`quantized_decoder`),
+read at every generation."""
+
+DECODER_MODEL_TYPES = ("llama",)
+"""Architectures :class:`mtprobe._C.QuantizedDecoder` computes: HF's Llama decoder layers (pre-norm
+RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP)."""
+
+_STATIC_ROPE = (
+    "default",
+    "linear",
+    "llama3",
+    "yarn",
+)  # RoPE types whose frequencies do not change with length
 
 
 def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
@@ -119,6 +140,123 @@ def _nothing_to_quantize(model: PreTrainedModel) -> str:
         f"{type(model).__name__} has no float32 nn.Linear with in_features a multiple of "
         f"{quantized_linear.GROUP}: nothing to quantize; use DraftModelConfig(self_draft='truncated')"
     )
+
+
+def why_no_decoder(draft: PreTrainedModel) -> str:
+    """Why :func:`quantized_decoder` cannot run ``draft``'s one-token forwards in C++, or ``""`` where it can."""
+    cfg = draft.config.get_text_config(decoder=True)
+    if os.environ.get(DECODER_ENV, "1") == "0":
+        return f"{DECODER_ENV}=0"
+    if getattr(cfg, "model_type", None) not in DECODER_MODEL_TYPES:
+        return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {DECODER_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(cfg, 'hidden_act', None)!r} is not 'silu'"
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope not in _STATIC_ROPE:
+        return f"rope_type {rope!r} changes its frequencies with the length (static ones: {_STATIC_ROPE})"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return f"pretraining_tp={cfg.pretraining_tp}"
+    inner = getattr(draft, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(inner, "norm", None) is None:
+        return f"{type(draft).__name__} has no model.layers, model.rotary_emb and model.norm"
+    names = [*(f"self_attn.{n}_proj" for n in "qkvo"), *(f"mlp.{n}_proj" for n in ("gate", "up", "down"))]
+    linears = [*(layer.get_submodule(n) for layer in layers for n in names), draft.get_output_embeddings()]
+    if not all(isinstance(m, quantized_linear.QuantizedLinear) for m in linears):
+        return "not every linear layer is quantized (a quantized self-draft of every layer is)"
+    return ""
+
+
+def quantized_decoder(draft: PreTrainedModel) -> _C.QuantizedDecoder | None:
+    """The C++ one-token forward of the quantized self-draft ``draft`` (:func:`quantized`), or ``None``
+    where it does not apply (:func:`why_no_decoder`; logged). Built once per draft, sharing its codes.
+
+    Through HF's modules a one-token forward of SmolLM2-135M's quantized draft spends about half its
+    time outside the linear layers (module calls, a dozen small tensor ops a layer); ``step`` runs the
+    same computation in one C++ call (``csrc/decode/quantized_decoder.h``). It matches HF's forward up
+    to rounding, which a check on two tokens confirms before first use: a draft that differs more is
+    not used. The draft only proposes; the target verifies, so the output is the target's either way.
+    """
+    if os.environ.get(DECODER_ENV, "1") == "0":  # read at every generation, not once per draft
+        return None
+    if draft in _DECODERS:
+        return _DECODERS[draft]
+    reason = why_no_decoder(draft)
+    decoder = None if reason else _build_decoder(draft)
+    if decoder is not None:
+        reason = _check_decoder(draft, decoder)
+        decoder = None if reason else decoder
+    if reason:
+        logger.info("quantized self-draft: one-token forwards through HF's modules (%s)", reason)
+    _DECODERS[draft] = decoder
+    return decoder
+
+
+def _build_decoder(draft: PreTrainedModel) -> _C.QuantizedDecoder:
+    args, kwargs = decoder_arguments(draft)
+    return _C.QuantizedDecoder(*args, **kwargs)
+
+
+def decoder_arguments(draft: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What :class:`mtprobe._C.QuantizedDecoder` is built from for the quantized twin ``draft``: its
+    tensors (the embedding, each layer's norms and codes by name, the final norm, the head, RoPE's
+    frequencies), shared, and its sizes."""
+    cfg = draft.config.get_text_config(decoder=True)
+
+    def linear(module: quantized_linear.QuantizedLinear, name: str) -> dict[str, torch.Tensor]:
+        out = {f"{name}.codes": module.codes, f"{name}.scale": module.scale}
+        if module.min is not None:
+            out[f"{name}.min"] = module.min
+        if module._bias is not None:
+            out[f"{name}.bias"] = module._bias
+        return out
+
+    layers = []
+    for layer in draft.model.layers:
+        tensors = {
+            "input_norm": layer.input_layernorm.weight.detach(),
+            "post_norm": layer.post_attention_layernorm.weight.detach(),
+        }
+        for n in "qkvo":
+            tensors |= linear(layer.self_attn.get_submodule(f"{n}_proj"), n)
+        for n in ("gate", "up", "down"):
+            tensors |= linear(layer.mlp.get_submodule(f"{n}_proj"), n)
+        layers.append(tensors)
+    rotary = draft.model.rotary_emb
+    args = (
+        draft.get_input_embeddings().weight.detach(),
+        layers,
+        draft.model.norm.weight.detach(),
+        linear(draft.get_output_embeddings(), "head"),
+        rotary.inv_freq.detach().float().contiguous(),
+    )
+    kwargs = {
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "eps": float(cfg.rms_norm_eps),
+        "scale": float(draft.model.layers[0].self_attn.scaling),
+        "rope_scaling": float(getattr(rotary, "attention_scaling", 1.0)),
+    }
+    return args, kwargs
+
+
+def _check_decoder(draft: PreTrainedModel, decoder: _C.QuantizedDecoder) -> str:
+    # Two tokens (positions 0 and 1: a RoPE turn that is not the identity) through HF's modules and
+    # through the decoder; their logits must agree up to float32 rounding.
+    tokens = torch.tensor([1, 2]) % draft.get_input_embeddings().weight.shape[0]
+    adapter = HFAdapter(draft, 2, checked=True)
+    with torch.inference_mode():
+        adapter.forward(tokens[:1], None, torch.tensor([[0]]), None, 0, False)
+        want, _ = adapter.forward(tokens[1:], None, torch.tensor([[1]]), None, 1, False)  # [1, vocab]
+        keys = [torch.zeros_like(layer.keys) for layer in adapter.cache.layers]
+        values = [torch.zeros_like(layer.values) for layer in adapter.cache.layers]
+        decoder.step(int(tokens[0]), 0, keys, values)
+        got = decoder.step(int(tokens[1]), 1, keys, values)
+    err = (got - want[0]).abs().max().item()
+    bound = 1e-3 * max(1.0, want.abs().max().item())
+    if not err <= bound:
+        return f"its C++ step differs from HF's forward by {err:.3g} in the logits (bound {bound:.3g})"
+    return ""
 
 
 def is_full_depth(model: PreTrainedModel, num_layers: int | None) -> bool:

@@ -38,6 +38,7 @@ from mtprobe.draft_model import (
     is_full_depth,
     layer_truncated,
     quantized,
+    quantized_decoder,
     why_not_quantized,
 )
 from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
@@ -218,6 +219,10 @@ def draft_model_drafter(
     # quantized draft's are its own op already).
     routes = None if config.self_draft == "quantized" else choose_linear_routes(draft)
     adapter = HFAdapter(draft, capacity, linear_routes=routes)
+    # Its one-token forwards in C++ where the architecture allows (draft_model.quantized_decoder).
+    decoder = (
+        quantized_decoder(draft) if config.self_draft == "quantized" and config.draft_model is None else None
+    )
     # The quantized self-draft of every layer would run the prompt through the target's own float32
     # weights (QuantizedLinear.MAX_ROWS): a second prefill, as costly as the target's. It takes the
     # target's cache instead: at every draft step the tokens it has not seen but the target verified
@@ -264,6 +269,19 @@ def draft_model_drafter(
                 adapter.cache.copy_entries(state["target"], start, end)
             tokens, position_ids, prefix_len = tokens[n - 1 :], position_ids[:, n - 1 :], end
             state["held"] = end + 1
+        # A token or two (the bonus token and the last draft, where the draft's cache lags) one step at a
+        # time in C++; a prompt through HF's modules, which run its rows together on float32 weights.
+        rows = tokens.shape[0]
+        if decoder is not None and rows <= 2 and embeds is None and mask is None and not want_hidden:
+            layers = adapter.cache.layers
+            adapter.reserve(prefix_len + rows)
+            if layers[0].is_initialized:  # after the draft's first forward through HF (or the copy)
+                keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
+                for i, token in enumerate(tokens.tolist()):
+                    logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
+                for layer in layers:
+                    layer.length = prefix_len + rows
+                return logits.unsqueeze(0).expand(n, -1), None  # the drafter reads the last row only
         # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's
         # other rows need no logits: the head over a long prompt costs as much as its layers.
         adapter.prefill_logits_from = tokens.shape[0] - 1

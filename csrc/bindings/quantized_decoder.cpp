@@ -1,0 +1,73 @@
+#include "decode/quantized_decoder.h"
+
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
+
+#include "bindings/bindings.h"
+
+namespace py = pybind11;
+
+namespace mtprobe::bindings {
+namespace {
+
+using Tensors = std::map<std::string, at::Tensor>;
+
+at::Tensor required(const Tensors& t, const std::string& key, const std::string& where) {
+  auto it = t.find(key);
+  TORCH_CHECK_VALUE(it != t.end(), "QuantizedDecoder: ", where, " has no '", key, "' tensor");
+  return it->second;
+}
+
+at::Tensor optional(const Tensors& t, const std::string& key) {
+  auto it = t.find(key);
+  return it == t.end() ? at::Tensor() : it->second;
+}
+
+QuantizedWeights weights(const Tensors& t, const std::string& name, const std::string& where) {
+  return {required(t, name + ".codes", where), required(t, name + ".scale", where),
+          optional(t, name + ".min"), optional(t, name + ".bias")};
+}
+
+}  // namespace
+
+void bind_quantized_decoder(py::module_& m) {
+  py::class_<QuantizedDecoder, std::shared_ptr<QuantizedDecoder>>(
+      m, "QuantizedDecoder",
+      "The quantized self-draft's one-token decoder step in C++ (csrc/decode/quantized_decoder.h); "
+      "mtprobe.draft_model.quantized_decoder builds it from a quantized twin.")
+      .def(py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
+                       const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
+                       double scale, double rope_scaling) {
+             std::vector<QuantizedDecoderLayer> built;
+             for (size_t l = 0; l < layers.size(); ++l) {
+               const Tensors& t = layers[l];
+               const std::string where = "layer " + std::to_string(l);
+               built.push_back({required(t, "input_norm", where), required(t, "post_norm", where),
+                                weights(t, "q", where), weights(t, "k", where), weights(t, "v", where),
+                                weights(t, "o", where), weights(t, "gate", where), weights(t, "up", where),
+                                weights(t, "down", where)});
+             }
+             QuantizedDecoderConfig config;
+             config.heads = heads;
+             config.kv_heads = kv_heads;
+             config.eps = static_cast<float>(eps);
+             config.scale = static_cast<float>(scale);
+             config.rope_scaling = static_cast<float>(rope_scaling);
+             return std::make_shared<QuantizedDecoder>(std::move(embed), std::move(built),
+                                                       std::move(final_norm), weights(head, "head", "head"),
+                                                       std::move(inv_freq), config);
+           }),
+           py::arg("embed"), py::arg("layers"), py::arg("final_norm"), py::arg("head"), py::arg("inv_freq"),
+           py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
+           py::arg("rope_scaling"))
+      .def("step", &QuantizedDecoder::step, py::arg("token"), py::arg("position"), py::arg("keys"),
+           py::arg("values"),
+           "Logits [vocab] float32 of `token` at `position`; its keys and values are written into row "
+           "`position` of each layer's buffers [1, kv_heads, capacity, head_dim]",
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_layers", &QuantizedDecoder::num_layers);
+}
+
+}  // namespace mtprobe::bindings

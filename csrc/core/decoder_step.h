@@ -1,0 +1,38 @@
+// The small pieces of one Llama-style decoder step for a single token, on raw float32 pointers: the
+// parts of the quantized self-draft's step (csrc/decode/quantized_decoder.h) that are not its linear
+// layers (csrc/core/quantized_linear.h). Torch-free, C++17.
+//
+// Why: the quantized self-draft's forward through HF's modules spends about half its time outside its
+// linear layers (module calls and a dozen small tensor ops per layer for one token); these loops over
+// a few hundred floats cost microseconds. Each matches what HF's Llama modules compute, up to rounding:
+//   rms_norm     LlamaRMSNorm:   y = w * x / sqrt(mean(x^2) + eps)
+//   rotate_half  apply_rotary_pos_emb's rotate-half layout, pairs (i, i + d/2) turned by angle i
+//   attend       the queries of one key/value head against `len` cached keys: softmax(scale * q.k)
+//                over them, times the values
+//   silu_mul     LlamaMLP's act(gate) * up with SiLU
+//
+// Example (rotate_half, head_dim 4, one head, angles 90 and 0 degrees: cos {0, 1}, sin {1, 0}):
+//   x = {1, 2, 3, 4} -> {1 * 0 - 3 * 1, 2 * 1 - 4 * 0, 3 * 0 + 1 * 1, 4 * 1 + 2 * 0} = {-3, 2, 1, 4}.
+#pragma once
+
+#include <cstdint>
+
+namespace mtprobe::core {
+
+// y[i] = w[i] * x[i] / sqrt(mean(x^2) + eps), n floats; y may be x.
+void rms_norm(const float* x, const float* w, float eps, int64_t n, float* y);
+
+// Turns each of `heads` vectors of `head_dim` floats (contiguous, head after head) in place:
+// x[i] <- x[i] cos[i] - x[i + d/2] sin[i], x[i + d/2] <- x[i + d/2] cos[i] + x[i] sin[i], i < d/2.
+void rotate_half(float* x, int64_t heads, int64_t head_dim, const float* cos, const float* sin);
+
+// Attention of `group` query heads (q [group, head_dim], contiguous) that share one key/value head:
+// out[h] = sum_j p_hj v_j with p_h = softmax_j(scale * q_h . k_j) over the `len` >= 1 keys and values
+// k_j = k + j * stride (and v_j likewise); scores: scratch for group * len floats; out [group, head_dim].
+void attend(const float* q, int64_t group, const float* k, const float* v, int64_t len, int64_t head_dim,
+            int64_t stride, float scale, float* scores, float* out);
+
+// y[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], n floats; y may be gate.
+void silu_mul(const float* gate, const float* up, int64_t n, float* y);
+
+}  // namespace mtprobe::core

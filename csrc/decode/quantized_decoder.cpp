@@ -1,0 +1,198 @@
+#include "decode/quantized_decoder.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/decoder_step.h"
+#include "core/quantized_linear.h"
+
+namespace mtprobe {
+namespace {
+
+constexpr int64_t G = core::kQuantGroup;
+
+bool is_q4(const QuantizedWeights& w) { return w.codes.scalar_type() == at::kByte; }
+
+void check_vector(const at::Tensor& t, int64_t n, const std::string& name) {
+  TORCH_CHECK_VALUE(t.defined() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat &&
+                        t.is_cpu() && t.is_contiguous(),
+                    "QuantizedDecoder: ", name, " must be a contiguous float32 CPU tensor [", n, "], got ",
+                    t.defined() ? t.toString() + " " + c10::str(t.sizes()) : std::string("none"));
+}
+
+void check_weights(const QuantizedWeights& w, int64_t in, int64_t out, const std::string& name) {
+  TORCH_CHECK_VALUE(w.codes.defined() && w.codes.dim() == 2 && w.codes.is_contiguous() && w.codes.is_cpu() &&
+                        (w.codes.scalar_type() == at::kByte || w.codes.scalar_type() == at::kChar),
+                    "QuantizedDecoder: ", name,
+                    ".codes must be contiguous uint8 (Q4_1) or int8 (Q8_0) CPU codes [out, in / 2 or in]");
+  TORCH_CHECK_VALUE(w.in_features() == in && w.out_features() == out, "QuantizedDecoder: ", name, " is [",
+                    w.out_features(), ", ", w.in_features(), "] but the model needs [", out, ", ", in, "]");
+  auto check_groups = [&](const at::Tensor& t, const char* part) {
+    TORCH_CHECK_VALUE(t.defined() && t.dim() == 2 && t.size(0) == out && t.size(1) == in / G &&
+                          t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
+                      "QuantizedDecoder: ", name, ".", part, " must be contiguous float32 [", out, ", ",
+                      in / G, "]");
+  };
+  check_groups(w.scale, "scale");
+  if (is_q4(w)) check_groups(w.min, "min");
+  TORCH_CHECK_VALUE(is_q4(w) || !w.min.defined(), "QuantizedDecoder: ", name, " is Q8_0, which has no min");
+  if (w.bias.defined()) check_vector(w.bias, out, name + ".bias");
+}
+
+}  // namespace
+
+int64_t QuantizedWeights::in_features() const {
+  return codes.scalar_type() == at::kByte ? codes.size(1) * 2 : codes.size(1);
+}
+
+QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecoderLayer> layers,
+                                   at::Tensor final_norm, QuantizedWeights head, at::Tensor inv_freq,
+                                   QuantizedDecoderConfig config)
+    : embed_(std::move(embed)),
+      final_norm_(std::move(final_norm)),
+      inv_freq_(std::move(inv_freq)),
+      layers_(std::move(layers)),
+      head_(std::move(head)),
+      config_(config) {
+  TORCH_CHECK_VALUE(
+      embed_.dim() == 2 && embed_.scalar_type() == at::kFloat && embed_.is_cpu() && embed_.is_contiguous(),
+      "QuantizedDecoder: embed must be a contiguous float32 CPU tensor [vocab, hidden], got ",
+      embed_.sizes());
+  TORCH_CHECK_VALUE(!layers_.empty(), "QuantizedDecoder: the model needs at least one layer");
+  TORCH_CHECK_VALUE(config_.heads >= 1 && config_.kv_heads >= 1 && config_.heads % config_.kv_heads == 0,
+                    "QuantizedDecoder: heads (", config_.heads, ") must be a positive multiple of kv_heads (",
+                    config_.kv_heads, ")");
+  hidden_ = embed_.size(1);
+  vocab_ = head_.out_features();
+  TORCH_CHECK_VALUE(hidden_ % G == 0, "QuantizedDecoder: hidden size ", hidden_, " must be a multiple of ",
+                    G);
+  const int64_t q_out = layers_[0].q.out_features();
+  TORCH_CHECK_VALUE(q_out % config_.heads == 0, "QuantizedDecoder: q_proj's ", q_out,
+                    " outputs do not split into ", config_.heads, " heads");
+  head_dim_ = q_out / config_.heads;
+  TORCH_CHECK_VALUE(head_dim_ % 2 == 0, "QuantizedDecoder: head_dim ", head_dim_, " must be even (RoPE)");
+  intermediate_ = layers_[0].gate.out_features();
+  check_vector(inv_freq_, head_dim_ / 2, "inv_freq");
+  check_vector(final_norm_, hidden_, "final_norm");
+  check_weights(head_, hidden_, vocab_, "head");
+  const int64_t kv_out = config_.kv_heads * head_dim_;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const QuantizedDecoderLayer& L = layers_[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    check_vector(L.input_norm, hidden_, at + "input_norm");
+    check_vector(L.post_norm, hidden_, at + "post_norm");
+    check_weights(L.q, hidden_, q_out, at + "q");
+    check_weights(L.k, hidden_, kv_out, at + "k");
+    check_weights(L.v, hidden_, kv_out, at + "v");
+    check_weights(L.o, q_out, hidden_, at + "o");
+    check_weights(L.gate, hidden_, intermediate_, at + "gate");
+    check_weights(L.up, hidden_, intermediate_, at + "up");
+    check_weights(L.down, intermediate_, hidden_, at + "down");
+  }
+  x_.resize(hidden_);
+  h_.resize(hidden_);
+  out_.resize(hidden_);
+  q_.resize(q_out);
+  att_.resize(q_out);
+  k_.resize(kv_out);
+  v_.resize(kv_out);
+  gate_.resize(intermediate_);
+  up_.resize(intermediate_);
+  xsum_.resize(std::max(hidden_, std::max(intermediate_, q_out)) / G);
+}
+
+void QuantizedDecoder::linear(const QuantizedWeights& w, const float* x, float* y) {
+  const int64_t in = w.in_features(), out = w.out_features();
+  const bool q4 = is_q4(w);
+  if (q4) core::quantized_group_sums(x, 1, in, xsum_.data());
+  const void* codes = w.codes.const_data_ptr();
+  const float* scale = w.scale.const_data_ptr<float>();
+  const float* min = q4 ? w.min.const_data_ptr<float>() : nullptr;
+  const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
+  const auto format = q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
+  const float* xsum = q4 ? xsum_.data() : nullptr;
+  // A grain of 64 columns, as the quantized_linear op.
+  at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
+    core::quantized_linear(x, xsum, 1, in, codes, format, scale, min, bias, y, out, begin, end);
+  });
+}
+
+void QuantizedDecoder::check_cache(const std::vector<at::Tensor>& caches, const char* name,
+                                   int64_t position) const {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(caches.size()) == num_layers(), "QuantizedDecoder.step: ", name,
+                    " must hold one buffer per layer (", num_layers(), "), got ", caches.size());
+  for (const at::Tensor& t : caches) {
+    TORCH_CHECK_VALUE(t.dim() == 4 && t.size(0) == 1 && t.size(1) == config_.kv_heads &&
+                          t.size(3) == head_dim_ && t.scalar_type() == at::kFloat && t.is_cpu() &&
+                          t.stride(3) == 1,
+                      "QuantizedDecoder.step: each of ", name, " must be float32 CPU [1, ", config_.kv_heads,
+                      ", capacity, ", head_dim_, "] with unit stride in its last dimension, got ",
+                      t.scalar_type(), " ", t.sizes());
+    TORCH_CHECK_VALUE(position < t.size(2), "QuantizedDecoder.step: position ", position,
+                      " does not fit a cache of capacity ", t.size(2), " (", name, ")");
+  }
+}
+
+at::Tensor QuantizedDecoder::step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
+                                  const std::vector<at::Tensor>& values) {
+  TORCH_CHECK_VALUE(token >= 0 && token < embed_.size(0), "QuantizedDecoder.step: token ", token,
+                    " is outside the vocabulary [0, ", embed_.size(0), ")");
+  TORCH_CHECK_VALUE(position >= 0, "QuantizedDecoder.step: position must be >= 0, got ", position);
+  check_cache(keys, "keys", position);
+  check_cache(values, "values", position);
+  std::lock_guard<std::mutex> lock(busy_);
+  const int64_t d = head_dim_, half = d / 2, heads = config_.heads, kv = config_.kv_heads;
+  const int64_t group = heads / kv, len = position + 1;
+  std::copy_n(embed_.const_data_ptr<float>() + token * hidden_, hidden_, x_.data());
+  // RoPE's angles at this position, in float32 as HF computes them.
+  std::vector<float> cos(half), sin(half);
+  const float* inv_freq = inv_freq_.const_data_ptr<float>();
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq[i];
+    cos[i] = std::cos(angle) * config_.rope_scaling;
+    sin[i] = std::sin(angle) * config_.rope_scaling;
+  }
+  if (static_cast<int64_t>(scores_.size()) < heads * len) scores_.resize(2 * heads * len);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const QuantizedDecoderLayer& L = layers_[l];
+    core::rms_norm(x_.data(), L.input_norm.const_data_ptr<float>(), config_.eps, hidden_, h_.data());
+    linear(L.q, h_.data(), q_.data());
+    linear(L.k, h_.data(), k_.data());
+    linear(L.v, h_.data(), v_.data());
+    core::rotate_half(q_.data(), heads, d, cos.data(), sin.data());
+    core::rotate_half(k_.data(), kv, d, cos.data(), sin.data());
+    float* K = keys[l].mutable_data_ptr<float>();
+    float* V = values[l].mutable_data_ptr<float>();
+    const int64_t ks1 = keys[l].stride(1), ks2 = keys[l].stride(2);
+    const int64_t vs1 = values[l].stride(1), vs2 = values[l].stride(2);
+    TORCH_CHECK_VALUE(ks2 == vs2, "QuantizedDecoder.step: keys and values of layer ", l,
+                      " differ in row stride");
+    for (int64_t h = 0; h < kv; ++h) {
+      std::copy_n(k_.data() + h * d, d, K + h * ks1 + position * ks2);
+      std::copy_n(v_.data() + h * d, d, V + h * vs1 + position * vs2);
+    }
+    at::parallel_for(0, kv, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        core::attend(q_.data() + g * group * d, group, K + g * ks1, V + g * vs1, len, d, ks2, config_.scale,
+                     scores_.data() + g * group * len, att_.data() + g * group * d);
+      }
+    });
+    linear(L.o, att_.data(), out_.data());
+    for (int64_t i = 0; i < hidden_; ++i) x_[i] += out_[i];
+    core::rms_norm(x_.data(), L.post_norm.const_data_ptr<float>(), config_.eps, hidden_, h_.data());
+    linear(L.gate, h_.data(), gate_.data());
+    linear(L.up, h_.data(), up_.data());
+    core::silu_mul(gate_.data(), up_.data(), intermediate_, gate_.data());
+    linear(L.down, gate_.data(), out_.data());
+    for (int64_t i = 0; i < hidden_; ++i) x_[i] += out_[i];
+  }
+  core::rms_norm(x_.data(), final_norm_.const_data_ptr<float>(), config_.eps, hidden_, h_.data());
+  at::Tensor logits = at::empty({vocab_}, at::kFloat);  // [vocab]
+  linear(head_, h_.data(), logits.mutable_data_ptr<float>());
+  return logits;
+}
+
+}  // namespace mtprobe

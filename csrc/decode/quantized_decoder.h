@@ -1,0 +1,76 @@
+// The quantized self-draft's decoder step in C++: one token through a Llama-style model whose linear
+// weights are group-quantized (csrc/core/quantized_linear.h), against a KV cache the caller owns.
+//
+// Why: through HF's modules, the quantized self-draft (python/mtprobe/draft_model.py) spends about half
+// of each one-token forward outside its linear layers: module calls and a dozen small tensor ops a
+// layer. This step runs the same computation with no Python and no per-op dispatch: the weights are
+// planned once (the quantized twin's codes, shared, not copied), each step runs the layers in order.
+// It computes what HF's LlamaDecoderLayer stack computes up to rounding; the draft only proposes, the
+// target's own forward verifies, so the output is the target's either way.
+//
+// A step at position p: x = embed[token]; for each layer, attention (RMSNorm, q/k/v, rotate-half RoPE
+// at p, k and v written into the cache's row p, softmax over rows 0..p, o) and the SiLU MLP, each added
+// to x; then the final norm and the head: logits [vocab] float32.
+//
+// Cache layout (mtprobe.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity, head_dim]
+// float32 per layer, capacity > p; rows 0..p-1 must hold the sequence's entries already.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+#include <vector>
+
+namespace mtprobe {
+
+// One linear layer: Q4_1 (uint8 codes [out, in / 2], scale and min [out, in / 32]) or Q8_0 (int8 codes
+// [out, in], scale [out, in / 32], no min); bias [out] or undefined.
+struct QuantizedWeights {
+  at::Tensor codes, scale, min, bias;
+  int64_t in_features() const;
+  int64_t out_features() const { return codes.size(0); }
+};
+
+struct QuantizedDecoderLayer {
+  at::Tensor input_norm, post_norm;  // [hidden] float32 each: RMSNorm weights before attention and MLP
+  QuantizedWeights q, k, v, o, gate, up, down;
+};
+
+struct QuantizedDecoderConfig {
+  int64_t heads = 0, kv_heads = 0;  // query heads, key/value heads (a multiple: grouped-query attention)
+  float eps = 1e-5f;                // RMSNorm's
+  float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
+  float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
+};
+
+class QuantizedDecoder {
+ public:
+  // embed [vocab, hidden] float32; inv_freq [head_dim / 2] float32 (RoPE's frequencies, HF's
+  // rotary_emb.inv_freq); head: the output layer. Shapes are checked against each other (ValueError).
+  QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecoderLayer> layers, at::Tensor final_norm,
+                   QuantizedWeights head, at::Tensor inv_freq, QuantizedDecoderConfig config);
+
+  // Logits [vocab] float32 of `token` at `position`, its keys and values written into row `position`
+  // of keys[l] and values[l] (one per layer, the layout above). One step at a time (a lock: the scratch
+  // is the decoder's, and one decoder serves every generation of its model).
+  at::Tensor step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
+                  const std::vector<at::Tensor>& values);
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  void linear(const QuantizedWeights& w, const float* x, float* y);
+  void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t position) const;
+
+  at::Tensor embed_, final_norm_, inv_freq_;
+  std::vector<QuantizedDecoderLayer> layers_;
+  QuantizedWeights head_;
+  QuantizedDecoderConfig config_;
+  int64_t hidden_, head_dim_, intermediate_, vocab_;
+  // Scratch, sized once: x, the normed x, q, k, v, the attention output, o/down's output, gate, up,
+  // Q4_1's group sums of the input; scores grows with the context.
+  std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, xsum_, scores_;
+  std::mutex busy_;
+};
+
+}  // namespace mtprobe

@@ -1,0 +1,178 @@
+"""The quantized self-draft's C++ decoder step (csrc/decode/quantized_decoder.h) against HF's modules.
+
+Its reference is the quantized twin itself run through HF's Llama modules (``HFAdapter`` over
+``draft_model.quantized``): the step must give the same logits and write the same KV rows, up to
+float32 rounding, at every position of a sequence. The output of generation stays the target's either
+way (the target verifies every draft), which the end-to-end tests check token for token.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import tiny_llama
+from mtprobe import draft_model
+from mtprobe.adapter import HFAdapter
+from mtprobe.draft_model import DECODER_ENV, quantized, quantized_decoder, why_no_decoder
+
+
+def _hf_and_decoder_steps(model, tokens: list[int]) -> tuple[list[float], list[float]]:
+    """Each token's logits and key row errors (relative to the largest entry), the decoder against HF's
+    modules over the quantized twin."""
+    draft = quantized(model)
+    decoder = quantized_decoder(draft)
+    assert decoder is not None
+    adapter = HFAdapter(draft, len(tokens), checked=True)
+    logit_err, kv_err = [], []
+    with torch.inference_mode():
+        adapter.forward(torch.tensor(tokens[:1]), None, torch.tensor([[0]]), None, 0, False)  # allocates
+        keys = [torch.zeros_like(layer.keys) for layer in adapter.cache.layers]
+        values = [torch.zeros_like(layer.values) for layer in adapter.cache.layers]
+        for p, token in enumerate(tokens):
+            want, _ = adapter.forward(torch.tensor([token]), None, torch.tensor([[p]]), None, p, False)
+            got = decoder.step(token, p, keys, values)  # [vocab]
+            logit_err.append((got - want[0]).abs().max().item() / want.abs().max().item())
+            kv_err.append(
+                max(
+                    (
+                        (mine[0, :, p] - layer.keys[0, :, p]).abs().max() / layer.keys[0, :, p].abs().max()
+                    ).item()
+                    for mine, layer in zip(keys, adapter.cache.layers, strict=True)
+                )
+            )
+    return logit_err, kv_err
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # grouped-query attention: 4 heads over 2 key/value heads
+        {"num_key_value_heads": 4, "attention_bias": True, "mlp_bias": True},  # biases everywhere
+        {"num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 100.0},  # head_dim 32, fast turns
+    ],
+)
+def test_step_matches_hf_modules_at_every_position(overrides):
+    model = tiny_llama(seed=3, vocab_size=64, num_hidden_layers=3, **overrides)
+    tokens = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
+    assert max(logit_err) < 1e-5, logit_err
+    assert max(kv_err) < 1e-5, kv_err
+
+
+def test_smollm2_step_matches_hf_modules(smollm2):
+    model, _ = smollm2
+    tokens = torch.randint(0, 49152, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
+    assert max(logit_err) < 1e-4, logit_err
+    assert max(kv_err) < 1e-4, kv_err
+
+
+def test_generation_runs_its_drafts_through_the_decoder_and_stays_greedy(monkeypatch):
+    model = tiny_llama(seed=4, vocab_size=48, num_hidden_layers=3, eos_token_id=47)
+    draft = quantized(model)
+    steps = []
+    decoder = quantized_decoder(draft)
+
+    class Counting:
+        def step(self, *args):
+            steps.append(args[1])
+            return decoder.step(*args)
+
+    monkeypatch.setitem(draft_model._DECODERS, draft, Counting())
+    hf_forwards = []
+    handle = draft.register_forward_pre_hook(lambda *_: hf_forwards.append(1))
+    try:
+        cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+        for length in (1, 9, 30):
+            prompt = torch.randint(0, 47, (1, length), generator=torch.Generator().manual_seed(length))
+            ref = model.generate(prompt, do_sample=False, max_new_tokens=24)
+            out = mtprobe.generate(model, prompt, cfg, max_new_tokens=24)
+            assert torch.equal(out.sequences, ref), length
+    finally:
+        handle.remove()
+    assert len(steps) > 3 * 4  # every one-token draft forward after the copied prompt
+    assert not hf_forwards  # none through HF's modules: the prompt's entries are the target's, copied
+
+
+def test_a_quantized_draft_of_the_first_layers_prefills_through_hf_then_steps_in_cpp():
+    # Fewer layers than the target: the draft cannot take the target's entries, so it runs the prompt
+    # through HF's modules (its float32 weights), then its one-token forwards through the decoder.
+    model = tiny_llama(seed=9, vocab_size=48, num_hidden_layers=3, eos_token_id=47)
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_draft_layers=2, num_tokens=4)
+    draft = quantized(model, 2)
+    assert quantized_decoder(draft).num_layers == 2
+    seen = []
+    handle = draft.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["inputs_embeds"].shape[1]), with_kwargs=True
+    )
+    try:
+        for length in (1, 12):
+            prompt = torch.randint(0, 47, (1, length), generator=torch.Generator().manual_seed(length))
+            ref = model.generate(prompt, do_sample=False, max_new_tokens=20)
+            assert torch.equal(mtprobe.generate(model, prompt, cfg, max_new_tokens=20).sequences, ref), length
+    finally:
+        handle.remove()
+    assert seen == [1, 12]  # each generation's first draft forward only
+
+
+def test_other_architectures_and_the_switch_keep_hf_modules(monkeypatch):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    qwen = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
+    assert "model_type 'qwen2' is not one of ('llama',)" in why_no_decoder(quantized(qwen))
+    assert quantized_decoder(quantized(qwen)) is None
+    model = tiny_llama(seed=6)
+    assert "not every linear layer is quantized" in why_no_decoder(model)
+    monkeypatch.setenv(DECODER_ENV, "0")
+    assert why_no_decoder(quantized(model)) == f"{DECODER_ENV}=0"
+
+
+def test_a_decoder_that_disagrees_with_hf_is_not_used():
+    model = tiny_llama(seed=7, vocab_size=64)
+    draft = quantized(model)
+    assert draft_model._check_decoder(draft, draft_model._build_decoder(draft)) == ""
+    args, kw = draft_model.decoder_arguments(draft)
+    assert kw["scale"] == 0.25  # head_dim^-0.5
+    wrong = draft_model._C.QuantizedDecoder(*args, **{**kw, "scale": 1.0})
+    assert "differs from HF's forward" in draft_model._check_decoder(draft, wrong)
+
+
+def test_bad_input_is_refused_with_what_is_wrong():
+    model = tiny_llama(seed=8, vocab_size=64)
+    draft = quantized(model)
+    decoder = quantized_decoder(draft)
+    keys = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    values = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"token 64 is outside the vocabulary \[0, 64\)"):
+        decoder.step(64, 0, keys, values)
+    with pytest.raises(ValueError, match="position 8 does not fit a cache of capacity 8"):
+        decoder.step(1, 8, keys, values)
+    with pytest.raises(ValueError, match=r"keys must hold one buffer per layer \(2\), got 1"):
+        decoder.step(1, 0, keys[:1], values)
+    with pytest.raises(ValueError, match=r"must be float32 CPU \[1, 2, capacity, 16\]"):
+        decoder.step(1, 0, [k.double() for k in keys], values)
+    (embed, layers, final_norm, head, inv_freq), kw = draft_model.decoder_arguments(draft)
+    with pytest.raises(ValueError, match=r"heads \(4\) must be a positive multiple of kv_heads \(3\)"):
+        draft_model._C.QuantizedDecoder(embed, layers, final_norm, head, inv_freq, **{**kw, "kv_heads": 3})
+    with pytest.raises(ValueError, match="layer 1 has no 'up.codes' tensor"):
+        broken = [layers[0], {k: v for k, v in layers[1].items() if not k.startswith("up.")}]
+        draft_model._C.QuantizedDecoder(embed, broken, final_norm, head, inv_freq, **kw)
+    with pytest.raises(ValueError, match=r"layer 0 down is \[64, 64\] but the model needs \[64, 128\]"):
+        swapped = [
+            {**layers[0], **{k.replace("o.", "down."): v for k, v in layers[0].items() if k.startswith("o.")}}
+        ]
+        draft_model._C.QuantizedDecoder(embed, swapped + layers[1:], final_norm, head, inv_freq, **kw)
+    with pytest.raises(ValueError, match=r"inv_freq must be a contiguous float32 CPU tensor \[8\]"):
+        draft_model._C.QuantizedDecoder(embed, layers, final_norm, head, inv_freq[:4].clone(), **kw)
