@@ -1084,7 +1084,7 @@ class AutoConfig(_ConfigData):
             Each drafter still drafts within its own ``block_complexity``.
 
     >>> AutoConfig().block_complexity
-    13
+    25
     >>> AutoConfig(drafters=())
     Traceback (most recent call last):
     ...
