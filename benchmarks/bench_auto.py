@@ -411,7 +411,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"repeat(s) of every row in turn: {', '.join(methods)}; wall time of each call",
         f"- rows: `HF greedy` `model.generate(do_sample=False)`; `HF prompt lookup` the same with "
         f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
-        "step); `auto` `mtprobe.AutoConfig()` (prompt lookup, STAND and the quantized self-draft K 24 since 2026-11-28, K 12 before); "
+        "step); `auto` `mtprobe.AutoConfig()` (prompt lookup, STAND and the quantized self-draft K 12); "
         f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
         "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "
         "`quantized draft K` "

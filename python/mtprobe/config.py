@@ -1062,11 +1062,8 @@ class AutoConfig(_ConfigData):
     output is that of plain decoding whatever it chooses.
 
     The default drafters are prompt lookup, STAND and the quantized self-draft
-    (``DraftModelConfig(self_draft="quantized", num_tokens=24)``), which on a CPU drafts in about a third of a
-    target forward (its one-token forwards in C++ on a Llama-architecture model, two thirds through HF's
-    modules elsewhere) and agrees with the model on almost every token; the forecast cuts its chain to
-    the length that pays (on SmolLM2, chains of up to 24 ran 1.07x faster than up to 12 over the whole
-    Spec-Bench dev split: benchmarks/results/auto/interleaved-quantized-decoder-k-full-split.md). A quantized self-draft the model
+    (``DraftModelConfig(self_draft="quantized", num_tokens=12)``), which on a CPU drafts in about a third of a
+    target forward (its one-token forwards in C++ on a Llama-architecture model) and agrees with the model on almost every token. A quantized self-draft the model
     cannot run (on a GPU, in bfloat16, no linear to quantize:
     :func:`mtprobe.draft_model.why_not_quantized`) is left out of the candidates.
 
@@ -1084,7 +1081,7 @@ class AutoConfig(_ConfigData):
             Each drafter still drafts within its own ``block_complexity``.
 
     >>> AutoConfig().block_complexity
-    25
+    13
     >>> AutoConfig(drafters=())
     Traceback (most recent call last):
     ...
@@ -1097,7 +1094,7 @@ class AutoConfig(_ConfigData):
         default_factory=lambda: (
             PromptLookupConfig(),
             StandConfig(block_complexity=10),
-            DraftModelConfig(self_draft="quantized", num_tokens=24),
+            DraftModelConfig(self_draft="quantized", num_tokens=12),
         )
     )
     profile: Any = None
