@@ -220,9 +220,7 @@ def draft_model_drafter(
     routes = None if config.self_draft == "quantized" else choose_linear_routes(draft)
     adapter = HFAdapter(draft, capacity, linear_routes=routes)
     # Its one-token forwards in C++ where the architecture allows (draft_model.quantized_decoder).
-    decoder = (
-        quantized_decoder(draft) if config.self_draft == "quantized" and config.draft_model is None else None
-    )
+    decoder = quantized_decoder(draft) if config.self_draft == "quantized" else None
     # The quantized self-draft of every layer would run the prompt through the target's own float32
     # weights (QuantizedLinear.MAX_ROWS): a second prefill, as costly as the target's. It takes the
     # target's cache instead: at every draft step the tokens it has not seen but the target verified
@@ -279,8 +277,7 @@ def draft_model_drafter(
                 keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
                 for i, token in enumerate(tokens.tolist()):
                     logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
-                for layer in layers:
-                    layer.length = prefix_len + rows
+                adapter.cache.set_length(prefix_len + rows)
                 return logits.unsqueeze(0).expand(n, -1), None  # the drafter reads the last row only
         # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's
         # other rows need no logits: the head over a long prompt costs as much as its layers.
