@@ -133,6 +133,8 @@ INTERLEAVED = (
     "auto K12",
     "auto K16",
     "auto K24",
+    "auto K12 prompt logits 0",
+    "auto K24 prompt logits 0",
 )
 """The rows of --interleaved, in the order each question runs them (HF greedy first: the reference)."""
 
@@ -343,7 +345,8 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "quantized draft K12": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12)),
         "quantized draft K16": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=16)),
         "quantized draft K24": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=24)),
-        # AutoConfig's default candidates with the quantized self-draft's chain of up to K (its forecast may cut it).
+        # AutoConfig's candidates as they were up to 2026-11-28 (STAND reads every prompt logit), with the
+        # quantized self-draft's chain of up to K (its forecast may cut it).
         **{
             f"auto K{k}": mt(
                 mtprobe.AutoConfig(
@@ -355,6 +358,19 @@ def run_interleaved(args: argparse.Namespace) -> int:
                 )
             )
             for k in (12, 16, 24)
+        },
+        # The same with STAND's store seeded with the prompt's text alone: no LM head over the prompt.
+        **{
+            f"auto K{k} prompt logits 0": mt(
+                mtprobe.AutoConfig(
+                    drafters=(
+                        mtprobe.PromptLookupConfig(),
+                        mtprobe.StandConfig(block_complexity=10, prompt_logits=0),
+                        mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=k),
+                    )
+                )
+            )
+            for k in (12, 24)
         },
         # The draft's one-token forwards through HF's modules, as before its C++ decoder step.
         "auto (HF draft modules)": mt(mtprobe.AutoConfig(), hf_draft=True),
@@ -411,13 +427,17 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"repeat(s) of every row in turn: {', '.join(methods)}; wall time of each call",
         f"- rows: `HF greedy` `model.generate(do_sample=False)`; `HF prompt lookup` the same with "
         f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
-        "step); `auto` `mtprobe.AutoConfig()` (prompt lookup, STAND and the quantized self-draft K 12); "
+        "step); `auto` `mtprobe.AutoConfig()` (its default candidates: prompt lookup, STAND and the quantized self-draft; "
+        "since 2026-11-28 K up to 24 and STAND `prompt_logits=0`, before that K up to 12 and every prompt logit); "
         f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
         "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "
         "`quantized draft K` "
         "`mtprobe.DraftModelConfig(self_draft='quantized', num_tokens=K)` (the target's layers in 4 bits and its "
         f"head in 8 draft a chain of K; kernel `{quantized_linear.isa()}`), its one-token forwards in C++ "
-        "(`mtprobe._C.QuantizedDecoder`); `auto K`: `auto` with the quantized self-draft's K set; "
+        "(`mtprobe._C.QuantizedDecoder`); `auto K`: `AutoConfig` over prompt lookup, STAND (BC 10, every prompt logit) and the quantized self-draft "
+        "with chains of up to K; "
+        "`prompt logits 0`: STAND's store seeded with the prompt's text only (`StandConfig(prompt_logits=0)`: the "
+        "prefill computes the LM head at the last prompt position alone); "
         "`(HF draft modules)`, `(HF modules)`: the same with "
         f"`{draft_model.DECODER_ENV}=0` (the draft's forwards through HF's modules, as before that step)",
         f"- linear routes chosen on this machine (`choose_linear_routes`, what `auto` runs): {routes.describe()}"

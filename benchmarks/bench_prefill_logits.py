@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             times["hf"].append(time.perf_counter() - t)
             for mode in ("skip", "full"):
                 # "full": the same drafter, told that it reads the prompt's logits (as STAND does).
-                type(skip).reads_prompt_logits = mode == "full"
+                type(skip).prompt_logit_rows = None if mode == "full" else 1
                 try:
                     t = time.perf_counter()
                     out = mtprobe.generate(
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     times[mode].append(time.perf_counter() - t)
                 finally:
-                    type(skip).reads_prompt_logits = False
+                    type(skip).prompt_logit_rows = 1
                 assert torch.equal(out.sequences, ref), q["question_id"]
                 prefill[mode].append(out.timings["prefill_s"])
         med = {k: statistics.median(v[1:]) for k, v in times.items()}

@@ -46,7 +46,13 @@ NON_DEFAULT = {
         num_draft_layers=3, num_tokens=4, top_branches=2, block_complexity=9, self_draft="quantized"
     ),
     "stand": mtprobe.StandConfig(
-        block_complexity=17, max_depth=6, max_ngram=2, table_size=5, logits_top_k=4, memory_size=50
+        block_complexity=17,
+        max_depth=6,
+        max_ngram=2,
+        table_size=5,
+        logits_top_k=4,
+        memory_size=50,
+        prompt_logits=7,
     ),
     "lookahead": mtprobe.LookaheadConfig(
         ngram_size=3, window=6, guess_set_size=2, pool_from_prompt=True, block_complexity=20

@@ -309,32 +309,53 @@ def test_cuda_token_identical_to_greedy(attn, bc):
 
 
 @pytest.mark.parametrize(
-    ("config", "reads_prompt"),
+    ("config", "rows"),
     [
-        (mtprobe.PromptLookupConfig(num_tokens=4), False),
-        (mtprobe.ProbeConfig(block_complexity=10), False),
-        (mtprobe.StandConfig(block_complexity=10), True),
-        (mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(),)), False),
+        (mtprobe.PromptLookupConfig(num_tokens=4), 1),
+        (mtprobe.ProbeConfig(block_complexity=10), 1),
+        (mtprobe.StandConfig(block_complexity=10), None),
+        (mtprobe.StandConfig(block_complexity=10, prompt_logits=6), 6),
+        (mtprobe.StandConfig(block_complexity=10, prompt_logits=0), 1),
+        (mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(),)), 1),
+        (
+            mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig(prompt_logits=5))),
+            5,
+        ),
+        (mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig())), None),
     ],
 )
-def test_prefill_computes_the_logits_the_drafter_reads(config, reads_prompt):
-    """The LM head runs over the prompt's own positions only for drafters that read them (STAND seeds
-    its store from them); the others get logits from the last prompt token on, as HF's generate."""
+def test_prefill_computes_the_logits_the_drafter_reads(config, rows, monkeypatch):
+    """The LM head runs over the prompt positions a drafter reads (STAND seeds its store from them, at
+    every position or its last ``prompt_logits``); the others get logits from the last prompt token on,
+    as HF's generate."""
     from conftest import tiny_llama
+    from mtprobe.adapter import HFAdapter
+    from mtprobe.config import max_prompt_logit_rows
     from mtprobe.profile import ForwardProfile, ProfileKey
 
     model = tiny_llama()
     if isinstance(config, mtprobe.AutoConfig):
         flat = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01),))
         config = mtprobe.AutoConfig(drafters=config.drafters, profile=flat)
-    rows: list[int] = []
-    handle = model.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[1]))
+    computed: list[int] = []  # rows of each forward's LM head
+    handle = model.lm_head.register_forward_hook(lambda m, args, out: computed.append(args[0].shape[1]))
+    skipped: list[int] = []  # the prefill's rows with no logits
+    forward = HFAdapter.forward
+
+    def spy(self, tokens, embeds, position_ids, mask, prefix_len, want_hidden):
+        if prefix_len == 0:
+            skipped.append(self.prefill_logits_from)
+        return forward(self, tokens, embeds, position_ids, mask, prefix_len, want_hidden)
+
+    monkeypatch.setattr(HFAdapter, "forward", spy)
     ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2]])
     try:
         out = mtprobe.generate(model, ids, config, max_new_tokens=12, do_sample=False)
     finally:
         handle.remove()
     assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=12))
-    prefill_rows = rows[0]
-    assert config.reads_prompt_logits == reads_prompt
-    assert (prefill_rows >= ids.shape[1]) == reads_prompt, prefill_rows
+    assert max_prompt_logit_rows((config,)) == (None if rows is None else max(1, rows))
+    # The prefill's forward (the prompt, and a drafter's first drafts or masks after it) computes the
+    # head from the first row read on.
+    assert skipped == [0 if rows is None else ids.shape[1] - max(1, rows)]
+    assert (computed[0] >= ids.shape[1]) == (rows is None), computed

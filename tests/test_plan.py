@@ -303,7 +303,16 @@ def test_the_graph_path_with_hidden_states_and_a_real_model(stand_in_graphs, smo
     model, tokenizer = smollm2
     ids = tokenizer("def fibonacci(n):\n", return_tensors="pt").input_ids
     expected = greedy(model, ids, 24)
-    for cfg in (mtprobe.HybridConfig(block_complexity=30), mtprobe.AutoConfig()):
+    # AutoConfig's candidates with the self-draft's chains held at 12 (not the default's), so that 24
+    # tokens take more than the prefill's step and a decode step replays, whatever the default chain.
+    auto = mtprobe.AutoConfig(
+        drafters=(
+            mtprobe.PromptLookupConfig(),
+            mtprobe.StandConfig(block_complexity=10, prompt_logits=0),
+            mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12),
+        )
+    )
+    for cfg in (mtprobe.HybridConfig(block_complexity=30), auto):
         out = mtprobe.generate(model, ids, cfg, max_new_tokens=24, plan=PlanConfig(cuda_graphs=True))
         assert torch.equal(out.sequences, expected), type(cfg).__name__
         assert out.plan["graphs"] >= 1 and out.plan["replays"] >= 1

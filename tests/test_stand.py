@@ -359,6 +359,7 @@ def test_smollm2_greedy_equality(smollm2):
         (dict(max_depth=0), "max_depth=0 must be >= 1"),
         (dict(max_ngram=0), "max_ngram=0 must be >= 1"),
         (dict(table_size=0), "table_size=0 must be >= 1"),
+        (dict(prompt_logits=-1), "prompt_logits=-1 must be >= 0"),
     ],
 )
 def test_bad_config(kwargs, message):
@@ -382,6 +383,7 @@ class CheckedStand(_C.Drafter):
             max_ngram=cfg.max_ngram,
             table_size=cfg.table_size,
             logits_top_k=cfg.logits_top_k,
+            prompt_logits=-1 if cfg.prompt_logits is None else cfg.prompt_logits,
         )
         self.trees = 0
 
@@ -415,8 +417,9 @@ class CheckedStand(_C.Drafter):
             n = len(self.history)
             for i in range(1, n):
                 self.ref.add_token(self.history[:i], self.history[i])
+            first = 0 if self.cfg.prompt_logits is None else max(0, n - self.cfg.prompt_logits)
             probs, ids = outcome.logits[:n].float().softmax(-1).topk(k, -1)
-            for i in range(n):
+            for i in range(first, n):  # the last prompt_logits positions' distributions only
                 self.ref.add(self.history[: i + 1], ids[i].tolist(), probs[i].tolist())
             self.prefill = False
         else:
@@ -428,9 +431,11 @@ class CheckedStand(_C.Drafter):
         self.history += list(outcome.new_tokens)
 
 
-@pytest.mark.parametrize("block_complexity", [4, 16])
-def test_drafter_learns_and_drafts_as_the_reference(tiny, block_complexity):
-    cfg = mtprobe.StandConfig(block_complexity=block_complexity, max_depth=4, logits_top_k=3)
+@pytest.mark.parametrize(("block_complexity", "prompt_logits"), [(4, None), (16, None), (16, 0), (16, 5)])
+def test_drafter_learns_and_drafts_as_the_reference(tiny, block_complexity, prompt_logits):
+    cfg = mtprobe.StandConfig(
+        block_complexity=block_complexity, max_depth=4, logits_top_k=3, prompt_logits=prompt_logits
+    )
     prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2]])
     drafter = CheckedStand(cfg)
     loop = cpu_decode_loop(

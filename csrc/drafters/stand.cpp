@@ -13,6 +13,8 @@ StandDrafter::StandDrafter(StandOptions options)
   TORCH_CHECK_VALUE(options_.max_ngram >= 1, "max_ngram must be >= 1, got ", options_.max_ngram);
   TORCH_CHECK_VALUE(options_.table_size >= 1, "table_size must be >= 1, got ", options_.table_size);
   TORCH_CHECK_VALUE(options_.logits_top_k >= 1, "logits_top_k must be >= 1, got ", options_.logits_top_k);
+  TORCH_CHECK_VALUE(options_.prompt_logits >= -1,
+                    "prompt_logits must be -1 (every prompt position) or >= 0, got ", options_.prompt_logits);
 }
 
 void StandDrafter::begin(const at::Tensor& prompt) {
@@ -88,13 +90,20 @@ void StandDrafter::observe(const StepOutcome& outcome) {
   const int64_t k = std::min<int64_t>(options_.logits_top_k, outcome.logits.size(-1));
   size_t appended = 0;  // new tokens already in history_
   if (prefill_) {
-    // Every prompt position: the logits at input i are the distribution after history_[0 : i + 1].
+    // Every prompt position's next token; the logits at input i are the distribution after
+    // history_[0 : i + 1], read from the first of the last `prompt_logits` positions on.
     const int64_t L = static_cast<int64_t>(history_.size());
     for (int64_t i = 1; i < L; ++i) store_.add_token(history_.data(), i, history_[i]);
-    auto [probs, ids] = outcome.logits.narrow(0, 0, L).to(at::kFloat).softmax(-1).topk(k, -1);  // [L, k]
-    auto [ic, pc] = read_top(probs, ids);
-    for (int64_t i = 0; i < L; ++i)
-      store_.add(history_.data(), i + 1, ic.data() + i * k, pc.data() + i * k, k);
+    const int64_t first = options_.prompt_logits < 0 ? 0 : std::max<int64_t>(0, L - options_.prompt_logits);
+    if (first < L) {
+      auto [probs, ids] = outcome.logits.narrow(0, first, L - first)
+                              .to(at::kFloat)
+                              .softmax(-1)
+                              .topk(k, -1);  // [L - first, k]
+      auto [ic, pc] = read_top(probs, ids);
+      for (int64_t i = first; i < L; ++i)
+        store_.add(history_.data(), i + 1, ic.data() + (i - first) * k, pc.data() + (i - first) * k, k);
+    }
     prefill_ = false;
   } else {
     // The accepted path: input path[j] is followed by new_tokens[j]; its logits are the

@@ -4,8 +4,9 @@
 //
 // What the store learns, and when:
 //   - at prefill, for every prompt position i: the prompt's actual next token (one-hot, so that
-//     text in the prompt is copied as prompt lookup copies it) and the target's top-k
-//     distribution after prompt[0 : i + 1] (its logits at input i);
+//     text in the prompt is copied as prompt lookup copies it) and, for the last `prompt_logits`
+//     positions (all by default), the target's top-k distribution after prompt[0 : i + 1] (its
+//     logits at input i);
 //   - after every decode step, the target's top-k distribution after each accepted node (the
 //     logits at the root and at every accepted draft).
 //
@@ -38,6 +39,10 @@ struct StandOptions {
   // drafters that share a memory within one generation (an AutoConfig's), or each would fold the same
   // text again and double its counts.
   bool fold_memory = true;
+  // The prompt's last positions whose distributions seed the store (-1: every one). The others'
+  // logits are not read: the prefill need not compute them (on a long prompt the LM head over every
+  // row and its softmax cost a sixth of the prefill), and their tokens go in regardless.
+  int64_t prompt_logits = -1;
 };
 
 class StandDrafter : public Drafter {

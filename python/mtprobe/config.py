@@ -34,10 +34,12 @@ class _ConfigData:
 
     # The registered method's short name; each class declares it and registration checks it agrees.
     method: ClassVar[str]
-    # Whether the drafter reads the target's distributions at the prompt's own positions (the
-    # n-gram stores seed themselves from them); otherwise the prefill computes logits only from the
-    # last prompt token on (mtprobe.adapter.HFAdapter.prefill_logits_from).
-    reads_prompt_logits: ClassVar[bool] = False
+    # How many of the prompt's last positions the drafter reads the target's distributions at (the
+    # n-gram stores seed themselves from them); None: every position. The prefill computes logits
+    # at those only, and always at the last, which picks the first token
+    # (mtprobe.adapter.HFAdapter.prefill_logits_from): on a long prompt the LM head over every row
+    # costs a sixth of the prefill.
+    prompt_logit_rows: ClassVar[int | None] = 1
 
     def to_dict(self) -> dict[str, Any]:
         """``{"method": ..., field: value, ...}`` with JSON types (tuples become lists)."""
@@ -601,6 +603,10 @@ class StandConfig(_ConfigData):
         max_ngram: longest n-gram key matched.
         table_size: next tokens kept per key.
         logits_top_k: tokens of each stored distribution.
+        prompt_logits: ``None`` (the default): the store starts from the model's distribution at
+            every prompt position. An int N >= 0: at the prompt's last N positions only, so that the
+            prefill computes the LM head (and its softmax) over N rows, not the whole prompt; the
+            prompt's n-grams go in at every position regardless, so its text is still copied.
         memory_size: ``None`` (the default): every generation starts from an empty store. An int
             N >= 1: a cross-request n-gram memory of at most N keys (least recently used keys
             evicted; csrc/core/ngram_store.h, ``NgramMemory``), shared by every
@@ -649,8 +655,11 @@ class StandConfig(_ConfigData):
     table_size: int = 8
     logits_top_k: int = 8
     memory_size: int | None = None
+    prompt_logits: int | None = None
 
-    reads_prompt_logits: ClassVar[bool] = True  # the store starts from the prompt's distributions
+    @property
+    def prompt_logit_rows(self) -> int | None:  # type: ignore[override]
+        return self.prompt_logits  # the store starts from the prompt's distributions
 
     def __post_init__(self) -> None:
         for name in ("block_complexity", "max_depth", "max_ngram", "table_size", "logits_top_k"):
@@ -664,6 +673,25 @@ class StandConfig(_ConfigData):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         _check_memory_size(self.memory_size)
+        if self.prompt_logits is not None:
+            _check_int("prompt_logits", self.prompt_logits)
+            if self.prompt_logits < 0:
+                raise ValueError(
+                    f"prompt_logits={self.prompt_logits} must be >= 0 (how many of the prompt's last positions "
+                    "seed the store with the model's distribution), or None for every position"
+                )
+
+
+def max_prompt_logit_rows(configs: Any) -> int | None:
+    """The prompt rows (from its end) whose logits any of ``configs`` reads: the most of their
+    ``prompt_logit_rows``, ``None`` (every row) when one reads every row or does not say."""
+    rows = 1
+    for c in configs:
+        r = getattr(c, "prompt_logit_rows", None)
+        if r is None:
+            return None
+        rows = max(rows, r)
+    return rows
 
 
 def _check_memory_size(memory_size: object) -> None:
@@ -721,7 +749,7 @@ class LookaheadConfig(_ConfigData):
     pool_from_prompt: bool = False
     block_complexity: int | None = None
 
-    reads_prompt_logits: ClassVar[bool] = True  # not audited for the prefill: kept as it was
+    prompt_logit_rows: ClassVar[int | None] = None  # not audited for the prefill: kept as it was
 
     def __post_init__(self) -> None:
         for name in ("ngram_size", "window", "guess_set_size"):
@@ -805,7 +833,7 @@ class HybridConfig(_ConfigData):
     mask_value: float | None = None
     grow_probed: bool = False
 
-    reads_prompt_logits: ClassVar[bool] = True  # its STAND half
+    prompt_logit_rows: ClassVar[int | None] = None  # its STAND half
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mask_lambda", self.probe.mask_lambda)  # resolved (None: by mask_init)
@@ -1061,11 +1089,14 @@ class AutoConfig(_ConfigData):
     model's next generation in the process. What it chose is in ``GenerateOutput.choices``. The
     output is that of plain decoding whatever it chooses.
 
-    The default drafters are prompt lookup, STAND and the quantized self-draft
-    (``DraftModelConfig(self_draft="quantized", num_tokens=12)``), which on a CPU drafts in about a third of a
-    target forward (its one-token forwards in C++ on a Llama-architecture model) and agrees with the model on almost every token. A quantized self-draft the model
-    cannot run (on a GPU, in bfloat16, no linear to quantize:
-    :func:`mtprobe.draft_model.why_not_quantized`) is left out of the candidates.
+    The default drafters are prompt lookup, STAND (BC 10, its store seeded with the prompt's text but
+    not its logits, ``prompt_logits=0``: the prefill then skips the LM head over the prompt, a sixth
+    of a long prompt's prefill) and the quantized self-draft with chains of up to 24
+    (``DraftModelConfig(self_draft="quantized", num_tokens=24)``), which on a CPU drafts in about a
+    third of a target forward (its one-token forwards in C++ on a Llama-architecture model) and
+    agrees with the model on almost every token. A quantized self-draft the model cannot run (on a
+    GPU, in bfloat16, no linear to quantize: :func:`mtprobe.draft_model.why_not_quantized`) is left
+    out of the candidates.
 
     Args:
         drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of
@@ -1081,7 +1112,7 @@ class AutoConfig(_ConfigData):
             Each drafter still drafts within its own ``block_complexity``.
 
     >>> AutoConfig().block_complexity
-    13
+    25
     >>> AutoConfig(drafters=())
     Traceback (most recent call last):
     ...
@@ -1093,8 +1124,8 @@ class AutoConfig(_ConfigData):
     drafters: tuple[Any, ...] = field(
         default_factory=lambda: (
             PromptLookupConfig(),
-            StandConfig(block_complexity=10),
-            DraftModelConfig(self_draft="quantized", num_tokens=12),
+            StandConfig(block_complexity=10, prompt_logits=0),
+            DraftModelConfig(self_draft="quantized", num_tokens=24),
         )
     )
     profile: Any = None
@@ -1143,8 +1174,8 @@ class AutoConfig(_ConfigData):
         object.__setattr__(self, "block_complexity", max(c.block_complexity for c in drafters))
 
     @property
-    def reads_prompt_logits(self) -> bool:  # type: ignore[override]
-        return any(getattr(c, "reads_prompt_logits", True) for c in self.drafters)
+    def prompt_logit_rows(self) -> int | None:  # type: ignore[override]
+        return max_prompt_logit_rows(self.drafters)
 
     def to_dict(self) -> dict[str, Any]:
         profile = self.profile.to_dict() if hasattr(self.profile, "to_dict") else self.profile

@@ -22,7 +22,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from mtprobe import _C, registry
 from mtprobe import methods as _builtin_methods  # noqa: F401  (registers the built-in methods)
 from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions, sliding_window
-from mtprobe.config import DraftModelConfig, EntMTPConfig, HeadsConfig
+from mtprobe.config import DraftModelConfig, EntMTPConfig, HeadsConfig, max_prompt_logit_rows
 from mtprobe.draft_model import check_draft_model
 from mtprobe.drafters import (
     DecodingConfig,
@@ -350,9 +350,11 @@ def custom_generate(
     adapter.set_mask_layer_offsets(masks.offsets)
     adapter.set_mask_lora(masks.lora)
     adapter.set_mask_temperature(masks.temperature)
-    # A configuration that does not say reads them (a registered one of any class): computed, to be safe.
-    if not getattr(config, "reads_prompt_logits", True):
-        adapter.prefill_logits_from = prompt_len - 1
+    # The prompt rows whose logits the drafter reads (a registered configuration that does not say
+    # reads every one: computed, to be safe); the last row picks the first token.
+    rows = max_prompt_logit_rows((config,))
+    if rows is not None:
+        adapter.prefill_logits_from = max(0, prompt_len - max(1, rows))
     stop = None
     if other_criteria:
 

@@ -10,9 +10,9 @@ and their options. The built-in methods register in :mod:`mtprobe.methods`; the 
 no drafter (``ar``, ``hf-pld``) register a ``runner`` instead, in :mod:`mtprobe.specbench.methods`.
 
 A drafter method's configuration must have a ``block_complexity`` (the most inputs one decode forward
-takes: mtprobe sizes its buffers by it); it may set ``reads_prompt_logits`` (default True: the
-prefill computes the target's distributions at every prompt position) and ``incremental_masks``
-(default True). Its drafter factory is called as
+takes: mtprobe sizes its buffers by it); it may set ``prompt_logit_rows`` (how many of the prompt's
+last positions it reads the target's distributions at; default None: the prefill computes them at
+every prompt position) and ``incremental_masks`` (default True). Its drafter factory is called as
 ``drafter(model, config, *, capacity, do_sample, process, fold_memory)`` (:class:`DrafterFactory`)
 and returns a ``mtprobe._C.Drafter``: a C++ drafter, or a Python subclass of it.
 
