@@ -1243,3 +1243,23 @@ def test_shared_ngram_memory_across_questions(
     # the warm-up's answers to the same question were forgotten before the timed run
     assert warm[0]["choices"][0]["accept_lengths"] == cold[0]["choices"][0]["accept_lengths"]
     assert warm[0]["choices"][0]["turns"] == cold[0]["choices"][0]["turns"]
+
+
+def test_stand_prompt_logits_flag(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--prompt-logits sets StandConfig.prompt_logits (in the id and the metadata); a negative count is
+    refused with the configuration's message, and other methods refuse the flag."""
+
+    def cli(out: Path, *args: str) -> int:
+        return _run_cli("--model", str(tiny), "--max-new-tokens", "12", "--answer-file", str(out), *args)
+
+    out = tmp_path / "stand.jsonl"
+    assert cli(out, "--method", "stand", "--prompt-logits", "0", "--limit", "1") == 0
+    line = _lines(out)[0]
+    assert line["model_id"].endswith("-stand-bc30-pl0")
+    assert line["mtprobe"]["method_config"]["prompt_logits"] == 0
+    capsys.readouterr()
+    assert cli(tmp_path / "x.jsonl", "--method", "stand", "--prompt-logits", "-1") == 1
+    assert "prompt_logits=-1 must be >= 0" in capsys.readouterr().err
+    assert cli(tmp_path / "x.jsonl", "--method", "pld", "--prompt-logits", "4") == 1
+    assert "--prompt-logits does not apply to method 'pld'" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()

@@ -262,6 +262,15 @@ register(
             _bc_option("most inputs of one decode forward: the root and BC - 1 draft nodes"),
             Option("--max-depth", "max_depth", int, "d", "deepest draft (tokens after the root)"),
             _memory_option(),
+            Option(
+                "--prompt-logits",
+                "prompt_logits",
+                int,
+                "pl",
+                "how many of the prompt's last positions seed the store with the model's distribution (the "
+                "prefill computes the LM head over those only; the prompt's n-grams go in regardless); "
+                "default every position",
+            ),
         ),
     )
 )
