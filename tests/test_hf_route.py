@@ -102,7 +102,6 @@ def test_inert_arguments_do_not_change_the_tokens(tiny, greedy):
 # Every refused argument, with a value that sets it, the error type and a fragment of its message.
 REFUSED_CASES = {
     "num_beams": (dict(num_beams=2), NotImplementedError, "num_beams=2"),
-    "num_return_sequences": (dict(num_return_sequences=2, do_sample=True), NotImplementedError, "num_return"),
     "output_scores": (dict(output_scores=True), NotImplementedError, "output_scores=True"),
     "output_logits": (dict(output_logits=True), NotImplementedError, "output_logits=True"),
     "output_attentions": (dict(output_attentions=True), NotImplementedError, "output_attentions=True"),
@@ -368,3 +367,62 @@ def test_sampling_source_is_logged_only_when_the_model_chose_it(sampling_model, 
         ROUTES[route](sampling_model, PROMPT, max_new_tokens=2, do_sample=False)
         ROUTES[route](tiny, IDS, max_new_tokens=2)  # a greedy model
         assert not any("do_sample" in m for m in messages())
+
+
+# --- num_return_sequences: several sampled sequences of one prompt --------------------------------
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_num_return_sequences_samples_each_sequence_in_turn(tiny, route):
+    # n sequences are n generations in turn, each with its own drafter and KV cache: under one seed they
+    # are the texts n single calls would sample one after another, stacked and padded as HF pads them.
+    # A third of the vocabulary ends a sequence, so the sequences stop at different lengths.
+    kw = dict(
+        max_new_tokens=6, do_sample=True, temperature=1.5, eos_token_id=list(range(32)), pad_token_id=95
+    )
+    cfg = mtprobe.StandConfig(block_complexity=10)
+    torch.manual_seed(4)
+    out = ROUTES[route](tiny, IDS, cfg, num_return_sequences=4, **kw)
+    torch.manual_seed(4)
+    singles = [mtprobe.generate(tiny, IDS, cfg, **kw) for _ in range(4)]
+    lengths = [s.sequences.shape[1] for s in singles]
+    assert len(set(lengths)) > 1, lengths  # or the padding is not exercised
+    assert out.sequences.shape == (4, max(lengths))
+    for row, single, part in zip(out.sequences, singles, out.sequence_outputs, strict=True):
+        n = single.sequences.shape[1]
+        assert torch.equal(row[:n], single.sequences[0]) and torch.equal(part.sequences, single.sequences)
+        assert (row[n:] == 95).all()
+    assert out.accept_lengths == [a for s in singles for a in s.accept_lengths]
+    assert out.forward_calls == sum(s.forward_calls for s in singles)
+    assert out.new_tokens == sum(s.new_tokens for s in singles)
+    assert out.stop_reason == ",".join(sorted({s.stop_reason for s in singles}))
+
+
+def test_num_return_sequences_returns_the_stacked_tensor_on_the_hf_route(tiny):
+    torch.manual_seed(2)
+    seqs = tiny.generate(
+        IDS, custom_generate=mtprobe.custom_generate, max_new_tokens=5, do_sample=True, num_return_sequences=3
+    )
+    assert isinstance(seqs, torch.Tensor) and seqs.shape == (3, IDS.shape[1] + 5)
+    assert (seqs[:, : IDS.shape[1]] == IDS).all()
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_num_return_sequences_bad_input(tiny, route):
+    with pytest.raises(ValueError, match="num_return_sequences"):  # greedy: n copies of one text
+        ROUTES[route](tiny, IDS, max_new_tokens=4, do_sample=False, num_return_sequences=2)
+    # mtprobe.generate checks the batch before model.generate repeats it; model.generate after.
+    with pytest.raises(NotImplementedError, match=r"batch size 2.* once per row"):
+        ROUTES[route](tiny, IDS.repeat(2, 1), max_new_tokens=4, do_sample=True, num_return_sequences=3)
+
+    class Streamer:
+        def put(self, value):
+            pass
+
+        def end(self):
+            pass
+
+    with pytest.raises(ValueError, match="streamer takes one sequence"):
+        ROUTES[route](
+            tiny, IDS, max_new_tokens=4, do_sample=True, num_return_sequences=2, streamer=Streamer()
+        )

@@ -57,7 +57,8 @@ class GenerateOutput:
     """What one mtprobe generation did.
 
     Attributes:
-        sequences: ``[1, prompt + new]`` tokens, identical to greedy ``model.generate``.
+        sequences: ``[1, prompt + new]`` tokens, identical to greedy ``model.generate`` (``[n, ...]``
+            with ``num_return_sequences=n``).
         accept_lengths: tokens gained per decode forward (accepted drafts + bonus), one per step.
         block_sizes: inputs T of each decode step's forward (committed, drafts and auxiliary inputs),
             one per step: with the forward profile, what the step cost.
@@ -101,6 +102,11 @@ class GenerateOutput:
             ``capacity``, ``buckets``, ``pad``, ``graphs`` (captured buckets), ``replays``,
             ``capture_s``, ``growths`` and ``eager_reason`` (why no graphs ran, "" when they did);
             None without a plan.
+        sequence_outputs: with ``num_return_sequences=n > 1`` (sampling only): each sequence's own
+            output, in order; ``sequences`` is then ``[n, prompt + longest]``, shorter ones padded
+            with the pad token as HF pads them, and the other fields cover all n sequences (counts and
+            timings summed, per-step lists concatenated, ``stop_reason`` the distinct reasons joined
+            by ","). None for one sequence.
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
@@ -126,6 +132,7 @@ class GenerateOutput:
     linear_routes: str = ""
     plan: dict[str, Any] | None = None
     host_reads: int = 0
+    sequence_outputs: tuple[GenerateOutput, ...] | None = None
 
     @property
     def tau(self) -> float:
@@ -266,11 +273,16 @@ def custom_generate(
     if not mtprobe_model_checked:
         check_causal_lm(model)
     _check_no_inputs_embeds(model_kwargs)
+    # num_return_sequences: HF has repeated the one prompt row that many times; each copy is decoded
+    # in turn, by its own loop and drafter, after the checks and set-up they share.
+    num_sequences = generation_config.num_return_sequences or 1
+    input_ids = _one_prompt_row(input_ids, num_sequences)
+    attention_mask = model_kwargs.get("attention_mask")
+    if isinstance(attention_mask, torch.Tensor) and num_sequences > 1:
+        attention_mask = _one_prompt_row(attention_mask, num_sequences, "attention_mask")
     _check_input_ids(input_ids, model)
     # HF drops an all-ones mask before this point and keeps only its length.
-    _check_attention_mask(
-        model_kwargs.get("attention_mask"), input_ids, getattr(generation_config, "_mask_length", None)
-    )
+    _check_attention_mask(attention_mask, input_ids, getattr(generation_config, "_mask_length", None))
     _check_draft_context(model, config, input_ids.shape[1], stopping_criteria, generation_config)
     if mtprobe_plan is not None and not isinstance(mtprobe_plan, PlanConfig):
         raise TypeError(f"plan must be a mtprobe.PlanConfig or None, got {type(mtprobe_plan).__name__}")
@@ -279,6 +291,11 @@ def custom_generate(
     if streamer is None and mtprobe_streamer is None:
         streamer = caller.get("streamer")
     streamer = streamer if streamer is not None else mtprobe_streamer
+    if streamer is not None and num_sequences > 1:
+        raise ValueError(
+            f"a streamer takes one sequence, and num_return_sequences={num_sequences} asks for several: "
+            "drop the streamer or generate one sequence per call"
+        )
 
     device = input_ids.device
     prompt_len = input_ids.shape[1]
@@ -341,123 +358,132 @@ def custom_generate(
             num_layers=model.config.get_text_config(decoder=True).num_hidden_layers,
             max_positions=limit,
         )
-    drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
-    adapter = HFAdapter(
-        model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
-    )
-    adapter.hidden_layer = hidden_layer(model, config)
-    masks = mask_adaptation(config)
-    adapter.set_mask_layer_offsets(masks.offsets)
-    adapter.set_mask_lora(masks.lora)
-    adapter.set_mask_temperature(masks.temperature)
-    # The prompt rows whose logits the drafter reads (a registered configuration that does not say
-    # reads every one: computed, to be safe); the last row picks the first token.
-    rows = max_prompt_logit_rows((config,))
-    if rows is not None:
-        adapter.prefill_logits_from = max(0, prompt_len - max(1, rows))
-    stop = None
-    if other_criteria:
 
-        def stop(ids: torch.Tensor, scores: torch.Tensor) -> bool:
-            # HF greedy hands criteria the processed scores the last token was chosen from.
-            return bool(other_criteria(ids.to(device), scores.to(device)).any())
-
-    stream = None
-    if streamer is not None:
-
-        def stream(tokens: torch.Tensor) -> None:
-            streamer.put(tokens)
-
-    loop = _C.DecodeLoop(
-        drafter,
-        adapter.forward,
-        adapter.kv_buffers,
-        max_new_tokens=max_new_tokens,
-        eos_token_ids=eos_ids,
-        max_positions=limit,
-        block_complexity=config.block_complexity,
-        kv_capacity=capacity,
-        mask_dtype=_DTYPE_NAMES.get(model.dtype, "float32"),
-        device=str(device),
-        incremental_masks=getattr(config, "incremental_masks", True),
-        do_sample=do_sample,
-        process=process,
-        stop=stop,
-        stream=stream,
-        # A model running mtprobe's own tree attention takes the tree as ancestor bits.
-        ancestor_bits=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
-        vocab_size=model.get_input_embeddings().weight.shape[0],
-    )
-    with forward_plan.in_use() if forward_plan is not None else contextlib.nullcontext():
-        result = loop.run(input_ids[0])
-    if streamer is not None:
-        streamer.end()
-    if result.fallback_steps:
-        logger.warning(
-            "%d decode step(s) produced non-finite target logits with drafts in the block and were re-run "
-            "without them (the output is unaffected; the drafts or mask tokens overflow the model's dtype?)",
-            result.fallback_steps,
+    def decode_one() -> GenerateOutput:
+        """One sequence: its own drafter, KV cache and loop."""
+        drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
+        adapter = HFAdapter(
+            model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
         )
-    sequences = torch.tensor(result.sequence, dtype=torch.long, device=device).unsqueeze(0)  # [1, L + new]
-    output = GenerateOutput(
-        sequences=sequences,
-        accept_lengths=list(result.accept_lengths),
-        block_sizes=list(result.block_sizes),
-        forward_calls=result.forward_calls,
-        timings={
-            "total_s": result.total_seconds,
-            "forward_s": result.forward_seconds,
-            "prefill_s": result.prefill_seconds,
-        },
-        stop_reason=result.stop_reason,
-        fallback_steps=result.fallback_steps,
-        kv_capacity=result.kv_capacity,
-        method=method,
-        do_sample=do_sample,
-        new_tokens=len(result.sequence) - prompt_len,
-        linear_routes=routes.describe() if device.type == "cpu" else "",
-        drafted_per_depth=list(result.drafted_per_depth),
-        accepted_per_depth=list(result.accepted_per_depth),
-        plan=forward_plan.describe() if forward_plan is not None else None,
-        host_reads=result.host_reads,
-    )
-    if isinstance(drafter, _C.AutoDrafter):
-        # What the scheduler chose each step, and its share of the time.
-        candidates = auto_candidates(model, config)  # the drafter's children, in its order
-        names = [registry.method_of(c).name for c in candidates]
-        output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
-        output.timings["draft_s"] = drafter.draft_seconds
-        output.timings["schedule_s"] = drafter.schedule_seconds
-        output.timings["step_overhead_s"] = drafter.step_overhead
-        carry_auto_measurements(model, candidates, drafter, do_sample)
-    bank = config.resolved_bank if isinstance(config, (EntMTPConfig, HeadsConfig)) else None
-    if bank is not None:
-        output.choices = [
-            (f"tree{i}", bank.block_size(i)) if i >= 0 else ("none", 1 + bank.num_masks)
-            for i in drafter.tree_choices()
-        ]
-        if config.record_steps:
-            output.topology_log = drafter.step_log()
-    if logger.isEnabledFor(logging.INFO):
-        stats = output.summary()
-        logger.info(
-            "mtprobe %s: %d new tokens in %d decode steps (tau %.3f), %d of %d drafted tokens accepted, "
-            "%.1f tokens/s, stop: %s, KV capacity %d, mask columns %d, fallback steps %d%s",
-            method,
-            stats["new_tokens"],
-            stats["steps"],
-            stats["tau"],
-            stats["accepted_tokens"],
-            stats["drafted_tokens"],
-            stats["tokens_per_s"],
-            result.stop_reason,
-            result.kv_capacity,
-            result.mask_capacity,
-            result.fallback_steps,
-            f", linear routes: {output.linear_routes}" if output.linear_routes else "",
+        adapter.hidden_layer = hidden_layer(model, config)
+        masks = mask_adaptation(config)
+        adapter.set_mask_layer_offsets(masks.offsets)
+        adapter.set_mask_lora(masks.lora)
+        adapter.set_mask_temperature(masks.temperature)
+        # The prompt rows whose logits the drafter reads (a registered configuration that does not say
+        # reads every one: computed, to be safe); the last row picks the first token.
+        rows = max_prompt_logit_rows((config,))
+        if rows is not None:
+            adapter.prefill_logits_from = max(0, prompt_len - max(1, rows))
+        stop = None
+        if other_criteria:
+
+            def stop(ids: torch.Tensor, scores: torch.Tensor) -> bool:
+                # HF greedy hands criteria the processed scores the last token was chosen from.
+                return bool(other_criteria(ids.to(device), scores.to(device)).any())
+
+        stream = None
+        if streamer is not None:
+
+            def stream(tokens: torch.Tensor) -> None:
+                streamer.put(tokens)
+
+        loop = _C.DecodeLoop(
+            drafter,
+            adapter.forward,
+            adapter.kv_buffers,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=eos_ids,
+            max_positions=limit,
+            block_complexity=config.block_complexity,
+            kv_capacity=capacity,
+            mask_dtype=_DTYPE_NAMES.get(model.dtype, "float32"),
+            device=str(device),
+            incremental_masks=getattr(config, "incremental_masks", True),
+            do_sample=do_sample,
+            process=process,
+            stop=stop,
+            stream=stream,
+            # A model running mtprobe's own tree attention takes the tree as ancestor bits.
+            ancestor_bits=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
+            vocab_size=model.get_input_embeddings().weight.shape[0],
         )
+        with forward_plan.in_use() if forward_plan is not None else contextlib.nullcontext():
+            result = loop.run(input_ids[0])
+        if streamer is not None:
+            streamer.end()
+        if result.fallback_steps:
+            logger.warning(
+                "%d decode step(s) produced non-finite target logits with drafts in the block and were re-run "
+                "without them (the output is unaffected; the drafts or mask tokens overflow the model's dtype?)",
+                result.fallback_steps,
+            )
+        sequences = torch.tensor(result.sequence, dtype=torch.long, device=device).unsqueeze(
+            0
+        )  # [1, L + new]
+        output = GenerateOutput(
+            sequences=sequences,
+            accept_lengths=list(result.accept_lengths),
+            block_sizes=list(result.block_sizes),
+            forward_calls=result.forward_calls,
+            timings={
+                "total_s": result.total_seconds,
+                "forward_s": result.forward_seconds,
+                "prefill_s": result.prefill_seconds,
+            },
+            stop_reason=result.stop_reason,
+            fallback_steps=result.fallback_steps,
+            kv_capacity=result.kv_capacity,
+            method=method,
+            do_sample=do_sample,
+            new_tokens=len(result.sequence) - prompt_len,
+            linear_routes=routes.describe() if device.type == "cpu" else "",
+            drafted_per_depth=list(result.drafted_per_depth),
+            accepted_per_depth=list(result.accepted_per_depth),
+            plan=forward_plan.describe() if forward_plan is not None else None,
+            host_reads=result.host_reads,
+        )
+        if isinstance(drafter, _C.AutoDrafter):
+            # What the scheduler chose each step, and its share of the time.
+            candidates = auto_candidates(model, config)  # the drafter's children, in its order
+            names = [registry.method_of(c).name for c in candidates]
+            output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
+            output.timings["draft_s"] = drafter.draft_seconds
+            output.timings["schedule_s"] = drafter.schedule_seconds
+            output.timings["step_overhead_s"] = drafter.step_overhead
+            carry_auto_measurements(model, candidates, drafter, do_sample)
+        bank = config.resolved_bank if isinstance(config, (EntMTPConfig, HeadsConfig)) else None
+        if bank is not None:
+            output.choices = [
+                (f"tree{i}", bank.block_size(i)) if i >= 0 else ("none", 1 + bank.num_masks)
+                for i in drafter.tree_choices()
+            ]
+            if config.record_steps:
+                output.topology_log = drafter.step_log()
+        if logger.isEnabledFor(logging.INFO):
+            stats = output.summary()
+            logger.info(
+                "mtprobe %s: %d new tokens in %d decode steps (tau %.3f), %d of %d drafted tokens accepted, "
+                "%.1f tokens/s, stop: %s, KV capacity %d, mask columns %d, fallback steps %d%s",
+                method,
+                stats["new_tokens"],
+                stats["steps"],
+                stats["tau"],
+                stats["accepted_tokens"],
+                stats["drafted_tokens"],
+                stats["tokens_per_s"],
+                result.stop_reason,
+                result.kv_capacity,
+                result.mask_capacity,
+                result.fallback_steps,
+                f", linear routes: {output.linear_routes}" if output.linear_routes else "",
+            )
+        return output
+
+    outputs = [decode_one() for _ in range(num_sequences)]
+    output = outputs[0] if num_sequences == 1 else _stack_outputs(outputs, _padding_id(generation_config))
     if not (mtprobe_return_output or generation_config.return_dict_in_generate):
-        return sequences
+        return output.sequences
     return output
 
 
@@ -492,8 +518,12 @@ def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]
         raise NotImplementedError(
             f"num_beams={cfg.num_beams}: mtprobe implements greedy decoding (num_beams=1)"
         )
-    if (cfg.num_return_sequences or 1) > 1:
-        raise NotImplementedError("num_return_sequences > 1 is not supported by greedy mtprobe decoding")
+    if (cfg.num_return_sequences or 1) > 1 and not cfg.do_sample:
+        raise ValueError(
+            f"num_return_sequences={cfg.num_return_sequences} with greedy decoding would return the same "
+            "sequence that many times: pass do_sample=True for several different ones, or "
+            "num_return_sequences=1"
+        )
     for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
         if getattr(cfg, flag, False):
             raise NotImplementedError(f"{flag}=True is not supported by mtprobe")
@@ -511,6 +541,84 @@ def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]
         if value is not None:
             _check_max_new_tokens(value, name)
     # The attention mask is checked against input_ids by _check_attention_mask.
+
+
+def _one_prompt_row(rows: torch.Tensor, count: int, name: str = "input_ids") -> torch.Tensor:
+    """The one prompt row of ``rows``, which HF's generate repeated ``count`` times for
+    ``num_return_sequences``: ``[count, L]`` -> ``[1, L]``. Any other batch is left for the checks."""
+    if count == 1 or not isinstance(rows, torch.Tensor) or rows.dim() != 2:
+        return rows
+    if rows.shape[0] != count or not bool((rows == rows[:1]).all()):
+        raise NotImplementedError(
+            f"{name} has batch size {rows.shape[0] // count} (repeated for num_return_sequences={count}); "
+            f"mtprobe decodes one prompt at a time: pass {name} of shape [1, prompt_len] (call it once per row)"
+        )
+    return rows[:1]
+
+
+def _padding_id(cfg: GenerationConfig) -> int | None:
+    """The id that fills the tail of a sequence that stopped before the longest, as HF's generate does."""
+    pad = getattr(cfg, "_pad_token_tensor", None)
+    if pad is None:
+        pad = cfg.pad_token_id
+    if pad is None:
+        pad = getattr(cfg, "_eos_token_tensor", None)
+        if pad is None:
+            pad = cfg.eos_token_id
+    if pad is None:
+        return None
+    return int(torch.as_tensor(pad).flatten()[0])
+
+
+def _stack_outputs(outputs: list[GenerateOutput], pad_id: int | None) -> GenerateOutput:
+    """One output for several sequences of one prompt (``num_return_sequences``): ``sequences``
+    ``[n, prompt + longest]``, padded with ``pad_id``; the counts and timings summed over the sequences, the
+    per-step lists concatenated in order (so ``tau`` is over every step), each one's own output in
+    ``sequence_outputs``."""
+    longest = max(o.sequences.shape[1] for o in outputs)
+    if pad_id is None and any(o.sequences.shape[1] < longest for o in outputs):
+        raise ValueError(
+            "the returned sequences have different lengths and the generation config has neither "
+            "pad_token_id nor eos_token_id to pad the shorter ones with: pass pad_token_id"
+        )
+    rows = [
+        torch.nn.functional.pad(o.sequences, (0, longest - o.sequences.shape[1]), value=pad_id or 0)
+        for o in outputs
+    ]
+
+    def summed(lists: list[list[int]]) -> list[int]:
+        total = [0] * max((len(x) for x in lists), default=0)
+        for x in lists:
+            for i, v in enumerate(x):
+                total[i] += v
+        return total
+
+    timings: dict[str, float] = {}
+    for o in outputs:
+        for key, value in o.timings.items():
+            timings[key] = timings.get(key, 0.0) + value
+    reasons = sorted({o.stop_reason for o in outputs})
+    first = outputs[0]
+    return GenerateOutput(
+        sequences=torch.cat(rows),  # [n, prompt + longest]
+        accept_lengths=[a for o in outputs for a in o.accept_lengths],
+        forward_calls=sum(o.forward_calls for o in outputs),
+        timings=timings,
+        stop_reason=",".join(reasons),
+        fallback_steps=sum(o.fallback_steps for o in outputs),
+        kv_capacity=max(o.kv_capacity for o in outputs),
+        method=first.method,
+        do_sample=first.do_sample,
+        new_tokens=sum(o.new_tokens for o in outputs),
+        drafted_per_depth=summed([o.drafted_per_depth for o in outputs]),
+        accepted_per_depth=summed([o.accepted_per_depth for o in outputs]),
+        block_sizes=[t for o in outputs for t in o.block_sizes],
+        choices=None if first.choices is None else [c for o in outputs for c in o.choices or []],
+        linear_routes=first.linear_routes,
+        plan=first.plan,
+        host_reads=sum(o.host_reads for o in outputs),
+        sequence_outputs=tuple(outputs),
+    )
 
 
 def _split_stopping_criteria(

@@ -129,6 +129,12 @@ HF_ARGUMENTS: dict[str, HFArgument] = {
         HONOURED, "return_dict_in_generate=True returns mtprobe.GenerateOutput", "return_dict_in_generate"
     ),
     **_table(HONOURED, "the streamer receives the prompt, then every accepted token", "streamer"),
+    **_table(
+        HONOURED,
+        "with do_sample=True, that many sequences sampled in turn, each by its own loop, padded as HF pads "
+        "them (greedy decoding refuses it, as model.generate does)",
+        "num_return_sequences",
+    ),
     **_table(HONOURED, "generate merges it with the model's generation_config first", "generation_config"),
     **_table(HONOURED, "mtprobe.custom_generate is this decoding method", "custom_generate"),
     # Drafters mtprobe has.
@@ -155,9 +161,8 @@ HF_ARGUMENTS: dict[str, HFArgument] = {
     # Refused: other methods, or outputs mtprobe cannot reproduce.
     **_table(
         REFUSED,
-        "beam search and several returned sequences: mtprobe decodes one sequence greedily or by sampling",
+        "beam search: mtprobe decodes one sequence greedily or by sampling",
         "num_beams",
-        "num_return_sequences",
     ),
     **_table(
         REFUSED,
@@ -267,7 +272,7 @@ def _refuse(name: str, value: Any) -> ValueError:
 
 def check_refused(generation_config: GenerationConfig) -> None:
     """ValueError for a refused argument that is set in the merged generation config
-    (``num_beams``, ``num_return_sequences``, ``output_*`` and ``synced_gpus`` are checked by
+    (``num_beams``, ``output_*`` and ``synced_gpus`` are checked by
     generate.py, with NotImplementedError)."""
     gc = generation_config
     checks = {
