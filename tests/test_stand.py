@@ -367,6 +367,17 @@ def test_bad_config(kwargs, message):
         mtprobe.StandConfig(**kwargs)
 
 
+def test_the_drafter_takes_none_for_every_prompt_logit_and_refuses_a_negative_count():
+    # The binding passes None through as "every prompt position" (std::optional), not a sentinel.
+    kw = dict(max_depth=4, max_ngram=3, table_size=8, logits_top_k=3)
+    assert _C.StandDrafter(**kw, prompt_logits=None).name() == "stand"
+    assert _C.StandDrafter(**kw, prompt_logits=0).name() == "stand"
+    with pytest.raises(
+        ValueError, match=r"prompt_logits must be None \(every prompt position\) or >= 0, got -1"
+    ):
+        _C.StandDrafter(**kw, prompt_logits=-1)
+
+
 # --- the drafter's learning rule, step by step against the reference ----------------------------
 
 
@@ -383,7 +394,7 @@ class CheckedStand(_C.Drafter):
             max_ngram=cfg.max_ngram,
             table_size=cfg.table_size,
             logits_top_k=cfg.logits_top_k,
-            prompt_logits=-1 if cfg.prompt_logits is None else cfg.prompt_logits,
+            prompt_logits=cfg.prompt_logits,
         )
         self.trees = 0
 

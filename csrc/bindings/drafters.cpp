@@ -313,14 +313,15 @@ void bind_drafters(py::module_& m) {
   py::class_<StandDrafter, Drafter, std::shared_ptr<StandDrafter>>(
       m, "StandDrafter", "STAND: a draft tree from an n-gram store of the target's own distributions.")
       .def(py::init([](int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k,
-                       std::shared_ptr<core::NgramMemory> memory, bool fold_memory, int64_t prompt_logits) {
+                       std::shared_ptr<core::NgramMemory> memory, bool fold_memory,
+                       std::optional<int64_t> prompt_logits) {
              return std::make_shared<StandDrafter>(StandOptions{max_depth, max_ngram, table_size,
                                                                 logits_top_k, std::move(memory), fold_memory,
                                                                 prompt_logits});
            }),
            py::kw_only(), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
            py::arg("logits_top_k"), py::arg("memory") = py::none(), py::arg("fold_memory") = true,
-           py::arg("prompt_logits") = -1);
+           py::arg("prompt_logits") = py::none());
 
   py::class_<HybridDrafter, Drafter, std::shared_ptr<HybridDrafter>>(
       m, "HybridDrafter", "Mask-token probing and STAND's n-gram store drafting one tree under one budget.")

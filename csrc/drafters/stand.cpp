@@ -13,8 +13,9 @@ StandDrafter::StandDrafter(StandOptions options)
   TORCH_CHECK_VALUE(options_.max_ngram >= 1, "max_ngram must be >= 1, got ", options_.max_ngram);
   TORCH_CHECK_VALUE(options_.table_size >= 1, "table_size must be >= 1, got ", options_.table_size);
   TORCH_CHECK_VALUE(options_.logits_top_k >= 1, "logits_top_k must be >= 1, got ", options_.logits_top_k);
-  TORCH_CHECK_VALUE(options_.prompt_logits >= -1,
-                    "prompt_logits must be -1 (every prompt position) or >= 0, got ", options_.prompt_logits);
+  TORCH_CHECK_VALUE(!options_.prompt_logits || *options_.prompt_logits >= 0,
+                    "prompt_logits must be None (every prompt position) or >= 0, got ",
+                    options_.prompt_logits.value_or(0));
 }
 
 void StandDrafter::begin(const at::Tensor& prompt) {
@@ -94,7 +95,7 @@ void StandDrafter::observe(const StepOutcome& outcome) {
     // history_[0 : i + 1], read from the first of the last `prompt_logits` positions on.
     const int64_t L = static_cast<int64_t>(history_.size());
     for (int64_t i = 1; i < L; ++i) store_.add_token(history_.data(), i, history_[i]);
-    const int64_t first = options_.prompt_logits < 0 ? 0 : std::max<int64_t>(0, L - options_.prompt_logits);
+    const int64_t first = options_.prompt_logits ? std::max<int64_t>(0, L - *options_.prompt_logits) : 0;
     if (first < L) {
       auto [probs, ids] = outcome.logits.narrow(0, first, L - first)
                               .to(at::kFloat)

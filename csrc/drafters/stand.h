@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/draft_tree.h"
@@ -39,10 +40,9 @@ struct StandOptions {
   // drafters that share a memory within one generation (an AutoConfig's), or each would fold the same
   // text again and double its counts.
   bool fold_memory = true;
-  // The prompt's last positions whose distributions seed the store (-1: every one). The others'
-  // logits are not read: the prefill need not compute them (on a long prompt the LM head over every
-  // row and its softmax cost a sixth of the prefill), and their tokens go in regardless.
-  int64_t prompt_logits = -1;
+  // The prompt's last positions whose distributions seed the store (none: every one). The others'
+  // logits are not read, so the prefill need not compute them; their tokens go in regardless.
+  std::optional<int64_t> prompt_logits;
 };
 
 class StandDrafter : public Drafter {

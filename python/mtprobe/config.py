@@ -1090,13 +1090,12 @@ class AutoConfig(_ConfigData):
     output is that of plain decoding whatever it chooses.
 
     The default drafters are prompt lookup, STAND (BC 10, its store seeded with the prompt's text but
-    not its logits, ``prompt_logits=0``: the prefill then skips the LM head over the prompt, a sixth
-    of a long prompt's prefill) and the quantized self-draft with chains of up to 24
-    (``DraftModelConfig(self_draft="quantized", num_tokens=24)``), which on a CPU drafts in about a
-    third of a target forward (its one-token forwards in C++ on a Llama-architecture model) and
-    agrees with the model on almost every token. A quantized self-draft the model cannot run (on a
-    GPU, in bfloat16, no linear to quantize: :func:`mtprobe.draft_model.why_not_quantized`) is left
-    out of the candidates.
+    not its logits, ``prompt_logits=0``, so that the prefill skips the LM head over the prompt) and the
+    quantized self-draft with chains of up to 24 (``DraftModelConfig(self_draft="quantized",
+    num_tokens=24)``), which on a CPU drafts in about a third of a target forward (its one-token
+    forwards in C++ on a Llama-architecture model) and agrees with the model on almost every token. A
+    quantized self-draft the model cannot run (on a GPU, in bfloat16, no linear to quantize:
+    :func:`mtprobe.draft_model.why_not_quantized`) is left out of the candidates.
 
     Args:
         drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of

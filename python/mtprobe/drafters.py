@@ -614,5 +614,5 @@ def stand_drafter(
         logits_top_k=config.logits_top_k,
         memory=ngram_memory(model, config),
         fold_memory=fold_memory,
-        prompt_logits=-1 if config.prompt_logits is None else config.prompt_logits,
+        prompt_logits=config.prompt_logits,
     )
