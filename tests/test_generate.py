@@ -313,6 +313,7 @@ def test_cuda_token_identical_to_greedy(attn, bc):
     [
         (mtprobe.PromptLookupConfig(num_tokens=4), 1),
         (mtprobe.ProbeConfig(block_complexity=10), 1),
+        (mtprobe.LookaheadConfig(pool_from_prompt=True), 1),
         (mtprobe.StandConfig(block_complexity=10), None),
         (mtprobe.StandConfig(block_complexity=10, prompt_logits=6), 6),
         (mtprobe.StandConfig(block_complexity=10, prompt_logits=0), 1),

@@ -749,7 +749,9 @@ class LookaheadConfig(_ConfigData):
     pool_from_prompt: bool = False
     block_complexity: int | None = None
 
-    prompt_logit_rows: ClassVar[int | None] = None  # not audited for the prefill: kept as it was
+    # The prefill reads the last prompt row only (the first token): the window starts after the prompt
+    # and reads its own cells' logits from the first decode step on (csrc/drafters/lookahead.cpp).
+    prompt_logit_rows: ClassVar[int | None] = 1
 
     def __post_init__(self) -> None:
         for name in ("ngram_size", "window", "guess_set_size"):
