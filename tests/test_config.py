@@ -72,6 +72,7 @@ NON_DEFAULT = {
         memory_size=33,
         mask_value=0.25,
         grow_probed=True,
+        prompt_logits=5,
     ),
     "auto": mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig(block_complexity=12)),

@@ -317,6 +317,8 @@ def test_cuda_token_identical_to_greedy(attn, bc):
         (mtprobe.StandConfig(block_complexity=10), None),
         (mtprobe.StandConfig(block_complexity=10, prompt_logits=6), 6),
         (mtprobe.StandConfig(block_complexity=10, prompt_logits=0), 1),
+        (mtprobe.HybridConfig(block_complexity=10), None),
+        (mtprobe.HybridConfig(block_complexity=10, prompt_logits=4), 4),
         (mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(),)), 1),
         (
             mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig(prompt_logits=5))),

@@ -177,6 +177,39 @@ def test_lossless_on_tiny_llama(tiny, block_complexity, num_masks, mask_value, g
             assert torch.equal(out.sequences, ref), (length, max_new)
 
 
+@pytest.mark.parametrize("prompt_logits", [0, 3])
+def test_lossless_with_fewer_prompt_logits(tiny, prompt_logits):
+    # The n-gram half seeds its store from the prompt's last prompt_logits positions only (the prefill
+    # skips the LM head over the rest, zeros there); probing reads the masks' rows as before.
+    cfg = mtprobe.HybridConfig(block_complexity=30, prompt_logits=prompt_logits)
+    gen = torch.Generator().manual_seed(5)
+    for length in (1, 9, 50):
+        prompt = torch.randint(0, 6, (1, length), generator=gen)
+        ref = tiny.generate(prompt, do_sample=False, max_new_tokens=30)
+        out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=30)
+        assert torch.equal(out.sequences, ref), length
+
+
+def test_prompt_logits_reach_the_n_gram_half(tiny, monkeypatch):
+    # The configuration's count reaches the binding, and the binding's reaches STAND's options in C++
+    # (whose own check names a negative count).
+    seen: dict = {}
+    real = _C.HybridDrafter
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_C, "HybridDrafter", spy)
+    hybrid_drafter(tiny, mtprobe.HybridConfig(prompt_logits=3))
+    assert seen["prompt_logits"] == 3
+    kwargs = {**seen, "prompt_logits": -1}
+    with pytest.raises(
+        ValueError, match=r"prompt_logits must be None \(every prompt position\) or >= 0, got -1"
+    ):
+        real(tiny.get_input_embeddings().weight, **kwargs)
+
+
 class Recorder(_C.Drafter):
     """Wraps the hybrid drafter and records, per decode step, how many drafts came from each
     source and the block's size."""
@@ -271,6 +304,7 @@ def test_smollm2_greedy_equality_and_gain_over_probing(smollm2):
         (dict(mask_init="zeros"), "mask_init"),
         (dict(mask_value=-0.5), "mask_value=-0.5 must be None .* or a finite number >= 0"),
         (dict(mask_value=float("inf")), "mask_value=inf must be None"),
+        (dict(prompt_logits=-1), "prompt_logits=-1 must be >= 0"),
     ],
 )
 def test_bad_config(kwargs, message):

@@ -329,7 +329,8 @@ void bind_drafters(py::module_& m) {
                        std::string mask_init, double gaussian_shift, double mask_lambda, int64_t seed,
                        int64_t max_depth, int64_t max_ngram, int64_t table_size, int64_t logits_top_k,
                        std::shared_ptr<core::NgramMemory> memory, std::optional<at::Tensor> initial_masks,
-                       std::optional<double> mask_value, bool fold_memory, bool grow_probed) {
+                       std::optional<double> mask_value, bool fold_memory, bool grow_probed,
+                       std::optional<int64_t> prompt_logits) {
              TORCH_CHECK_VALUE(!mask_value || (std::isfinite(*mask_value) && *mask_value >= 0.0),
                                "mask_value must be None (masks on every node) or a finite number >= 0, got ",
                                mask_value.value_or(0.0));
@@ -337,7 +338,8 @@ void bind_drafters(py::module_& m) {
                  std::move(embedding),
                  mask_options(num_masks, block_complexity, prune, std::move(mask_init), gaussian_shift,
                               mask_lambda, seed, initial_masks),
-                 StandOptions{max_depth, max_ngram, table_size, logits_top_k, std::move(memory), fold_memory},
+                 StandOptions{max_depth, max_ngram, table_size, logits_top_k, std::move(memory), fold_memory,
+                              prompt_logits},
                  mask_value.value_or(-1.0), grow_probed);
            }),
            py::arg("embedding"), py::kw_only(), py::arg("num_masks"), py::arg("block_complexity"),
@@ -345,7 +347,7 @@ void bind_drafters(py::module_& m) {
            py::arg("seed"), py::arg("max_depth"), py::arg("max_ngram"), py::arg("table_size"),
            py::arg("logits_top_k"), py::arg("memory") = py::none(), py::arg("initial_masks") = std::nullopt,
            py::arg("mask_value") = std::nullopt, py::arg("fold_memory") = true,
-           py::arg("grow_probed") = false)
+           py::arg("grow_probed") = false, py::arg("prompt_logits") = std::nullopt)
       .def_property_readonly("probe_nodes", &HybridDrafter::probe_nodes)
       .def_property_readonly("ngram_nodes", &HybridDrafter::ngram_nodes);
 

@@ -797,8 +797,10 @@ class HybridConfig(_ConfigData):
         block_complexity: BC, most inputs of one decode forward (masks included).
         num_masks, prune, mask_init, mask_path, mask_lambda, seed: the probing half, as in :class:`ProbeConfig`
             (its tree is the dynamic one).
-        max_depth, max_ngram, table_size, logits_top_k, memory_size: the n-gram half, as in
-            :class:`StandConfig` (``memory_size``: the cross-request memory, off by default).
+        max_depth, max_ngram, table_size, logits_top_k, memory_size, prompt_logits: the n-gram half, as
+            in :class:`StandConfig` (``memory_size``: the cross-request memory, off by default;
+            ``prompt_logits``: the prompt's last positions whose distributions seed the store, every
+            one by default).
         mask_value: ``None``: every node carries k masks (seed 001's rule, B - 1 drafts). A number
             >= 0: masks and drafts share the BC inputs, masks only where the step is likely to end
             (a node inside a confident n-gram chain rarely does) and more drafts with the inputs
@@ -834,8 +836,11 @@ class HybridConfig(_ConfigData):
     memory_size: int | None = None
     mask_value: float | None = None
     grow_probed: bool = False
+    prompt_logits: int | None = None
 
-    prompt_logit_rows: ClassVar[int | None] = None  # its STAND half
+    @property
+    def prompt_logit_rows(self) -> int | None:  # type: ignore[override]
+        return self.prompt_logits  # its STAND half's; probing reads the last row, which is always computed
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mask_lambda", self.probe.mask_lambda)  # resolved (None: by mask_init)
@@ -868,6 +873,7 @@ class HybridConfig(_ConfigData):
             table_size=self.table_size,
             logits_top_k=self.logits_top_k,
             memory_size=self.memory_size,
+            prompt_logits=self.prompt_logits,
         )
 
 

@@ -189,6 +189,7 @@ def hybrid_drafter(
         fold_memory=fold_memory,
         mask_value=config.mask_value,
         grow_probed=config.grow_probed,
+        prompt_logits=stand.prompt_logits,
         **_mask_options(model, config.probe),
     )
 

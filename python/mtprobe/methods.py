@@ -59,6 +59,18 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _prompt_logits_option() -> Option:
+    return Option(
+        "--prompt-logits",
+        "prompt_logits",
+        int,
+        "pl",
+        "how many of the prompt's last positions seed the n-gram store with the model's distribution (the "
+        "prefill computes the LM head over those only; the prompt's n-grams go in regardless); "
+        "default every position",
+    )
+
+
 def _memory_option() -> Option:
     return Option(
         "--shared-ngram-memory",
@@ -262,15 +274,7 @@ register(
             _bc_option("most inputs of one decode forward: the root and BC - 1 draft nodes"),
             Option("--max-depth", "max_depth", int, "d", "deepest draft (tokens after the root)"),
             _memory_option(),
-            Option(
-                "--prompt-logits",
-                "prompt_logits",
-                int,
-                "pl",
-                "how many of the prompt's last positions seed the store with the model's distribution (the "
-                "prefill computes the LM head over those only; the prompt's n-grams go in regardless); "
-                "default every position",
-            ),
+            _prompt_logits_option(),
         ),
     )
 )
@@ -323,6 +327,7 @@ register(
             Option("--max-depth", "max_depth", int, "d", "deepest draft of the n-gram half"),
             *_MASK_OPTIONS,
             _memory_option(),
+            _prompt_logits_option(),
             Option(
                 "--mask-value",
                 "mask_value",
