@@ -135,6 +135,8 @@ INTERLEAVED = (
     "auto K24",
     "auto K12 prompt logits 0",
     "auto K24 prompt logits 0",
+    "hybrid BC30",
+    "hybrid BC30 prompt logits 0",
 )
 """The rows of --interleaved, in the order each question runs them (HF greedy first: the reference)."""
 
@@ -372,6 +374,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
             )
             for k in (12, 24)
         },
+        # The hybrid with its store seeded from every prompt position's distribution, or from its text alone.
+        "hybrid BC30": mt(mtprobe.HybridConfig(block_complexity=30)),
+        "hybrid BC30 prompt logits 0": mt(mtprobe.HybridConfig(block_complexity=30, prompt_logits=0)),
         # The draft's one-token forwards through HF's modules, as before its C++ decoder step.
         "auto (HF draft modules)": mt(mtprobe.AutoConfig(), hf_draft=True),
         "quantized draft K12 (HF modules)": mt(
