@@ -359,35 +359,37 @@ def custom_generate(
             max_positions=limit,
         )
 
+    # What every sequence shares: the prompt rows whose logits the drafter reads (a registered
+    # configuration that does not say reads every one: computed, to be safe; the last row picks the
+    # first token), the mask adaptation, the hidden layer read, the criteria and the stream.
+    rows = max_prompt_logit_rows((config,))
+    logits_from = 0 if rows is None else max(0, prompt_len - max(1, rows))
+    masks = mask_adaptation(config)
+    layer = hidden_layer(model, config)
+    stop = None
+    if other_criteria:
+
+        def stop(ids: torch.Tensor, scores: torch.Tensor) -> bool:
+            # HF greedy hands criteria the processed scores the last token was chosen from.
+            return bool(other_criteria(ids.to(device), scores.to(device)).any())
+
+    stream = None
+    if streamer is not None:
+
+        def stream(tokens: torch.Tensor) -> None:
+            streamer.put(tokens)
+
     def decode_one() -> GenerateOutput:
         """One sequence: its own drafter, KV cache and loop."""
         drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
         adapter = HFAdapter(
             model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
         )
-        adapter.hidden_layer = hidden_layer(model, config)
-        masks = mask_adaptation(config)
+        adapter.hidden_layer = layer
         adapter.set_mask_layer_offsets(masks.offsets)
         adapter.set_mask_lora(masks.lora)
         adapter.set_mask_temperature(masks.temperature)
-        # The prompt rows whose logits the drafter reads (a registered configuration that does not say
-        # reads every one: computed, to be safe); the last row picks the first token.
-        rows = max_prompt_logit_rows((config,))
-        if rows is not None:
-            adapter.prefill_logits_from = max(0, prompt_len - max(1, rows))
-        stop = None
-        if other_criteria:
-
-            def stop(ids: torch.Tensor, scores: torch.Tensor) -> bool:
-                # HF greedy hands criteria the processed scores the last token was chosen from.
-                return bool(other_criteria(ids.to(device), scores.to(device)).any())
-
-        stream = None
-        if streamer is not None:
-
-            def stream(tokens: torch.Tensor) -> None:
-                streamer.put(tokens)
-
+        adapter.prefill_logits_from = logits_from
         loop = _C.DecodeLoop(
             drafter,
             adapter.forward,
