@@ -96,6 +96,40 @@ def greedy() -> Callable[..., torch.Tensor]:
     return reference
 
 
+CACHED_VS_FULL_BOUND = 1e-3
+"""How far a float32 logit of ``model.generate``'s token-by-token greedy decoding (KV cache) may sit from
+the same position's logit in one forward over the whole sequence. Measured on SmolLM2: at most 9.2e-5
+over 25 prompts x 32 tokens; ``test_generate`` checks on the host at hand that it holds with room."""
+
+
+@torch.no_grad()
+def greedy_by_one_forward(model, ids: torch.Tensor, seq: torch.Tensor, max_new_tokens: int) -> bool:
+    """True when ``seq`` [1, L + n] is provably ``model.generate(ids, do_sample=False,
+    max_new_tokens=max_new_tokens)``, read from one forward over ``seq`` instead of n cached steps.
+
+    Every new token must be the argmax of the logits before it, by a top-2 margin above twice
+    :data:`CACHED_VS_FULL_BOUND`: then, by induction over the tokens, greedy decoding's own logits (at
+    most the bound away) pick the same token. The length must be greedy's: ``max_new_tokens``, or fewer
+    ending at the first end-of-sequence token. False is no verdict: run ``model.generate`` and compare.
+    Only for models whose generation config adds no logits processor to greedy decoding (SmolLM2's).
+    """
+    prompt_len, new = ids.shape[1], seq.shape[1] - ids.shape[1]
+    if seq.shape[0] != 1 or new < 1 or new > max_new_tokens or not torch.equal(seq[:, :prompt_len], ids):
+        return False
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    tokens = seq[0, prompt_len:]  # [new]
+    ends = [i for i, t in enumerate(tokens.tolist()) if t in eos]
+    if ends and ends[0] != new - 1 or not ends and new != max_new_tokens:
+        return False
+    logits = model(seq).logits[0, prompt_len - 1 : -1].float()  # [new, vocab]
+    top2 = logits.topk(2, dim=-1)
+    return bool(
+        torch.equal(top2.indices[:, 0], tokens)
+        and (top2.values[:, 0] - top2.values[:, 1]).min() > 2 * CACHED_VS_FULL_BOUND
+    )
+
+
 def chat_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
     """Token ids [1, L] of a conversation under the model's chat template."""
     enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
