@@ -363,7 +363,7 @@ def custom_generate(
     # configuration that does not say reads every one: computed, to be safe; the last row picks the
     # first token), the mask adaptation, the hidden layer read, the criteria and the stream.
     rows = max_prompt_logit_rows((config,))
-    logits_from = 0 if rows is None else max(0, prompt_len - max(1, rows))
+    logits_from = 0 if rows is None else max(0, prompt_len - rows)  # rows >= 1: the first token
     masks = mask_adaptation(config)
     layer = hidden_layer(model, config)
     stop = None
