@@ -393,9 +393,76 @@ def test_num_return_sequences_samples_each_sequence_in_turn(tiny, route):
         assert torch.equal(row[:n], single.sequences[0]) and torch.equal(part.sequences, single.sequences)
         assert (row[n:] == 95).all()
     assert out.accept_lengths == [a for s in singles for a in s.accept_lengths]
-    assert out.forward_calls == sum(s.forward_calls for s in singles)
+    assert out.forward_calls == sum(s.forward_calls for s in singles) - 3  # one prefill for the four
     assert out.new_tokens == sum(s.new_tokens for s in singles)
     assert out.stop_reason == ",".join(sorted({s.stop_reason for s in singles}))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        mtprobe.PlainConfig(),
+        mtprobe.ProbeConfig(block_complexity=8),  # the prefill carries the masks: inputs and a tree mask
+        mtprobe.ProbeConfig(block_complexity=8, num_masks=2, mask_value=0.3),
+        mtprobe.StandConfig(block_complexity=10),  # its store reads the prefill's prompt logits
+        mtprobe.StandConfig(block_complexity=10, prompt_logits=2),  # the prefill computes 2 rows only
+    ],
+    ids=["plain", "probe", "probe-2-masks", "stand", "stand-2-rows"],
+)
+def test_num_return_sequences_share_one_prefill(tiny, cfg):
+    # The first sequence runs the prefill; the others take copies of its logits and KV entries. What
+    # they sample is what they would after a prefill of their own, and the model ran n - 1 fewer forwards.
+    calls = []
+    hook = tiny.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        kw = dict(max_new_tokens=5, do_sample=True, temperature=1.5)
+        torch.manual_seed(7)
+        out = mtprobe.generate(tiny, IDS, cfg, num_return_sequences=3, **kw)
+        shared = len(calls)
+        calls.clear()
+        torch.manual_seed(7)
+        singles = [mtprobe.generate(tiny, IDS, cfg, **kw) for _ in range(3)]
+    finally:
+        hook.remove()
+    for row, single in zip(out.sequences, singles, strict=True):
+        assert torch.equal(row, single.sequences[0])
+    assert shared == len(calls) - 2
+    assert out.forward_calls == shared
+    assert [o.forward_calls for o in out.sequence_outputs] == [
+        singles[0].forward_calls,
+        singles[1].forward_calls - 1,
+        singles[2].forward_calls - 1,
+    ]
+
+
+def test_shared_prefill_serves_only_the_same_prefill(tiny):
+    # Other inputs, another hidden layer or another prefill cut: no copy, the adapter runs the model.
+    from mtprobe.adapter import HFAdapter, SharedPrefill
+
+    share = SharedPrefill()
+    tokens, pos = IDS[0], torch.arange(IDS.shape[1])[None]  # [L], [1, L]
+
+    def prefill(adapter: HFAdapter, toks: torch.Tensor) -> torch.Tensor:
+        return adapter.forward(toks, None, pos[:, : toks.shape[0]], None, 0, False)[0]
+
+    first = HFAdapter(tiny, 16, shared_prefill=share)
+    logits = prefill(first, tokens)  # [L, vocab]
+    again = HFAdapter(tiny, 4, shared_prefill=share)  # a smaller cache: reserved to fit
+    assert torch.equal(prefill(again, tokens), logits) and again.prefill_shared and share.taken == 1
+    for layer, kept in zip(again.cache.layers, first.cache.layers, strict=True):
+        assert layer.length == tokens.shape[0]
+        assert torch.equal(layer.keys[:, :, : layer.length], kept.keys[:, :, : layer.length])
+    other = tokens.clone()
+    other[-1] = 1
+    assert not torch.equal(prefill(HFAdapter(tiny, 16, shared_prefill=share), other), logits)
+    deeper = HFAdapter(tiny, 16, shared_prefill=share)
+    deeper.hidden_layer = 1
+    cut = HFAdapter(tiny, 16, shared_prefill=share)
+    cut.prefill_logits_from = 5
+    for adapter in (deeper, cut):
+        prefill(adapter, tokens)
+        assert not adapter.prefill_shared
+    assert share.taken == 1
 
 
 def test_num_return_sequences_returns_the_stacked_tensor_on_the_hf_route(tiny):

@@ -480,6 +480,86 @@ def mask_lora(
             h.remove()
 
 
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+
+
+class SharedPrefill:
+    """One prefill for the sequences of one prompt (``num_return_sequences``), as HF's generate runs one
+    batched prefill for them: the first adapter to run it keeps what it produced (logits, hidden states and
+    every layer's KV entries); an adapter given the same inputs and settings later takes copies of them
+    instead of running the model again. Exact: the model and its weights are the same for every sequence
+    of a call and run in eval mode, so a second prefill would compute the same numbers. Not used with a
+    forward plan (its one KV buffer is the plan's, shared by the sequences in turn).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._inputs: tuple[torch.Tensor | None, ...] = ()
+        self._logits: torch.Tensor | None = None  # [T, vocab]
+        self._hidden: torch.Tensor | None = None  # [T, hidden]
+        self._entries: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer [1, H_kv, T, D] twice
+        self.taken = 0  # prefills served from the kept one
+
+    @staticmethod
+    def _settings(adapter: HFAdapter, want_hidden: bool) -> tuple[Any, ...]:
+        # What else shapes a prefill's outputs: identity, since one call computes them once for all.
+        return (
+            want_hidden,
+            adapter.hidden_layer,
+            adapter.prefill_logits_from,
+            id(adapter._mask_offsets),
+            id(adapter._mask_lora),
+            id(adapter._mask_temperature),
+        )
+
+    def keep(
+        self,
+        adapter: HFAdapter,
+        inputs: tuple[torch.Tensor | None, ...],
+        want_hidden: bool,
+        logits: torch.Tensor,  # [T, vocab]
+        hidden: torch.Tensor | None,  # [T, hidden]
+    ) -> None:
+        """Keep the prefill ``adapter`` has just run (the first one of the call)."""
+        if self._key is not None:
+            return
+        T = inputs[2].shape[-1]  # position_ids [1, T]
+        self._entries = [
+            (layer.keys[:, :, :T].clone(), layer.values[:, :, :T].clone())
+            for layer in adapter.cache.layers
+            if layer.is_initialized
+        ]
+        if len(self._entries) != len(adapter.cache.layers):
+            return  # a layer the model never wrote: nothing sound to share
+        self._key = self._settings(adapter, want_hidden)
+        # Copies: the caller may reuse its input buffers for the next forward.
+        self._inputs = tuple(t.clone() if t is not None else None for t in inputs)
+        self._logits = logits.clone()
+        self._hidden = hidden.clone() if hidden is not None else None
+
+    def take(
+        self, adapter: HFAdapter, inputs: tuple[torch.Tensor | None, ...], want_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Copies of the kept prefill's logits and hidden states, with its KV entries written into
+        ``adapter``'s cache, when ``inputs`` and the settings are the kept prefill's; else None."""
+        if self._key is None or self._key != self._settings(adapter, want_hidden):
+            return None
+        if not all(_same(a, b) for a, b in zip(inputs, self._inputs, strict=True)):
+            return None
+        T = inputs[2].shape[-1]
+        adapter.reserve(T)
+        for layer, (keys, values) in zip(adapter.cache.layers, self._entries, strict=True):
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys[:, :, :0], values[:, :, :0])
+            layer.keys[:, :, :T] = keys
+            layer.values[:, :, :T] = values
+            layer.length = T
+        self.taken += 1
+        assert self._logits is not None
+        return self._logits.clone(), (self._hidden.clone() if self._hidden is not None else None)
+
+
 class HFAdapter:
     """Runs one draft block through ``model``; owns the model's KV cache for one sequence.
 
@@ -490,6 +570,8 @@ class HFAdapter:
     (:func:`mtprobe.profile.choose_linear_routes`); None runs torch's linear everywhere.
     ``plan``: run every forward through a static forward plan (:mod:`mtprobe.plan`: one fixed KV
     buffer, buckets, CUDA graphs on a GPU); it owns the cache, and ``capacity`` is then unused.
+    ``shared_prefill``: the prefill of the other sequences of the same prompt, run once
+    (:class:`SharedPrefill`; unused with a plan).
     """
 
     def __init__(
@@ -501,6 +583,7 @@ class HFAdapter:
         checked: bool = False,
         linear_routes: LinearRoutes | None = None,
         plan: ForwardPlan | None = None,
+        shared_prefill: SharedPrefill | None = None,
     ) -> None:
         if not checked:
             check_causal_lm(model)
@@ -511,6 +594,8 @@ class HFAdapter:
             plan.check(model)
         self.plan = plan
         self.cache: TreeKVCache | Any = TreeKVCache(num_layers, capacity) if plan is None else plan.cache
+        self.shared_prefill = shared_prefill if plan is None else None
+        self.prefill_shared = False  # whether this sequence's prefill was taken from shared_prefill
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
@@ -609,6 +694,12 @@ class HFAdapter:
         prefix_len: int,
         want_hidden: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        shared = self.shared_prefill if prefix_len == 0 else None
+        if shared is not None:
+            taken = shared.take(self, (tokens, embeds, position_ids, mask), want_hidden)
+            if taken is not None:
+                self.prefill_shared = True
+                return taken
         self.reserve(prefix_len + position_ids.shape[-1])
         self.cache.set_length(prefix_len)
         x = self.embed(tokens.unsqueeze(0))  # [1, n_tok, hidden]
@@ -641,6 +732,8 @@ class HFAdapter:
         if temperature is not None and embeds is not None:
             start = tokens.shape[0]
             scale_mask_logits(logits, self._mask_row_temperature(temperature, logits.shape[0] - start), start)
+        if shared is not None:
+            shared.keep(self, (tokens, embeds, position_ids, mask), want_hidden, logits, hidden)
         return logits, hidden
 
     def _run_model(

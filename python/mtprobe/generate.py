@@ -21,7 +21,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from mtprobe import _C, registry
 from mtprobe import methods as _builtin_methods  # noqa: F401  (registers the built-in methods)
-from mtprobe.adapter import HFAdapter, check_causal_lm, max_positions, sliding_window
+from mtprobe.adapter import HFAdapter, SharedPrefill, check_causal_lm, max_positions, sliding_window
 from mtprobe.config import DraftModelConfig, EntMTPConfig, HeadsConfig, max_prompt_logit_rows
 from mtprobe.draft_model import check_draft_model
 from mtprobe.drafters import (
@@ -62,7 +62,9 @@ class GenerateOutput:
         accept_lengths: tokens gained per decode forward (accepted drafts + bonus), one per step.
         block_sizes: inputs T of each decode step's forward (committed, drafts and auxiliary inputs),
             one per step: with the forward profile, what the step cost.
-        forward_calls: target forwards, prefill included.
+        forward_calls: target forwards, prefill included. With ``num_return_sequences``, the sequences
+            share the prompt's prefill: the first runs it, the others take copies of its logits and
+            KV entries, and count no prefill forward (their ``prefill_s`` is the copy's time).
         timings: seconds: ``total_s`` (whole loop), ``forward_s`` (inside model forwards, prefill
             included), ``prefill_s``.
         stop_reason: ``"eos"``, ``"max_new_tokens"`` or ``"stopping_criteria"``.
@@ -379,11 +381,20 @@ def custom_generate(
         def stream(tokens: torch.Tensor) -> None:
             streamer.put(tokens)
 
+    # The sequences of one prompt share its prefill: the first runs it, the others take copies.
+    shared_prefill = SharedPrefill() if num_sequences > 1 else None
+
     def decode_one() -> GenerateOutput:
-        """One sequence: its own drafter, KV cache and loop."""
+        """One sequence: its own drafter, KV cache and loop (the prefill shared)."""
         drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
         adapter = HFAdapter(
-            model, capacity, max_capacity=max_capacity, checked=True, linear_routes=routes, plan=forward_plan
+            model,
+            capacity,
+            max_capacity=max_capacity,
+            checked=True,
+            linear_routes=routes,
+            plan=forward_plan,
+            shared_prefill=shared_prefill,
         )
         adapter.hidden_layer = layer
         adapter.set_mask_layer_offsets(masks.offsets)
@@ -427,7 +438,7 @@ def custom_generate(
             sequences=sequences,
             accept_lengths=list(result.accept_lengths),
             block_sizes=list(result.block_sizes),
-            forward_calls=result.forward_calls,
+            forward_calls=result.forward_calls - adapter.prefill_shared,  # the forwards the model ran
             timings={
                 "total_s": result.total_seconds,
                 "forward_s": result.forward_seconds,
