@@ -299,18 +299,32 @@ def test_chi_square_rejects_a_wrong_sampler(tiny, bug):
     assert chi_square_pvalue(counts, exact) < ALPHA, f"missed a sampler at total variation {tv:.3f}"
 
 
-def test_same_seed_same_text(tiny):
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        mtprobe.ProbeConfig(block_complexity=10),
+        mtprobe.DraftModelConfig(num_tokens=3, num_draft_layers=1),
+        mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3, num_draft_layers=1),
+    ],
+    ids=["probe", "layer_truncated_draft", "quantized_draft"],
+)
+def test_same_seed_same_text(cfg):
+    # From the first call on, on a model fresh to mtprobe: what a call builds once per model (a
+    # layer-truncated draft's throwaway initialisation) must not draw from the global generator.
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_config()).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
     prompt = torch.tensor([[1, 2, 3]])
-    cfg = mtprobe.ProbeConfig(block_complexity=10)
     runs = []
     for _ in range(2):
         torch.manual_seed(123)
         runs.append(
-            mtprobe.generate(tiny, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences
+            mtprobe.generate(model, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences
         )
     assert torch.equal(runs[0], runs[1])
     torch.manual_seed(124)
-    other = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences
+    other = mtprobe.generate(model, prompt, cfg, max_new_tokens=12, do_sample=True, **SAMPLE_KW).sequences
     assert not torch.equal(runs[0], other)  # a different seed gives a different text (V**12 choices)
 
 

@@ -73,8 +73,11 @@ def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     if getattr(draft_cfg, "layer_types", None) is not None:  # per-layer attention kinds (transformers 5)
         draft_cfg.layer_types = list(draft_cfg.layer_types[:num_layers])
     # Built for real (not on the meta device) so buffers outside the state dict (rotary tables) exist;
-    # the parameters are then replaced by the target's own.
-    draft = type(model)(draft_cfg).to(device=model.device, dtype=model.dtype)
+    # the parameters are then replaced by the target's own. Their throwaway random initialisation draws
+    # from a forked generator: from the global one, it would make a seeded call's text depend on whether
+    # this draft was built before (torch.manual_seed(s); generate(...) must give one text every time).
+    with torch.random.fork_rng(devices=[]):
+        draft = type(model)(draft_cfg).to(device=model.device, dtype=model.dtype)
     keep = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         layer = _layer_index(name)
