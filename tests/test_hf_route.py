@@ -398,24 +398,31 @@ def test_num_return_sequences_samples_each_sequence_in_turn(tiny, route):
     assert out.stop_reason == ",".join(sorted({s.stop_reason for s in singles}))
 
 
+QUANTIZED_SELF_DRAFT = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3)
+
+
 @pytest.mark.parametrize(
-    "cfg",
+    ("cfg", "shares"),
     [
-        mtprobe.PlainConfig(),
-        mtprobe.ProbeConfig(block_complexity=8),  # the prefill carries the masks: inputs and a tree mask
-        mtprobe.ProbeConfig(block_complexity=8, num_masks=2, mask_value=0.3),
-        mtprobe.StandConfig(block_complexity=10),  # its store reads the prefill's prompt logits
-        mtprobe.StandConfig(block_complexity=10, prompt_logits=2),  # the prefill computes 2 rows only
+        (mtprobe.PlainConfig(), True),
+        (mtprobe.ProbeConfig(block_complexity=8), True),  # the prefill carries the masks and a tree mask
+        (mtprobe.ProbeConfig(block_complexity=8, num_masks=2, mask_value=0.3), True),
+        (mtprobe.StandConfig(block_complexity=10), True),  # its store reads the prefill's prompt logits
+        (mtprobe.StandConfig(block_complexity=10, prompt_logits=2), True),  # 2 prompt rows' logits only
+        # It finds the target's cache by watching the target's forwards: every prefill runs the model.
+        (QUANTIZED_SELF_DRAFT, False),
     ],
-    ids=["plain", "probe", "probe-2-masks", "stand", "stand-2-rows"],
+    ids=["plain", "probe", "probe-2-masks", "stand", "stand-2-rows", "quantized-self-draft"],
 )
-def test_num_return_sequences_share_one_prefill(tiny, cfg):
+def test_num_return_sequences_share_one_prefill(tiny, cfg, shares):
     # The first sequence runs the prefill; the others take copies of its logits and KV entries. What
     # they sample is what they would after a prefill of their own, and the model ran n - 1 fewer forwards.
     calls = []
     hook = tiny.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         kw = dict(max_new_tokens=5, do_sample=True, temperature=1.5)
+        mtprobe.generate(tiny, IDS, cfg, num_return_sequences=2, **kw)  # what a first call measures
+        calls.clear()
         torch.manual_seed(7)
         out = mtprobe.generate(tiny, IDS, cfg, num_return_sequences=3, **kw)
         shared = len(calls)
@@ -424,15 +431,34 @@ def test_num_return_sequences_share_one_prefill(tiny, cfg):
         singles = [mtprobe.generate(tiny, IDS, cfg, **kw) for _ in range(3)]
     finally:
         hook.remove()
-    for row, single in zip(out.sequences, singles, strict=True):
-        assert torch.equal(row, single.sequences[0])
-    assert shared == len(calls) - 2
+    for part, single in zip(out.sequence_outputs, singles, strict=True):
+        assert torch.equal(part.sequences, single.sequences)
+    assert shared == len(calls) - (2 if shares else 0)
     assert out.forward_calls == shared
     assert [o.forward_calls for o in out.sequence_outputs] == [
-        singles[0].forward_calls,
-        singles[1].forward_calls - 1,
-        singles[2].forward_calls - 1,
+        s.forward_calls - (i > 0 and shares) for i, s in enumerate(singles)
     ]
+
+
+def test_an_auto_config_with_the_quantized_self_draft_runs_every_prefill(tiny):
+    # AutoConfig's choices follow measured times, so its texts are not compared with single calls here.
+    from mtprobe.drafters import reads_target_cache
+
+    auto = mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(num_tokens=3), QUANTIZED_SELF_DRAFT))
+    assert reads_target_cache(tiny, auto) and reads_target_cache(tiny, QUANTIZED_SELF_DRAFT)
+    assert not reads_target_cache(tiny, mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(),)))
+    shallow = mtprobe.DraftModelConfig(
+        self_draft="quantized", num_draft_layers=tiny.config.num_hidden_layers - 1
+    )
+    assert not reads_target_cache(tiny, shallow)
+    mtprobe.generate(tiny, IDS, auto, max_new_tokens=2, do_sample=True)  # what a first call measures
+    calls = []
+    hook = tiny.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs), with_kwargs=True)
+    try:
+        mtprobe.generate(tiny, IDS, auto, max_new_tokens=4, do_sample=True, num_return_sequences=3)
+    finally:
+        hook.remove()
+    assert sum(int(c["position_ids"][0, 0]) == 0 for c in calls) == 3  # a prefill per sequence
 
 
 def test_shared_prefill_serves_only_the_same_prefill(tiny):

@@ -231,7 +231,7 @@ def draft_model_drafter(
     # entries exist only after it: until then the draft proposes token 0 from no cache at all (flat
     # logits; verification rejects them, losslessly under greedy and sampling alike). The target's
     # cache is found by a one-shot hook on the target's first forward through mtprobe's cache.
-    share = config.self_draft == "quantized" and is_full_depth(model, config.num_draft_layers)
+    share = reads_target_cache(model, config)
     # held: the draft cache's entries that are real (the drafter counts the flat forwards' as cached).
     state: dict[str, Any] = {"target": None, "held": 0}
     if share:
@@ -294,6 +294,20 @@ def draft_model_drafter(
         top_branches=config.top_branches,
         do_sample=do_sample,
         process=process,
+    )
+
+
+def reads_target_cache(model: PreTrainedModel, config: DecodingConfig) -> bool:
+    """Whether the drafter of ``config`` takes the target's KV entries instead of computing its own: a
+    quantized self-draft of every layer, alone or among an AutoConfig's drafters. It finds the target's
+    cache by a hook on the target's first forward (:func:`draft_model_drafter`), so every sequence's
+    prefill must run the model: ``num_return_sequences`` does not share the prefill then."""
+    configs = config.drafters if isinstance(config, AutoConfig) else (config,)
+    return any(
+        isinstance(c, DraftModelConfig)
+        and c.self_draft == "quantized"
+        and is_full_depth(model, c.num_draft_layers)
+        for c in configs
     )
 
 

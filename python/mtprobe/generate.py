@@ -33,6 +33,7 @@ from mtprobe.drafters import (
     hidden_layer,
     make_drafter,
     mask_adaptation,
+    reads_target_cache,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.plan import PlanConfig, plan_for
@@ -381,8 +382,9 @@ def custom_generate(
         def stream(tokens: torch.Tensor) -> None:
             streamer.put(tokens)
 
-    # The sequences of one prompt share its prefill: the first runs it, the others take copies.
-    shared_prefill = SharedPrefill() if num_sequences > 1 else None
+    # The sequences of one prompt share its prefill: the first runs it, the others take copies (unless
+    # the drafter finds the target's cache by watching its forwards).
+    shared_prefill = SharedPrefill() if num_sequences > 1 and not reads_target_cache(model, config) else None
 
     def decode_one() -> GenerateOutput:
         """One sequence: its own drafter, KV cache and loop (the prefill shared)."""
