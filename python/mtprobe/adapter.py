@@ -498,7 +498,7 @@ class SharedPrefill:
         self._inputs: tuple[torch.Tensor | None, ...] = ()
         self._logits: torch.Tensor | None = None  # [T, vocab]
         self._hidden: torch.Tensor | None = None  # [T, hidden]
-        self._entries: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer [1, H_kv, T, D] twice
+        self._entries: TreeKVCache | None = None  # the prefill's T entries of every layer
         self.taken = 0  # prefills served from the kept one
 
     @staticmethod
@@ -524,14 +524,11 @@ class SharedPrefill:
         """Keep the prefill ``adapter`` has just run (the first one of the call)."""
         if self._key is not None:
             return
-        T = inputs[2].shape[-1]  # position_ids [1, T]
-        self._entries = [
-            (layer.keys[:, :, :T].clone(), layer.values[:, :, :T].clone())
-            for layer in adapter.cache.layers
-            if layer.is_initialized
-        ]
-        if len(self._entries) != len(adapter.cache.layers):
+        if not all(layer.is_initialized for layer in adapter.cache.layers):
             return  # a layer the model never wrote: nothing sound to share
+        T = inputs[2].shape[-1]  # position_ids [1, T]
+        self._entries = TreeKVCache(len(adapter.cache.layers), T)
+        self._entries.copy_entries(adapter.cache, 0, T)
         self._key = self._settings(adapter, want_hidden)
         # Copies: the caller may reuse its input buffers for the next forward.
         self._inputs = tuple(t.clone() if t is not None else None for t in inputs)
@@ -548,15 +545,10 @@ class SharedPrefill:
         if not all(_same(a, b) for a, b in zip(inputs, self._inputs, strict=True)):
             return None
         T = inputs[2].shape[-1]
-        adapter.reserve(T)
-        for layer, (keys, values) in zip(adapter.cache.layers, self._entries, strict=True):
-            if not layer.is_initialized:
-                layer.lazy_initialization(keys[:, :, :0], values[:, :, :0])
-            layer.keys[:, :, :T] = keys
-            layer.values[:, :, :T] = values
-            layer.length = T
+        adapter.reserve(T)  # the adapter's growth policy; copy_entries then finds the room
+        assert self._entries is not None and self._logits is not None
+        adapter.cache.copy_entries(self._entries, 0, T)
         self.taken += 1
-        assert self._logits is not None
         return self._logits.clone(), (self._hidden.clone() if self._hidden is not None else None)
 
 
