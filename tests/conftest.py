@@ -130,6 +130,16 @@ def greedy_by_one_forward(model, ids: torch.Tensor, seq: torch.Tensor, max_new_t
     )
 
 
+class NullStreamer:
+    """A streamer that takes every chunk and keeps none (for the checks that refuse a streamer)."""
+
+    def put(self, value) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
 def chat_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
     """Token ids [1, L] of a conversation under the model's chat template."""
     enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")

@@ -228,19 +228,19 @@ def test_bad_input_is_named(smollm2):
     cfg = mtprobe.ProbeConfig()
     with pytest.raises(ValueError, match="empty"):
         mtprobe.generate(model, ids[:, :0], cfg, max_new_tokens=4)
-    with pytest.raises(NotImplementedError, match="batch size 2"):
-        mtprobe.generate(model, ids.repeat(2, 1), cfg, max_new_tokens=4)
+    with pytest.raises(ValueError, match="no rows"):
+        mtprobe.generate(model, ids[:0], cfg, max_new_tokens=4)
     with pytest.raises(ValueError, match="2-D"):
         mtprobe.generate(model, ids[0], cfg, max_new_tokens=4)
     with pytest.raises(NotImplementedError, match="num_beams=2"):
         mtprobe.generate(model, ids, cfg, max_new_tokens=4, num_beams=2)
-    with pytest.raises(NotImplementedError, match="padding"):
+    with pytest.raises(NotImplementedError, match="padding between real ones"):
         mtprobe.generate(
             model,
             ids,
             cfg,
             max_new_tokens=4,
-            attention_mask=torch.cat([ids[:, :1] * 0, ids[:, 1:] * 0 + 1], 1),
+            attention_mask=torch.cat([ids[:, :1] * 0 + 1, ids[:, 1:2] * 0, ids[:, 2:] * 0 + 1], 1),
         )
     with pytest.raises(TypeError, match="PreTrainedModel"):
         mtprobe.generate(torch.nn.Linear(4, 4), ids, cfg, max_new_tokens=4)

@@ -18,7 +18,7 @@ from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.utils import GenerationMixin
 
 import mtprobe
-from conftest import tiny_llama
+from conftest import NullStreamer, tiny_llama
 from mtprobe.generate import decoding_mode
 from mtprobe.hf_route import HANDLINGS, HF_ARGUMENTS, INERT, MAPPED, REFUSED, resolve_config
 from test_sampling import ALPHA, chi_square_pvalue, tiny_config
@@ -504,18 +504,8 @@ def test_num_return_sequences_returns_the_stacked_tensor_on_the_hf_route(tiny):
 def test_num_return_sequences_bad_input(tiny, route):
     with pytest.raises(ValueError, match="num_return_sequences"):  # greedy: n copies of one text
         ROUTES[route](tiny, IDS, max_new_tokens=4, do_sample=False, num_return_sequences=2)
-    # mtprobe.generate checks the batch before model.generate repeats it; model.generate after.
-    with pytest.raises(NotImplementedError, match=r"batch size 2.* once per row"):
-        ROUTES[route](tiny, IDS.repeat(2, 1), max_new_tokens=4, do_sample=True, num_return_sequences=3)
-
-    class Streamer:
-        def put(self, value):
-            pass
-
-        def end(self):
-            pass
 
     with pytest.raises(ValueError, match="streamer takes one sequence"):
         ROUTES[route](
-            tiny, IDS, max_new_tokens=4, do_sample=True, num_return_sequences=2, streamer=Streamer()
+            tiny, IDS, max_new_tokens=4, do_sample=True, num_return_sequences=2, streamer=NullStreamer()
         )

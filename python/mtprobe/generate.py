@@ -58,8 +58,9 @@ class GenerateOutput:
     """What one mtprobe generation did.
 
     Attributes:
-        sequences: ``[1, prompt + new]`` tokens, identical to greedy ``model.generate`` (``[n, ...]``
-            with ``num_return_sequences=n``).
+        sequences: ``[1, prompt + new]`` tokens, identical to greedy ``model.generate``; ``[batch * n,
+            L + new]`` for a batch of prompts (left-padded to L tokens, as HF pads them) with
+            ``num_return_sequences=n``, each prompt's n sequences together, as HF orders them.
         accept_lengths: tokens gained per decode forward (accepted drafts + bonus), one per step.
         block_sizes: inputs T of each decode step's forward (committed, drafts and auxiliary inputs),
             one per step: with the forward profile, what the step cost.
@@ -105,11 +106,13 @@ class GenerateOutput:
             ``capacity``, ``buckets``, ``pad``, ``graphs`` (captured buckets), ``replays``,
             ``capture_s``, ``growths`` and ``eager_reason`` (why no graphs ran, "" when they did);
             None without a plan.
-        sequence_outputs: with ``num_return_sequences=n > 1`` (sampling only): each sequence's own
-            output, in order; ``sequences`` is then ``[n, prompt + longest]``, shorter ones padded
-            with the pad token as HF pads them, and the other fields cover all n sequences (counts and
-            timings summed, per-step lists concatenated, ``stop_reason`` the distinct reasons joined
-            by ","). None for one sequence.
+        sequence_outputs: with several sequences (a batch of prompts, or ``num_return_sequences=n > 1``
+            under sampling): each sequence's own output, in order, as a call on its prompt alone
+            (without padding) returns it; ``sequences`` is then ``[rows, L + longest]``, each row after
+            its prompt's left padding and the shorter ones padded after their end with the pad token,
+            as HF pads them, and the other fields cover all the sequences (counts and timings summed,
+            per-step lists concatenated, ``stop_reason`` the distinct reasons joined by ","). None for
+            one sequence.
 
     A worked example: two decode steps, the first drafting the chain ``a -> b`` (depths 1, 2) of
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
@@ -219,6 +222,11 @@ def generate(
     if max_new_tokens is not None:
         max_new_tokens = _check_max_new_tokens(max_new_tokens)
     if streamer is not None:
+        if input_ids.shape[0] > 1:
+            raise ValueError(
+                f"a streamer takes one sequence, and input_ids holds {input_ids.shape[0]} prompts: drop the "
+                "streamer or generate one prompt per call"
+            )
         streamer.put(input_ids.cpu())  # HF puts the prompt first; this route bypasses that
     return model.generate(
         input_ids,
@@ -276,17 +284,15 @@ def custom_generate(
     if not mtprobe_model_checked:
         check_causal_lm(model)
     _check_no_inputs_embeds(model_kwargs)
-    # num_return_sequences: HF has repeated the one prompt row that many times; each copy is decoded
-    # in turn, by its own loop and drafter, after the checks and set-up they share.
+    # HF has repeated each prompt row num_return_sequences times ([batch * n, L], left-padded where the
+    # prompts differ in length). Each prompt is decoded without its padding, each copy in turn by its own
+    # loop and drafter, after the checks and set-up they all share.
     num_sequences = generation_config.num_return_sequences or 1
-    input_ids = _one_prompt_row(input_ids, num_sequences)
     attention_mask = model_kwargs.get("attention_mask")
-    if isinstance(attention_mask, torch.Tensor) and num_sequences > 1:
-        attention_mask = _one_prompt_row(attention_mask, num_sequences, "attention_mask")
     _check_input_ids(input_ids, model)
     # HF drops an all-ones mask before this point and keeps only its length.
     _check_attention_mask(attention_mask, input_ids, getattr(generation_config, "_mask_length", None))
-    _check_draft_context(model, config, input_ids.shape[1], stopping_criteria, generation_config)
+    prompts = _prompts(input_ids, attention_mask, num_sequences)
     if mtprobe_plan is not None and not isinstance(mtprobe_plan, PlanConfig):
         raise TypeError(f"plan must be a mtprobe.PlanConfig or None, got {type(mtprobe_plan).__name__}")
     if synced_gpus or caller.get("synced_gpus"):  # HF keeps generate()'s synced_gpus from a callable
@@ -294,28 +300,31 @@ def custom_generate(
     if streamer is None and mtprobe_streamer is None:
         streamer = caller.get("streamer")
     streamer = streamer if streamer is not None else mtprobe_streamer
-    if streamer is not None and num_sequences > 1:
+    if streamer is not None and len(prompts) * num_sequences > 1:
         raise ValueError(
-            f"a streamer takes one sequence, and num_return_sequences={num_sequences} asks for several: "
-            "drop the streamer or generate one sequence per call"
+            f"a streamer takes one sequence, and this call asks for {len(prompts) * num_sequences} "
+            f"({len(prompts)} prompt(s), num_return_sequences={num_sequences}): drop the streamer or generate "
+            "one sequence per call"
         )
 
     device = input_ids.device
-    prompt_len = input_ids.shape[1]
+    longest = max(p.ids.shape[1] for p in prompts)  # the longest prompt, without padding
     max_length, eos_ids, other_criteria = _split_stopping_criteria(stopping_criteria, generation_config)
-    max_new_tokens = max_length - prompt_len
+    # max_length counts the padding, as HF's does: every row of a batch gets the same max_new_tokens.
+    max_new_tokens = max_length - input_ids.shape[1]
     if max_new_tokens < 1:
         raise ValueError(
-            f"nothing to generate: max_length={max_length} leaves no room after a prompt of {prompt_len} tokens; "
-            "pass max_new_tokens >= 1"
+            f"nothing to generate: max_length={max_length} leaves no room after a prompt of {input_ids.shape[1]} "
+            "tokens; pass max_new_tokens >= 1"
         )
     limit = max_positions(model)
-    if prompt_len + max_new_tokens > limit:
+    if longest + max_new_tokens > limit:
         raise ValueError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {prompt_len + max_new_tokens} "
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = {longest + max_new_tokens} "
             f"exceeds the model's context of {limit} positions; shorten the prompt or lower max_new_tokens"
         )
-    _check_sliding_window(model, prompt_len + max_new_tokens)
+    _check_sliding_window(model, longest + max_new_tokens)
+    _check_draft_context(model, config, longest, max_new_tokens)
 
     method = check_decoding_config(config).name
     if config.block_complexity > limit:
@@ -329,14 +338,8 @@ def custom_generate(
     # Buffers follow the tokens actually generated: they start with room for the prompt, one block
     # and a little more, and double when full, never past what this call can need (max_new_tokens
     # is often a generous bound that EOS cuts short).
-    max_capacity = prompt_len + max_new_tokens + config.block_complexity
-    capacity = min(max_capacity, prompt_len + config.block_complexity + _INITIAL_HEADROOM)
-    process = None
-    if len(logits_processor) > 0:
-
-        def process(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            return _apply_processors(logits_processor, ids, scores)
-
+    max_capacity = longest + max_new_tokens + config.block_complexity
+    capacity = min(max_capacity, longest + config.block_complexity + _INITIAL_HEADROOM)
     do_sample = bool(generation_config.do_sample)
     logger.info(
         "mtprobe %s (%s), %s, block complexity %d; KV cache and mask for %d positions at first, "
@@ -366,33 +369,39 @@ def custom_generate(
     # configuration that does not say reads every one: computed, to be safe; the last row picks the
     # first token), the mask adaptation, the hidden layer read, the criteria and the stream.
     rows = max_prompt_logit_rows((config,))
-    logits_from = 0 if rows is None else max(0, prompt_len - rows)  # rows >= 1: the first token
     masks = mask_adaptation(config)
     layer = hidden_layer(model, config)
-    stop = None
-    if other_criteria:
-
-        def stop(ids: torch.Tensor, scores: torch.Tensor) -> bool:
-            # HF greedy hands criteria the processed scores the last token was chosen from.
-            return bool(other_criteria(ids.to(device), scores.to(device)).any())
-
     stream = None
     if streamer is not None:
 
         def stream(tokens: torch.Tensor) -> None:
             streamer.put(tokens)
 
-    # The sequences of one prompt share its prefill: the first runs it, the others take copies (unless
-    # the drafter finds the target's cache by watching its forwards).
-    shared_prefill = SharedPrefill() if num_sequences > 1 and not reads_target_cache(model, config) else None
+    def decode_one(prompt: _Prompt, shared_prefill: SharedPrefill | None) -> GenerateOutput:
+        """One sequence of ``prompt``: its own drafter, KV cache and loop (the prefill shared)."""
+        prompt_len = prompt.ids.shape[1]
+        logits_from = 0 if rows is None else max(0, prompt_len - rows)  # rows >= 1: the first token
+        full = prompt_len + max_new_tokens + config.block_complexity
+        first = min(full, prompt_len + config.block_complexity + _INITIAL_HEADROOM)
+        # HF's processors and criteria see a row as its batched generate shows it: after the row's padding
+        # (a processor that counts new tokens from the padded prompt's length counts right).
+        process, stop = None, None
+        if len(logits_processor) > 0:
 
-    def decode_one() -> GenerateOutput:
-        """One sequence: its own drafter, KV cache and loop (the prefill shared)."""
-        drafter = make_drafter(model, config, capacity=capacity, do_sample=do_sample, process=process)
+            def process(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                return _apply_processors(logits_processor, prompt.padded(ids), scores)
+
+        if other_criteria:
+
+            def stop(ids: torch.Tensor, scores: torch.Tensor) -> bool:
+                # HF greedy hands criteria the processed scores the last token was chosen from.
+                return bool(other_criteria(prompt.padded(ids.to(device)), scores.to(device)).any())
+
+        drafter = make_drafter(model, config, capacity=first, do_sample=do_sample, process=process)
         adapter = HFAdapter(
             model,
-            capacity,
-            max_capacity=max_capacity,
+            first,
+            max_capacity=full,
             checked=True,
             linear_routes=routes,
             plan=forward_plan,
@@ -411,7 +420,7 @@ def custom_generate(
             eos_token_ids=eos_ids,
             max_positions=limit,
             block_complexity=config.block_complexity,
-            kv_capacity=capacity,
+            kv_capacity=first,
             mask_dtype=_DTYPE_NAMES.get(model.dtype, "float32"),
             device=str(device),
             incremental_masks=getattr(config, "incremental_masks", True),
@@ -424,7 +433,7 @@ def custom_generate(
             vocab_size=model.get_input_embeddings().weight.shape[0],
         )
         with forward_plan.in_use() if forward_plan is not None else contextlib.nullcontext():
-            result = loop.run(input_ids[0])
+            result = loop.run(prompt.ids[0])
         if streamer is not None:
             streamer.end()
         if result.fallback_steps:
@@ -495,18 +504,29 @@ def custom_generate(
             )
         return output
 
-    outputs = [decode_one() for _ in range(num_sequences)]
-    output = outputs[0] if num_sequences == 1 else _stack_outputs(outputs, _padding_id(generation_config))
+    outputs, paddings = [], []
+    for prompt in prompts:
+        # The sequences of one prompt share its prefill: the first runs it, the others take copies
+        # (unless the drafter finds the target's cache by watching its forwards).
+        shared = SharedPrefill() if num_sequences > 1 and not reads_target_cache(model, config) else None
+        for _ in range(num_sequences):
+            outputs.append(decode_one(prompt, shared))
+            paddings.append(prompt.padding)
+    if len(outputs) == 1:
+        output = outputs[0]
+        output.sequences = prompts[0].padded(output.sequences)  # [1, L + new], the padding as given
+    else:
+        output = _stack_outputs(outputs, paddings, _padding_id(generation_config))
     if not (mtprobe_return_output or generation_config.return_dict_in_generate):
         return output.sequences
     return output
 
 
 def _check_input_ids(input_ids: object, model: PreTrainedModel | None = None) -> None:
-    """A ``[1, prompt_len]`` integer tensor of real token ids; with ``model``, ids within its vocabulary."""
+    """A ``[batch, prompt_len]`` integer tensor of real token ids; with ``model``, ids within its vocabulary."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(
-            f"input_ids must be a torch.LongTensor [1, prompt_len], got {type(input_ids).__name__}"
+            f"input_ids must be a torch.LongTensor [batch, prompt_len], got {type(input_ids).__name__}"
         )
     if input_ids.device.type == "meta":
         raise ValueError(
@@ -515,11 +535,8 @@ def _check_input_ids(input_ids: object, model: PreTrainedModel | None = None) ->
         )
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be 2-D [batch, prompt_len], got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"input_ids has batch size {input_ids.shape[0]}; mtprobe decodes one sequence at a time "
-            "(call it once per row)"
-        )
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids has no rows: pass at least one prompt, shape [batch >= 1, prompt_len]")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token")
     if input_ids.dtype not in (torch.long, torch.int32):
@@ -558,17 +575,42 @@ def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]
     # The attention mask is checked against input_ids by _check_attention_mask.
 
 
-def _one_prompt_row(rows: torch.Tensor, count: int, name: str = "input_ids") -> torch.Tensor:
-    """The one prompt row of ``rows``, which HF's generate repeated ``count`` times for
-    ``num_return_sequences``: ``[count, L]`` -> ``[1, L]``. Any other batch is left for the checks."""
-    if count == 1 or not isinstance(rows, torch.Tensor) or rows.dim() != 2:
-        return rows
-    if rows.shape[0] != count or not bool((rows == rows[:1]).all()):
-        raise NotImplementedError(
-            f"{name} has batch size {rows.shape[0] // count} (repeated for num_return_sequences={count}); "
-            f"mtprobe decodes one prompt at a time: pass {name} of shape [1, prompt_len] (call it once per row)"
+@dataclass(frozen=True)
+class _Prompt:
+    """One prompt of a batch: its tokens without the left padding, and that padding as given."""
+
+    ids: torch.Tensor  # [1, L_b]
+    padding: torch.Tensor  # [1, L - L_b]
+
+    def padded(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` ``[n, L_b + t]`` (rows of this prompt and what follows it) after the padding: ``[n, L + t]``."""
+        if self.padding.shape[1] == 0:
+            return ids
+        return torch.cat([self.padding.to(ids.device).expand(ids.shape[0], -1), ids], dim=1)
+
+
+def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, count: int) -> list[_Prompt]:
+    """The prompts of HF's batch ``[batch * count, L]``, which repeated each row ``count`` times for
+    ``num_return_sequences``, each without its left padding (the mask is checked already)."""
+    if input_ids.shape[0] % count:
+        raise ValueError(
+            f"input_ids has {input_ids.shape[0]} rows, not a multiple of num_return_sequences={count}: "
+            "transformers' generate repeats each prompt that many times before mtprobe decodes them"
         )
-    return rows[:1]
+    prompts = []
+    for row in range(0, input_ids.shape[0], count):
+        group = input_ids[row : row + count]  # [count, L]
+        if not bool((group == group[:1]).all()):
+            raise ValueError(
+                f"rows {row}..{row + count - 1} of input_ids should be copies of one prompt (transformers' generate "
+                f"repeats each prompt num_return_sequences={count} times): call model.generate with the prompts, "
+                "not with copies of them"
+            )
+        start = 0 if attention_mask is None else int((attention_mask[row] == 0).sum())
+        prompts.append(
+            _Prompt(ids=input_ids[row : row + 1, start:], padding=input_ids[row : row + 1, :start])
+        )
+    return prompts
 
 
 def _padding_id(cfg: GenerationConfig) -> int | None:
@@ -585,21 +627,25 @@ def _padding_id(cfg: GenerationConfig) -> int | None:
     return int(torch.as_tensor(pad).flatten()[0])
 
 
-def _stack_outputs(outputs: list[GenerateOutput], pad_id: int | None) -> GenerateOutput:
-    """One output for several sequences of one prompt (``num_return_sequences``): ``sequences``
-    ``[n, prompt + longest]``, padded with ``pad_id``; the counts and timings summed over the sequences, the
-    per-step lists concatenated in order (so ``tau`` is over every step), each one's own output in
-    ``sequence_outputs``."""
-    longest = max(o.sequences.shape[1] for o in outputs)
-    if pad_id is None and any(o.sequences.shape[1] < longest for o in outputs):
+def _stack_outputs(
+    outputs: list[GenerateOutput], paddings: list[torch.Tensor], pad_id: int | None
+) -> GenerateOutput:
+    """One output for several sequences (a batch of prompts, ``num_return_sequences``): ``sequences``
+    ``[n, L + longest]``, each after its prompt's left padding (``paddings``) as HF's batched generate
+    returns it, the shorter ones padded with ``pad_id`` after their end; the counts and timings summed
+    over the sequences, the per-step lists concatenated in order (so ``tau`` is over every step), each
+    one's own output in ``sequence_outputs``."""
+    padded = [
+        torch.cat([p.to(o.sequences.device), o.sequences], dim=1)
+        for o, p in zip(outputs, paddings, strict=True)
+    ]  # [1, L + new_i] each
+    longest = max(x.shape[1] for x in padded)
+    if pad_id is None and any(x.shape[1] < longest for x in padded):
         raise ValueError(
             "the returned sequences have different lengths and the generation config has neither "
             "pad_token_id nor eos_token_id to pad the shorter ones with: pass pad_token_id"
         )
-    rows = [
-        torch.nn.functional.pad(o.sequences, (0, longest - o.sequences.shape[1]), value=pad_id or 0)
-        for o in outputs
-    ]
+    rows = [torch.nn.functional.pad(x, (0, longest - x.shape[1]), value=pad_id or 0) for x in padded]
 
     def summed(lists: list[list[int]]) -> list[int]:
         total = [0] * max((len(x) for x in lists), default=0)
@@ -757,16 +803,19 @@ def _check_token_range(input_ids: torch.Tensor, model: PreTrainedModel) -> None:
     vocab = weight.shape[0]
     bad = (input_ids < 0) | (input_ids >= vocab)
     if bool(bad.any()):
-        pos = int(bad[0].nonzero()[0, 0])
+        row, pos = (int(i) for i in bad.nonzero()[0])
+        where = f"position {pos}" if input_ids.shape[0] == 1 else f"row {row}, position {pos}"
         raise ValueError(
-            f"input_ids holds token id {int(input_ids[0, pos])} at position {pos}, outside the model's vocabulary: "
+            f"input_ids holds token id {int(input_ids[row, pos])} at {where}, outside the model's vocabulary: "
             f"token ids must be in [0, {vocab}) ({type(model).__name__}'s input embedding has {vocab} rows); "
             "encode the prompt with this model's own tokenizer"
         )
 
 
 def _check_attention_mask(mask: object, input_ids: torch.Tensor, mask_length: int | None = None) -> None:
-    """An attention mask covers the prompt exactly ([1, prompt_len]) and marks no token as padding.
+    """An attention mask of input_ids' shape ``[batch, prompt_len]``, of ones and zeros, with padding only on
+    the left of each row (a batch padded with ``tokenizer.padding_side = "left"``, as transformers pads for
+    generation) and at least one real token per row.
 
     ``mask_length``: the length of an all-ones mask that HF's generate has already dropped (it keeps
     ``generation_config._mask_length``); checked against the prompt the same way.
@@ -793,11 +842,36 @@ def _check_attention_mask(mask: object, input_ids: torch.Tensor, mask_length: in
             "attention_mask is on the meta device (a shape without values); pass a real tensor, "
             "e.g. attention_mask=torch.ones_like(input_ids)"
         )
-    if not bool((mask == 1).all()):
+    real = mask == 1  # [batch, prompt_len]
+    if not bool((real | (mask == 0)).all()):
+        value = mask[~(real | (mask == 0))][0].item()
+        raise ValueError(
+            f"attention_mask holds {value!r}: an attention mask marks each prompt token 1 (a real token) or 0 "
+            "(padding), as the tokenizer returns it"
+        )
+    for row in range(shape[0]):
+        tokens = real[row].nonzero()  # [real, 1]
+        if tokens.numel() == 0:
+            raise ValueError(
+                f"attention_mask marks every token of row {row} as padding: each prompt needs at least one real "
+                "token to continue from"
+            )
+        first, last = int(tokens[0, 0]), int(tokens[-1, 0])
+        if last - first + 1 == tokens.shape[0] and last == shape[1] - 1:
+            continue  # left padding (or none): the real tokens run to the end
+        gap = int((~real[row, first:]).nonzero()[0, 0]) + first
+        where = f"row {row}, position {gap}" if shape[0] > 1 else f"position {gap}"
+        if last - first + 1 == tokens.shape[0]:
+            raise NotImplementedError(
+                f"attention_mask marks padding after the prompt ({where} on): right padding, which mtprobe does not "
+                "support, since each prompt continues from its last token. Pad a batch on the left "
+                "(tokenizer.padding_side = 'left', as transformers recommends for generation)"
+            )
         raise NotImplementedError(
-            "attention_mask marks some prompt tokens as padding, which mtprobe does not support. transformers "
-            "infers such a mask when the prompt contains pad_token_id and it differs from eos_token_id; pass "
-            "attention_mask=torch.ones_like(input_ids) for an unpadded prompt"
+            f"attention_mask marks a prompt token as padding between real ones ({where}), which mtprobe does not "
+            "support (padding is taken on the left of a row only). transformers infers such a mask when the "
+            "prompt contains pad_token_id and it differs from eos_token_id; pass attention_mask=torch.ones_like("
+            "input_ids) for an unpadded prompt"
         )
 
 
@@ -820,19 +894,10 @@ def _check_max_new_tokens(value: object, name: str = "max_new_tokens") -> int:
 
 
 def _check_draft_context(
-    model: PreTrainedModel,
-    config: object,
-    prompt_len: int,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
+    model: PreTrainedModel, config: object, prompt_len: int, max_new_tokens: int
 ) -> None:
     """A user's draft model must have the positions this generation reaches (the layer-truncated
-    self-draft has the target's own context). Limits the target itself cannot meet are left to the
-    target's check, which names them."""
+    self-draft has the target's own context); the target's were checked before."""
     if not isinstance(config, DraftModelConfig) or config.draft_model is None:
-        return
-    max_length = _split_stopping_criteria(stopping_criteria, generation_config)[0]
-    max_new_tokens = max_length - prompt_len
-    if max_new_tokens < 1 or max_length > max_positions(model):
         return
     check_draft_model(model, config.draft_model, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
