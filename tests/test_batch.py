@@ -111,6 +111,16 @@ def test_one_padded_prompt_keeps_its_padding(tiny):
     assert out.shape == (1, WIDTH + N_NEW) and out[0, WIDTH - len(row) : WIDTH].tolist() == row
 
 
+@pytest.mark.parametrize("pad", [False, True])
+def test_a_forward_plan_serves_every_row(tiny, pad):
+    # One plan (its fixed KV buffer, eager on the CPU) for the whole batch, each row in turn.
+    out = mtprobe.generate(
+        tiny, IDS, CONFIGS["probe"], attention_mask=MASK, max_new_tokens=N_NEW, do_sample=False,
+        pad_token_id=PAD, plan=mtprobe.PlanConfig(pad=pad),
+    )  # fmt: skip
+    assert torch.equal(out.sequences, laid_out(alone(tiny), paddings()))
+
+
 class ForceAtWidth(LogitsProcessor):
     """Forces token 42 where a row reaches ``width`` tokens, and records the ids of each call."""
 

@@ -102,8 +102,6 @@ def test_inert_arguments_do_not_change_the_tokens(tiny, greedy):
 # Every refused argument, with a value that sets it, the error type and a fragment of its message.
 REFUSED_CASES = {
     "num_beams": (dict(num_beams=2), NotImplementedError, "num_beams=2"),
-    "output_scores": (dict(output_scores=True), NotImplementedError, "output_scores=True"),
-    "output_logits": (dict(output_logits=True), NotImplementedError, "output_logits=True"),
     "output_attentions": (dict(output_attentions=True), NotImplementedError, "output_attentions=True"),
     "output_hidden_states": (dict(output_hidden_states=True), NotImplementedError, "output_hidden_states"),
     "synced_gpus": (dict(synced_gpus=True), NotImplementedError, "synced_gpus"),

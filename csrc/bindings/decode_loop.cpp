@@ -25,7 +25,9 @@ void bind_decode_loop(py::module_& m) {
       .def_readonly("drafted_per_depth", &DecodeResult::drafted_per_depth)
       .def_readonly("accepted_per_depth", &DecodeResult::accepted_per_depth)
       .def_readonly("stop_reason", &DecodeResult::stop_reason)
-      .def_readonly("host_reads", &DecodeResult::host_reads);
+      .def_readonly("host_reads", &DecodeResult::host_reads)
+      .def_readonly("scores", &DecodeResult::scores)
+      .def_readonly("logits", &DecodeResult::logits);
 
   py::class_<DecodeLoop>(m, "DecodeLoop", "Draft, verify and compact until the sequence ends.")
       .def(py::init([](std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
@@ -33,7 +35,8 @@ void bind_decode_loop(py::module_& m) {
                        int64_t block_complexity, int64_t kv_capacity, const std::string& mask_dtype,
                        const std::string& device, bool incremental_masks, bool do_sample,
                        std::optional<ProcessFn> process, std::optional<StopFn> stop,
-                       std::optional<StreamFn> stream, bool ancestor_bits, int64_t vocab_size) {
+                       std::optional<StreamFn> stream, bool ancestor_bits, int64_t vocab_size,
+                       bool keep_scores, bool keep_logits) {
              DecodeOptions o;
              o.max_new_tokens = max_new_tokens;
              o.eos_token_ids = std::move(eos_token_ids);
@@ -46,6 +49,8 @@ void bind_decode_loop(py::module_& m) {
              o.do_sample = do_sample;
              o.ancestor_bits = ancestor_bits;
              o.vocab_size = vocab_size;
+             o.keep_scores = keep_scores;
+             o.keep_logits = keep_logits;
              return std::make_unique<DecodeLoop>(std::move(drafter), std::move(forward),
                                                  std::move(kv_buffers), std::move(o), std::move(process),
                                                  std::move(stop), std::move(stream));
@@ -55,7 +60,7 @@ void bind_decode_loop(py::module_& m) {
            py::arg("block_complexity"), py::arg("kv_capacity"), py::arg("mask_dtype"), py::arg("device"),
            py::arg("incremental_masks") = true, py::arg("do_sample") = false, py::arg("process") = py::none(),
            py::arg("stop") = py::none(), py::arg("stream") = py::none(), py::arg("ancestor_bits") = false,
-           py::arg("vocab_size") = 0,
+           py::arg("vocab_size") = 0, py::arg("keep_scores") = false, py::arg("keep_logits") = false,
            // The loop holds the drafter: a Python drafter passed as a temporary must outlive it.
            py::keep_alive<1, 2>())
       .def("run", &DecodeLoop::run, py::arg("prompt"));

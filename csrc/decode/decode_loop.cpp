@@ -282,6 +282,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   TreeMaskBuilder masks(options_.kv_capacity, options_.mask_dtype, options_.device,
                         options_.incremental_masks, options_.ancestor_bits);
   std::vector<at::Tensor> kv;  // the cache's KV tensors, fetched after the first forward
+  std::vector<at::Tensor> kept_scores, kept_logits;  // [kept, vocab] per step, with keep_scores / keep_logits
 
   drafter_->begin(prompt.to(options_.device));
   at::Tensor committed = prompt.to(options_.device);  // [c] tokens not yet in the KV cache
@@ -379,6 +380,13 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     // 5. Append with EOS / length / stopping checks (they may cut the block short).
     const int64_t kept = append(new_tokens, verdict.scores, rows, result);
     if (!prefill) result.accept_lengths.push_back(kept);
+    if ((options_.keep_scores || options_.keep_logits) && kept > 0) {
+      // Copies, taken now: the logits may live in a buffer the next forward overwrites (a graph's).
+      at::Tensor idx = long_tensor(std::vector<int64_t>(rows.begin(), rows.begin() + kept))
+                           .to(verdict.scores.device());  // [kept], rows below the root
+      if (options_.keep_scores) kept_scores.push_back(verdict.scores.index_select(0, idx));
+      if (options_.keep_logits) kept_logits.push_back(logits.index_select(0, idx + (c - 1)).to(at::kFloat));
+    }
     new_tokens.resize(static_cast<size_t>(kept));
 
     StepOutcome outcome{prefix_len, path, new_tokens, logits, hidden, finished_, replaced};
@@ -397,6 +405,8 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     prefill = false;
   }
   result.sequence = sequence_;
+  if (!kept_scores.empty()) result.scores = at::cat(kept_scores);  // [new, vocab]
+  if (!kept_logits.empty()) result.logits = at::cat(kept_logits);  // [new, vocab]
   result.mask_rebuilds = masks.rebuilds();
   result.mask_capacity = masks.capacity();
   result.kv_capacity = kv.empty() ? 0 : kv.front().size(2);

@@ -33,6 +33,10 @@ struct DecodeOptions {
   // Pass a tree block's pattern as ancestor bits [1, 1, T, ceil(T / 64)] int64 instead of a dense
   // additive mask: for models running the "mtprobe_tree" attention (python/mtprobe/tree_attention.py).
   bool ancestor_bits = false;
+  // Keep the row every new token was chosen from (HF's output_scores / output_logits): the scores after
+  // the logits processors, and the raw logits, each as float32 on the device.
+  bool keep_scores = false;
+  bool keep_logits = false;
 };
 
 struct DecodeResult {
@@ -57,6 +61,10 @@ struct DecodeResult {
   // when the drafter hands its drafts over on the host (DraftBlock::host_drafts). Drafters' own
   // reads and user callbacks (processors, criteria, streamers) are not counted.
   int64_t host_reads = 0;
+  // With DecodeOptions::keep_scores / keep_logits: [new tokens, vocab] float32 on the device, row j what
+  // new token j was chosen from (its node's processed scores / raw logits); undefined otherwise.
+  at::Tensor scores;
+  at::Tensor logits;
 };
 
 class DecodeLoop {

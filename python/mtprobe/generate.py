@@ -106,6 +106,13 @@ class GenerateOutput:
             ``capacity``, ``buckets``, ``pad``, ``graphs`` (captured buckets), ``replays``,
             ``capture_s``, ``growths`` and ``eager_reason`` (why no graphs ran, "" when they did);
             None without a plan.
+        scores: with ``output_scores=True``, as HF's: one ``[rows, vocab]`` float32 tensor per new token,
+            the scores (after the logits processors) that token was chosen from, for
+            ``model.compute_transition_scores``. They come from the forward that verified the token, so
+            they sit within rounding of greedy ``generate``'s own (under greedy decoding their argmax is
+            the token, exactly).
+            A row that ended before the longest holds zeros after its end. None without the flag.
+        logits: with ``output_logits=True``: the same for the raw logits, before any processor.
         sequence_outputs: with several sequences (a batch of prompts, or ``num_return_sequences=n > 1``
             under sampling): each sequence's own output, in order, as a call on its prompt alone
             (without padding) returns it; ``sequences`` is then ``[rows, L + longest]``, each row after
@@ -138,6 +145,8 @@ class GenerateOutput:
     linear_routes: str = ""
     plan: dict[str, Any] | None = None
     host_reads: int = 0
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
     sequence_outputs: tuple[GenerateOutput, ...] | None = None
 
     @property
@@ -431,6 +440,8 @@ def custom_generate(
             # A model running mtprobe's own tree attention takes the tree as ancestor bits.
             ancestor_bits=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
             vocab_size=model.get_input_embeddings().weight.shape[0],
+            keep_scores=bool(generation_config.output_scores),
+            keep_logits=bool(generation_config.output_logits),
         )
         with forward_plan.in_use() if forward_plan is not None else contextlib.nullcontext():
             result = loop.run(prompt.ids[0])
@@ -466,6 +477,8 @@ def custom_generate(
             accepted_per_depth=list(result.accepted_per_depth),
             plan=forward_plan.describe() if forward_plan is not None else None,
             host_reads=result.host_reads,
+            scores=_per_token(result.scores),
+            logits=_per_token(result.logits),
         )
         if isinstance(drafter, _C.AutoDrafter):
             # What the scheduler chose each step, and its share of the time.
@@ -556,7 +569,7 @@ def _check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any]
             "sequence that many times: pass do_sample=True for several different ones, or "
             "num_return_sequences=1"
         )
-    for flag in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+    for flag in ("output_attentions", "output_hidden_states"):
         if getattr(cfg, flag, False):
             raise NotImplementedError(f"{flag}=True is not supported by mtprobe")
     # generate() always prepares an (empty) cache; only one the user passed in is refused.
@@ -678,7 +691,26 @@ def _stack_outputs(
         linear_routes=first.linear_routes,
         plan=first.plan,
         host_reads=sum(o.host_reads for o in outputs),
+        scores=_stacked_rows([o.scores for o in outputs]),
+        logits=_stacked_rows([o.logits for o in outputs]),
         sequence_outputs=tuple(outputs),
+    )
+
+
+def _per_token(rows: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+    """``[new, vocab]`` (the loop's kept rows) as HF returns them: one ``[1, vocab]`` tensor per new token."""
+    return None if rows is None else tuple(rows.split(1))
+
+
+def _stacked_rows(per_sequence: list[tuple[torch.Tensor, ...] | None]) -> tuple[torch.Tensor, ...] | None:
+    """Each sequence's per-token ``[1, vocab]`` rows as HF's batched output: one ``[sequences, vocab]``
+    tensor per new token of the longest, zeros where a sequence had ended."""
+    if any(rows is None for rows in per_sequence):
+        return None
+    steps = max(len(rows) for rows in per_sequence)
+    zeros = torch.zeros_like(per_sequence[0][0])  # [1, vocab]
+    return tuple(
+        torch.cat([rows[t] if t < len(rows) else zeros for rows in per_sequence]) for t in range(steps)
     )
 
 

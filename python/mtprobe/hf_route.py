@@ -131,6 +131,13 @@ HF_ARGUMENTS: dict[str, HFArgument] = {
     **_table(HONOURED, "the streamer receives the prompt, then every accepted token", "streamer"),
     **_table(
         HONOURED,
+        "GenerateOutput.scores / .logits: one [rows, vocab] float32 tensor per new token, the row it was chosen "
+        "from, after the logits processors / raw (from the verifying forward: within rounding of HF's)",
+        "output_scores",
+        "output_logits",
+    ),
+    **_table(
+        HONOURED,
         "with do_sample=True, that many sequences sampled in turn, each by its own loop, padded as HF pads "
         "them (greedy decoding refuses it, as model.generate does)",
         "num_return_sequences",
@@ -166,9 +173,8 @@ HF_ARGUMENTS: dict[str, HFArgument] = {
     ),
     **_table(
         REFUSED,
-        "per-step scores, logits, attentions and hidden states are not collected by mtprobe's loop",
-        "output_scores",
-        "output_logits",
+        "per-step attentions and hidden states are not collected by mtprobe's loop (a step's forward holds a "
+        "whole draft tree)",
         "output_attentions",
         "output_hidden_states",
     ),

@@ -1,0 +1,118 @@
+"""``output_scores`` and ``output_logits``, as transformers returns them: one ``[rows, vocab]`` float32
+tensor per new token, the row that token was chosen from (after the logits processors / raw). mtprobe
+takes them from the forward that verified each token, so they sit within rounding of greedy
+``generate``'s own cached forwards (``CACHED_VS_FULL_BOUND``), and their argmax is the token exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtprobe
+from conftest import CACHED_VS_FULL_BOUND, tiny_llama
+from test_batch import CONFIGS, MASK, PAD, ROWS
+from test_batch import IDS as BATCH
+
+IDS = torch.tensor([[3, 7, 11, 5, 3, 7, 11, 5, 3, 7]])
+N_NEW = 16
+FLAGS = dict(output_scores=True, output_logits=True, return_dict_in_generate=True)
+
+
+def run_mtprobe(model, ids, config=None, **kw):
+    return mtprobe.generate(model, ids, config, **kw)
+
+
+def run_hf(model, ids, config=None, **kw):
+    return model.generate(ids, custom_generate=mtprobe.custom_generate, mtprobe_config=config, **kw)
+
+
+ROUTES = {"mtprobe.generate": run_mtprobe, "model.generate": run_hf}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_llama()
+
+
+def assert_rows_close(mine: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> None:
+    assert len(mine) == len(theirs)
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.dtype == torch.float32 and a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=CACHED_VS_FULL_BOUND, rtol=0)  # -inf where HF has -inf
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("name", CONFIGS)
+def test_greedy_scores_and_logits_are_hfs(tiny, route, name):
+    # A repetition penalty makes the scores differ from the raw logits.
+    kw = dict(max_new_tokens=N_NEW, do_sample=False, repetition_penalty=1.3, **FLAGS)
+    out = ROUTES[route](tiny, IDS, CONFIGS[name], **kw)
+    ref = tiny.generate(IDS, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert_rows_close(out.scores, ref.scores)
+    assert_rows_close(out.logits, ref.logits)
+    new = out.sequences[0, IDS.shape[1] :]
+    assert torch.equal(torch.cat(out.scores).argmax(-1), new)  # exactly the tokens chosen
+    assert not torch.equal(torch.cat(out.scores), torch.cat(out.logits))
+    mine = tiny.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    theirs = tiny.compute_transition_scores(ref.sequences, ref.scores, normalize_logits=True)
+    torch.testing.assert_close(mine, theirs, atol=CACHED_VS_FULL_BOUND, rtol=0)
+
+
+def test_without_the_flags_nothing_is_kept(tiny):
+    out = mtprobe.generate(tiny, IDS, max_new_tokens=4, do_sample=False)
+    assert out.scores is None and out.logits is None
+    only = mtprobe.generate(tiny, IDS, max_new_tokens=4, do_sample=False, output_logits=True)
+    assert only.scores is None and len(only.logits) == 4
+
+
+@torch.no_grad()
+def test_sampled_scores_are_the_warped_logits(tiny):
+    # Under sampling the scores are what the token was drawn from: the raw logits through HF's
+    # temperature and top-k; the raw logits are one forward's over the sampled sequence.
+    torch.manual_seed(3)
+    out = mtprobe.generate(
+        tiny, IDS, max_new_tokens=N_NEW, do_sample=True, temperature=0.7, top_k=5, top_p=1.0, **FLAGS
+    )
+    new = out.sequences[0, IDS.shape[1] :]
+    logits, scores = torch.cat(out.logits), torch.cat(out.scores)  # [new, vocab]
+    full = tiny(out.sequences).logits[0, IDS.shape[1] - 1 : -1]  # [new, vocab]
+    torch.testing.assert_close(logits, full, atol=CACHED_VS_FULL_BOUND, rtol=0)
+    warped = logits / 0.7
+    kth = warped.topk(5, dim=-1).values[:, -1:]  # [new, 1]
+    torch.testing.assert_close(scores, warped.masked_fill(warped < kth, -torch.inf))
+    assert (scores.isfinite().sum(-1) == 5).all()
+    assert scores.gather(1, new[:, None]).isfinite().all()  # every token drawn from its own row
+
+
+def test_a_batch_has_a_row_per_sequence_and_zeros_after_an_end(tiny):
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=PAD, output_scores=True, output_logits=True)
+    singles = [mtprobe.generate(tiny, torch.tensor([r]), **kw) for r in ROWS]
+    eos = int(singles[-1].sequences[0, len(ROWS[-1]) + 2])  # ends the last row after three tokens
+    singles = [mtprobe.generate(tiny, torch.tensor([r]), eos_token_id=eos, **kw) for r in ROWS]
+    assert [s.new_tokens for s in singles] == [12, 12, 3]
+    out = mtprobe.generate(tiny, BATCH, attention_mask=MASK, eos_token_id=eos, **kw)
+    for field in ("scores", "logits"):
+        rows = getattr(out, field)
+        assert len(rows) == 12 and all(r.shape == (3, tiny.config.vocab_size) for r in rows)
+        for i, single in enumerate(singles):
+            mine = torch.cat([r[i : i + 1] for r in rows])  # [12, vocab]
+            theirs = torch.cat(getattr(single, field))  # [new_i, vocab]
+            assert torch.equal(mine[: len(theirs)], theirs)  # each row is its single call's, exactly
+            assert (mine[len(theirs) :] == 0).all()
+
+
+def test_smollm2_scores_are_greedys(smollm2):
+    model, tok = smollm2
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "List three uses of copper."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+    )
+    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    kw = dict(max_new_tokens=24, do_sample=False, **FLAGS)
+    out = mtprobe.generate(model, ids, mtprobe.ProbeConfig(), **kw)
+    ref = model.generate(ids, **kw)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert_rows_close(out.scores, ref.scores)
+    assert_rows_close(out.logits, ref.logits)
