@@ -256,11 +256,20 @@ def test_auto_measures_and_caches_a_profile(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))
     model = tiny_llama()
     ids = torch.tensor([REPEATING])
-    out = mtprobe.generate(
-        model, ids, mtprobe.AutoConfig(), max_new_tokens=8, eos_token_id=None, pad_token_id=0
-    )
-    assert torch.equal(out.sequences, _greedy(model, ids, 8))
+
+    def run():
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="mtprobe"):
+            return mtprobe.generate(
+                model, ids, mtprobe.AutoConfig(), max_new_tokens=8, eos_token_id=None, pad_token_id=0
+            )
+
+    assert torch.equal(run().sequences, _greedy(model, ids, 8))
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 1  # measured once, kept
+    # The pause is announced where a notebook shows it (a warning), the first time only.
+    assert "measuring the forward costs" in caplog.text and str(tmp_path / "profiles") in caplog.text
+    assert torch.equal(run().sequences, _greedy(model, ids, 8))
+    assert "measuring the forward costs" not in caplog.text
 
 
 def test_profile_file_path(tmp_path):

@@ -327,7 +327,8 @@ def choose_linear_routes(
         )
         routes = None
     if routes is None or routes.key != key:
-        logger.info(
+        # A warning, so that a notebook shows why its first call pauses (seconds; once per machine).
+        logger.warning(
             "mtprobe: timing the CPU linear routes (%s) of %s on this machine (%s, %s); once per machine and "
             "model architecture",
             ", ".join(candidates),
@@ -457,6 +458,15 @@ def profile_forward(
             return cached
 
     device = next(model.parameters()).device
+    # A warning, so that a notebook shows why AutoConfig's first call pauses (half a minute for SmolLM2 on
+    # two cores).
+    logger.warning(
+        "mtprobe: measuring the forward costs of %s on this machine for AutoConfig's scheduler (%d forwards); "
+        "once per machine, model, dtype and thread count, kept in %s",
+        key.model,
+        len(sizes) * len(contexts) * (warmup + repeats),
+        path.parent,
+    )
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     capacity = contexts[-1] + sizes[-1]
