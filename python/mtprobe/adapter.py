@@ -17,9 +17,11 @@ m_sw}``; Mistral-style models (one window, every layer) take ``m_sw`` alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -282,6 +284,19 @@ def checked_layer_offsets(offsets: torch.Tensor, num_layers: int) -> torch.Tenso
     return offsets
 
 
+def this_thread_only(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` acting only on forwards run by the thread that made it, a no-op (None: nothing changed)
+    elsewhere. mtprobe's hooks sit on the user's model, which other threads may be running at the same
+    time (a server's workers, a notebook's background generation): their forwards must stay the model's."""
+    owner = threading.get_ident()
+
+    @functools.wraps(hook)
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        return hook(*args, **kwargs) if threading.get_ident() == owner else None
+
+    return gated
+
+
 @contextlib.contextmanager
 def layer_offsets(
     layers: torch.nn.ModuleList,
@@ -294,7 +309,8 @@ def layer_offsets(
     Calibrated mask tokens with layer offsets (mtprobe.calibrate) are a mask embedding plus one learned
     vector per layer: more of the model's computation at the mask is fitted to predicting the token
     after next, while the model's weights and every token input's computation stay as they were (no
-    draft token attends to a mask, so verification is untouched). Forward pre-hooks, removed on exit.
+    draft token attends to a mask, so verification is untouched). Forward pre-hooks, removed on exit,
+    acting on this thread's forwards only (:func:`this_thread_only`).
 
     ``[k, num_layers, hidden]`` offsets are one set per mask: the mask inputs come as runs of k
     chained masks m_1..m_k (csrc/drafters/mask_probe.cpp, mtprobe.calibrate.mask_loss), so input
@@ -325,7 +341,10 @@ def layer_offsets(
 
         return pre
 
-    handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    handles = [
+        layer.register_forward_pre_hook(this_thread_only(hook(i)), with_kwargs=True)
+        for i, layer in enumerate(layers)
+    ]
     try:
         yield
     finally:
@@ -455,7 +474,8 @@ def mask_lora(
     masks more room than layer offsets do: a low-rank change of its projections, gated to the masks, as
     in "Your LLM Knows the Future" (Samragh et al., 2025). No draft or prompt token attends to a mask, so
     every token's computation, and so verification and the output, stay exactly as they were. Forward
-    hooks (they fire whichever route runs the linear, :mod:`mtprobe.linear_routes`), removed on exit.
+    hooks (they fire whichever route runs the linear, :mod:`mtprobe.linear_routes`), removed on exit,
+    acting on this thread's forwards only (:func:`this_thread_only`).
     """
     factors = mask_lora_factors(lora) if isinstance(lora, Mapping) else lora
     handles = []
@@ -472,7 +492,7 @@ def mask_lora(
             out[:, start:] += (x[:, start:] @ a_t) @ b_t  # [batch, n_masks, out]
             return out
 
-        handles.append(layers[index].get_submodule(name).register_forward_hook(hook))
+        handles.append(layers[index].get_submodule(name).register_forward_hook(this_thread_only(hook)))
     try:
         yield
     finally:

@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C, heads, registry
-from mtprobe.adapter import HFAdapter, cache_argument
+from mtprobe.adapter import HFAdapter, cache_argument, this_thread_only
 from mtprobe.cache import TreeKVCache
 from mtprobe.calibrate import load_calibration
 from mtprobe.config import (
@@ -245,7 +245,8 @@ def draft_model_drafter(
                 handle.remove()
                 state["target"] = cache
 
-        handle = model.register_forward_hook(keep, with_kwargs=True)
+        # This thread's forwards only: another thread's generation on the same model has its own cache.
+        handle = model.register_forward_hook(this_thread_only(keep), with_kwargs=True)
         vocab = model.get_output_embeddings().weight.shape[0]
 
     def forward(

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mtprobe import registry
+from mtprobe.adapter import this_thread_only
 from mtprobe.generate import generate
 from mtprobe.methods import SHARED_NGRAM_MEMORY_SIZE  # importing mtprobe.methods registers the built-ins
 from mtprobe.registry import Method, MethodOutput, Option, RunFn, register
@@ -280,7 +281,7 @@ def _run_hf_pld(
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # renamed in transformers 5.2x
         starts.append(int(cache.get_seq_length()) if cache is not None else -1)
 
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    handle = model.register_forward_pre_hook(this_thread_only(hook), with_kwargs=True)
     try:
         new_ids = _hf_generate(  # [new]
             model,
