@@ -229,3 +229,29 @@ def test_a_tokenized_batch_of_chat_prompts(smollm2, greedy, name):
         mine = mine[:, : ids.shape[1] + (int(ends[0, 0]) + 1 if len(ends) else new.shape[1])]
         assert torch.equal(seq[:start], row[:start])
         assert greedy_by_one_forward(model, ids, mine, 16) or torch.equal(mine, greedy(model, ids, 16))
+
+
+def test_the_text_generation_pipeline_batches(smollm2, monkeypatch):
+    # transformers' pipeline pads each batch on the left and calls model.generate with the arguments it is
+    # given: with custom_generate, every answer is greedy's on its prompt alone.
+    import sys
+
+    from transformers import pipeline
+
+    module = sys.modules["mtprobe.generate"]  # the module (mtprobe.generate is also the function's name)
+    batches = []
+
+    def prompts(input_ids, attention_mask, count):
+        batches.append(None if attention_mask is None else attention_mask.sum(1).tolist())
+        return split(input_ids, attention_mask, count)
+
+    split = module._prompts
+    monkeypatch.setattr(module, "_prompts", prompts)
+    model, tok = smollm2
+    pipe = pipeline("text-generation", model=model, tokenizer=tok)
+    chats = [[{"role": "user", "content": p["messages"][0]["content"]}] for p in load_prompts()[3:6]]
+    kw = dict(max_new_tokens=12, do_sample=False)
+    alone = pipe(chats, **kw)  # HF greedy, one prompt at a time
+    batched = pipe(chats, batch_size=3, custom_generate=mtprobe.custom_generate, **kw)
+    assert [a[0]["generated_text"] for a in alone] == [b[0]["generated_text"] for b in batched]
+    assert len(batches) == 1 and len(set(batches[0])) == 3  # one call, three prompts of three lengths
