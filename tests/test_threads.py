@@ -12,7 +12,6 @@ import torch
 import mtprobe
 from conftest import tiny_llama
 from mtprobe import adapter
-from mtprobe.drafters import make_drafter
 from test_mask_lora import _random_lora
 
 
@@ -83,18 +82,41 @@ def test_a_generation_with_calibrated_masks_leaves_another_threads_generate_alon
     assert torch.equal(seen["other"], want)
 
 
-def test_the_quantized_self_draft_takes_its_own_threads_cache(model):
-    # Its drafter watches the model's forwards for the target's cache: another thread's mtprobe forward
-    # (another generation, its own cache) is not taken for it.
-    make_drafter(model, mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3), capacity=32)
-    watching = len(model._forward_hooks)
-    assert watching >= 1
+def test_the_running_target_is_this_contexts(model):
+    # The quantized self-draft copies the KV entries of the target its own generation runs: each thread
+    # sees the one it set, none where it set none.
+    from mtprobe.drafters import _RUNNING_TARGET, running_target
 
-    def forward():
-        other = adapter.HFAdapter(model, 32)
-        return other.forward(torch.tensor([3, 7, 11]), None, torch.arange(3)[None], None, 0, False)
+    mine = adapter.HFAdapter(model, 32)
+    with running_target(mine):
+        assert _RUNNING_TARGET.get() is mine
+        assert in_another_thread(_RUNNING_TARGET.get) is None
+        theirs = adapter.HFAdapter(model, 32)
 
-    in_another_thread(forward)
-    assert len(model._forward_hooks) == watching  # still watching: the other thread's cache was not taken
-    forward()
-    assert len(model._forward_hooks) == watching - 1  # this thread's forward: taken, the hook gone
+        def other():
+            with running_target(theirs):
+                return _RUNNING_TARGET.get()
+
+        assert in_another_thread(other) is theirs
+        assert _RUNNING_TARGET.get() is mine
+    assert _RUNNING_TARGET.get() is None
+
+
+def test_two_threads_decode_with_the_quantized_self_draft_at_once(model):
+    # Each thread's draft takes its own target's entries: both texts are greedy's.
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3)
+    prompts = [torch.tensor([[3, 7, 11, 5, 3, 7, 11, 5]]), torch.tensor([[9, 4, 2, 8, 1]])]
+    want = [model.generate(p, do_sample=False, max_new_tokens=24) for p in prompts]
+    results = [None, None]
+    start = threading.Barrier(2)
+
+    def run(i):
+        start.wait()
+        results[i] = mtprobe.generate(model, prompts[i], cfg, max_new_tokens=24, do_sample=False).sequences
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(r, w) for r, w in zip(results, want, strict=True))

@@ -608,6 +608,9 @@ class HFAdapter:
         self.cache: TreeKVCache | Any = TreeKVCache(num_layers, capacity) if plan is None else plan.cache
         self.shared_prefill = shared_prefill if plan is None else None
         self.prefill_shared = False  # whether this sequence's prefill was taken from shared_prefill
+        # Whether the prompt's entries are in the cache: set by the prefill, read between forwards (a draft
+        # that takes the target's entries, drafters.draft_model_drafter).
+        self.prefilled = False
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
@@ -706,6 +709,8 @@ class HFAdapter:
         prefix_len: int,
         want_hidden: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if prefix_len == 0:
+            self.prefilled = True  # once this forward returns
         shared = self.shared_prefill if prefix_len == 0 else None
         if shared is not None:
             taken = shared.take(self, (tokens, embeds, position_ids, mask), want_hidden)

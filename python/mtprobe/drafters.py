@@ -8,16 +8,17 @@ configuration's drafter through the registry.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C, heads, registry
-from mtprobe.adapter import HFAdapter, cache_argument, this_thread_only
-from mtprobe.cache import TreeKVCache
+from mtprobe.adapter import HFAdapter
 from mtprobe.calibrate import load_calibration
 from mtprobe.config import (
     TRUNCATED_DRAFT_LAYERS,
@@ -226,28 +227,19 @@ def draft_model_drafter(
     # weights (QuantizedLinear.MAX_ROWS): a second prefill, as costly as the target's. It takes the
     # target's cache instead: at every draft step the tokens it has not seen but the target verified
     # (all of the prompt at its first step; those of steps a scheduler gave other drafters) are the
-    # target's entries, copied, and only the last committed token runs through the draft. Outside the
-    # scheduler the loop's first forward verifies the prompt with the first block, so the target's
-    # entries exist only after it: until then the draft proposes token 0 from no cache at all (flat
-    # logits; verification rejects them, losslessly under greedy and sampling alike). The target's
-    # cache is found by a one-shot hook on the target's first forward through mtprobe's cache.
-    share = reads_target_cache(model, config)
+    # target's entries, copied, and only the last committed token runs through the draft. The target is
+    # the one of the generation running in this context (running_target, set by mtprobe.generate). The
+    # loop's first forward verifies the prompt with the first block, so until the target's prefill the
+    # draft proposes token 0 from no cache at all (flat logits; verification rejects them, losslessly
+    # under greedy and sampling alike).
+    share = (
+        config.self_draft == "quantized"
+        and config.draft_model is None
+        and is_full_depth(model, config.num_draft_layers)
+    )
     # held: the draft cache's entries that are real (the drafter counts the flat forwards' as cached).
-    state: dict[str, Any] = {"target": None, "held": 0}
-    if share:
-
-        def keep(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-            cache = kwargs.get(cache_argument(model))
-            # mtprobe's forward, not one of HF's own. Route and profile measurements run through mtprobe's
-            # cache too, over random tokens: they are made before this drafter (custom_generate,
-            # auto_drafter), or their forwards would be taken for the target's.
-            if isinstance(cache, TreeKVCache):
-                handle.remove()
-                state["target"] = cache
-
-        # This thread's forwards only: another thread's generation on the same model has its own cache.
-        handle = model.register_forward_hook(this_thread_only(keep), with_kwargs=True)
-        vocab = model.get_output_embeddings().weight.shape[0]
+    state: dict[str, Any] = {"held": 0}
+    vocab = model.get_output_embeddings().weight.shape[0]
 
     def forward(
         tokens: torch.Tensor,  # [n] int64
@@ -259,14 +251,15 @@ def draft_model_drafter(
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [n, vocab], [n, hidden]?
         n = position_ids.shape[-1]
         if share:
-            if state["target"] is None:  # before the target's first forward
+            target = _RUNNING_TARGET.get()
+            if target is None or not target.prefilled:  # before the target's prefill
                 return tokens.new_zeros((1, vocab), dtype=torch.float32).expand(n, -1), None
             # The drafter feeds the tokens after its cache, ending with the last committed one, which the
             # target has not cached yet; every one before it, and every entry the draft counts as cached
             # but never computed, the target has verified.
             start, end = min(state["held"], prefix_len), prefix_len + n - 1
             if start < end:
-                adapter.cache.copy_entries(state["target"], start, end)
+                adapter.cache.copy_entries(target.cache, start, end)
             tokens, position_ids, prefix_len = tokens[n - 1 :], position_ids[:, n - 1 :], end
             state["held"] = end + 1
         # A token or two (the bonus token and the last draft, where the draft's cache lags) one step at a
@@ -298,18 +291,23 @@ def draft_model_drafter(
     )
 
 
-def reads_target_cache(model: PreTrainedModel, config: DecodingConfig) -> bool:
-    """Whether the drafter of ``config`` takes the target's KV entries instead of computing its own: a
-    quantized self-draft of every layer, alone or among an AutoConfig's drafters. It finds the target's
-    cache by a hook on the target's first forward (:func:`draft_model_drafter`), so every sequence's
-    prefill must run the model: ``num_return_sequences`` does not share the prefill then."""
-    configs = config.drafters if isinstance(config, AutoConfig) else (config,)
-    return any(
-        isinstance(c, DraftModelConfig)
-        and c.self_draft == "quantized"
-        and is_full_depth(model, c.num_draft_layers)
-        for c in configs
-    )
+# The target adapter of the generation running in this context (thread, task): a draft that takes the
+# target's KV entries reads them from it. A context variable, not a hook on the model, so that two
+# generations on one model in two threads each see their own.
+_RUNNING_TARGET: contextvars.ContextVar[HFAdapter | None] = contextvars.ContextVar(
+    "mtprobe_target", default=None
+)
+
+
+@contextlib.contextmanager
+def running_target(adapter: HFAdapter) -> Iterator[None]:
+    """While open, ``adapter`` is the target of the generation running in this context: what the
+    quantized self-draft of every layer copies its KV entries from (:func:`draft_model_drafter`)."""
+    token = _RUNNING_TARGET.set(adapter)
+    try:
+        yield
+    finally:
+        _RUNNING_TARGET.reset(token)
 
 
 def heads_drafter(

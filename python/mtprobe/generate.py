@@ -33,7 +33,7 @@ from mtprobe.drafters import (
     hidden_layer,
     make_drafter,
     mask_adaptation,
-    reads_target_cache,
+    running_target,
 )
 from mtprobe.hf_route import check_call_arguments, check_refused, resolve_config
 from mtprobe.plan import PlanConfig, plan_for
@@ -360,9 +360,7 @@ def custom_generate(
         capacity,
         max_capacity,
     )
-    # The routes first: measuring them (on a machine that has not yet) runs the target over random
-    # tokens, which a quantized self-draft, once made, would take for the target's first forward and
-    # copy its KV entries from (drafters.draft_model_drafter).
+    # The CPU linear routes: measured once per machine and model, then read from disk.
     routes = choose_linear_routes(model)
     forward_plan = None
     if mtprobe_plan is not None:
@@ -443,7 +441,8 @@ def custom_generate(
             keep_scores=bool(generation_config.output_scores),
             keep_logits=bool(generation_config.output_logits),
         )
-        with forward_plan.in_use() if forward_plan is not None else contextlib.nullcontext():
+        plan_in_use = forward_plan.in_use() if forward_plan is not None else contextlib.nullcontext()
+        with plan_in_use, running_target(adapter):
             result = loop.run(prompt.ids[0])
         if streamer is not None:
             streamer.end()
@@ -519,9 +518,8 @@ def custom_generate(
 
     outputs, paddings = [], []
     for prompt in prompts:
-        # The sequences of one prompt share its prefill: the first runs it, the others take copies
-        # (unless the drafter finds the target's cache by watching its forwards).
-        shared = SharedPrefill() if num_sequences > 1 and not reads_target_cache(model, config) else None
+        # The sequences of one prompt share its prefill: the first runs it, the others take copies.
+        shared = SharedPrefill() if num_sequences > 1 else None
         for _ in range(num_sequences):
             outputs.append(decode_one(prompt, shared))
             paddings.append(prompt.padding)
