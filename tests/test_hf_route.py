@@ -407,9 +407,8 @@ QUANTIZED_SELF_DRAFT = mtprobe.DraftModelConfig(self_draft="quantized", num_toke
         (mtprobe.ProbeConfig(block_complexity=8, num_masks=2, mask_value=0.3), True),
         (mtprobe.StandConfig(block_complexity=10), True),  # its store reads the prefill's prompt logits
         (mtprobe.StandConfig(block_complexity=10, prompt_logits=2), True),  # 2 prompt rows' logits only
-        # Its first block carries a chain sampled before the target's prefill gave it any entries to copy
-        # (from flat logits): another in every sequence, so every prefill runs the model.
-        (QUANTIZED_SELF_DRAFT, False),
+        # It copies the target's entries and drafts no chain in the prefill block: one prefill for all.
+        (QUANTIZED_SELF_DRAFT, True),
     ],
     ids=["plain", "probe", "probe-2-masks", "stand", "stand-2-rows", "quantized-self-draft"],
 )

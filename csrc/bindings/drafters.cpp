@@ -208,13 +208,13 @@ void bind_drafters(py::module_& m) {
       "Draft-model speculative decoding: a chain of num_tokens drafts from a smaller model with its own KV "
       "cache.")
       .def(py::init([](ForwardFn forward, int64_t num_tokens, bool do_sample,
-                       std::optional<ProcessFn> process, int64_t top_branches) {
+                       std::optional<ProcessFn> process, int64_t top_branches, bool skip_prefill) {
              return std::make_shared<DraftModelDrafter>(
-                 std::move(forward), DraftModelOptions{num_tokens, do_sample, top_branches},
+                 std::move(forward), DraftModelOptions{num_tokens, do_sample, top_branches, skip_prefill},
                  std::move(process));
            }),
            py::arg("forward"), py::kw_only(), py::arg("num_tokens"), py::arg("do_sample") = false,
-           py::arg("process") = py::none(), py::arg("top_branches") = 1)
+           py::arg("process") = py::none(), py::arg("top_branches") = 1, py::arg("skip_prefill") = false)
       .def_property_readonly("draft_forwards", &DraftModelDrafter::draft_forwards);
 
   py::class_<HeadsDrafter, Drafter, std::shared_ptr<HeadsDrafter>>(

@@ -23,13 +23,14 @@ void DraftModelDrafter::begin(const at::Tensor& prompt) {
 
 DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
                                       const StepLimits& limits) {
-  (void)prefix_len;
   const int64_t c = committed.size(0);
   const auto device = committed.device();
   // Drafts past the tokens still wanted, the budget or the context are wasted work.
   const int64_t k =
-      std::max<int64_t>(0, std::min({options_.num_tokens, limits.tokens_left - 1, limits.max_depth,
-                                     c == 1 ? limits.budget - 1 : options_.num_tokens}));
+      options_.skip_prefill && prefix_len == 0
+          ? 0
+          : std::max<int64_t>(0, std::min({options_.num_tokens, limits.tokens_left - 1, limits.max_depth,
+                                           c == 1 ? limits.budget - 1 : options_.num_tokens}));
   std::vector<int64_t> drafts, siblings;
   std::vector<at::Tensor> q_rows;  // [vocab] each, under sampling
   // Siblings of the chain's first token, within the budget (the prefill's block is not budgeted).

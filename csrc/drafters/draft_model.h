@@ -27,6 +27,9 @@ struct DraftModelOptions {
   int64_t num_tokens = 5;    // K, drafts per step (a step feeds the target 1 + K inputs)
   bool do_sample = false;    // sample drafts from q and hand q to verification
   int64_t top_branches = 1;  // b, children of the root: the chain's first token and b - 1 siblings
+  // No chain in the loop's prefill block (prefix_len 0): for a draft that takes the target's KV entries
+  // and has none before the target's prefill (it could only draft from nothing).
+  bool skip_prefill = false;
 };
 
 class DraftModelDrafter : public Drafter {

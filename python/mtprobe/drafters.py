@@ -229,9 +229,10 @@ def draft_model_drafter(
     # (all of the prompt at its first step; those of steps a scheduler gave other drafters) are the
     # target's entries, copied, and only the last committed token runs through the draft. The target is
     # the one of the generation running in this context (running_target, set by mtprobe.generate). The
-    # loop's first forward verifies the prompt with the first block, so until the target's prefill the
-    # draft proposes token 0 from no cache at all (flat logits; verification rejects them, losslessly
-    # under greedy and sampling alike).
+    # loop's first forward verifies the prompt, so the draft proposes no chain in that block
+    # (skip_prefill): it has nothing to draft from yet, and the block is then the same in every sequence
+    # (num_return_sequences shares it). Called before any target forward all the same (a scheduler's
+    # first step, outside mtprobe.generate), it drafts from flat logits, which verification rejects.
     share = (
         config.self_draft == "quantized"
         and config.draft_model is None
@@ -288,6 +289,7 @@ def draft_model_drafter(
         top_branches=config.top_branches,
         do_sample=do_sample,
         process=process,
+        skip_prefill=share,
     )
 
 
