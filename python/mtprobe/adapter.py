@@ -709,9 +709,10 @@ class HFAdapter:
         prefix_len: int,
         want_hidden: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        shared = None
         if prefix_len == 0:
             self.prefilled = True  # once this forward returns
-        shared = self.shared_prefill if prefix_len == 0 else None
+            shared = self.shared_prefill
         if shared is not None:
             taken = shared.take(self, (tokens, embeds, position_ids, mask), want_hidden)
             if taken is not None:

@@ -344,11 +344,16 @@ def custom_generate(
             f"forward cannot usefully take more inputs than that; use a block_complexity <= {limit} "
             "(the paper's settings are 10, 30 and 60)"
         )
+
     # Buffers follow the tokens actually generated: they start with room for the prompt, one block
     # and a little more, and double when full, never past what this call can need (max_new_tokens
     # is often a generous bound that EOS cuts short).
-    max_capacity = longest + max_new_tokens + config.block_complexity
-    capacity = min(max_capacity, longest + config.block_complexity + _INITIAL_HEADROOM)
+    def capacities(prompt_len: int) -> tuple[int, int]:
+        """A prompt's buffers: first size, largest size."""
+        full = prompt_len + max_new_tokens + config.block_complexity
+        return min(full, prompt_len + config.block_complexity + _INITIAL_HEADROOM), full
+
+    capacity, max_capacity = capacities(longest)  # the plan's, and the log's
     do_sample = bool(generation_config.do_sample)
     logger.info(
         "mtprobe %s (%s), %s, block complexity %d; KV cache and mask for %d positions at first, "
@@ -388,8 +393,7 @@ def custom_generate(
         """One sequence of ``prompt``: its own drafter, KV cache and loop (the prefill shared)."""
         prompt_len = prompt.ids.shape[1]
         logits_from = 0 if rows is None else max(0, prompt_len - rows)  # rows >= 1: the first token
-        full = prompt_len + max_new_tokens + config.block_complexity
-        first = min(full, prompt_len + config.block_complexity + _INITIAL_HEADROOM)
+        first, full = capacities(prompt_len)
         # HF's processors and criteria see a row as its batched generate shows it: after the row's padding
         # (a processor that counts new tokens from the padded prompt's length counts right).
         process, stop = None, None
@@ -516,18 +520,18 @@ def custom_generate(
             )
         return output
 
-    outputs, paddings = [], []
+    outputs, of_prompt = [], []
     for prompt in prompts:
         # The sequences of one prompt share its prefill: the first runs it, the others take copies.
         shared = SharedPrefill() if num_sequences > 1 else None
         for _ in range(num_sequences):
             outputs.append(decode_one(prompt, shared))
-            paddings.append(prompt.padding)
+            of_prompt.append(prompt)
     if len(outputs) == 1:
         output = outputs[0]
         output.sequences = prompts[0].padded(output.sequences)  # [1, L + new], the padding as given
     else:
-        output = _stack_outputs(outputs, paddings, _padding_id(generation_config))
+        output = _stack_outputs(outputs, of_prompt, _padding_id(generation_config))
     if not (mtprobe_return_output or generation_config.return_dict_in_generate):
         return output.sequences
     return output
@@ -639,17 +643,14 @@ def _padding_id(cfg: GenerationConfig) -> int | None:
 
 
 def _stack_outputs(
-    outputs: list[GenerateOutput], paddings: list[torch.Tensor], pad_id: int | None
+    outputs: list[GenerateOutput], prompts: list[_Prompt], pad_id: int | None
 ) -> GenerateOutput:
     """One output for several sequences (a batch of prompts, ``num_return_sequences``): ``sequences``
-    ``[n, L + longest]``, each after its prompt's left padding (``paddings``) as HF's batched generate
-    returns it, the shorter ones padded with ``pad_id`` after their end; the counts and timings summed
-    over the sequences, the per-step lists concatenated in order (so ``tau`` is over every step), each
-    one's own output in ``sequence_outputs``."""
-    padded = [
-        torch.cat([p.to(o.sequences.device), o.sequences], dim=1)
-        for o, p in zip(outputs, paddings, strict=True)
-    ]  # [1, L + new_i] each
+    ``[n, L + longest]``, each after the left padding of its prompt (``prompts[i]``) as HF's batched
+    generate returns it, the shorter ones padded with ``pad_id`` after their end; the counts and timings
+    summed over the sequences, the per-step lists concatenated in order (so ``tau`` is over every step),
+    each one's own output in ``sequence_outputs``."""
+    padded = [p.padded(o.sequences) for o, p in zip(outputs, prompts, strict=True)]  # [1, L + new_i] each
     longest = max(x.shape[1] for x in padded)
     if pad_id is None and any(x.shape[1] < longest for x in padded):
         raise ValueError(
