@@ -15,7 +15,7 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 LAYERS = ("core", "kernels", "ops", "runtime", "drafters", "decode", "bindings")  # lowest first
-SOURCE_SUFFIXES = {".h", ".cpp", ".cu", ".cuh"}
+SOURCE_SUFFIXES = {".h", ".cpp", ".cu", ".cuh", ".inc"}
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 TORCH_INCLUDE = re.compile(r"^\s*#\s*include\s+<((?:ATen|c10|torch|pybind11|cuda)[^>]*)>", re.MULTILINE)
 

@@ -61,6 +61,21 @@ def test_step_matches_hf_modules_at_every_position(overrides):
     assert max(kv_err) < 1e-5, kv_err
 
 
+def test_step_matches_hf_modules_where_each_head_splits_into_ranges():
+    # From 256 cached rows on, each key/value head's rows are split into ranges (up to two per thread)
+    # attended apart and merged by their log-sum-exps; 520 positions on two threads reach four ranges.
+    model = tiny_llama(seed=4, vocab_size=64, num_hidden_layers=2, max_position_embeddings=1024)
+    tokens = torch.randint(0, 64, (520,), generator=torch.Generator().manual_seed(5)).tolist()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
+    finally:
+        torch.set_num_threads(threads)
+    assert max(logit_err) < 1e-5, max(logit_err)
+    assert max(kv_err) < 1e-5, max(kv_err)
+
+
 def test_smollm2_step_matches_hf_modules(smollm2):
     model, _ = smollm2
     tokens = torch.randint(0, 49152, (12,), generator=torch.Generator().manual_seed(2)).tolist()

@@ -82,6 +82,101 @@ __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* scores, int64_
   for (; j < len; ++j) total += (scores[j] = std::exp(scores[j] - top));
   return total;
 }
+// The attention kernel at two widths (attend_simd.inc): AVX-512 where the CPU has it, else AVX2.
+// GCC 12's AVX-512 extracting and reducing intrinsics start from an "undefined" vector, which
+// -Wmaybe-uninitialized reports as a use of an uninitialized value (a false positive inside its own
+// header, as quantized_linear.cpp meets).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define MTPROBE_SIMD __attribute__((target("avx512f,avx512dq,avx2,fma")))
+namespace avx512 {
+using Vec = __m512;
+constexpr int64_t kWidth = 16;
+MTPROBE_SIMD inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+MTPROBE_SIMD inline void store(float* p, Vec x) { _mm512_storeu_ps(p, x); }
+MTPROBE_SIMD inline Vec set1(float x) { return _mm512_set1_ps(x); }
+MTPROBE_SIMD inline Vec zero() { return _mm512_setzero_ps(); }
+MTPROBE_SIMD inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+MTPROBE_SIMD inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+MTPROBE_SIMD inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+
+// out[0..3] = the sums of a, b, c and d: halves added, then three horizontal adds for all four.
+MTPROBE_SIMD inline void sum4(Vec a, Vec b, Vec c, Vec d, float* out) {
+  const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+  const __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+  const __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+
+// e^x for x <= 0, 16 at a time: exp_avx2's polynomial, the power of two applied by scalef.
+MTPROBE_SIMD inline Vec exp_le0(Vec x) {
+  x = _mm512_max_ps(x, set1(-87.3f));
+  const Vec fx = _mm512_roundscale_ps(fmadd(x, set1(1.44269504088896341f), set1(0.5f)),
+                                      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, set1(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, set1(-2.12194440e-4f), x);
+  Vec y = set1(1.9875691500E-4f);
+  y = fmadd(y, x, set1(1.3981999507E-3f));
+  y = fmadd(y, x, set1(8.3334519073E-3f));
+  y = fmadd(y, x, set1(4.1665795894E-2f));
+  y = fmadd(y, x, set1(1.6666665459E-1f));
+  y = fmadd(y, x, set1(5.0000001201E-1f));
+  y = fmadd(y, mul(x, x), add(x, set1(1.0f)));
+  return _mm512_scalef_ps(y, fx);
+}
+
+MTPROBE_SIMD inline float exp_shifted(float* scores, int64_t len, float top) {
+  const Vec t = set1(top);
+  Vec acc = zero();
+  int64_t j = 0;
+  for (; j + kWidth <= len; j += kWidth) {
+    const Vec e = exp_le0(_mm512_sub_ps(load(scores + j), t));
+    store(scores + j, e);
+    acc = add(acc, e);
+  }
+  float total = _mm512_reduce_add_ps(acc);
+  for (; j < len; ++j) total += (scores[j] = std::exp(scores[j] - top));
+  return total;
+}
+
+#include "core/attend_simd.inc"
+}  // namespace avx512
+#undef MTPROBE_SIMD
+#pragma GCC diagnostic pop
+
+#define MTPROBE_SIMD __attribute__((target("avx2,fma")))
+namespace avx2 {
+using Vec = __m256;
+constexpr int64_t kWidth = 8;
+MTPROBE_SIMD inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+MTPROBE_SIMD inline void store(float* p, Vec x) { _mm256_storeu_ps(p, x); }
+MTPROBE_SIMD inline Vec set1(float x) { return _mm256_set1_ps(x); }
+MTPROBE_SIMD inline Vec zero() { return _mm256_setzero_ps(); }
+MTPROBE_SIMD inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+MTPROBE_SIMD inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+MTPROBE_SIMD inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+
+MTPROBE_SIMD inline void sum4(Vec a, Vec b, Vec c, Vec d, float* out) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+
+MTPROBE_SIMD inline float exp_shifted(float* scores, int64_t len, float top) {
+  return exp_shifted_avx2(scores, len, top);
+}
+
+#include "core/attend_simd.inc"
+}  // namespace avx2
+#undef MTPROBE_SIMD
+
+bool has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
 #endif
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -132,9 +227,14 @@ void rotate_half(float* x, int64_t heads, int64_t head_dim, const float* cos, co
 }
 
 void attend(const float* q, int64_t group, const float* k, const float* v, int64_t len, int64_t head_dim,
-            int64_t stride, float scale, float* scores, float* out) {
-  // Key by key and value by value for the whole group: each cached row is read once for its `group`
-  // query heads (grouped-query attention), not once per head.
+            int64_t stride, float scale, float* scores, float* out, float* lse) {
+#ifdef MTPROBE_X86_SIMD
+  if (has_avx512() && avx512::attend_simd(q, group, k, v, len, head_dim, stride, scale, scores, out, lse))
+    return;
+  if (has_avx2() && avx2::attend_simd(q, group, k, v, len, head_dim, stride, scale, scores, out, lse)) return;
+#endif
+  // Any head size: key by key and value by value for the whole group, each cached row read once for
+  // its `group` query heads (grouped-query attention).
   for (int64_t j = 0; j < len; ++j) {
     const float* kj = k + j * stride;
     for (int64_t h = 0; h < group; ++h) scores[h * len + j] = dot(q + h * head_dim, kj, head_dim) * scale;
@@ -143,11 +243,30 @@ void attend(const float* q, int64_t group, const float* k, const float* v, int64
   std::vector<float> inv(static_cast<size_t>(group));
   for (int64_t h = 0; h < group; ++h) {
     float* s = scores + h * len;
-    inv[h] = 1.0f / exp_shifted(s, len, *std::max_element(s, s + len));
+    const float top = *std::max_element(s, s + len);
+    const float total = exp_shifted(s, len, top);
+    inv[h] = 1.0f / total;
+    if (lse != nullptr) lse[h] = top + std::log(total);
   }
   for (int64_t j = 0; j < len; ++j) {
     const float* vj = v + j * stride;
     for (int64_t h = 0; h < group; ++h) axpy(scores[h * len + j] * inv[h], vj, out + h * head_dim, head_dim);
+  }
+}
+
+void merge_attention(const float* outs, const float* lses, int64_t chunks, int64_t group, int64_t head_dim,
+                     float* out) {
+  for (int64_t h = 0; h < group; ++h) {
+    float top = lses[h];
+    for (int64_t c = 1; c < chunks; ++c) top = std::max(top, lses[c * group + h]);
+    float total = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) total += std::exp(lses[c * group + h] - top);
+    float* o = out + h * head_dim;
+    std::fill(o, o + head_dim, 0.0f);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float w = std::exp(lses[c * group + h] - top) / total;
+      axpy(w, outs + (c * group + h) * head_dim, o, head_dim);
+    }
   }
 }
 

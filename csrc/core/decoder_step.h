@@ -8,7 +8,7 @@
 //   rms_norm     LlamaRMSNorm:   y = w * x / sqrt(mean(x^2) + eps)
 //   rotate_half  apply_rotary_pos_emb's rotate-half layout, pairs (i, i + d/2) turned by angle i
 //   attend       the queries of one key/value head against `len` cached keys: softmax(scale * q.k)
-//                over them, times the values
+//                over them, times the values (merge_attention joins ranges of keys attended apart)
 //   silu_mul     LlamaMLP's act(gate) * up with SiLU
 //
 // Example (rotate_half, head_dim 4, one head, angles 90 and 0 degrees: cos {0, 1}, sin {1, 0}):
@@ -29,8 +29,17 @@ void rotate_half(float* x, int64_t heads, int64_t head_dim, const float* cos, co
 // Attention of `group` query heads (q [group, head_dim], contiguous) that share one key/value head:
 // out[h] = sum_j p_hj v_j with p_h = softmax_j(scale * q_h . k_j) over the `len` >= 1 keys and values
 // k_j = k + j * stride (and v_j likewise); scores: scratch for group * len floats; out [group, head_dim].
+// lse [group], unless null, receives log sum_j e^(scale * q_h . k_j): what merge_attention needs to
+// combine attentions over separate ranges of keys (one thread each).
 void attend(const float* q, int64_t group, const float* k, const float* v, int64_t len, int64_t head_dim,
-            int64_t stride, float scale, float* scores, float* out);
+            int64_t stride, float scale, float* scores, float* out, float* lse = nullptr);
+
+// The attention over the union of `chunks` disjoint key ranges from each range's own (attend's out and
+// lse, chunk after chunk: outs [chunks, group, head_dim], lses [chunks, group]): out [group, head_dim] =
+// sum_c e^(lse_c - lse) out_c with lse = log sum_c e^lse_c, the split-and-merge of flash decoding.
+// Example (one head, head_dim 1): ranges with out 1 and 3 and lse log 1 and log 3 -> (1 * 1 + 3 * 3) / 4.
+void merge_attention(const float* outs, const float* lses, int64_t chunks, int64_t group, int64_t head_dim,
+                     float* out);
 
 // y[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], n floats; y may be gate.
 void silu_mul(const float* gate, const float* up, int64_t n, float* y);

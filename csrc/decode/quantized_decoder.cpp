@@ -156,6 +156,11 @@ at::Tensor QuantizedDecoder::step(int64_t token, int64_t position, const std::ve
     sin[i] = std::sin(angle) * config_.rope_scaling;
   }
   if (static_cast<int64_t>(scores_.size()) < heads * len) scores_.resize(2 * heads * len);
+  // Up to two ranges per thread and head, of 128 rows or more (shorter ones cost more to merge than
+  // they save).
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(len / 128, 2 * at::get_num_threads()));
+  part_out_.resize(kv * chunks * group * d);
+  part_lse_.resize(kv * chunks * group);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const QuantizedDecoderLayer& L = layers_[l];
     core::rms_norm(x_.data(), L.input_norm.const_data_ptr<float>(), config_.eps, hidden_, h_.data());
@@ -174,12 +179,25 @@ at::Tensor QuantizedDecoder::step(int64_t token, int64_t position, const std::ve
       std::copy_n(k_.data() + h * d, d, K + h * ks1 + position * ks2);
       std::copy_n(v_.data() + h * d, d, V + h * vs1 + position * vs2);
     }
-    at::parallel_for(0, kv, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) {
-        core::attend(q_.data() + g * group * d, group, K + g * ks1, V + g * vs1, len, d, ks2, config_.scale,
-                     scores_.data() + g * group * len, att_.data() + g * group * d);
+    // Each key/value head's rows split into `chunks` ranges, one work item each, merged by their
+    // log-sum-exps: a handful of heads over a long context keeps every thread reading.
+    at::parallel_for(0, kv * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t g = item / chunks, c = item % chunks;
+        const int64_t from = len * c / chunks, rows = len * (c + 1) / chunks - from;
+        float* out = chunks == 1 ? att_.data() + g * group * d : part_out_.data() + item * group * d;
+        core::attend(q_.data() + g * group * d, group, K + g * ks1 + from * ks2, V + g * vs1 + from * vs2,
+                     rows, d, ks2, config_.scale, scores_.data() + g * group * len + from * group, out,
+                     part_lse_.data() + item * group);
       }
     });
+    if (chunks > 1) {
+      for (int64_t g = 0; g < kv; ++g) {
+        core::merge_attention(part_out_.data() + g * chunks * group * d,
+                              part_lse_.data() + g * chunks * group, chunks, group, d,
+                              att_.data() + g * group * d);
+      }
+    }
     linear(L.o, att_.data(), out_.data());
     for (int64_t i = 0; i < hidden_; ++i) x_[i] += out_[i];
     core::rms_norm(x_.data(), L.post_norm.const_data_ptr<float>(), config_.eps, hidden_, h_.data());

@@ -68,8 +68,9 @@ class QuantizedDecoder {
   QuantizedDecoderConfig config_;
   int64_t hidden_, head_dim_, intermediate_, vocab_;
   // Scratch, sized once: x, the normed x, q, k, v, the attention output, o/down's output, gate, up,
-  // Q4_1's group sums of the input; scores grows with the context.
-  std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, xsum_, scores_;
+  // Q4_1's group sums of the input; scores grows with the context; the attention's per-range outputs
+  // [kv_heads, chunks, group, head_dim] and log-sum-exps [kv_heads, chunks, group].
+  std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, xsum_, scores_, part_out_, part_lse_;
   std::mutex busy_;
 };
 

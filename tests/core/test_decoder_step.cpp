@@ -66,30 +66,76 @@ void test_rms_norm_against_double() {
   }
 }
 
+// attend's out and lse for queries q [group, d] against len rows of stride floats, in double.
+void attend_double(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                   int64_t group, int64_t len, int64_t d, int64_t stride, double scale,
+                   std::vector<double>& out, std::vector<double>& lse) {
+  out.assign(group * d, 0.0);
+  lse.assign(group, 0.0);
+  for (int64_t h = 0; h < group; ++h) {
+    std::vector<double> p(len);
+    double top = -INFINITY, total = 0;
+    for (int64_t j = 0; j < len; ++j) {
+      double s = 0;
+      for (int64_t i = 0; i < d; ++i) s += double(q[h * d + i]) * k[j * stride + i];
+      p[j] = scale * s;
+      top = std::max(top, p[j]);
+    }
+    for (double& s : p) total += (s = std::exp(s - top));
+    lse[h] = top + std::log(total);
+    for (int64_t i = 0; i < d; ++i) {
+      for (int64_t j = 0; j < len; ++j) out[h * d + i] += p[j] / total * v[j * stride + i];
+    }
+  }
+}
+
+// Head sizes for every path of attend on an x86 host with AVX-512: 16-256 the AVX-512 kernel (one to
+// sixteen vectors), 8, 24 and 40 the AVX2 kernel (not a multiple of 16), 6 and 20 the portable loop;
+// lengths around the kernels' steps of four keys and two values; rows further apart than head_dim, as
+// in a cache of several heads.
 void test_attend_against_double() {
-  const int64_t d = 16, stride = 40;  // rows further apart than head_dim, as in a cache of several heads
-  for (int64_t group : {1, 3}) {
-    for (int64_t len : {1, 2, 33}) {
-      std::vector<float> q = normal(group * d, 4), k = normal(len * stride, 5), v = normal(len * stride, 6);
-      std::vector<float> scores(group * len), out(group * d);
-      attend(q.data(), group, k.data(), v.data(), len, d, stride, 0.25f, scores.data(), out.data());
-      for (int64_t h = 0; h < group; ++h) {
-        std::vector<double> p(len);
-        double top = -INFINITY, total = 0;
-        for (int64_t j = 0; j < len; ++j) {
-          double s = 0;
-          for (int64_t i = 0; i < d; ++i) s += double(q[h * d + i]) * k[j * stride + i];
-          p[j] = 0.25 * s;
-          top = std::max(top, p[j]);
-        }
-        for (double& s : p) total += (s = std::exp(s - top));
-        for (int64_t i = 0; i < d; ++i) {
-          double o = 0;
-          for (int64_t j = 0; j < len; ++j) o += p[j] / total * v[j * stride + i];
-          CHECK(close(out[h * d + i], o, 1e-4));
-        }
+  for (int64_t d : {6, 8, 16, 20, 24, 32, 40, 64, 80, 128, 256}) {
+    const int64_t stride = d + 8;
+    for (int64_t group : {1, 3, 4}) {
+      for (int64_t len : {1, 2, 3, 4, 5, 7, 33, 130}) {
+        std::vector<float> q = normal(group * d, 4), k = normal(len * stride, 5), v = normal(len * stride, 6);
+        std::vector<float> scores(group * len), out(group * d), lse(group);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        attend(q.data(), group, k.data(), v.data(), len, d, stride, scale, scores.data(), out.data(),
+               lse.data());
+        std::vector<double> want, want_lse;
+        attend_double(q, k, v, group, len, d, stride, scale, want, want_lse);
+        for (int64_t i = 0; i < group * d; ++i) CHECK(close(out[i], want[i], 1e-4));
+        for (int64_t h = 0; h < group; ++h) CHECK(close(lse[h], want_lse[h], 1e-5));
       }
     }
+  }
+}
+
+void test_merge_attention_worked_example() {
+  // One head of one float: ranges with out 1 and 3 and lse log 1 and log 3 -> (1 * 1 + 3 * 3) / 4.
+  const float outs[] = {1.0f, 3.0f}, lses[] = {0.0f, std::log(3.0f)};
+  float out = 0;
+  merge_attention(outs, lses, 2, 1, 1, &out);
+  CHECK(close(out, 2.5));
+}
+
+// Attention over all rows equals the merge of attentions over any split of them into ranges: what
+// the quantized decoder's threads do.
+void test_merge_attention_of_ranges() {
+  const int64_t d = 64, group = 3, len = 300, stride = d;
+  std::vector<float> q = normal(group * d, 9), k = normal(len * stride, 10), v = normal(len * stride, 11);
+  std::vector<float> scores(group * len), whole(group * d);
+  attend(q.data(), group, k.data(), v.data(), len, d, stride, 0.125f, scores.data(), whole.data());
+  for (int64_t chunks : {1, 2, 3, 7}) {
+    std::vector<float> outs(chunks * group * d), lses(chunks * group), merged(group * d);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t from = len * c / chunks, rows = len * (c + 1) / chunks - from;
+      attend(q.data(), group, k.data() + from * stride, v.data() + from * stride, rows, d, stride, 0.125f,
+             scores.data(), outs.data() + c * group * d, lses.data() + c * group);
+    }
+    merge_attention(outs.data(), lses.data(), chunks, group, d, merged.data());
+    for (int64_t i = 0; i < group * d; ++i) CHECK(close(merged[i], whole[i], 1e-5));
   }
 }
 
@@ -107,6 +153,8 @@ int main() {
       {"rotate_half_keeps_norms_per_pair", test_rotate_half_keeps_norms_per_pair},
       {"rms_norm_against_double", test_rms_norm_against_double},
       {"attend_against_double", test_attend_against_double},
+      {"merge_attention_worked_example", test_merge_attention_worked_example},
+      {"merge_attention_of_ranges", test_merge_attention_of_ranges},
       {"silu_mul_against_double", test_silu_mul_against_double},
   };
   return mtprobe_test::run_tests(tests);

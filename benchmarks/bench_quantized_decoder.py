@@ -1,0 +1,164 @@
+"""The quantized self-draft's C++ step on the CPU: its time per draft token by context length, and the
+generation it drafts for against HF greedy, question by question, interleaved, repeated.
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_quantized_decoder.py \\
+        --question-file ../shared/specbench/question-dev.jsonl --categories rag summarization qa \\
+        --per-category 8 --max-new-tokens 64 --repeats 1 --out benchmarks/results/quantized_decoder/new.md
+
+A draft token reads the model's 4-bit weights and, from a few hundred cached tokens on, as many bytes
+again of its KV cache (SmolLM2-135M: 46 KB a position in float32), so the long prompts of RAG and
+summarization are where its attention shows. ``--extension PATH`` loads another build of
+``mtprobe._C`` (e.g. one built from an earlier commit: ``pip wheel --no-deps . -w DIR`` and the
+``_C*.so`` from the wheel) in place of the installed one, so that a before/after pair runs the same
+script, Python code and questions; run the two in turn, a few times each. The tokens of every
+generation are checked against HF greedy's on the same question. This is a benchmark: nothing here
+asserts a speed.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+
+import torch
+
+
+def _load_extension(argv: list[str]) -> str:
+    """Registers ``--extension``'s build as ``mtprobe._C`` before mtprobe is imported; its path or ""."""
+    if "--extension" not in argv:
+        return ""
+    path = argv[argv.index("--extension") + 1]
+    loader = importlib.machinery.ExtensionFileLoader("mtprobe._C", path)
+    spec = importlib.util.spec_from_file_location("mtprobe._C", path, loader=loader)
+    if spec is None:
+        raise SystemExit(f"--extension {path}: not a loadable extension module (a _C*.so built by pip)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mtprobe._C"] = module
+    loader.exec_module(module)
+    return path
+
+
+EXTENSION = _load_extension(sys.argv)
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import mtprobe  # noqa: E402
+from _common import first_turn_prompts, load_average, run_lines, write_report  # noqa: E402
+from mtprobe import draft_model, models  # noqa: E402
+from mtprobe.specbench.questions import first_per_category, load_questions  # noqa: E402
+
+
+def step_times(model, positions: list[int], repeats: int) -> dict[int, float]:
+    """Median seconds of one ``QuantizedDecoder.step`` at each position (the context is that long)."""
+    decoder = draft_model.quantized_decoder(draft_model.quantized(model))
+    if decoder is None:
+        raise SystemExit("the quantized self-draft has no C++ decoder for this model (see the log)")
+    cfg = model.config.get_text_config(decoder=True)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    capacity = max(positions) + 1
+    keys = [torch.randn(1, cfg.num_key_value_heads, capacity, head_dim) for _ in range(cfg.num_hidden_layers)]
+    values = [torch.randn_like(k) for k in keys]
+    out = {}
+    for p in positions:
+        decoder.step(1, p, keys, values)  # warm
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            decoder.step(1, p, keys, values)
+            times.append(time.perf_counter() - t0)
+        out[p] = statistics.median(times)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--question-file", required=True)
+    ap.add_argument("--categories", nargs="+", default=["rag", "summarization", "qa"])
+    ap.add_argument("--per-category", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--num-tokens", type=int, default=12, help="the draft's chain length K")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--positions", type=int, nargs="+", default=[64, 256, 512, 1024, 1536])
+    ap.add_argument("--step-repeats", type=int, default=30)
+    ap.add_argument("--extension", default="", help="another build of mtprobe._C to run (see above)")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    questions = [
+        q
+        for q in first_per_category(load_questions(args.question_file), args.per_category)
+        if q.category in args.categories
+    ]
+    missing = sorted(set(args.categories) - {q.category for q in questions})
+    if missing:
+        raise SystemExit(f"--categories: no question of {missing} in {args.question_file}")
+    model, tok = models.load(args.model, dtype=torch.float32)
+    prompts = first_turn_prompts(tok, questions)
+    n = args.max_new_tokens
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=args.num_tokens)
+    load_before = load_average()
+
+    def hf(ids):
+        return model.generate(ids, do_sample=False, max_new_tokens=n)[0, ids.shape[1] :].tolist()
+
+    def mine(ids):
+        out = mtprobe.generate(model, ids, cfg, do_sample=False, max_new_tokens=n)
+        return out.sequences[0, ids.shape[1] :]
+
+    # Warm-up: the linear routes and each method's first call.
+    hf(prompts[0][1])
+    mine(prompts[0][1])
+    steps = step_times(model, args.positions, args.step_repeats)
+
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    tokens: dict[tuple[str, str], int] = defaultdict(int)
+    differ = 0
+    for _ in range(args.repeats):
+        for q, ids in prompts:
+            t0 = time.perf_counter()
+            want = hf(ids)
+            seconds["hf", q.category] += time.perf_counter() - t0
+            tokens["hf", q.category] += len(want)
+            t0 = time.perf_counter()
+            got = mine(ids).tolist()
+            seconds["draft", q.category] += time.perf_counter() - t0
+            tokens["draft", q.category] += len(got)
+            differ += got != want
+
+    lines = [
+        f"# The quantized self-draft's C++ step{' (another build of mtprobe._C)' if EXTENSION else ''}",
+        "",
+        *run_lines(args.model),
+        f"- extension: `{EXTENSION or mtprobe._C.__file__}`",
+        f"- step: `QuantizedDecoder.step` with a context of p positions (random float32 KV), the median of "
+        f"{args.step_repeats}",
+        f"- generation: first turns of the first {args.per_category} question(s) of each of "
+        f"{', '.join(args.categories)} in `{args.question_file.split('/')[-1]}` ({len(prompts)} prompts, mean "
+        f"{statistics.mean(ids.shape[1] for _, ids in prompts):.0f} tokens), greedy, max_new_tokens={n}; "
+        f"`DraftModelConfig(self_draft='quantized', num_tokens={args.num_tokens})` against HF greedy "
+        f"`model.generate`, question by question, {args.repeats} repeat(s); {differ} generation(s) not "
+        "token-identical to HF greedy's",
+        f"- load average before / after: {load_before} / {load_average()}",
+        "",
+        "| context p | " + " | ".join(str(p) for p in args.positions) + " |",
+        "| --- | " + " | ".join("---" for _ in args.positions) + " |",
+        "| ms a draft token | " + " | ".join(f"{steps[p] * 1e3:.2f}" for p in args.positions) + " |",
+        "",
+        "| task | HF greedy tok/s | quantized self-draft tok/s | × HF greedy |",
+        "| --- | --- | --- | --- |",
+    ]
+    for c in [*args.categories, "all"]:
+        pick = args.categories if c == "all" else [c]
+        hf_rate = sum(tokens["hf", k] for k in pick) / sum(seconds["hf", k] for k in pick)
+        rate = sum(tokens["draft", k] for k in pick) / sum(seconds["draft", k] for k in pick)
+        lines.append(f"| {c} | {hf_rate:.2f} | {rate:.2f} | {rate / hf_rate:.3f} |")
+    write_report(args.out, lines)
+
+
+if __name__ == "__main__":
+    main()
