@@ -28,12 +28,18 @@ def test_quickstart_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     # an image.
     committed = check_committed_run_and_clear(nb)
     assert any("image/png" in o.get("data", {}) for o in committed), "no committed chart"
+    committed_stdout = "".join(o.get("text", "") for o in committed if o.get("name") == "stdout")
+    assert "SMALL=False" in committed_stdout, "the saved outputs must come from the full (non-SMALL) run"
+    assert "AutoConfig: every row identical to greedy on its prompt alone: True" in committed_stdout
 
     outputs = execute_small(nb, NOTEBOOK, tmp_path / "kernels", monkeypatch)
 
     stdout = "".join(o.get("text", "") for o in outputs if o.output_type == "stream" and o.name == "stdout")
     assert "SMALL=True" in stdout, stdout[:500]
     assert "sequences identical to greedy generate" in stdout
+    # AutoConfig through HF's generate on the left-padded batch: each row greedy's on its prompt alone
+    assert "AutoConfig: every row identical to greedy on its prompt alone: True" in stdout
+    assert "first prompt, first tokens and their probabilities:" in stdout
 
     rich = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
     coloured = [
