@@ -116,3 +116,41 @@ def test_smollm2_scores_are_greedys(smollm2):
     assert torch.equal(out.sequences, ref.sequences)
     assert_rows_close(out.scores, ref.scores)
     assert_rows_close(out.logits, ref.logits)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(return_dict_in_generate=True),
+        dict(return_dict_in_generate=True, output_scores=True),
+        dict(return_dict_in_generate=True, output_logits=True),
+        FLAGS,
+    ],
+    ids=["plain", "scores", "logits", "both"],
+)
+def test_the_output_reads_as_hfs_generate_output(tiny, flags):
+    kw = dict(max_new_tokens=6, do_sample=False, **flags)
+    out = run_hf(tiny, IDS, mtprobe.PromptLookupConfig(), **kw)
+    ref = tiny.generate(IDS, **kw)
+    # HF's keys are its set fields; mtprobe has them all but the cache (``cache``, ``past_key_values``
+    # before transformers 5.2x), in HF's order.
+    assert out.keys() == [k for k in ref.keys() if k not in ("cache", "past_key_values")]
+    assert list(out) == out.keys() and dict(out).keys() == set(out.keys())
+    for key in out.keys():
+        assert key in out
+        assert len(out.to_tuple()) == len(out.keys())
+    assert torch.equal(out["sequences"], ref["sequences"]) and torch.equal(out[0], ref[0])
+    assert torch.equal(out.to_tuple()[0], ref.to_tuple()[0])
+    if "scores" in ref:
+        assert_rows_close(out["scores"], ref["scores"])
+    if "logits" in ref:
+        assert_rows_close(out["logits"], ref["logits"])
+    assert out.attentions is None and out.hidden_states is None  # as HF's without those flags
+    for key in ("cache", "past_key_values"):
+        with pytest.raises(KeyError, match="mtprobe returns no cache"):
+            out[key]
+    with pytest.raises(KeyError, match=r"'tau' is not in this GenerateOutput.*out\.tau"):
+        out["tau"]
+    if "scores" not in ref:
+        with pytest.raises(KeyError, match="output_scores=True"):
+            out["scores"]

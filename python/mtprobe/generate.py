@@ -11,9 +11,9 @@ import contextlib
 import inspect
 import logging
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
@@ -125,6 +125,13 @@ class GenerateOutput:
     which ``a`` is accepted, the second drafting two siblings at depth 1, neither accepted:
     ``accept_lengths == [2, 1]``, ``drafted_per_depth == [3, 1]``, ``accepted_per_depth == [1]``,
     ``block_sizes == [3, 3]`` (the committed token and the drafts, without auxiliary inputs).
+
+    Read as HF's ``GenerateDecoderOnlyOutput`` is: ``out["sequences"]``, ``out[0]``, ``"scores" in out``,
+    ``out.keys()``, ``dict(out)`` and ``out.to_tuple()`` see the fields HF's output has and that are set
+    (``sequences``, then ``scores`` and ``logits`` when asked for), in HF's order; ``attentions`` and
+    ``hidden_states`` are None, as HF's are unless asked for (mtprobe refuses those flags). There is no
+    ``cache`` (``past_key_values``): mtprobe's cache holds draft trees, not an HF cache to continue from.
+    mtprobe's own statistics are attributes only.
     """
 
     sequences: torch.Tensor
@@ -148,6 +155,46 @@ class GenerateOutput:
     scores: tuple[torch.Tensor, ...] | None = None
     logits: tuple[torch.Tensor, ...] | None = None
     sequence_outputs: tuple[GenerateOutput, ...] | None = None
+
+    # HF's GenerateDecoderOnlyOutput: its fields mtprobe fills, in its order; and those it leaves None.
+    _HF_FIELDS: ClassVar[tuple[str, ...]] = ("sequences", "scores", "logits")
+    attentions: ClassVar[None] = None
+    hidden_states: ClassVar[None] = None
+
+    def keys(self) -> list[str]:
+        """HF's output fields that are set, in HF's order (a ``ModelOutput`` lists its non-None ones)."""
+        return [k for k in self._HF_FIELDS if getattr(self, k) is not None]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, k) for k in self.keys()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        """The set HF fields, in order, as ``ModelOutput.to_tuple`` gives them."""
+        return tuple(self.values())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __getitem__(self, key: str | int | slice) -> Any:
+        if not isinstance(key, str):
+            return self.to_tuple()[key]
+        if key not in self.keys():
+            why = (
+                "mtprobe returns no cache: its own holds draft trees, not an HF cache to continue from"
+                if key in ("past_key_values", "cache")
+                else "mtprobe's own statistics are attributes, e.g. out.tau, out.accept_lengths"
+            )
+            raise KeyError(
+                f"{key!r} is not in this GenerateOutput: it holds {self.keys()}, the fields of HF's generate "
+                f"output this call set (scores and logits with output_scores=True / output_logits=True); {why}"
+            )
+        return getattr(self, key)
 
     @property
     def tau(self) -> float:
