@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.utils import ModelOutput
 
 import mtprobe
 from conftest import CACHED_VS_FULL_BOUND, tiny_llama
@@ -134,8 +135,11 @@ def test_the_output_reads_as_hfs_generate_output(tiny, flags):
     ref = tiny.generate(IDS, **kw)
     # HF's keys are its set fields; mtprobe has them all but the cache (``cache``, ``past_key_values``
     # before transformers 5.2x), in HF's order.
-    assert out.keys() == [k for k in ref.keys() if k not in ("cache", "past_key_values")]
-    assert list(out) == out.keys() and dict(out).keys() == set(out.keys())
+    assert isinstance(out, ModelOutput)
+    assert list(out.keys()) == [k for k in ref.keys() if k not in ("cache", "past_key_values")]
+    assert (
+        list(out) == list(out.keys()) and dict(out).keys() == set(out.keys()) and len(out) == len(out.keys())
+    )
     for key in out.keys():
         assert key in out
         assert len(out.to_tuple()) == len(out.keys())
@@ -146,6 +150,7 @@ def test_the_output_reads_as_hfs_generate_output(tiny, flags):
     if "logits" in ref:
         assert_rows_close(out["logits"], ref["logits"])
     assert out.attentions is None and out.hidden_states is None  # as HF's without those flags
+    assert out.past_key_values is None and out.cache is None
     for key in ("cache", "past_key_values"):
         with pytest.raises(KeyError, match="mtprobe returns no cache"):
             out[key]
@@ -154,3 +159,21 @@ def test_the_output_reads_as_hfs_generate_output(tiny, flags):
     if "scores" not in ref:
         with pytest.raises(KeyError, match="output_scores=True"):
             out["scores"]
+
+
+def test_the_pipeline_reads_the_output_as_hfs(smollm2):
+    # transformers' text-generation pipeline takes a ModelOutput's sequences and its per-token scores.
+    from transformers import pipeline
+
+    model, tok = smollm2
+    pipe = pipeline("text-generation", model=model, tokenizer=tok)
+    kw = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    theirs = pipe("The capital of Italy is", **kw)[0]
+    mine = pipe("The capital of Italy is", custom_generate=mtprobe.custom_generate, **kw)[0]
+    assert mine["generated_text"] == theirs["generated_text"]
+    mine_scores, their_scores = (
+        torch.tensor(mine["scores"]),
+        torch.tensor(theirs["scores"]),
+    )  # lists in its output
+    assert mine_scores.shape == their_scores.shape == (6, model.config.vocab_size)  # [new tokens, vocab]
+    torch.testing.assert_close(mine_scores, their_scores, atol=CACHED_VS_FULL_BOUND, rtol=0)

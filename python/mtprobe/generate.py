@@ -11,13 +11,15 @@ import contextlib
 import inspect
 import logging
 import operator
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.utils import ModelOutput
 
 from mtprobe import _C, registry
 from mtprobe import methods as _builtin_methods  # noqa: F401  (registers the built-in methods)
@@ -53,8 +55,8 @@ _DTYPE_NAMES = {
 }
 
 
-@dataclass
-class GenerateOutput:
+@dataclass(eq=False)
+class GenerateOutput(ModelOutput):
     """What one mtprobe generation did.
 
     Attributes:
@@ -126,12 +128,13 @@ class GenerateOutput:
     ``accept_lengths == [2, 1]``, ``drafted_per_depth == [3, 1]``, ``accepted_per_depth == [1]``,
     ``block_sizes == [3, 3]`` (the committed token and the drafts, without auxiliary inputs).
 
-    Read as HF's ``GenerateDecoderOnlyOutput`` is: ``out["sequences"]``, ``out[0]``, ``"scores" in out``,
-    ``out.keys()``, ``dict(out)`` and ``out.to_tuple()`` see the fields HF's output has and that are set
-    (``sequences``, then ``scores`` and ``logits`` when asked for), in HF's order; ``attentions`` and
-    ``hidden_states`` are None, as HF's are unless asked for (mtprobe refuses those flags). There is no
-    ``cache`` (``past_key_values``): mtprobe's cache holds draft trees, not an HF cache to continue from.
-    mtprobe's own statistics are attributes only.
+    A transformers ``ModelOutput``, read as HF's ``GenerateDecoderOnlyOutput`` is (pipelines take its
+    sequences and scores): ``out["sequences"]``, ``out[0]``, ``"scores" in out``, ``out.keys()``,
+    ``dict(out)`` and ``out.to_tuple()`` see the fields HF's output has and that are set (``sequences``,
+    then ``scores`` and ``logits`` when asked for), in HF's order; ``attentions`` and ``hidden_states`` are
+    None, as HF's are unless asked for (mtprobe refuses those flags). ``cache`` (``past_key_values``) is
+    None: mtprobe's cache holds draft trees, not an HF cache to continue from. mtprobe's own statistics
+    are attributes only.
     """
 
     sequences: torch.Tensor
@@ -161,40 +164,41 @@ class GenerateOutput:
     attentions: ClassVar[None] = None
     hidden_states: ClassVar[None] = None
 
-    def keys(self) -> list[str]:
-        """HF's output fields that are set, in HF's order (a ``ModelOutput`` lists its non-None ones)."""
-        return [k for k in self._HF_FIELDS if getattr(self, k) is not None]
+    def __post_init__(self) -> None:
+        # ModelOutput's own check wants every field but the first to default to None; mtprobe's statistics
+        # have other defaults, and only the HF fields are the mapping's (see __setattr__).
+        pass
 
-    def values(self) -> list[Any]:
-        return [getattr(self, k) for k in self.keys()]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, getattr(self, k)) for k in self.keys()]
-
-    def to_tuple(self) -> tuple[Any, ...]:
-        """The set HF fields, in order, as ``ModelOutput.to_tuple`` gives them."""
-        return tuple(self.values())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.keys()
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A ModelOutput's mapping holds its set fields; this one holds HF's only, so that keys(),
+        # items(), to_tuple() and out[i] are what HF's generate output gives (a pipeline reads them).
+        if name in self._HF_FIELDS and value is not None:
+            OrderedDict.__setitem__(self, name, value)
+        object.__setattr__(self, name, value)
 
     def __getitem__(self, key: str | int | slice) -> Any:
-        if not isinstance(key, str):
-            return self.to_tuple()[key]
-        if key not in self.keys():
+        if isinstance(key, str) and key not in self.keys():
             why = (
                 "mtprobe returns no cache: its own holds draft trees, not an HF cache to continue from"
                 if key in ("past_key_values", "cache")
                 else "mtprobe's own statistics are attributes, e.g. out.tau, out.accept_lengths"
             )
             raise KeyError(
-                f"{key!r} is not in this GenerateOutput: it holds {self.keys()}, the fields of HF's generate "
-                f"output this call set (scores and logits with output_scores=True / output_logits=True); {why}"
+                f"{key!r} is not in this GenerateOutput: it holds {list(self.keys())}, the fields of HF's "
+                "generate output this call set (scores and logits with output_scores=True / "
+                f"output_logits=True); {why}"
             )
-        return getattr(self, key)
+        return super().__getitem__(key)
+
+    @property
+    def past_key_values(self) -> None:
+        """None: mtprobe returns no cache (ModelOutput's would look for ``cache``)."""
+        return None
+
+    @property
+    def cache(self) -> None:
+        """None: mtprobe's cache holds draft trees, not an HF cache to continue from."""
+        return None
 
     @property
     def tau(self) -> float:
