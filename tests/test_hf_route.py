@@ -500,3 +500,19 @@ def test_num_return_sequences_bad_input(tiny, route):
         ROUTES[route](
             tiny, IDS, max_new_tokens=4, do_sample=True, num_return_sequences=2, streamer=NullStreamer()
         )
+
+
+def test_a_prefill_that_skips_the_prompts_logits_returns_zeros_in_their_rows(tiny):
+    # prefill_logits_from = k: rows 0..k-1 are not computed (logits_to_keep) but keep their places as
+    # zeros; the rows from k on are the full prefill's.
+    from mtprobe.adapter import HFAdapter
+
+    tokens = torch.tensor([3, 7, 11, 5, 9, 2, 4])
+    pos = torch.arange(tokens.shape[0]).view(1, -1)
+    full = HFAdapter(tiny, 16).forward(tokens, None, pos, None, 0, False)[0]  # [L, vocab]
+    cut = HFAdapter(tiny, 16)
+    cut.prefill_logits_from = 5
+    logits = cut.forward(tokens, None, pos, None, 0, False)[0]
+    assert logits.shape == full.shape
+    assert not logits[:5].any()
+    torch.testing.assert_close(logits[5:], full[5:])

@@ -778,7 +778,11 @@ class HFAdapter:
         )
         logits = out.logits  # [1, T - skip, vocab]
         if skip > 0:
-            logits = torch.cat([logits.new_zeros((1, skip, logits.shape[-1])), logits], dim=1)
+            # One pass over the prompt's rows (zeros), not a second one to concatenate: on a long prompt
+            # they are most of the tensor (700 rows of SmolLM2's vocabulary: 137 MB).
+            full = logits.new_zeros((1, skip + logits.shape[1], logits.shape[-1]))  # [1, T, vocab]
+            full[:, skip:] = logits
+            logits = full
         return logits, (out.hidden_states[self.hidden_layer] if want_hidden else None)
 
     def _planned_forward(
