@@ -3,8 +3,8 @@ every report starts with (command, date, machine, model), the device's descripti
 average, τ of one configuration over a question set, and writing the report.
 
 CPU timings depend on the CPU model and its instruction set (which linear kernel is fastest differs
-between an AMD EPYC with AVX2 and an Intel Xeon with AVX-512: mtprobe.linear_routes), so reports
-name both, as :mod:`mtprobe.machine` reads them."""
+between an AMD EPYC with AVX2 and an Intel Xeon with AVX-512: mtprobe.cpu.linear_routes), so reports
+name both, as :mod:`mtprobe.cpu.machine` reads them."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import torch
 import transformers
 
 import mtprobe
+from mtprobe.cpu.machine import cpu_isa, cpu_name
 from mtprobe.data import encode_conversation
 from mtprobe.drafters import ngram_memories
-from mtprobe.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import Question
 
 

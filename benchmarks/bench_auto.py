@@ -14,7 +14,7 @@ The EntMTP rows use the topology bank ``--bank`` (built by the first command on 
 prompts, not on Spec-Bench's questions). The ``-mem`` rows use one cross-request n-gram memory per run
 (``--shared-ngram-memory``), ``auto-hybrid-mem`` also the calibrated masks ``MASKS``; the ``-stock``
 rows run with torch's own linear layers for every forward (``MTPROBE_LINEAR_ROUTE=stock``: none of the
-CPU linear routes mtprobe measures and chooses per block size, :mod:`mtprobe.linear_routes`). Both
+CPU linear routes mtprobe measures and chooses per block size, :mod:`mtprobe.cpu.linear_routes`). Both
 kinds run only when named in ``--methods``.
 
 ``--interleaved`` instead runs issue 42's comparison in this one process, the model loaded once: per
@@ -51,9 +51,11 @@ import torch
 import transformers
 
 from _common import device_name, first_turn_prompts, load_average, write_report
-from mtprobe import draft_model, drafters, linear_routes, quantized_linear
-from mtprobe.machine import cpu_isa, cpu_name
+from mtprobe.cpu import linear_routes, quantized_linear
+from mtprobe.cpu.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
+from mtprobe.state import state_of
+from mtprobe.target import self_draft as draft_model
 
 MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
 MASKS = "benchmarks/results/calibrate/masks-smollm2-135m-k1-offsets.safetensors"
@@ -92,7 +94,7 @@ METHODS = [
 ]
 
 
-# Rows run with torch's linear on every forward (mtprobe.linear_routes' stock route forced).
+# Rows run with torch's linear on every forward (mtprobe.cpu.linear_routes' stock route forced).
 STOCK_LINEAR = {"stand-bc10-stock", "auto-stock"}
 # What runs without --methods: all but the -mem and -stock rows.
 DEFAULT_METHODS = [n for n, _ in METHODS if "mem" not in n and n not in STOCK_LINEAR]
@@ -289,7 +291,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
     """Issue 42's comparison, every row in this process on one model (see the module's docstring)."""
     import mtprobe
     from mtprobe import models
-    from mtprobe.profile import choose_linear_routes
+    from mtprobe.target.profile import choose_linear_routes
 
     torch.set_num_threads(args.threads)
     load0, started = load_average(), dt.datetime.now(dt.timezone.utc)
@@ -323,7 +325,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
         def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
             forced = environ(linear_routes.ENV, linear_routes.STOCK) if stock else contextlib.nullcontext()
             draft = environ(draft_model.DECODER_ENV, "0") if hf_draft else contextlib.nullcontext()
-            drafters._CARRIED[model] = carried
+            state_of(model).carried = carried
             with forced, draft:
                 out = mtprobe.generate(model, ids, config, max_new_tokens=n, do_sample=False)
             return out.sequences, sum(out.accept_lengths), len(out.accept_lengths), out.linear_routes

@@ -24,9 +24,9 @@ import torch
 import mtprobe
 from _common import first_turn_prompts, run_lines, write_report
 from mtprobe import models
-from mtprobe.calibrate import load_calibration
-from mtprobe.config import LOOKAHEAD_PAPER_CONFIGS
+from mtprobe.drafters.lookahead import LOOKAHEAD_PAPER_CONFIGS
 from mtprobe.specbench.questions import first_per_category, load_questions
+from mtprobe.target.mask_calibration import load_calibration
 
 OURS = (
     "probe",

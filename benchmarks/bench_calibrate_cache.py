@@ -21,8 +21,9 @@ import time
 
 import torch
 
-from mtprobe import calibrate, models
-from mtprobe.calibrate import MaskCalibration
+from mtprobe import models
+from mtprobe.offline import calibrate, calibration_data
+from mtprobe.target.mask_calibration import MaskCalibration
 
 
 def main() -> None:
@@ -58,7 +59,7 @@ def main() -> None:
         )
         loss.backward()
 
-    kept = calibrate._prefix_cache(model, ids)
+    kept = calibration_data._prefix_cache(model, ids)
     for _ in range(2):  # warm-up
         step(kept)
     times: dict[str, list[float]] = {"kept": [], "rebuilt": []}
@@ -67,12 +68,12 @@ def main() -> None:
         step(kept)
         times["kept"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        step(calibrate._prefix_cache(model, ids))
+        step(calibration_data._prefix_cache(model, ids))
         times["rebuilt"].append(time.perf_counter() - t)
     print(
         f"{args.model}, float32, {args.threads} threads, {platform.processor() or platform.machine()}; "
         f"{args.length} tokens, {args.anchors} anchors, {cal.num_masks} masks, "
-        f"LoRA {'yes' if lora else 'no'}; cache {calibrate._cache_bytes(kept) / 1e6:.1f} MB"
+        f"LoRA {'yes' if lora else 'no'}; cache {calibration_data._cache_bytes(kept) / 1e6:.1f} MB"
     )
     for name, ts in times.items():
         print(f"{name}: median {statistics.median(ts):.3f} s per step ({', '.join(f'{t:.3f}' for t in ts)})")

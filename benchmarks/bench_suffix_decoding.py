@@ -43,9 +43,9 @@ import mtprobe
 from _common import first_turn_prompts, run_lines, tau_counts, write_report
 from bench_baselines import configs as baseline_configs
 from mtprobe import models
-from mtprobe.calibrate import load_calibration
 from mtprobe.specbench.methods import SHARED_NGRAM_MEMORY_SIZE
 from mtprobe.specbench.questions import first_per_category, load_questions
+from mtprobe.target.mask_calibration import load_calibration
 from mtprobe.topology.bank import default_bank
 from sweep_tau import parse_fields
 
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         "question order, so the global tree holds every earlier response (added token by token as it is "
         "generated, kept after the request ends), unlimited; without `+cache`: `max_cached_requests=0`, "
         "the request's own prompt and output only",
-        "- equal budget: BC counts the inputs of one decode forward (mtprobe.config): the root (the last "
+        "- equal budget: BC counts the inputs of one decode forward (mtprobe.drafters): the root (the last "
         "committed token) plus draft nodes (plus probing's mask tokens, lookahead's window). "
         "SuffixDecoding's draft tree gets `max_spec_tokens = BC - 1` tokens"
         + "".join(f" ({bc - 1} at BC {bc})" for bc in args.block_complexity)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Held-out scores of calibrated mask files side by side (``mtprobe.calibrate.score_calibration``).
+"""Held-out scores of calibrated mask files side by side (``mtprobe.offline.calibrate.score_calibration``).
 
 Every file is scored on the same greedy continuations: the last ``--holdout`` of mtprobe's 24 built-in
 prompts, the ones ``python -m mtprobe calibrate`` holds out, generated here in one batch. Per mask j:
@@ -23,8 +23,9 @@ import torch
 
 from _common import run_lines, write_report
 from mtprobe import models
-from mtprobe.calibrate import load_calibration, score_calibration
 from mtprobe.data import encode_conversation, load_prompts
+from mtprobe.offline.calibrate import score_calibration
+from mtprobe.target.mask_calibration import load_calibration
 
 
 def main(argv: list[str] | None = None) -> int:

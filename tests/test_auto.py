@@ -13,7 +13,7 @@ import torch
 import mtprobe
 from conftest import tiny_llama
 from mtprobe import _C
-from mtprobe.profile import ForwardProfile, ProfileKey
+from mtprobe.target.profile import ForwardProfile, ProfileKey
 
 REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]  # prompt lookup and STAND draft here
 
@@ -144,7 +144,7 @@ def test_plain_steps_still_learn_deep_acceptance(monkeypatch):
     truth = _greedy(model, ids, 40)[0].tolist()
     table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 64])  # t(T) = T t(1): nothing pays
     auto = _C.AutoDrafter([_ChainOracle(truth)], table, decay=1.0)
-    gen = sys.modules["mtprobe.generate"]
+    gen = sys.modules["mtprobe.decode.generate"]
     monkeypatch.setattr(gen, "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=63.0)
@@ -177,7 +177,7 @@ def test_sampled_drafts_are_judged_only_where_they_ran(monkeypatch):
     truth = _greedy(model, ids, 40)[0].tolist()
     table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 64])  # t(T) = T t(1): nothing pays
     auto = _C.AutoDrafter([_SampledChain(truth, model.config.vocab_size)], table, decay=1.0)
-    monkeypatch.setattr(sys.modules["mtprobe.generate"], "make_drafter", lambda *a, **k: auto)
+    monkeypatch.setattr(sys.modules["mtprobe.decode.generate"], "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=63.0)
     )
@@ -198,7 +198,7 @@ def test_a_partial_cut_verifies_the_kept_subtree(monkeypatch):
     truth = _greedy(model, ids, 40)[0].tolist()
     table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 7.3])  # t(T) = (1 + 0.1 (T - 1)) t(1)
     auto = _C.AutoDrafter([_ChainOracle(truth)], table, decay=1.0)
-    monkeypatch.setattr(sys.modules["mtprobe.generate"], "make_drafter", lambda *a, **k: auto)
+    monkeypatch.setattr(sys.modules["mtprobe.decode.generate"], "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=6.3)
     )
@@ -345,7 +345,7 @@ def _run_oracle(monkeypatch, table: _C.CostTable, *, explore_every: int = 16):
     auto = _C.AutoDrafter(
         [oracle], table, decay=1.0, explore_every=explore_every, budgets=[7], own_forwards=[True]
     )
-    monkeypatch.setattr(sys.modules["mtprobe.generate"], "make_drafter", lambda *a, **k: auto)
+    monkeypatch.setattr(sys.modules["mtprobe.decode.generate"], "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=1.0)
     )
@@ -402,7 +402,7 @@ def test_auto_schedules_the_quantized_self_draft():
 def test_what_auto_measured_of_a_draft_model_carries_to_the_next_generation():
     """Where no chain pays (t(T) = T t(1)), the first generation explores the draft model at its first
     step; the next generation of the model starts from those measurements and does not."""
-    from mtprobe import drafters
+    from mtprobe.state import state_of
 
     model = tiny_llama()
     ids = torch.tensor([REPEATING])
@@ -412,7 +412,7 @@ def test_what_auto_measured_of_a_draft_model_carries_to_the_next_generation():
     )
     kw = dict(max_new_tokens=16, eos_token_id=None, pad_token_id=0)
     first = mtprobe.generate(model, ids, cfg, **kw)
-    (counts, seconds) = drafters._CARRIED[model][(draft, False)]
+    (counts, seconds) = state_of(model).carried[(draft, False)]
     assert seconds > 0 and sum(row[0] for row in counts[0]) >= 1  # trials of the first step's chain
     second = mtprobe.generate(model, ids, cfg, **kw)
     assert first.choices[0] == ("sps", 7) and all(m == "plain" for m, _ in second.choices)
@@ -552,8 +552,8 @@ def test_bench_auto_stock_rows_are_their_rows_on_torchs_linear(tmp_path, monkeyp
     # A -stock row runs its base row's method with MTPROBE_LINEAR_ROUTE=stock (torch's linear on every
     # decode step, whatever the routes measured here), only when named, and its README line says so.
     from conftest import load_benchmark
-    from mtprobe import linear_routes
-    from mtprobe.profile import choose_linear_routes
+    from mtprobe.cpu import linear_routes
+    from mtprobe.target.profile import choose_linear_routes
 
     bench = load_benchmark("bench_auto")
     methods = dict(bench.METHODS)
@@ -694,7 +694,7 @@ def test_bench_auto_memory_rows_name_valid_drafters():
     from pathlib import Path
 
     from conftest import load_benchmark
-    from mtprobe.methods import _drafter_configs
+    from mtprobe.drafters.auto import drafter_configs as _drafter_configs
 
     bench = load_benchmark("bench_auto")
     rows = {stem: args for stem, args in bench.METHODS if stem.startswith("auto-") and stem.endswith("-mem")}

@@ -238,15 +238,17 @@ def test_the_text_generation_pipeline_batches(smollm2, monkeypatch):
 
     from transformers import pipeline
 
-    module = sys.modules["mtprobe.generate"]  # the module (mtprobe.generate is also the function's name)
+    module = sys.modules[
+        "mtprobe.decode.generate"
+    ]  # the module (mtprobe.generate is also the function's name)
     batches = []
 
     def prompts(input_ids, attention_mask, count):
         batches.append(None if attention_mask is None else attention_mask.sum(1).tolist())
         return split(input_ids, attention_mask, count)
 
-    split = module._prompts
-    monkeypatch.setattr(module, "_prompts", prompts)
+    split = module.prompts
+    monkeypatch.setattr(module, "prompts", prompts)
     model, tok = smollm2
     pipe = pipeline("text-generation", model=model, tokenizer=tok)
     chats = [[{"role": "user", "content": p["messages"][0]["content"]}] for p in load_prompts()[3:6]]

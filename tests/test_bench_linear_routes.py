@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import load_benchmark, tiny_llama
-from mtprobe import linear_routes, small_batch_linear
-from mtprobe.linear_routes import LinearRoutes, RouteKey, Router
+from mtprobe.cpu import linear_routes, small_batch_linear
+from mtprobe.cpu.linear_routes import LinearRoutes, RouteKey, Router
 
 
 @pytest.fixture(scope="module")

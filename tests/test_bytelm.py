@@ -1,4 +1,4 @@
-"""The byte-level LM (python/mtprobe/bytelm.py): its tokenizer is exactly UTF-8 bytes, training lowers the
+"""The byte-level LM (python/mtprobe/offline/bytelm.py): its tokenizer is exactly UTF-8 bytes, training lowers the
 held-out bits per byte, the saved folder loads through mtprobe.models like any HF model, and circuit
 heads over 8 bytes decode on it token-identically to greedy."""
 
@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import mtprobe
-from mtprobe import bytelm, cli, heads, models
+from mtprobe import cli, models
+from mtprobe.offline import bytelm
+from mtprobe.offline import heads as offline_heads
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog.\n%\n"
@@ -138,13 +140,13 @@ def test_circuit_heads_over_eight_bytes_are_lossless(trained, corpus, tmp_path, 
 
 def test_text_sequences_hold_out_and_cap(corpus):
     tok = bytelm.byte_tokenizer()
-    full = heads.text_sequences(tok, [corpus], 64)
-    kept = heads.text_sequences(tok, [corpus], 64, holdout=0.5)
-    capped = heads.text_sequences(tok, [corpus], 64, max_tokens=256)
+    full = offline_heads.text_sequences(tok, [corpus], 64)
+    kept = offline_heads.text_sequences(tok, [corpus], 64, holdout=0.5)
+    capped = offline_heads.text_sequences(tok, [corpus], 64, max_tokens=256)
     assert len(kept) < len(full) and len(capped) == 4
     assert all(ids.numel() <= 64 for ids, _ in full)
     with pytest.raises(ValueError, match="max_tokens=10"):
-        heads.text_sequences(tok, [corpus], 64, max_tokens=10)
+        offline_heads.text_sequences(tok, [corpus], 64, max_tokens=10)
 
 
 @pytest.mark.parametrize(

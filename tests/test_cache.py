@@ -1,4 +1,4 @@
-"""The tree KV cache grows with the tokens generated, not with max_new_tokens (python/mtprobe/cache.py)."""
+"""The tree KV cache grows with the tokens generated, not with max_new_tokens (python/mtprobe/target/cache.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe.adapter import HFAdapter
-from mtprobe.cache import TreeKVCache
+from mtprobe.target.adapter import HFAdapter
+from mtprobe.target.cache import TreeKVCache
 
-generate_module = importlib.import_module("mtprobe.generate")  # the module, not mtprobe.generate()
+generate_module = importlib.import_module("mtprobe.decode.generate")  # the module, not mtprobe.generate()
 
 
 def test_reserve_keeps_what_the_cache_holds():

@@ -1,4 +1,4 @@
-"""Calibrated mask tokens (python/mtprobe/calibrate.py): the training loss is the decode-time
+"""Calibrated mask tokens (python/mtprobe/offline/calibrate.py): the training loss is the decode-time
 placement of the masks, learning lowers it, files belong to one model, and decoding from learned
 masks stays token-identical to greedy."""
 
@@ -12,7 +12,9 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe.calibrate import MaskCalibration, calibrate_masks, load_calibration, mask_loss, model_identity
+from mtprobe.identity import model_identity
+from mtprobe.offline.calibrate import calibrate_masks, mask_loss
+from mtprobe.target.mask_calibration import MaskCalibration, load_calibration
 
 
 def tiny_model():
@@ -429,14 +431,14 @@ def test_per_mask_offsets_must_be_one_set_per_mask():
     with pytest.raises(ValueError, match=r"or \[2, num_layers, 4\] \(one set per mask\), got \(3, 2, 4\)"):
         MaskCalibration(torch.zeros(2, 4), ident, layer_offsets=torch.zeros(3, 2, 4))
     with pytest.raises(ValueError, match="expected \\[2, hidden\\] or \\[k, 2, hidden\\]"):
-        with mtprobe.adapter.layer_offsets(
+        with mtprobe.target.mask_hooks.layer_offsets(
             torch.nn.ModuleList([torch.nn.Identity()] * 2), torch.zeros(2, 3, 4), 0
         ):
             pass
 
 
 def test_adapter_checks_offsets_once_and_keeps_them_in_the_models_dtype(model):
-    from mtprobe.adapter import HFAdapter
+    from mtprobe.target.adapter import HFAdapter
 
     adapter = HFAdapter(copy.deepcopy(model).to(torch.bfloat16), capacity=8)
     layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
@@ -465,7 +467,7 @@ def test_auto_refuses_one_per_mask_file_at_two_mask_counts(model, per_mask_calib
 
 
 def test_decoder_layers_of_a_model_without_them():
-    from mtprobe.adapter import decoder_layers
+    from mtprobe.target.mask_hooks import decoder_layers
 
     model = tiny_llama(seed=1)
     assert decoder_layers(model) is model.model.layers
@@ -578,19 +580,19 @@ def test_the_committed_masks_belong_to_smollm2(smollm2, path):
 
 
 def test_continuations_are_kept_in_a_file(model, tmp_path, monkeypatch):
-    from mtprobe import calibrate
+    from mtprobe.offline import calibration_data
 
     prompts = _prompts(3)
     path = tmp_path / "seqs" / "c.safetensors"  # a folder that does not exist yet
-    made = calibrate.calibration_sequences(model, prompts, 12, batch_size=2, path=path)
-    want = calibrate.calibration_sequences(model, prompts, 12, batch_size=2)
+    made = calibration_data.calibration_sequences(model, prompts, 12, batch_size=2, path=path)
+    want = calibration_data.calibration_sequences(model, prompts, 12, batch_size=2)
     assert [(t.tolist(), s) for t, s in made] == [(t.tolist(), s) for t, s in want]
 
     def no_generation(*args, **kwargs):
         raise AssertionError("the file should have been read")
 
-    monkeypatch.setattr(calibrate, "_generated_sequences", no_generation)
-    read = calibrate.calibration_sequences(model, prompts, 12, batch_size=2, path=path)
+    monkeypatch.setattr(calibration_data, "_generated_sequences", no_generation)
+    read = calibration_data.calibration_sequences(model, prompts, 12, batch_size=2, path=path)
     assert [(t.tolist(), s) for t, s in read] == [(t.tolist(), s) for t, s in want]
     assert all(t.dtype == torch.long for t, _ in read)
     # calibrate_masks reads it too: a second run on the same prompts generates nothing.
@@ -604,58 +606,58 @@ def test_continuations_are_kept_in_a_file(model, tmp_path, monkeypatch):
         (dict(prompts=prompts[:2], max_new_tokens=12, batch_size=2), "other prompts .3 of them"),
     ):
         with pytest.raises(ValueError, match=match):
-            calibrate.calibration_sequences(model, **kwargs, path=path)
+            calibration_data.calibration_sequences(model, **kwargs, path=path)
     broken = tmp_path / "broken.safetensors"
     broken.write_text("not a safetensors file")
     with pytest.raises(ValueError, match="not a file of calibration continuations"):
-        calibrate.calibration_sequences(model, prompts, 12, path=broken)
+        calibration_data.calibration_sequences(model, prompts, 12, path=broken)
     other = tiny_llama(seed=4)
     with pytest.raises(ValueError, match="model=.*delete the file or give another path"):
-        calibrate.calibration_sequences(other, prompts, 12, batch_size=2, path=path)
+        calibration_data.calibration_sequences(other, prompts, 12, batch_size=2, path=path)
     # A file with another file's tensors (no ids) is refused by name, not with safetensors' own error.
     from safetensors.torch import save_file
 
     foreign = tmp_path / "foreign.safetensors"
     save_file({"masks": torch.zeros(1, 4)}, str(foreign))
     with pytest.raises(ValueError, match="not a file of calibration continuations.*SafetensorError"):
-        calibrate.calibration_sequences(model, prompts, 12, path=foreign)
+        calibration_data.calibration_sequences(model, prompts, 12, path=foreign)
 
 
 def test_an_interrupted_continuations_write_leaves_no_file(model, tmp_path, monkeypatch):
-    from mtprobe import calibrate
+    from mtprobe.offline import calibration_data
 
     def interrupted(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"half a file")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(calibrate, "save_file", interrupted)
+    monkeypatch.setattr(calibration_data, "save_file", interrupted)
     path = tmp_path / "c.safetensors"
     with pytest.raises(KeyboardInterrupt):
-        calibrate.calibration_sequences(model, _prompts(2), 6, path=path)
+        calibration_data.calibration_sequences(model, _prompts(2), 6, path=path)
     assert not path.exists()  # the next run generates again instead of refusing a half file
     monkeypatch.undo()
-    seqs = calibrate.calibration_sequences(model, _prompts(2), 6, path=path)
+    seqs = calibration_data.calibration_sequences(model, _prompts(2), 6, path=path)
     assert path.is_file() and len(seqs) == 2
 
 
 def test_caches_past_the_budget_are_rebuilt_and_learn_the_same_masks(model):
-    from mtprobe import calibrate
+    from mtprobe.offline import calibration_data
 
     prompts = _prompts(5)
-    data = calibrate._continuations(model, prompts, 16, 1)
-    one = calibrate._cache_bytes(data[0][2])
+    data = calibration_data._continuations(model, prompts, 16, 1)
+    one = calibration_data._cache_bytes(data[0][2])
     assert one > 0 and data.num_kept == 5
-    part = calibrate._continuations(model, prompts, 16, 1, cache_bytes=2.5 * one)
+    part = calibration_data._continuations(model, prompts, 16, 1, cache_bytes=2.5 * one)
     assert part.num_kept == 2 and len(part) == 5
     for (ids, start, cache), (ids2, start2, kept) in zip(part, data, strict=True):
         assert torch.equal(ids, ids2) and start == start2
-        assert calibrate._cache_bytes(cache) == calibrate._cache_bytes(kept)
+        assert calibration_data._cache_bytes(cache) == calibration_data._cache_bytes(kept)
     tail = part[3:]  # a slice keeps its own kept caches: none here
     assert len(tail) == 2 and tail.num_kept == 0 and torch.equal(tail[0][0], data[3][0])
     assert part[1:].num_kept == 1 and torch.equal(part[-1][0], data[4][0])
     with pytest.raises(IndexError):
         part[5]
-    held = calibrate.Continuations.build(model, part.sequences, 2.5 * one, first=[-1, 4])
+    held = calibration_data.Continuations.build(model, part.sequences, 2.5 * one, first=[-1, 4])
     assert (
         held.num_kept == 2 and held[3:].num_kept == 1 and held[4:].num_kept == 1
     )  # the last, then the first

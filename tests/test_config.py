@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 import mtprobe
 from conftest import tiny_llama
 from mtprobe import registry
-from mtprobe.config import config_from_dict, config_from_json
-from mtprobe.drafters import decoding_configs, ngram_memories
+from mtprobe.drafters import config_from_dict, config_from_json, decoding_configs, ngram_memories
 
 # Learned masks for tiny_llama() (written by the `tiny` fixture below, before any test decodes).
 MASKS = Path(tempfile.gettempdir()) / f"mtprobe-test-config-masks-{os.getpid()}.safetensors"
@@ -78,7 +77,7 @@ NON_DEFAULT = {
         drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig(block_complexity=12)),
         # Keyed to the tiny model of the tests below: a profile for another model is refused.
         profile=mtprobe.ForwardProfile(
-            mtprobe.profile.ProfileKey.of(tiny_llama()),
+            mtprobe.target.profile.ProfileKey.of(tiny_llama()),
             (1, 8, 32),
             (0, 64),
             ((1.0, 1.2, 1.5), (1.1, 1.3, 1.7)),
@@ -295,16 +294,18 @@ IDS = torch.tensor([[3, 7, 11, 5, 3, 7, 11, 5, 3, 7]])
 @pytest.fixture(scope="module")
 def tiny():
     from mtprobe import heads
-    from mtprobe.calibrate import calibrate_masks, calibration_sequences
+    from mtprobe.offline import heads as offline_heads
+    from mtprobe.offline.calibrate import calibrate_masks
+    from mtprobe.offline.calibration_data import calibration_sequences
 
     model = tiny_llama()
     calibrate_masks(model, [IDS[:, :6], IDS[:, 2:]], num_masks=2, max_new_tokens=6, epochs=1, holdout=0).save(
         MASKS
     )
     seqs = calibration_sequences(model, [IDS[:, :6], IDS[:, 2:]], max_new_tokens=16)
-    features = heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
+    features = offline_heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
     head = heads.new_head(model, heads.HeadSpec("cp", 3, 2, hidden_size=64, vocab_size=96, adapter_rank=4))
-    heads.save_head(head, model, HEAD, heads.train_head(head, features, steps=5, holdout=0))
+    heads.save_head(head, model, HEAD, offline_heads.train_head(head, features, steps=5, holdout=0))
     yield model
     MASKS.unlink(missing_ok=True)
     shutil.rmtree(HEAD, ignore_errors=True)

@@ -11,10 +11,11 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
-from mtprobe import _C, draft_model
-from mtprobe.draft_model import check_draft_model, layer_truncated, quantized
+from mtprobe import _C
+from mtprobe.cpu.quantized_linear import QuantizedLinear, dequantize, quantize
 from mtprobe.drafters import make_drafter
-from mtprobe.quantized_linear import QuantizedLinear, dequantize, quantize
+from mtprobe.state import state_of
+from mtprobe.target.self_draft import check_draft_model, layer_truncated, quantized
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,8 @@ def test_quantized_self_draft_starts_from_the_targets_cache_not_a_prefill_of_its
     # Through HF's modules, as for an architecture the C++ decoder does not run (its own test:
     # tests/test_quantized_decoder.py, where no draft forward reaches HF's modules at all).
     draft = quantized(tiny)
-    monkeypatch.setitem(draft_model._DECODERS, draft, None)
+    monkeypatch.setattr(state_of(draft), "decoder", None)
+    monkeypatch.setattr(state_of(draft), "decoder_checked", True)
     fed, target_forwards = [], [0]
     h1 = draft.register_forward_pre_hook(
         lambda m, a, kw: fed.append(kw["inputs_embeds"].shape[1]), with_kwargs=True
@@ -265,9 +267,9 @@ def test_a_route_measurement_is_not_taken_for_the_targets_first_forward(monkeypa
     # taken for the target's (SmolLM2, Gemma-3: tau about 1.8 instead of 5 on the first call).
     import importlib
 
-    from mtprobe.adapter import HFAdapter
+    from mtprobe.target.adapter import HFAdapter
 
-    generate_module = importlib.import_module("mtprobe.generate")
+    generate_module = importlib.import_module("mtprobe.decode.generate")
     model = tiny_llama(vocab_size=96)
     ids = torch.tensor([[5, 17, 3, 88, 41, 41, 9, 60, 2, 33]])
     cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)

@@ -18,8 +18,8 @@ from transformers import Gemma3ForCausalLM
 import mtprobe
 from conftest import chat_ids
 from mtprobe import models
-from mtprobe.adapter import SlidingWindow, sliding_window
 from mtprobe.data import load_prompts
+from mtprobe.target.adapter import SlidingWindow, sliding_window
 
 SPEC = models.KNOWN_MODELS["gemma3-270m"]
 NEW_TOKENS = 24

@@ -362,9 +362,9 @@ def test_prefill_computes_the_logits_the_drafter_reads(config, rows, monkeypatch
     every position or its last ``prompt_logits``); the others get logits from the last prompt token on,
     as HF's generate."""
     from conftest import tiny_llama
-    from mtprobe.adapter import HFAdapter
-    from mtprobe.config import max_prompt_logit_rows
-    from mtprobe.profile import ForwardProfile, ProfileKey
+    from mtprobe.drafters import max_prompt_logit_rows
+    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target.profile import ForwardProfile, ProfileKey
 
     model = tiny_llama()
     if isinstance(config, mtprobe.AutoConfig):

@@ -14,7 +14,8 @@ import torch
 import mtprobe
 from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import cli, heads
-from mtprobe.calibrate import calibration_sequences
+from mtprobe.offline import heads as offline_heads
+from mtprobe.offline.calibration_data import calibration_sequences
 from mtprobe.ops import circuit_prefix_log_marginals
 from tolerances import dtype_id
 
@@ -42,9 +43,9 @@ def _prompts(n: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def features(model) -> heads.Features:
+def features(model) -> offline_heads.Features:
     seqs = calibration_sequences(model, _prompts(8), max_new_tokens=40)
-    return heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
+    return offline_heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def trained(model, features, tmp_path_factory) -> dict[tuple[str, str], str]:
     for kind, emission in itertools.product(KINDS, heads.EMISSIONS):
         torch.manual_seed(0)
         head = heads.new_head(model, _spec(kind, model, emission=emission, adapter_rank=8))
-        stats = heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3)
+        stats = offline_heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3)
         folder = tmp_path_factory.mktemp(f"{kind}-{emission}")
         heads.save_head(head, model, folder, stats)
         out[kind, emission] = str(folder)
@@ -120,9 +121,9 @@ def test_training_lowers_the_held_out_loss(model, features):
     pos, win = features.windows(4)
     torch.manual_seed(0)
     head = heads.new_head(model, _spec("cp", model))
-    before = heads.evaluate_head(head, features.hidden[pos], win, 0.8)
-    stats = heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3)
-    after = heads.evaluate_head(head, features.hidden[pos], win, 0.8)
+    before = offline_heads.evaluate_head(head, features.hidden[pos], win, 0.8)
+    stats = offline_heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3)
+    after = offline_heads.evaluate_head(head, features.hidden[pos], win, 0.8)
     assert after["heldout_loss"] < before["heldout_loss"] - 0.2, (before, after)
     assert stats["steps"] == 150 and stats["heldout_loss"] > 0
 
@@ -168,7 +169,7 @@ def test_a_restricted_head_is_the_whole_head_renormalised_over_its_tokens(
     model, trained, features, emission, given_base
 ):
     head = heads.load_head(trained["btree", emission], model)
-    counts = heads.window_token_counts(features, 4, 96)  # what train_head recorded
+    counts = offline_heads.window_token_counts(features, 4, 96)  # what train_head recorded
     assert torch.equal(head.token_counts, counts)
     assert int(counts.sum()) == 4 * features.windows(4)[0].numel()
     vocab = head.restricted_vocab(20)
@@ -281,7 +282,7 @@ def test_vocab_top_k_needs_token_counts_and_a_size_below_the_vocabulary(
     torch.save({"features": dataclasses.asdict(features), "data": {}}, feats)
     assert cli.main(["heads", "count", str(old), "--features", str(feats), "--model", "tiny"]) == 0
     again = heads.load_head(old, model)
-    assert torch.equal(again.token_counts, heads.window_token_counts(features, 4, 96))
+    assert torch.equal(again.token_counts, offline_heads.window_token_counts(features, 4, 96))
     assert again.stats["data"]["token_counts_from"] == "features.pt"
     with torch.no_grad():  # nothing else changed
         torch.testing.assert_close(again(torch.ones(1, 64)).emissions, head(torch.ones(1, 64)).emissions)
@@ -607,7 +608,9 @@ def test_heads_inside_the_scheduler(model, trained):
             mtprobe.HeadsConfig(path=trained["cp", "lowrank"], block_complexity=8),
             mtprobe.StandConfig(),
         ),
-        profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)),
+        profile=mtprobe.ForwardProfile(
+            mtprobe.target.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)
+        ),
     )
     prompt = _prompts(1, seed=8)[0]
     ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=30)

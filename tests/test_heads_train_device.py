@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 import mtprobe
 from mtprobe import cli, heads, models
+from mtprobe.offline import heads as offline_heads
 from test_cli import _save_tiny
 
 CUDA = torch.cuda.is_available()
@@ -168,7 +169,7 @@ def test_a_head_trained_over_a_bfloat16_copy_is_written_over_the_float32_model(
 
 def test_train_head_refuses_a_budget_that_is_not_positive():
     with pytest.raises(ValueError, match=r"max_seconds=0 must be > 0 \(None: no time budget\)"):
-        heads.train_head(None, None, steps=1, max_seconds=0)  # checked before anything is read
+        offline_heads.train_head(None, None, steps=1, max_seconds=0)  # checked before anything is read
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")

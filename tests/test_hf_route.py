@@ -3,7 +3,7 @@
 Item 1: the decoding mode is model.generate's: a model whose generation_config says do_sample=True
 samples unless the call passes do_sample=False; with do_sample=False the output is token-identical
 to model.generate(do_sample=False). Item 2: every GenerationConfig attribute and generate()
-parameter of the installed transformers is classified in mtprobe.hf_route.HF_ARGUMENTS; drafter
+parameter of the installed transformers is classified in mtprobe.decode.hf_arguments.HF_ARGUMENTS; drafter
 arguments map onto mtprobe's drafters, other decoding methods are refused by name.
 """
 
@@ -19,8 +19,9 @@ from transformers.generation.utils import GenerationMixin
 
 import mtprobe
 from conftest import NullStreamer, tiny_llama
-from mtprobe.generate import decoding_mode
-from mtprobe.hf_route import HANDLINGS, HF_ARGUMENTS, INERT, MAPPED, REFUSED, resolve_config
+from mtprobe.decode.hf_arguments import HANDLINGS, HF_ARGUMENTS, INERT, MAPPED, REFUSED
+from mtprobe.decode.hf_call import decoding_mode
+from mtprobe.drafters.from_hf import resolve_config
 from test_sampling import ALPHA, chi_square_pvalue, tiny_config
 
 IDS = torch.tensor([[3, 7, 11, 5, 3, 7, 11, 5, 3, 7]])
@@ -67,7 +68,7 @@ def test_every_installed_argument_is_classified():
     # nobody has decided about, and when the table names one transformers no longer has.
     installed = installed_arguments()
     assert sorted(installed - set(HF_ARGUMENTS)) == [], (
-        "unclassified: add them to mtprobe.hf_route.HF_ARGUMENTS"
+        "unclassified: add them to mtprobe.decode.hf_arguments.HF_ARGUMENTS"
     )
     assert sorted(set(HF_ARGUMENTS) - installed) == [], "stale entries in HF_ARGUMENTS"
     for name, arg in HF_ARGUMENTS.items():
@@ -161,7 +162,7 @@ def test_a_filled_cache_of_the_callers_is_refused(tiny, route, name):
     # transformers 5.2x renamed the argument (past_key_values warns until 5.40): both names are caught.
     from transformers import DynamicCache
 
-    from mtprobe.adapter import cache_argument
+    from mtprobe.target.adapter import cache_argument
 
     if name == "cache" and cache_argument(tiny) != "cache":
         pytest.skip("this transformers predates the cache= argument")
@@ -335,7 +336,7 @@ def test_model_generation_config_sampling_is_followed(sampling_model, caplog):
     n = 300
     counts = torch.zeros(V, dtype=torch.long)
     torch.manual_seed(2)
-    with caplog.at_level(logging.INFO, logger="mtprobe.generate"):
+    with caplog.at_level(logging.INFO, logger="mtprobe.decode.generate"):
         for _ in range(n):
             out = mtprobe.generate(sampling_model, PROMPT, max_new_tokens=1)
             counts[int(out.sequences[0, -1])] += 1
@@ -346,7 +347,7 @@ def test_model_generation_config_sampling_is_followed(sampling_model, caplog):
     logged = [
         r
         for r in caplog.records
-        if r.name == "mtprobe.generate" and "generation_config says do_sample=True" in r.getMessage()
+        if r.name == "mtprobe.decode.generate" and "generation_config says do_sample=True" in r.getMessage()
     ]
     assert len(logged) == n
     assert "Pass do_sample=False for greedy decoding" in logged[0].getMessage()
@@ -355,9 +356,9 @@ def test_model_generation_config_sampling_is_followed(sampling_model, caplog):
 @pytest.mark.parametrize("route", ROUTES)
 def test_sampling_source_is_logged_only_when_the_model_chose_it(sampling_model, tiny, route, caplog):
     def messages():
-        return [r.getMessage() for r in caplog.records if r.name == "mtprobe.generate"]
+        return [r.getMessage() for r in caplog.records if r.name == "mtprobe.decode.generate"]
 
-    with caplog.at_level(logging.INFO, logger="mtprobe.generate"):
+    with caplog.at_level(logging.INFO, logger="mtprobe.decode.generate"):
         ROUTES[route](sampling_model, PROMPT, max_new_tokens=2)
         assert any("generation_config says do_sample=True" in m for m in messages())
         caplog.clear()
@@ -454,7 +455,7 @@ def test_an_auto_config_with_the_quantized_self_draft_shares_one_prefill(tiny):
 
 def test_shared_prefill_serves_only_the_same_prefill(tiny):
     # Other inputs, another hidden layer or another prefill cut: no copy, the adapter runs the model.
-    from mtprobe.adapter import HFAdapter, SharedPrefill
+    from mtprobe.target.adapter import HFAdapter, SharedPrefill
 
     share = SharedPrefill()
     tokens, pos = IDS[0], torch.arange(IDS.shape[1])[None]  # [L], [1, L]
@@ -505,7 +506,7 @@ def test_num_return_sequences_bad_input(tiny, route):
 def test_a_prefill_that_skips_the_prompts_logits_returns_zeros_in_their_rows(tiny):
     # prefill_logits_from = k: rows 0..k-1 are not computed (logits_to_keep) but keep their places as
     # zeros; the rows from k on are the full prefill's.
-    from mtprobe.adapter import HFAdapter
+    from mtprobe.target.adapter import HFAdapter
 
     tokens = torch.tensor([3, 7, 11, 5, 9, 2, 4])
     pos = torch.arange(tokens.shape[0]).view(1, -1)

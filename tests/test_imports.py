@@ -13,6 +13,7 @@ for the root package, which every submodule import runs first.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "mtprobe"
@@ -210,3 +211,108 @@ def test_deferred_imports_have_a_reason() -> None:
     used = {(module, imported) for module, imported, _ in found}
     stale = sorted(set(DEFERRED) - used) + sorted(set(OPTIONAL) - {imported for _, imported in used})
     assert not stale, f"reasons for deferred imports that no longer exist (remove them): {stale}"
+
+
+# --- the floors ------------------------------------------------------------------------------------
+
+# The package's floors, lowest first (CONTRIBUTING.md, "Layout"): a module imports its own floor and
+# those below it, never one above. The deepest prefix that names a module decides its floor.
+FLOORS: dict[str, int] = {
+    # 1: what everything needs, importing nothing above it
+    "mtprobe._jsonl": 1,
+    "mtprobe.registry": 1,
+    "mtprobe.identity": 1,
+    "mtprobe.state": 1,
+    "mtprobe.ops": 1,
+    "mtprobe.tree_attention": 1,
+    "mtprobe.models": 1,
+    "mtprobe.data": 1,
+    "mtprobe.reference": 1,
+    "mtprobe.analysis": 1,
+    # 2: the CPU's kernels and routes; 3: the target model as the loop sees it
+    "mtprobe.cpu": 2,
+    "mtprobe.target": 3,
+    # 4: what drafters are made of; 5: the drafters, one module a method; 6: the decode path
+    "mtprobe.heads": 4,
+    "mtprobe.topology": 4,
+    "mtprobe.drafters": 5,
+    "mtprobe.decode": 6,
+    # 7: the offline builders and the Spec-Bench harness; 8: the programs; 9: the package's face
+    "mtprobe.offline": 7,
+    "mtprobe.specbench": 7,
+    "mtprobe.cli": 8,
+    "mtprobe.__main__": 8,
+    "mtprobe": 9,
+}
+# Modules of floor 1 that import nothing of the package at all (the extension aside).
+ALONE = ("mtprobe.identity", "mtprobe.state", "mtprobe.registry", "mtprobe.models")
+
+
+def floor_of(module: str) -> int | None:
+    name = module
+    while name:
+        if name in FLOORS:
+            return FLOORS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def upward_imports(edges: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Every edge from a lower floor to a higher one, as ``a (floor) -> b (floor): lines``."""
+    found = []
+    for a, targets in sorted(edges.items()):
+        for b, lines in sorted(targets.items()):
+            if floor_of(a) is not None and floor_of(b) is not None and floor_of(b) > floor_of(a):
+                found.append(f"{a} ({floor_of(a)}) -> {b} ({floor_of(b)}): lines {lines}")
+    return found
+
+
+def test_the_floor_check_finds_an_import_that_points_up() -> None:
+    edges = {
+        "mtprobe.cpu.machine": {"mtprobe.target.adapter": [3]},
+        "mtprobe.decode.generate": {"mtprobe.cpu": [1]},
+    }
+    assert upward_imports(edges) == ["mtprobe.cpu.machine (2) -> mtprobe.target.adapter (3): lines [3]"]
+
+
+def test_every_module_has_a_floor_and_imports_point_down() -> None:
+    edges = import_edges(PACKAGE)
+    unplaced = sorted(m for m in edges if floor_of(m) is None)
+    assert not unplaced, f"modules on no floor (add their package to FLOORS): {unplaced}"
+    up = upward_imports(edges)
+    assert not up, "imports that point up a floor:\n" + "\n".join(up)
+
+
+def test_the_lowest_modules_import_nothing_of_the_package() -> None:
+    edges = import_edges(PACKAGE)
+    for module in ALONE:
+        own = {m for m in edges if m == module or m.startswith(module + ".")}
+        outside = {b for a in own for b in edges[a] if b not in own}
+        assert not outside, f"{module} imports {sorted(outside)}; it must import nothing of mtprobe"
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert not long, f"modules over 600 lines (split them by concept): {long}"
+
+
+def test_no_method_configuration_is_tested_outside_the_drafters() -> None:
+    # What a method adds to the shared path is on its registration (mtprobe.registry.Method's hooks and
+    # flags); the decode path, the harness and the programs never ask a configuration's class.
+    configs = (
+        "PlainConfig|ProbeConfig|PromptLookupConfig|StandConfig|LookaheadConfig|HybridConfig|DraftModelConfig"
+        "|EntMTPConfig|HeadsConfig|AutoConfig|GreedyConfig|HFPromptLookupConfig"
+    )
+    pattern = re.compile(r"isinstance\([^)]*\b(" + configs + r")\b")
+    found = [
+        f"{p.relative_to(PACKAGE)}:{i}"
+        for p in PACKAGE.rglob("*.py")
+        if "drafters" not in p.relative_to(PACKAGE).parts
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, f"isinstance tests of a method's configuration outside mtprobe/drafters/: {found}"

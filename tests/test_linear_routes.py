@@ -1,4 +1,4 @@
-"""mtprobe.linear_routes and its choice in mtprobe.profile: which linears a route swaps, the route of
+"""mtprobe.cpu.linear_routes and its choice in mtprobe.target.profile: which linears a route swaps, the route of
 each block size, the measurement and its caches, the adapter taking a decode step's route, and greedy
 output unchanged under every route.
 
@@ -19,9 +19,8 @@ from torch import nn
 
 import mtprobe
 from conftest import QuietMachine, tiny_llama
-from mtprobe import linear_routes, machine, profile, small_batch_linear
-from mtprobe.adapter import HFAdapter
-from mtprobe.linear_routes import (
+from mtprobe.cpu import linear_routes, machine, small_batch_linear
+from mtprobe.cpu.linear_routes import (
     BLOCK_SIZES,
     ENV,
     PACKED,
@@ -36,7 +35,9 @@ from mtprobe.linear_routes import (
     forced_route,
     routable_linears,
 )
-from mtprobe.profile import ForwardProfile, ProfileKey, chain_mask, choose_linear_routes
+from mtprobe.target import profile
+from mtprobe.target.adapter import HFAdapter
+from mtprobe.target.profile import ForwardProfile, ProfileKey, chain_mask, choose_linear_routes
 
 requires_simd = pytest.mark.skipif(
     not small_batch_linear.simd(), reason="this CPU has no AVX2/FMA: the small-batch route cannot run"

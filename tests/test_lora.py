@@ -1,4 +1,4 @@
-"""LoRA draft layers of circuit heads (python/mtprobe/lora.py): an untrained adapter is the backbone's
+"""LoRA draft layers of circuit heads (python/mtprobe/heads/lora.py): an untrained adapter is the backbone's
 own last layers, the draft's cache follows the committed tokens step by step, the backbone is never
 trained, and decoding with trained adapters is token-identical to greedy."""
 
@@ -10,8 +10,9 @@ import torch
 import mtprobe
 from conftest import tiny_llama
 from mtprobe import cli, heads
-from mtprobe.calibrate import calibration_sequences
-from mtprobe.lora import DraftLayers, LoraLinear
+from mtprobe.heads.lora import DraftLayers, LoraLinear
+from mtprobe.offline import heads as offline_heads
+from mtprobe.offline.calibration_data import calibration_sequences
 from test_heads import _prompts
 
 
@@ -38,7 +39,9 @@ def base_head(model, sequences, tmp_path_factory) -> str:
     """A CP head without LoRA, trained briefly on the model's own greedy text."""
     torch.manual_seed(0)
     head = heads.new_head(model, _spec(model))
-    stats = heads.train_head(head, heads.compute_features(model, sequences), steps=150, lr=3e-3)
+    stats = offline_heads.train_head(
+        head, offline_heads.compute_features(model, sequences), steps=150, lr=3e-3
+    )
     folder = tmp_path_factory.mktemp("cp")
     heads.save_head(head, model, folder, stats)
     return str(folder)
@@ -53,9 +56,9 @@ def lora_heads(model, sequences, base_head, tmp_path_factory) -> dict[int | str,
         torch.manual_seed(1 if k == "draft" else k)
         layers, base = (1, "draft") if k == "draft" else (k, "target")
         head = heads.new_head(model, _spec(model, lora_layers=layers, lora_rank=4, lora_base=base))
-        heads.init_from(head, heads.load_head(base_head, model))
-        feats = heads.compute_features(model, sequences, layer=head.hidden_layer)
-        stats = heads.train_head(head, feats, steps=30, batch_size=16, lr=3e-4)
+        offline_heads.init_from(head, heads.load_head(base_head, model))
+        feats = offline_heads.compute_features(model, sequences, layer=head.hidden_layer)
+        stats = offline_heads.train_head(head, feats, steps=30, batch_size=16, lr=3e-4)
         folder = tmp_path_factory.mktemp(f"lora{k}")
         heads.save_head(head, model, folder, stats)
         out[k] = str(folder)
@@ -88,7 +91,7 @@ def test_zero_adapters_draft_what_the_base_head_drafts(model, base_head, tmp_pat
     # The whole decode path (the adapter's hidden layer, the committed rows, the positions, the cache)
     # against the head without LoRA: with B = 0 every step's draft, hence every accept length, agrees.
     head = heads.new_head(model, _spec(model, lora_layers=2, lora_rank=4))
-    heads.init_from(head, heads.load_head(base_head, model))
+    offline_heads.init_from(head, heads.load_head(base_head, model))
     heads.save_head(head, model, tmp_path, {})
     for prompt in _prompts(3):
         a = mtprobe.generate(
@@ -126,7 +129,7 @@ def test_a_lora_head_inside_the_scheduler(model, lora_heads, base_head):
     # The other drafters read no hidden states, so they do not stop the forward from returning the
     # draft layers' input (they did: "different hidden states ([-1, 2])"); two heads that read
     # different layers still cannot share one forward.
-    flat = mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),))
+    flat = mtprobe.ForwardProfile(mtprobe.target.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),))
     head = mtprobe.HeadsConfig(path=lora_heads[1], block_complexity=8)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=4), mtprobe.StandConfig(block_complexity=6), head),
@@ -145,9 +148,9 @@ def test_a_lora_head_inside_the_scheduler(model, lora_heads, base_head):
 def test_training_leaves_the_backbone_alone(model, sequences, base_head):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     head = heads.new_head(model, _spec(model, lora_layers=1, lora_rank=4))
-    heads.init_from(head, heads.load_head(base_head, model))
-    feats = heads.compute_features(model, sequences, layer=head.hidden_layer)
-    stats = heads.train_head(head, feats, steps=5, batch_size=8, lr=1e-2)
+    offline_heads.init_from(head, heads.load_head(base_head, model))
+    feats = offline_heads.compute_features(model, sequences, layer=head.hidden_layer)
+    stats = offline_heads.train_head(head, feats, steps=5, batch_size=8, lr=1e-2)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
     assert stats["steps"] == 150 + 5  # continued from the base head's 150
     # The adapters moved; the draft's copies of the norms did not.
@@ -351,10 +354,10 @@ def test_bad_input(model, sequences, base_head):
         DraftLayers(mistral, num_layers=1, rank=4)
     head = heads.new_head(model, _spec(model, lora_layers=1))
     with pytest.raises(ValueError, match=r"hidden_states\[-1\]"):  # features of the wrong layer
-        heads.train_head(head, heads.compute_features(model, sequences[:2]), steps=1)
-    feats = heads.compute_features(model, sequences[:2], layer=head.hidden_layer)
+        offline_heads.train_head(head, offline_heads.compute_features(model, sequences[:2]), steps=1)
+    feats = offline_heads.compute_features(model, sequences[:2], layer=head.hidden_layer)
     with pytest.raises(ValueError, match="hold no last hidden state"):  # features from before `last`
-        heads.train_head(head, heads.Features(**{**vars(feats), "last": None}), steps=1)
+        offline_heads.train_head(head, offline_heads.Features(**{**vars(feats), "last": None}), steps=1)
     step = head.step_fn()
     x, logits = torch.randn(4, model.config.hidden_size), torch.randn(model.config.vocab_size)
     step(x, logits, 0)

@@ -1,4 +1,4 @@
-"""mtprobe.machine: the load meter whose share a cached measurement records, so that one made on a
+"""mtprobe.cpu.machine: the load meter whose share a cached measurement records, so that one made on a
 busy machine is measured again once the machine is quiet."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from mtprobe import machine
-from mtprobe.machine import BUSY_SHARE, OtherLoad
+from mtprobe.cpu import machine
+from mtprobe.cpu.machine import BUSY_SHARE, OtherLoad
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")

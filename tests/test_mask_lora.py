@@ -1,4 +1,4 @@
-"""A mask LoRA (python/mtprobe/adapter.py ``mask_lora``, ``calibrate --mask-lora``): a low-rank change of
+"""A mask LoRA (python/mtprobe/target/mask_hooks.py ``mask_lora``, ``calibrate --mask-lora``): a low-rank change of
 the model's projections at the mask inputs only. Token inputs, and so verification and the output, stay
 exactly as they were; the calibration learns it, files carry it, and bad ones are refused by name."""
 
@@ -9,8 +9,10 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe import adapter
-from mtprobe.calibrate import MaskCalibration, calibrate_masks, mask_loss, model_identity, score_calibration
+from mtprobe.identity import model_identity
+from mtprobe.offline.calibrate import calibrate_masks, mask_loss, score_calibration
+from mtprobe.target import mask_hooks
+from mtprobe.target.mask_calibration import MaskCalibration
 from test_calibrate import _assert_greedy, _prompts, tiny_model
 
 
@@ -23,8 +25,8 @@ def _random_lora(model, rank: int = 2, scale: float = 1.0, seed: int = 0) -> dic
     """A LoRA of every projection with nonzero A and B (a trained one has both)."""
     g = torch.Generator().manual_seed(seed)
     lora = {}
-    for i, layer in enumerate(adapter.decoder_layers(model)):
-        for name in adapter.MASK_LORA_MODULES:
+    for i, layer in enumerate(mask_hooks.decoder_layers(model)):
+        for name in mask_hooks.MASK_LORA_MODULES:
             lin = layer.get_submodule(name)
             lora[f"{i}.{name}.A"] = (
                 torch.randn(rank, lin.in_features, generator=g) * scale / lin.in_features**0.5
@@ -40,15 +42,15 @@ def test_the_lora_changes_the_mask_inputs_only(model):
     torch.manual_seed(0)
     ids = torch.randint(0, 96, (1, 7))
     x = torch.cat([model.get_input_embeddings()(ids), torch.randn(1, 2, 64) * 0.3], dim=1)  # [1, 9, hidden]
-    layers = adapter.decoder_layers(model)
+    layers = mask_hooks.decoder_layers(model)
     with torch.no_grad():
         plain = model(inputs_embeds=x).logits[0]  # [9, vocab]
-        with adapter.mask_lora(layers, _random_lora(model), start=7):
+        with mask_hooks.mask_lora(layers, _random_lora(model), start=7):
             adapted = model(inputs_embeds=x).logits[0]
     assert torch.equal(adapted[:7], plain[:7])
     assert (adapted[7:] - plain[7:]).abs().max() > 1e-3
     assert all(
-        not layer.get_submodule(n)._forward_hooks for layer in layers for n in adapter.MASK_LORA_MODULES
+        not layer.get_submodule(n)._forward_hooks for layer in layers for n in mask_hooks.MASK_LORA_MODULES
     )
 
 
@@ -92,9 +94,9 @@ def test_a_mask_lora_is_token_identical_to_greedy(model, lora_file, method):
     }[method]
     _assert_greedy(model, cfg)
     # The hooks live only inside mtprobe's own forwards.
-    layers = adapter.decoder_layers(model)
+    layers = mask_hooks.decoder_layers(model)
     assert all(
-        not layer.get_submodule(n)._forward_hooks for layer in layers for n in adapter.MASK_LORA_MODULES
+        not layer.get_submodule(n)._forward_hooks for layer in layers for n in mask_hooks.MASK_LORA_MODULES
     )
 
 
@@ -154,7 +156,7 @@ def learned(model, tmp_path_factory) -> tuple[MaskCalibration, str]:
 def test_calibration_learns_a_mask_lora(model, learned):
     cal, path = learned
     assert cal.mask_lora is not None
-    assert len(cal.mask_lora) == 2 * len(adapter.MASK_LORA_MODULES) * len(adapter.decoder_layers(model))
+    assert len(cal.mask_lora) == 2 * len(mask_hooks.MASK_LORA_MODULES) * len(mask_hooks.decoder_layers(model))
     assert all(cal.mask_lora[k].abs().sum() > 0 for k in cal.mask_lora if k.endswith(".B"))  # B left zero
     s = cal.stats
     assert s["mask_lora_rank"] == 2
@@ -246,7 +248,7 @@ def test_a_lora_for_another_model_is_refused(learned):
 )  # fmt: skip
 def test_bad_loras_are_named(model, edit, match):
     with pytest.raises(ValueError, match=match):
-        adapter.checked_mask_lora(edit(_random_lora(model)), adapter.decoder_layers(model))
+        mask_hooks.checked_mask_lora(edit(_random_lora(model)), mask_hooks.decoder_layers(model))
 
 
 def test_bad_files_and_arguments(model):

@@ -1,4 +1,4 @@
-"""Mask temperatures (``MaskCalibration.mask_temperature``, ``adapter.scale_mask_logits``): decoding divides
+"""Mask temperatures (``MaskCalibration.mask_temperature``, ``mask_hooks.scale_mask_logits``): decoding divides
 mask j's logits by its fitted temperature. They shape the draft tree only: token logits, verification and
 the output stay exactly as they were; the fit minimises the held-out loss; bad values are named."""
 
@@ -10,14 +10,11 @@ import pytest
 import torch
 
 import mtprobe
-from mtprobe import adapter, calibrate
-from mtprobe.calibrate import (
-    MaskCalibration,
-    calibrate_masks,
-    fit_mask_temperature,
-    model_identity,
-    score_calibration,
-)
+from mtprobe.identity import model_identity
+from mtprobe.offline import calibrate, calibration_data
+from mtprobe.offline.calibrate import calibrate_masks, fit_mask_temperature, score_calibration
+from mtprobe.target import adapter, mask_hooks
+from mtprobe.target.mask_calibration import MaskCalibration
 from test_calibrate import _assert_greedy, _prompts, tiny_model
 from test_mask_lora import calibrate_argv
 
@@ -39,12 +36,14 @@ def test_scale_mask_logits_divides_the_mask_rows_only():
     logits = torch.arange(16.0).reshape(8, 2)  # [T, vocab]
     want = logits.clone()
     want[3:] /= torch.tensor([2.0, 4.0, 2.0, 4.0, 2.0])[:, None]
-    rows = adapter.mask_row_temperature(torch.tensor([2.0, 4.0]), 5)
+    rows = mask_hooks.mask_row_temperature(torch.tensor([2.0, 4.0]), 5)
     assert torch.equal(rows, torch.tensor([2.0, 4.0, 2.0, 4.0, 2.0]))
-    adapter.scale_mask_logits(logits, adapter.mask_row_temperature(torch.tensor([2.0, 4.0]), 64), start=3)
+    mask_hooks.scale_mask_logits(
+        logits, mask_hooks.mask_row_temperature(torch.tensor([2.0, 4.0]), 64), start=3
+    )
     assert torch.equal(logits, want)  # a longer row vector (the adapter's cache) reads its first 5
     same = torch.ones(3, 2)
-    adapter.scale_mask_logits(same, rows, start=3)  # no mask rows: nothing to do
+    mask_hooks.scale_mask_logits(same, rows, start=3)  # no mask rows: nothing to do
     assert torch.equal(same, torch.ones(3, 2))
 
 
@@ -60,7 +59,7 @@ def test_the_calibration_fits_temperatures_on_the_held_out_prompts(model, learne
     held = _prompts(6)[-2:]
     best = score_calibration(model, learned, held, max_new_tokens=24)
     assert best["loss"] == pytest.approx(fit["loss_after"]["loss"], rel=1e-5)
-    data = calibrate._continuations(model, held, 24, 1)  # score_calibration's data, built once
+    data = calibration_data._continuations(model, held, 24, 1)  # score_calibration's data, built once
     offsets = learned.offsets_for(2)
     moves = 0
     for j in range(2):

@@ -192,12 +192,12 @@ def test_memory_is_shared_per_model_and_settings(llama):
     # a memory does not outlive its model
     other = tiny_llama(seed=2)
     ngram_memory(other, a).fold([1, 2, 3])
-    from mtprobe import drafters
+    from mtprobe import state
 
-    count = len(drafters._NGRAM_MEMORIES)
+    count = len(state._STATES)
     del other
     gc.collect()
-    assert len(drafters._NGRAM_MEMORIES) == count - 1
+    assert len(state._STATES) == count - 1
 
 
 def test_an_auto_generation_folds_its_text_once(llama):

@@ -1,4 +1,4 @@
-"""The static forward plan (mtprobe.plan): a fixed KV buffer written at device positions, block-size
+"""The static forward plan (mtprobe.target.plan): a fixed KV buffer written at device positions, block-size
 buckets with padding, and the one-read step. On the CPU it runs eager; every output must be HF
 greedy's, padded or not, and the padding must be invisible to every real input."""
 
@@ -10,8 +10,8 @@ import torch
 import mtprobe
 from conftest import cpu_decode_loop, tiny_llama
 from mtprobe import _C
-from mtprobe.adapter import HFAdapter
-from mtprobe.plan import ForwardPlan, PlanConfig, chain_mask, padded_mask
+from mtprobe.target.adapter import HFAdapter
+from mtprobe.target.plan import ForwardPlan, PlanConfig, chain_mask, padded_mask
 
 MIN = torch.finfo(torch.float32).min
 
@@ -337,7 +337,9 @@ def test_the_graph_path_with_hidden_states_and_a_real_model(stand_in_graphs, smo
 def test_a_model_keeps_its_plan_and_graphs_across_calls(stand_in_graphs):
     """Captures are paid once per model and bucket: the next call with an equal PlanConfig reuses the
     plan (its KV buffer and graphs); another configuration, dtype or a released model gets a new one."""
-    from mtprobe import plan as plan_module
+    from mtprobe.state import kept as has_state
+    from mtprobe.state import state_of
+    from mtprobe.target import plan as plan_module
 
     model = tiny_llama()
     plan_module.release(model)
@@ -351,17 +353,17 @@ def test_a_model_keeps_its_plan_and_graphs_across_calls(stand_in_graphs):
         return out
 
     first = run()
-    kept = plan_module._PLANS[model]
+    kept = state_of(model).plan
     second = run()
-    assert plan_module._PLANS[model] is kept and not kept.busy
+    assert state_of(model).plan is kept and not kept.busy
     assert first.plan["graphs"] >= 1 and second.plan["graphs"] == 0  # nothing captured again
     assert second.plan["graphs_held"] == first.plan["graphs_held"] and second.plan["replays"] > 0
     run(method="hybrid")  # another drafter, same plan: its buckets are captured once, then replayed
-    assert plan_module._PLANS[model] is kept
+    assert state_of(model).plan is kept
     run(PlanConfig(cuda_graphs=True, buckets=(1, 4, 16)))  # another configuration: another plan
-    assert plan_module._PLANS[model] is not kept
+    assert state_of(model).plan is not kept
     plan_module.release(model)
-    assert model not in plan_module._PLANS
+    assert not has_state(model) or state_of(model).plan is None
 
 
 def test_layer_offsets_run_eager_in_their_call_only(stand_in_graphs):

@@ -16,9 +16,9 @@ import torch
 
 import mtprobe
 from conftest import chat_ids, load_benchmark, tiny_llama
-from mtprobe.config import MASK_INITS
+from mtprobe.drafters.mask_probe import MASK_INITS
 
-generate_module = importlib.import_module("mtprobe.generate")
+generate_module = importlib.import_module("mtprobe.decode.generate")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def masks_file(tiny, tmp_path_factory) -> str:
     """Four masks learned for ``tiny`` (mask_init='calibrated' takes the first k)."""
-    from mtprobe.calibrate import calibrate_masks
+    from mtprobe.offline.calibrate import calibrate_masks
 
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 95, (1, 8), generator=gen) for _ in range(3)]

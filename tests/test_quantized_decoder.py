@@ -13,9 +13,10 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe import draft_model
-from mtprobe.adapter import HFAdapter
-from mtprobe.draft_model import DECODER_ENV, quantized, quantized_decoder, why_no_decoder
+from mtprobe.state import state_of
+from mtprobe.target import self_draft as draft_model
+from mtprobe.target.adapter import HFAdapter
+from mtprobe.target.self_draft import DECODER_ENV, quantized, quantized_decoder, why_no_decoder
 
 
 def _hf_and_decoder_steps(model, tokens: list[int]) -> tuple[list[float], list[float]]:
@@ -95,7 +96,8 @@ def test_generation_runs_its_drafts_through_the_decoder_and_stays_greedy(monkeyp
             steps.append(args[1])
             return decoder.step(*args)
 
-    monkeypatch.setitem(draft_model._DECODERS, draft, Counting())
+    monkeypatch.setattr(state_of(draft), "decoder", Counting())
+    monkeypatch.setattr(state_of(draft), "decoder_checked", True)
     hf_forwards = []
     handle = draft.register_forward_pre_hook(lambda *_: hf_forwards.append(1))
     try:

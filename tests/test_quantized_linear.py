@@ -11,7 +11,7 @@ from torch.library import opcheck
 
 import mtprobe
 from mtprobe import _C
-from mtprobe import quantized_linear as ql
+from mtprobe.cpu import quantized_linear as ql
 from mtprobe.reference import quantized_linear as reference
 from mtprobe.reference.quantized_linear import quantized_weight
 

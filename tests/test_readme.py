@@ -114,7 +114,7 @@ def test_auto_config_example(tmp_path, monkeypatch):
     coarse = functools.partial(
         mtprobe.profile_forward, block_sizes=(1, 4, 16, 64), context_lengths=(64, 256), repeats=1, warmup=1
     )
-    monkeypatch.setattr(mtprobe.drafters, "profile_forward", coarse)
+    monkeypatch.setattr(mtprobe.drafters.auto, "profile_forward", coarse)
     use, auto = python_blocks()[0], block_with("cfg = mtprobe.AutoConfig()")
     ns: dict = {}
     exec(compile(use.replace("max_new_tokens=128", "max_new_tokens=4"), "README.md (Use)", "exec"), ns)

@@ -118,6 +118,20 @@ def test_a_drafter_added_through_the_registry_alone(toy, model):
     assert torch.equal(by_dict.sequences, out.sequences)
 
 
+def test_a_drafter_that_takes_the_target_is_handed_the_generations_adapter(toy, model):
+    # takes_target=True: the factory gets the generation's own target adapter, built before the drafter,
+    # with its KV cache (what the quantized self-draft copies entries from); the others never see it.
+    from mtprobe.target.adapter import HFAdapter
+
+    mtprobe.register_method(dataclasses.replace(registry.get("toy"), takes_target=True), replace=True)
+    CALLS.clear()
+    out = mtprobe.generate(model, PROMPT, ToyConfig(depth=3), max_new_tokens=NEW, eos_token_id=None)
+    assert torch.equal(out.sequences, _greedy(model))
+    target = CALLS[-1]["target"]
+    assert isinstance(target, HFAdapter) and target.model is model
+    assert target.cache.layers[0].is_initialized  # the very adapter the loop ran: it holds the prompt
+
+
 def test_the_harness_knows_the_toy_and_its_option(toy, model):
     from mtprobe.specbench.__main__ import _build_parser
 

@@ -21,8 +21,8 @@ from transformers.generation.logits_process import (
 
 import mtprobe
 from mtprobe import _C
-from mtprobe.adapter import HFAdapter
 from mtprobe.reference.lookahead import LookaheadPool
+from mtprobe.target.adapter import HFAdapter
 
 V = 16
 ALPHA = 1e-3  # false-alarm rate of each test; the seeds are fixed, so each run is deterministic
@@ -164,7 +164,7 @@ def exact_triple_distribution(model, prompt: torch.Tensor) -> torch.Tensor:
 def _calibrated_masks(model, path, temperature=None, **learn) -> str:
     import dataclasses
 
-    from mtprobe.calibrate import calibrate_masks
+    from mtprobe.offline.calibrate import calibrate_masks
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (1, 5), generator=g) for _ in range(3)]
@@ -182,7 +182,7 @@ def test_mask_probe_sampling_is_exact(tiny, tmp_path, masks):
     with torch.no_grad():
         exact = exact_triple_distribution(tiny, prompt).reshape(-1)  # [V^3]
     extra = {}
-    if masks == "calibrated":  # masks learned for the tiny model (python/mtprobe/calibrate.py)
+    if masks == "calibrated":  # masks learned for the tiny model (python/mtprobe/offline/calibrate.py)
         extra = dict(mask_init="calibrated", mask_path=_calibrated_masks(tiny, tmp_path / "tiny.safetensors"))
     if masks == "planned":  # two masks on the likely ends only (ProbeConfig.mask_value)
         extra = dict(num_masks=2, mask_value=0.3)
@@ -226,7 +226,7 @@ def sample_triples(model, prompt: torch.Tensor, cfg, seed: int) -> tuple[torch.T
 def test_circuit_heads_sampling_is_exact(tiny, tmp_path, monkeypatch, circuit, lora, base, top_k, bank):
     # As for probing: the prefill samples x1 and the head's circuit (trained briefly on the model's own
     # text) drafts two sibling x2 candidates from q(x2 | x1), verified by rejection sampling with q.
-    # lora = 1: the draft reads its own LoRA copy of the last layer (mtprobe/lora.py); base: whose
+    # lora = 1: the draft reads its own LoRA copy of the last layer (mtprobe/heads/lora.py); base: whose
     # logits its emissions build on. top_k: the head emits only 3/4 of the vocabulary and the target's two
     # most probable next tokens (q = 0 elsewhere; 16 of them would be the whole vocabulary here).
     # bank: EntMTP's static tree instead, filled with the circuit's three most probable x2 and the best
@@ -234,13 +234,14 @@ def test_circuit_heads_sampling_is_exact(tiny, tmp_path, monkeypatch, circuit, l
     from mtprobe import heads
 
     monkeypatch.setattr(heads, "ROOT_CANDIDATES", 2)
-    from mtprobe.calibrate import calibration_sequences
+    from mtprobe.offline import heads as offline_heads
+    from mtprobe.offline.calibration_data import calibration_sequences
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (1, 5), generator=g) for _ in range(6)]
     seqs = calibration_sequences(tiny, prompts, max_new_tokens=30)
     layer = tiny.config.num_hidden_layers - lora if lora else -1
-    features = heads.compute_features(tiny, [(ids, plen - 1) for ids, plen in seqs], layer=layer)
+    features = offline_heads.compute_features(tiny, [(ids, plen - 1) for ids, plen in seqs], layer=layer)
     spec = heads.HeadSpec(
         circuit,
         window=3,
@@ -252,7 +253,7 @@ def test_circuit_heads_sampling_is_exact(tiny, tmp_path, monkeypatch, circuit, l
     )
     torch.manual_seed(0)
     head = heads.new_head(tiny, spec)
-    heads.save_head(head, tiny, tmp_path, heads.train_head(head, features, steps=100, lr=3e-3))
+    heads.save_head(head, tiny, tmp_path, offline_heads.train_head(head, features, steps=100, lr=3e-3))
     tree = None
     if bank:
         from mtprobe.topology import TopologyBank
@@ -398,7 +399,9 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
         # A flat forward profile: the scheduler verifies the drafts it is offered, so they matter.
         "auto": mtprobe.AutoConfig(
             drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.StandConfig(block_complexity=10)),
-            profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)),
+            profile=mtprobe.ForwardProfile(
+                mtprobe.target.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)
+            ),
         ),
         # The quantized self-draft beside prompt lookup: asked when its forecast beats prompt lookup's
         # cut, its sampled chain verified by rejection sampling.
@@ -407,7 +410,9 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
                 mtprobe.PromptLookupConfig(num_tokens=3),
                 mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3),
             ),
-            profile=mtprobe.ForwardProfile(mtprobe.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)),
+            profile=mtprobe.ForwardProfile(
+                mtprobe.target.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)
+            ),
         ),
         # Thresholds that switch trees on the tiny model's scores, so several shapes are verified.
         "entmtp_ladder": mtprobe.EntMTPConfig(

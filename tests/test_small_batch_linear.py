@@ -2,7 +2,7 @@
 
 The op (torch.ops.mtprobe.small_batch_linear) is checked against the float64 reference within
 float32's rounding bound over awkward shapes, for its errors and with opcheck;
-``mtprobe.small_batch_linear.forward`` for where it hands over to torch's linear, and the switch
+``mtprobe.cpu.small_batch_linear.forward`` for where it hands over to torch's linear, and the switch
 that keeps the op out. How the adapter routes a decode step's linears through it (one route among
 several, chosen by measurement) is tests/test_linear_routes.py's.
 """
@@ -17,7 +17,8 @@ from torch import nn
 from torch.library import opcheck
 
 import mtprobe
-from mtprobe import _C, linear_routes, small_batch_linear
+from mtprobe import _C
+from mtprobe.cpu import linear_routes, small_batch_linear
 from mtprobe.reference import small_batch_linear as reference
 from mtprobe.reference.small_batch_linear import rounding_bound
 

@@ -32,9 +32,9 @@ from mtprobe.specbench import (
     select_questions,
 )
 from mtprobe.specbench.__main__ import main
+from mtprobe.specbench.answers import read_answer_file
 from mtprobe.specbench.methods import GreedyConfig, run_method
 from mtprobe.specbench.questions import task_of
-from mtprobe.specbench.run import read_answer_file
 
 MINI = Path(__file__).parent / "data" / "specbench_mini.jsonl"
 CHOICE_KEYS = {"index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths"}
@@ -646,7 +646,7 @@ def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_default_model_ids_are_short() -> None:
     from mtprobe import DraftModelConfig, HybridConfig, PromptLookupConfig
-    from mtprobe.specbench.run import default_model_id
+    from mtprobe.specbench.metadata import default_model_id
 
     probe, ar = get_method("probe"), get_method("ar")
     assert (
@@ -799,7 +799,7 @@ def test_metadata_round_trip_and_resume_check(
     tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import mtprobe
-    from mtprobe.specbench.run import config_dict
+    from mtprobe.specbench.metadata import config_dict
 
     out = tmp_path / "probe.jsonl"
     args = ("--model", str(tiny), "--method", "probe", "--block-complexity", "10", "--answer-file", str(out))
@@ -1011,7 +1011,8 @@ def test_compare_folder_table_and_figure(tmp_path: Path) -> None:
 
 def test_score_and_compare_name_a_setup_that_differs(tmp_path: Path) -> None:
     from mtprobe.specbench.compare import compare, render_compare_markdown
-    from mtprobe.specbench.score import render_markdown, score
+    from mtprobe.specbench.report import render_markdown
+    from mtprobe.specbench.score import score
 
     tok_dir = tmp_path / "tok"
     word_tokenizer().save_pretrained(tok_dir)
@@ -1140,7 +1141,7 @@ def test_hf_prompt_lookup_counts_its_steps_like_mtprobe_prompt_lookup() -> None:
 def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
     import mtprobe
     from conftest import tiny_llama
-    from mtprobe.profile import ForwardProfile, ProfileKey
+    from mtprobe.target.profile import ForwardProfile, ProfileKey
 
     model = tiny_llama()
     path = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)).save(tmp_path / "p.json")
@@ -1152,7 +1153,7 @@ def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
     ref = model.generate(ids, do_sample=False, max_new_tokens=12, pad_token_id=0)
     assert torch.equal(out.new_ids, ref[0, ids.shape[1] :])
     # --drafters: the drafters to choose among, as JSON or a .json file; the id names their methods.
-    from mtprobe.methods import _drafter_configs
+    from mtprobe.drafters.auto import drafter_configs as _drafter_configs
 
     listed = '[{"method": "stand", "block_complexity": 6}, {"method": "pld", "num_tokens": 3}]'
     (tmp_path / "d.json").write_text(listed)

@@ -11,7 +11,7 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe import adapter
+from mtprobe.target import mask_hooks
 from test_mask_lora import _random_lora
 
 
@@ -42,12 +42,12 @@ def in_another_thread(fn):
 def test_mask_hooks_change_this_threads_forwards_only(model):
     torch.manual_seed(0)
     x = model.get_input_embeddings()(torch.randint(0, 96, (1, 9)))  # [1, 9, hidden]
-    layers = adapter.decoder_layers(model)
+    layers = mask_hooks.decoder_layers(model)
     offsets = torch.randn(len(layers), 64) * 0.5  # [num_layers, hidden]
     plain = model(inputs_embeds=x).logits  # [1, 9, vocab]
     with (
-        adapter.layer_offsets(layers, offsets, start=5),
-        adapter.mask_lora(layers, _random_lora(model), start=5),
+        mask_hooks.layer_offsets(layers, offsets, start=5),
+        mask_hooks.mask_lora(layers, _random_lora(model), start=5),
     ):
         mine = model(inputs_embeds=x).logits
         other = in_another_thread(lambda: model(inputs_embeds=x).logits)
@@ -60,7 +60,7 @@ def test_a_generation_with_calibrated_masks_leaves_another_threads_generate_alon
     # its mask forwards (its hooks registered) while thread B runs HF greedy on the same model.
     ids = torch.tensor([[3, 7, 11, 5, 3, 7, 11, 5]])
     want = model.generate(ids, do_sample=False, max_new_tokens=6)
-    layers = adapter.decoder_layers(model)
+    layers = mask_hooks.decoder_layers(model)
     offsets = torch.randn(len(layers), 64) * 0.5
     seen = {}
     main = threading.get_ident()
@@ -73,33 +73,13 @@ def test_a_generation_with_calibrated_masks_leaves_another_threads_generate_alon
     handle = layers[0].register_forward_pre_hook(hold, with_kwargs=True)
     try:
         with (
-            adapter.layer_offsets(layers, offsets, start=4),
-            adapter.mask_lora(layers, _random_lora(model), start=4),
+            mask_hooks.layer_offsets(layers, offsets, start=4),
+            mask_hooks.mask_lora(layers, _random_lora(model), start=4),
         ):
             model(ids)  # this thread's forward, the hooks registered: B runs inside it
     finally:
         handle.remove()
     assert torch.equal(seen["other"], want)
-
-
-def test_the_running_target_is_this_contexts(model):
-    # The quantized self-draft copies the KV entries of the target its own generation runs: each thread
-    # sees the one it set, none where it set none.
-    from mtprobe.drafters import _RUNNING_TARGET, running_target
-
-    mine = adapter.HFAdapter(model, 32)
-    with running_target(mine):
-        assert _RUNNING_TARGET.get() is mine
-        assert in_another_thread(_RUNNING_TARGET.get) is None
-        theirs = adapter.HFAdapter(model, 32)
-
-        def other():
-            with running_target(theirs):
-                return _RUNNING_TARGET.get()
-
-        assert in_another_thread(other) is theirs
-        assert _RUNNING_TARGET.get() is mine
-    assert _RUNNING_TARGET.get() is None
 
 
 def test_two_threads_decode_with_the_quantized_self_draft_at_once(model):

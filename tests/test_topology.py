@@ -18,10 +18,7 @@ from conftest import chat_ids, cpu_decode_loop, tiny_llama
 from mtprobe import _C
 from mtprobe.cli import main as cli_main
 from mtprobe.drafters import entmtp_drafter
-from mtprobe.profile import ForwardProfile, ProfileKey
-from mtprobe.reference import topology as ref
-from mtprobe.topology import TopologyBank, chain_tree, default_bank
-from mtprobe.topology.build import (
+from mtprobe.offline.topology import (
     StepRecord,
     acceptance_frontier,
     build_bank,
@@ -31,6 +28,9 @@ from mtprobe.topology.build import (
     simulate_policy,
     true_ranks,
 )
+from mtprobe.reference import topology as ref
+from mtprobe.target.profile import ForwardProfile, ProfileKey
+from mtprobe.topology import TopologyBank, chain_tree, default_bank
 
 REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]
 
@@ -457,7 +457,8 @@ def test_a_heads_bank_drafts_the_heads_ranked_tokens():
 def tiny_head(tmp_path_factory):
     """A tiny Llama and a CP head of window 3 trained briefly on its own greedy text."""
     from mtprobe import heads
-    from mtprobe.calibrate import calibration_sequences
+    from mtprobe.offline import heads as offline_heads
+    from mtprobe.offline.calibration_data import calibration_sequences
 
     model = tiny_llama(seed=5)
     model.generation_config.eos_token_id = None
@@ -465,12 +466,14 @@ def tiny_head(tmp_path_factory):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 96, (1, 5 + i % 4), generator=g) for i in range(8)]
     seqs = calibration_sequences(model, prompts, max_new_tokens=40)
-    features = heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
+    features = offline_heads.compute_features(model, [(ids, plen - 1) for ids, plen in seqs])
     torch.manual_seed(0)
     spec = heads.HeadSpec("cp", window=3, rank=2, hidden_size=model.config.hidden_size, vocab_size=96)
     head = heads.new_head(model, spec)
     folder = tmp_path_factory.mktemp("cp3")
-    heads.save_head(head, model, folder, heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3))
+    heads.save_head(
+        head, model, folder, offline_heads.train_head(head, features, steps=150, batch_size=32, lr=3e-3)
+    )
     return model, str(folder), prompts
 
 
@@ -589,7 +592,7 @@ def test_the_command_line_refuses_head_settings_without_a_head(flag, capsys):
 
 
 def test_bucket_sizes_fill_the_plan_buckets():
-    from mtprobe.topology.build import bucket_sizes
+    from mtprobe.offline.topology import bucket_sizes
 
     # probing, one mask: nodes 1, 2, 4, ..., 32 fill 2, 4, ..., 64 inputs exactly
     assert bucket_sizes((1, 2, 4, 8, 16, 32, 64), 2) == (32, (1, 3, 7, 15, 31))

@@ -13,8 +13,8 @@ from torch.library import opcheck
 import mtprobe
 import mtprobe.tree_attention
 from conftest import load_benchmark, tiny_llama
-from mtprobe.adapter import cache_argument
 from mtprobe.reference import tree_ancestors, tree_attention, tree_attention_mask, tree_position_ids
+from mtprobe.target.adapter import cache_argument
 from test_tree_mask import TREES, chain, random_tree
 from tolerances import dtype_id, tolerance
 

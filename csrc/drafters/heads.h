@@ -25,7 +25,7 @@
 //     the shortlist of width HeadsDrafter::bank_width(). The shape is fixed, the tokens change, and
 //     the drafts are deterministic (under sampling the loop verifies them by sample matching).
 //     With `record`, every step logs the true continuation's child ranks, computed once its tokens
-//     are known (at most window - 1 steps later): what mtprobe.topology.build.build_bank reads.
+//     are known (at most window - 1 steps later): what mtprobe.offline.topology.build_bank reads.
 //
 // The head itself is a callback (Python: mtprobe.heads.CircuitHead), so a trained torch module is
 // used as is; everything after its parameters — conditioning, the tree, the draws — is here.
@@ -50,7 +50,7 @@ namespace mtprobe {
 // transitions empty, emissions [n, V]; CP: [r], empty, [r, n, V]; HMM and BTree: [r], [L - 1, r, r],
 // [n, r, V]). hidden: with HeadsOptions::committed_rows, the rows of every token the step committed,
 // in order (the block's committed chain, then the accepted drafts; positions prefix_len ..), so a
-// head with draft layers of its own (LoRA, mtprobe/lora.py) can run them over each committed token
+// head with draft layers of its own (LoRA, mtprobe/heads/lora.py) can run them over each committed token
 // once; otherwise only the last of them ([1, hidden], a view: no gather). The last row is the
 // context the window starts after. logits: the target's raw logits at that last node (the head may
 // build on them).

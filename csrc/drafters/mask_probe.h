@@ -8,7 +8,7 @@
 //
 // Masks start from the prompt (mean of its embeddings, or its last k embeddings), from a Gaussian
 // fitted to the embedding table, optionally shifted out of distribution, or from masks learned once
-// per model (calibrated, python/mtprobe/calibrate.py: the first k rows), and follow the generated
+// per model (calibrated, python/mtprobe/offline/calibrate.py: the first k rows), and follow the generated
 // tokens: m <- m + lambda (E[t] - m) after every new token t (Eq. 4).
 //
 // With a mask value (beyond seed 001) only the nodes a step is likely to end at carry masks
@@ -37,7 +37,7 @@ struct MaskProbeOptions {
   bool prune = true;                      // skip children equal to their parent or the root (section 3.5)
   std::string mask_init = "prompt_mean";  // prompt_mean | prompt_last | gaussian | calibrated
   double gaussian_shift = 0.0;            // gaussian mean = mu + shift * sigma (OOD stress: 5, 10)
-  at::Tensor initial_masks;               // calibrated: [>= k, hidden] learned masks (mtprobe.calibrate)
+  at::Tensor initial_masks;               // calibrated: [>= k, hidden] learned masks (mtprobe.offline.calibrate)
   double mask_lambda = 0.1;               // in [0, 1]; 0 keeps the initial masks
   int64_t seed = 0;                       // for gaussian masks
   int64_t tree_nodes = 0;  // dynamic tree's most nodes, root included (0: B); the hybrid plans more

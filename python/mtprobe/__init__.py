@@ -11,8 +11,10 @@ drafter=..., summary=..., options=(mtprobe.Option(...), ...)))`` (:mod:`mtprobe.
 
 import torch  # noqa: F401  (libtorch must be loaded before the extension)
 
-from mtprobe import _C, heads, methods, models, ops  # noqa: F401  (mtprobe.methods registers the built-in methods)
-from mtprobe.config import (
+from mtprobe import _C, heads, models, ops  # noqa: F401
+from mtprobe.cpu.linear_routes import LinearRoutes
+from mtprobe.decode import GenerateOutput, custom_generate, generate
+from mtprobe.drafters import (  # importing mtprobe.drafters registers the built-in methods
     AutoConfig,
     DraftModelConfig,
     EntMTPConfig,
@@ -25,15 +27,14 @@ from mtprobe.config import (
     StandConfig,
     config_from_dict,
     config_from_json,
+    ngram_memory,
 )
-from mtprobe.drafters import ngram_memory
-from mtprobe.generate import GenerateOutput, custom_generate, generate
-from mtprobe.linear_routes import LinearRoutes
-from mtprobe.plan import PlanConfig
-from mtprobe.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.registry import Method, Option
 from mtprobe.registry import register as register_method
 from mtprobe.registry import unregister as unregister_method
+from mtprobe.state import release
+from mtprobe.target.plan import PlanConfig
+from mtprobe.target.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.topology import TopologyBank
 
 NgramMemory = _C.NgramMemory  # the cross-request n-gram memory of STAND and the hybrid
@@ -66,6 +67,7 @@ __all__ = [
     "custom_generate",
     "NgramMemory",
     "ngram_memory",
+    "release",
     "models",
     "heads",
     "ops",

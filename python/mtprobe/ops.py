@@ -229,7 +229,7 @@ def quantized_linear(
     bias: torch.Tensor | None = None,  # [out]
 ) -> torch.Tensor:  # [..., out]
     """``x @ W.T + bias`` with ``W`` in groups of 32 codes (csrc/core/quantized_linear.h,
-    :mod:`mtprobe.quantized_linear`); reference: :func:`mtprobe.reference.quantized_linear`."""
+    :mod:`mtprobe.cpu.quantized_linear`); reference: :func:`mtprobe.reference.quantized_linear`."""
     return torch.ops.mtprobe.quantized_linear(x, codes, scale, min, bias)
 
 

@@ -6,7 +6,7 @@ dataclass), its drafter factory, a one-line summary, the CLI :class:`Option` s t
 configuration, what ``decoding_steps`` counts and whether it samples. ``mtprobe.generate`` builds a
 configuration's drafter through it (:func:`method_of`), ``mtprobe.config_from_dict`` finds a name's
 configuration class in it, and the Spec-Bench harness and the ``mtprobe`` command list its methods
-and their options. The built-in methods register in :mod:`mtprobe.methods`; the harness's peers with
+and their options. The built-in methods register in their own modules of :mod:`mtprobe.drafters`; the harness's peers with
 no drafter (``ar``, ``hf-pld``) register a ``runner`` instead, in :mod:`mtprobe.specbench.methods`.
 
 A drafter method's configuration must have a ``block_complexity`` (the most inputs one decode forward
@@ -167,6 +167,35 @@ class Method:
     own_forwards: bool = False
     """Whether the drafter runs forwards of a model of its own to propose (a draft model): the
     scheduler then asks it for a chain only when the chain's forecast pays (csrc/drafters/auto.h)."""
+    takes_target: bool = False
+    """Whether the drafter factory takes ``target=``, the generation's target adapter
+    (:class:`mtprobe.target.adapter.HFAdapter`), built before the drafter: a drafter that reads the
+    target's KV cache (the quantized self-draft copies its entries) has it handed in."""
+
+    # What a method adds to the shared decode path, each None where it adds nothing. The decode path
+    # asks the registration, never the configuration's class.
+    hidden_layer: Callable[[PreTrainedModel, Any], int] | None = None
+    """Needs hidden states: ``hidden_layer(model, config)``, the ``hidden_states`` index its drafter
+    reads (-1: the last); None: it reads none."""
+    children: Callable[[Any], tuple[Any, ...]] | None = None
+    """Runs other drafters (a scheduler): ``children(config)``, the configurations it chooses among;
+    what they need of the shared path (hidden states, mask adaptation, memories) is asked of them."""
+    mask_calibration: Callable[[Any], tuple[str, int] | None] | None = None
+    """Probes with calibrated masks: ``mask_calibration(config)``, the calibration file and mask count
+    whose layer offsets, LoRA and temperatures the target's forward applies, or None when it has none."""
+    memory: Callable[[PreTrainedModel, Any], Any] | None = None
+    """Drafts from a cross-request n-gram memory: ``memory(model, config)``, the model's memory it reads
+    and folds into, or None when the configuration keeps none."""
+    unavailable: Callable[[PreTrainedModel, Any], str | None] | None = None
+    """``unavailable(model, config)``: why this drafter cannot run on ``model`` (a scheduler leaves it
+    out), or None when it can."""
+    check_context: Callable[[PreTrainedModel, Any, int, int], None] | None = None
+    """``check_context(model, config, prompt_len, max_new_tokens)``: raise when the drafter cannot
+    reach the positions one generation needs (a draft model with a shorter context)."""
+    finish: Callable[[PreTrainedModel, Any, Any, Any, bool], None] | None = None
+    """``finish(model, config, drafter, output, do_sample)`` after each sequence's loop: the method's own
+    fields of the :class:`~mtprobe.decode.output.GenerateOutput` (a scheduler's choices, a bank's trees)
+    and what it carries to the model's next generation."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
@@ -183,7 +212,16 @@ class Method:
                 "fold_memory) (mtprobe.generate runs it), or runner=run(model, input_ids, config, max_new_tokens) "
                 "for a harness-only baseline"
             )
-        for what in ("drafter", "runner"):
+        hooks = (
+            "hidden_layer",
+            "children",
+            "mask_calibration",
+            "memory",
+            "unavailable",
+            "check_context",
+            "finish",
+        )
+        for what in ("drafter", "runner", *hooks):
             if getattr(self, what) is not None and not callable(getattr(self, what)):
                 raise TypeError(f"method {self.name!r}: {what} must be callable, got {getattr(self, what)!r}")
         if self.drafter is not None and not _has_attribute(cls, "block_complexity"):

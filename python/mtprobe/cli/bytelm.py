@@ -1,5 +1,5 @@
 """``mtprobe bytelm train --text FILES --out DIR``: train the project's small byte-level LM
-(:func:`mtprobe.bytelm.train_byte_lm`) and write it as a Hugging Face model folder::
+(:func:`mtprobe.offline.bytelm.train_byte_lm`) and write it as a Hugging Face model folder::
 
     python -m mtprobe bytelm train --text /usr/share/games/fortunes/* --out bytelm --steps 1500
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from mtprobe.bytelm import byte_lm_config, corpus_bytes, save_byte_lm, train_byte_lm
 from mtprobe.cli._common import EXIT_OK, UsageError
+from mtprobe.offline.bytelm import byte_lm_config, corpus_bytes, save_byte_lm, train_byte_lm
 
 HELP = "train a small byte-level LM on local text files (seed 003's byte-level regime)"
 DESCRIPTION = (

@@ -1,5 +1,5 @@
 """``mtprobe calibrate --model M --out FILE``: learn a model's mask-token embeddings
-(:func:`mtprobe.calibrate.calibrate_masks`) and write the calibration file::
+(:func:`mtprobe.offline.calibrate.calibrate_masks`) and write the calibration file::
 
     python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2.safetensors
     python -m mtprobe calibrate --model smollm2-135m --out masks-smollm2.safetensors \\
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from mtprobe.calibrate import MaskCalibration, calibrate_masks, fit_mask_temperature, load_calibration
 from mtprobe.cli._common import (
     EXIT_OK,
     UsageError,
@@ -28,6 +27,8 @@ from mtprobe.cli._common import (
     print_progress,
 )
 from mtprobe.data import corpus_prompts
+from mtprobe.offline.calibrate import calibrate_masks, fit_mask_temperature
+from mtprobe.target.mask_calibration import MaskCalibration, load_calibration
 
 HELP = "learn a model's mask-token embeddings (ProbeConfig(mask_init='calibrated'))"
 DESCRIPTION = (

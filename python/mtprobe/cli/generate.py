@@ -18,9 +18,9 @@ from transformers.utils import logging as hf_logging
 from mtprobe import models
 from mtprobe.cli._common import EXIT_OK, UsageError, int_at_least
 from mtprobe.data import encode_conversation
-from mtprobe.generate import generate
-from mtprobe.plan import PlanConfig
+from mtprobe.decode import generate
 from mtprobe.specbench import methods as _methods
+from mtprobe.target.plan import PlanConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with torch.inference_mode():
         # "ar" is HF's own generate; every other registered method is mtprobe.generate with its config.
-        if isinstance(config, _methods.GreedyConfig):
+        if method.name == "ar":
             sequences = model.generate(input_ids, **common)  # [1, L + new]
             stats = "tau 1.00 (one token per forward)"
         else:

@@ -1,5 +1,5 @@
 """``mtprobe heads train``: train a circuit head on the frozen backbone's features
-(:mod:`mtprobe.heads.training`) and write its checkpoint; ``mtprobe heads count DIR``: record in a head's
+(:mod:`mtprobe.offline.heads`) and write its checkpoint; ``mtprobe heads count DIR``: record in a head's
 checkpoint how often each token occurs in its training windows (heads trained before ``train`` recorded
 it), for ``HeadsConfig(vocab_top_k=...)``::
 
@@ -28,8 +28,6 @@ from typing import Any
 import torch
 
 from mtprobe import models
-from mtprobe.bytelm import passage_prompts
-from mtprobe.calibrate import calibration_sequences
 from mtprobe.cli._common import (
     EXIT_OK,
     UsageError,
@@ -44,7 +42,10 @@ from mtprobe.cli._common import (
 from mtprobe.data import corpus_prompts
 from mtprobe.heads.circuit import EMISSIONS, KINDS, LORA_BASES, CircuitHead, HeadSpec
 from mtprobe.heads.inference import checkpoint_path, load_head, new_head, output_embedding, save_head
-from mtprobe.heads.training import (
+from mtprobe.heads.lora import decoder_of
+from mtprobe.offline.bytelm import passage_prompts
+from mtprobe.offline.calibration_data import calibration_sequences
+from mtprobe.offline.heads import (
     Features,
     compute_features,
     features_at_layer,
@@ -53,7 +54,6 @@ from mtprobe.heads.training import (
     train_head,
     window_token_counts,
 )
-from mtprobe.lora import decoder_of
 
 # What a head file committed to the repository may weigh (issue 43): larger ones are written all the
 # same, with a warning.

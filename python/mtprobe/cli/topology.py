@@ -1,5 +1,5 @@
 """``mtprobe topology --model M --out FILE``: build an EntMTP topology bank for a model
-(:func:`mtprobe.topology.build.build_bank`), for mask-token probing or, with ``--head DIR``, a circuit
+(:func:`mtprobe.offline.topology.build_bank`), for mask-token probing or, with ``--head DIR``, a circuit
 head, and write it as JSON."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from mtprobe.cli._common import (
     print_progress,
     resolve_device,
 )
-from mtprobe.config import HeadsConfig
-from mtprobe.profile import ForwardProfile
-from mtprobe.topology.build import bucket_sizes, build_bank
+from mtprobe.drafters import HeadsConfig
+from mtprobe.offline.topology import bucket_sizes, build_bank
+from mtprobe.target.profile import ForwardProfile
 
 HELP = "build an EntMTP topology bank for a model (or a circuit head)"
 DESCRIPTION = (

@@ -52,7 +52,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from mtprobe.config import _check_int
 from mtprobe.reference.circuit import KINDS, latent_tree
 
 __all__ = [
@@ -80,6 +79,12 @@ ROOT_CANDIDATES = 16
 _TRANSITION_EPS = 1e-3
 
 
+def _check_int(name: str, value: object) -> None:
+    """TypeError unless ``value`` is an int (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+
+
 def default_gamma(window: int) -> float:
     """The paper's discount of later window positions: 0.8, or 0.9 for windows longer than 8."""
     return 0.9 if window > 8 else 0.8
@@ -98,7 +103,7 @@ class HeadSpec:
         hidden_size: d of the backbone.
         vocab_size: V of the backbone's LM head.
         lora_layers: k, the backbone's last layers the draft has its own LoRA-adapted copies of
-            (:mod:`mtprobe.lora`); 0 reads the backbone's last hidden state (fully shared backbone).
+            (:mod:`mtprobe.heads.lora`); 0 reads the backbone's last hidden state (fully shared backbone).
         lora_rank: the rank of those adapters.
         lora_base: with LoRA draft layers and ``"lowrank"`` emissions, whose logits the adapters'
             term is added to: ``"target"`` (the backbone's own logits at the anchor, which the decode
@@ -219,7 +224,7 @@ class RestrictedVocab(NamedTuple):
 class CircuitHead(nn.Module):
     """The head of :class:`HeadSpec` ``spec`` over an LM head ``lm_head`` (``[V, d]``, the backbone's
     output embedding, kept frozen and out of the checkpoint; its bias, if any, ``lm_bias`` ``[V]``);
-    ``draft``: the draft's LoRA layers (:class:`mtprobe.lora.DraftLayers`) when ``spec.lora_layers`` > 0."""
+    ``draft``: the draft's LoRA layers (:class:`mtprobe.heads.lora.DraftLayers`) when ``spec.lora_layers`` > 0."""
 
     def __init__(
         self,
@@ -361,7 +366,7 @@ class CircuitHead(nn.Module):
             return RestrictedVocab(ids, member, lm_rows, bias, table.to(dtype).contiguous())
 
     def inference_draft(self, dtype: torch.dtype | None = None) -> nn.Module:
-        """The draft layers folded for decoding (:meth:`mtprobe.lora.DraftLayers.merged`: one product
+        """The draft layers folded for decoding (:meth:`mtprobe.heads.lora.DraftLayers.merged`: one product
         per linear map instead of three) in ``dtype`` (default: the backbone's), cached until the
         parameters change. ValueError for a head without draft layers."""
         if self.draft is None:

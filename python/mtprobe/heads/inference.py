@@ -17,9 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from mtprobe import _C
-from mtprobe.calibrate import model_identity
 from mtprobe.heads.circuit import CircuitHead, HeadSpec
-from mtprobe.lora import DraftLayers
+from mtprobe.heads.lora import DraftLayers
+from mtprobe.identity import model_identity
 
 __all__ = [
     "BUNDLED_HEADS",

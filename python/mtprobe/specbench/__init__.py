@@ -12,16 +12,22 @@ Command line (also the console script ``mtprobe-specbench``)::
     python -m mtprobe.specbench compare answers/ --tokenizer smollm2-135m --out-dir results/
 
 Modules: :mod:`~mtprobe.specbench.questions` (question files), :mod:`~mtprobe.specbench.methods`
-(registry of decoding methods), :mod:`~mtprobe.specbench.run` (answers and their metadata),
-:mod:`~mtprobe.specbench.score` (Spec-Bench's speed methodology, losslessness, report and plots),
-:mod:`~mtprobe.specbench.compare` (a folder of answer files side by side),
-:mod:`~mtprobe.specbench.plots` (the figures).
+(registry of decoding methods), :mod:`~mtprobe.specbench.run_config` (a run's configuration),
+:mod:`~mtprobe.specbench.metadata` (the run's metadata on every answer line, setups compared),
+:mod:`~mtprobe.specbench.answers` (answer files read, resumed and written),
+:mod:`~mtprobe.specbench.run` (the answer-generation loop), :mod:`~mtprobe.specbench.score`
+(Spec-Bench's speed methodology and losslessness), :mod:`~mtprobe.specbench.report` (the score
+report, its markdown, JSON and plots), :mod:`~mtprobe.specbench.compare` (a folder of answer files
+side by side), :mod:`~mtprobe.specbench.plots` (the figures).
 """
 
+from mtprobe.specbench.answers import load_answers
 from mtprobe.specbench.methods import METHODS, Method, MethodOutput, Option, get_method, register
 from mtprobe.specbench.questions import MT_BENCH_CATEGORIES, TASKS, Question, load_questions, select_questions
-from mtprobe.specbench.run import RunConfig, RunSummary, run
-from mtprobe.specbench.score import ScoreReport, load_answers, score
+from mtprobe.specbench.report import ScoreReport
+from mtprobe.specbench.run import RunSummary, run
+from mtprobe.specbench.run_config import RunConfig
+from mtprobe.specbench.score import score
 
 __all__ = [
     "METHODS",

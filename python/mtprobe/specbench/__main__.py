@@ -8,8 +8,10 @@ from pathlib import Path
 
 from mtprobe.specbench import methods as _methods
 from mtprobe.specbench.compare import compare, render_compare_markdown
-from mtprobe.specbench.run import DEFAULT_MAX_NEW_TOKENS, RepeatMismatchError, RunConfig, run
-from mtprobe.specbench.score import render_markdown, score
+from mtprobe.specbench.report import render_markdown
+from mtprobe.specbench.run import RepeatMismatchError, run
+from mtprobe.specbench.run_config import DEFAULT_MAX_NEW_TOKENS, RunConfig
+from mtprobe.specbench.score import score
 
 
 def _build_parser() -> argparse.ArgumentParser:

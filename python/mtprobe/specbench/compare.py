@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mtprobe._jsonl import read_jsonl
+from mtprobe.specbench.metadata import setup_differences
 from mtprobe.specbench.plots import Series, common_dash_prefix, plot_panels, short_name, title_from_meta
 from mtprobe.specbench.questions import MT_BENCH_CATEGORIES
-from mtprobe.specbench.score import GroupStats, ScoreReport, load_tokenizer, score, setup_differences
+from mtprobe.specbench.report import GroupStats, ScoreReport
+from mtprobe.specbench.score import load_tokenizer, score
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,7 +1,7 @@
 """The Spec-Bench harness's side of the method registry (:mod:`mtprobe.registry`).
 
 The methods themselves, their configurations, drafters and CLI options, are registered once, in
-:mod:`mtprobe.registry` (the built-in ones in :mod:`mtprobe.methods`); this module turns their
+:mod:`mtprobe.registry` (the built-in ones in :mod:`mtprobe.drafters`); this module turns their
 :class:`Option` s into argparse arguments (:func:`add_method_arguments`, :func:`config_from_args`),
 lists them for ``--method`` (:data:`METHODS`, :func:`get_method`) and registers the two peers that have
 no drafter and run outside mtprobe: ``ar`` (HF ``model.generate``) and ``hf-pld`` (transformers' own
@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mtprobe import registry
-from mtprobe.adapter import this_thread_only
-from mtprobe.generate import generate
-from mtprobe.methods import SHARED_NGRAM_MEMORY_SIZE  # importing mtprobe.methods registers the built-ins
+from mtprobe.decode import generate
+from mtprobe.drafters.stand import (
+    SHARED_NGRAM_MEMORY_SIZE,  # importing mtprobe.drafters registers the built-ins
+)
 from mtprobe.registry import Method, MethodOutput, Option, RunFn, register
 from mtprobe.registry import id_value as _id_value
+from mtprobe.target.mask_hooks import this_thread_only
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

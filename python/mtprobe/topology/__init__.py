@@ -9,7 +9,7 @@ node are the head's most probable next tokens given the node's path (csrc/drafte
 
 The bank, its checks and its policies are :mod:`mtprobe.topology.bank` (re-exported here); building a
 bank for a model (self-rollouts, the acceptance and throughput frontiers, policy calibration) is
-:func:`mtprobe.topology.build.build_bank`, or ``python -m mtprobe topology``.
+:func:`mtprobe.offline.topology.build_bank`, or ``python -m mtprobe topology``.
 
 The banks are JSON files that record the model (and head) they were built for and refuse another.
 """

@@ -1,8 +1,8 @@
 """The topology bank: static draft trees for mask-token probing or a circuit head, the checks that
 tie a bank to its model (and head), and the policies that switch between its trees every step.
 
-What the decoding configurations (:mod:`mtprobe.config`) need of EntMTP; building a bank for a model is
-:mod:`mtprobe.topology.build`'s.
+What the decoding configurations (:mod:`mtprobe.drafters`) need of EntMTP; building a bank for a model is
+:mod:`mtprobe.offline.topology`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from mtprobe import _C
 from mtprobe._jsonl import read_json, write_json
-from mtprobe.profile import ProfileKey, architecture
+from mtprobe.target.profile import ProfileKey, architecture
 
 __all__ = [
     "BANK_FORMAT",
@@ -238,7 +238,7 @@ class TopologyBank:
                 "this topology bank was built for another setting ("
                 + "; ".join(bad)
                 + "); build one for this "
-                "model with `python -m mtprobe topology --model ... --out FILE` or mtprobe.topology.build.build_bank"
+                "model with `python -m mtprobe topology --model ... --out FILE` or mtprobe.offline.topology.build_bank"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def check_policy(policy: str, trees: Sequence[int], thresholds: Sequence[float],
 def default_bank(num_masks: int = 1, block_complexity: int = 30) -> TopologyBank:
     """An uncalibrated bank that fits any model: Top-1-expansion trees of about 0, 1, 2, 4, 8 and
     the most drafts ``block_complexity`` allows (seed 001's static shapes). Build a calibrated bank
-    for your model with :func:`mtprobe.topology.build.build_bank` for the frontier and the thresholds.
+    for your model with :func:`mtprobe.offline.topology.build_bank` for the frontier and the thresholds.
 
     >>> [len(t) for t in default_bank().trees]
     [0, 1, 2, 4, 8, 14]

@@ -1,0 +1,337 @@
+"""Per-step scheduling by measured cost (``csrc/drafters/auto.cpp``): every step the scheduler verifies
+the drafters' block (or cut of one) with the most tokens per second under this machine's forward
+profile, or plain decoding when no draft pays."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from mtprobe import _C, registry
+from mtprobe.drafters.base import ConfigData, check_int, config_from_dict, make_drafter, max_prompt_logit_rows
+from mtprobe.drafters.draft_model import DraftModelConfig
+from mtprobe.drafters.prompt_lookup import PromptLookupConfig
+from mtprobe.drafters.stand import StandConfig
+from mtprobe.registry import DecodingConfig, Method, Option, ProcessFn, register
+from mtprobe.state import state_of
+from mtprobe.target.profile import ForwardProfile, profile_forward
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from mtprobe.target.adapter import HFAdapter
+
+
+@dataclass(frozen=True)
+class AutoConfig(ConfigData):
+    """Per-step scheduling by measured cost (beyond the papers; seed 002's idea of choosing the
+    draft tree per step, priced by this machine's own forward times).
+
+    Every step each of ``drafters`` proposes its block. For each block and each cut of it (the k
+    nodes most likely accepted) the scheduler estimates the tokens it gains, E[k] = 1 + the sum of
+    P(node accepted) over the kept nodes, from the run's own acceptance counts by depth and sibling
+    rank (decayed, so they follow the text; every candidate's tree is walked along the real
+    continuation, a sampled one only on steps it ran), and its cost t(T_k) / t(1) from a
+    :class:`~mtprobe.target.profile.ForwardProfile` of the model on this machine. The step verifies the
+    block and cut with the most tokens per unit of time, or only the committed token (plain
+    decoding, T = 1) when no draft pays for itself. A draft model (``DraftModelConfig``) costs its
+    own forwards before its chain exists, so it is not asked every step: its chain is forecast from its
+    acceptance so far and the measured seconds of its forwards, and it drafts only when the forecast
+    beats the best block in hand (and to explore: at its first step, with all ``num_tokens`` drafts,
+    and after ``explore_every`` idle steps); what it measured of the draft model carries over to the
+    model's next generation in the process. What it chose is in ``GenerateOutput.choices``. The
+    output is that of plain decoding whatever it chooses.
+
+    The default drafters are prompt lookup, STAND (BC 10, its store seeded with the prompt's text but
+    not its logits, ``prompt_logits=0``, so that the prefill skips the LM head over the prompt) and the
+    quantized self-draft with chains of up to 24 (``DraftModelConfig(self_draft="quantized",
+    num_tokens=24)``), which on a CPU drafts in about a third of a target forward (its one-token
+    forwards in C++ on a Llama-architecture model) and agrees with the model on almost every token. A
+    quantized self-draft the model cannot run (on a GPU, in bfloat16, no linear to quantize:
+    :func:`mtprobe.target.self_draft.why_not_quantized`) is left out of the candidates.
+
+    Args:
+        drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of
+            draft tokens (prompt lookup, STAND) can be cut to any subtree; blocks with auxiliary inputs
+            (probing's mask tokens, lookahead's window) run whole or not at all; a draft model's chain
+            runs as long as its forecast says (``top_branches`` siblings are not drafted here).
+        profile: a ForwardProfile, the path of one saved with ``ForwardProfile.save``, or ``None``:
+            :func:`mtprobe.profile_forward` measures the model at the first call (seconds; cached on disk).
+        decay: per-step decay of the acceptance counts, in (0, 1].
+        explore_every: a drafter with auxiliary inputs that has not run for this many steps runs once
+            (its masks must run for it to have drafts at all).
+        block_complexity: the most inputs one step may take: the largest of the drafters' (derived).
+            Each drafter still drafts within its own ``block_complexity``.
+
+    >>> AutoConfig().block_complexity
+    25
+    >>> AutoConfig(drafters=())
+    Traceback (most recent call last):
+    ...
+    ValueError: AutoConfig needs at least one drafter to choose from, e.g. drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))
+    """
+
+    method: ClassVar[str] = "auto"
+
+    drafters: tuple[Any, ...] = field(
+        default_factory=lambda: (
+            PromptLookupConfig(),
+            StandConfig(block_complexity=10, prompt_logits=0),
+            DraftModelConfig(self_draft="quantized", num_tokens=24),
+        )
+    )
+    profile: Any = None
+    decay: float = 0.95
+    explore_every: int = 16
+    block_complexity: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        drafters = self.drafters
+        if isinstance(drafters, (list, ConfigData)):
+            drafters = tuple(drafters) if isinstance(drafters, list) else (drafters,)
+            object.__setattr__(self, "drafters", drafters)
+        if not isinstance(drafters, tuple) or not drafters:
+            raise ValueError(
+                "AutoConfig needs at least one drafter to choose from, e.g. "
+                "drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))"
+            )
+        # The registered methods with schedulable=True (probing, prompt lookup, STAND, lookahead, the hybrid,
+        # EntMTP, heads, draft models, and any registered so since).
+        choosable = tuple(m.config_type for m in registry.methods() if m.schedulable)
+        for i, c in enumerate(drafters):
+            if isinstance(c, choosable):
+                continue
+            names = ", ".join(k.__name__ for k in choosable)
+            if registry.find(c) is not None:
+                raise ValueError(
+                    f"drafters[{i}] is a {type(c).__name__}, which AutoConfig cannot schedule; choose among {names}"
+                )
+            raise TypeError(
+                f"drafters[{i}] is {type(c).__name__}, not a drafter configuration; use one of {names}"
+            )
+        if self.profile is not None and not isinstance(self.profile, (ForwardProfile, str)):
+            raise TypeError(
+                f"profile must be a ForwardProfile, the path of a saved one, or None (measure it), got "
+                f"{type(self.profile).__name__}"
+            )
+        if (
+            isinstance(self.decay, bool)
+            or not isinstance(self.decay, (int, float))
+            or not 0 < self.decay <= 1
+        ):
+            raise ValueError(f"decay={self.decay!r} must be a number in (0, 1]")
+        check_int("explore_every", self.explore_every)
+        if self.explore_every < 1:
+            raise ValueError(f"explore_every={self.explore_every} must be >= 1")
+        object.__setattr__(self, "block_complexity", max(c.block_complexity for c in drafters))
+
+    @property
+    def prompt_logit_rows(self) -> int | None:  # type: ignore[override]
+        return max_prompt_logit_rows(self.drafters)
+
+    def to_dict(self) -> dict[str, Any]:
+        profile = self.profile.to_dict() if hasattr(self.profile, "to_dict") else self.profile
+        return {
+            "method": self.method,
+            "drafters": [c.to_dict() for c in self.drafters],
+            "profile": profile,
+            "decay": self.decay,
+            "explore_every": self.explore_every,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], **overrides: Any) -> AutoConfig:
+        if not isinstance(data, Mapping):
+            raise TypeError(f"AutoConfig.from_dict takes a dict of its fields, got {type(data).__name__}")
+        if data.get("method", cls.method) != cls.method:
+            raise ValueError(
+                f"AutoConfig.from_dict got method={data.get('method')!r}; use mtprobe.config_from_dict"
+            )
+        valid = ("drafters", "profile", "decay", "explore_every")
+        values = {k: v for k, v in data.items() if k not in ("method", "block_complexity")}
+        unknown = sorted(set(values) - set(valid), key=str)
+        if unknown:
+            raise ValueError(
+                f"AutoConfig (method 'auto') has no field(s) {', '.join(map(repr, unknown))}; "
+                f"valid keys: method, {', '.join(valid)}"
+            )
+        if "drafters" in values:
+            values["drafters"] = tuple(
+                config_from_dict(c) if isinstance(c, Mapping) else c for c in values["drafters"]
+            )
+        if isinstance(values.get("profile"), Mapping):
+            values["profile"] = ForwardProfile.from_dict(dict(values["profile"]))
+        values.update(overrides)
+        return cls(**values)
+
+
+def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:
+    """The forward profile ``config`` names, checked against ``model`` (ValueError naming what differs),
+    or the one :func:`~mtprobe.target.profile.profile_forward` measures (and caches) for ``model``."""
+    profile = config.profile
+    if profile is None:
+        return profile_forward(model)
+    if isinstance(profile, str):
+        profile = ForwardProfile.load(profile)
+    profile.check(model)
+    return profile
+
+
+def auto_candidates(model: PreTrainedModel, config: AutoConfig) -> tuple[DecodingConfig, ...]:
+    """The drafters of ``config`` the scheduler chooses among for ``model``: all of them but those whose
+    registration says they cannot run on it (``Method.unavailable``: a quantized self-draft on a GPU or
+    bfloat16 model, which AutoConfig's defaults name for CPUs)."""
+
+    def why_not(c: DecodingConfig) -> str | None:
+        unavailable = registry.method_of(c).unavailable
+        return unavailable(model, c) if unavailable is not None else None
+
+    keep = tuple(c for c in config.drafters if why_not(c) is None)
+    if not keep:
+        reasons = "; ".join(sorted({why_not(c) or "" for c in config.drafters}))
+        raise ValueError(
+            f"AutoConfig has no drafter that runs on this model: {reasons}; add others, e.g. "
+            "drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))"
+        )
+    return keep
+
+
+def carry_auto_measurements(
+    model: PreTrainedModel, candidates: Sequence[DecodingConfig], drafter: _C.AutoDrafter, do_sample: bool
+) -> None:
+    """Keep what ``drafter`` (built by :func:`auto_drafter` for ``model`` over ``candidates``, its
+    :func:`auto_candidates`) measured of its drafters with own forwards, in the model's state
+    (:mod:`mtprobe.state`): the model's next AutoConfig generation in this process starts from it
+    (csrc/drafters/auto.h) instead of exploring the draft model from nothing."""
+    carried = state_of(model).carried
+    for i, c in enumerate(candidates):
+        if registry.method_of(c).own_forwards and drafter.draft_costs[i] > 0:
+            stats = drafter.stats[i]
+            carried[(c, do_sample)] = ((stats.trials, stats.accepts), drafter.draft_costs[i])
+
+
+def auto_drafter(
+    model: PreTrainedModel,
+    config: AutoConfig,
+    *,
+    target: HFAdapter | None = None,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.AutoDrafter:
+    """The scheduling drafter over :func:`auto_candidates`, priced by ``model``'s forward profile (and a
+    draft model by the measured seconds of its own forwards); ``target`` goes to the drafters that
+    take it."""
+    profile = forward_profile(model, config)
+    cost = _C.CostTable(
+        list(profile.block_sizes), list(profile.context_lengths), [s for row in profile.seconds for s in row]
+    )
+    candidates = auto_candidates(model, config)
+    # A draft model samples its chain under sampling (rejection sampling then accepts more); the other
+    # drafters draft as under greedy decoding, verified by sample matching, so that the scheduler can
+    # judge their trees every step (a sampled tree only on steps it ran).
+    own_forwards = [registry.method_of(c).own_forwards for c in candidates]
+    # Drafters that share a cross-request memory all read it, but only the first folds the generation
+    # into it: the same text folded twice would double its counts.
+    children, folding = [], set()
+    for c, own in zip(candidates, own_forwards, strict=True):
+        memory_of = registry.method_of(c).memory
+        memory = memory_of(model, c) if memory_of is not None else None
+        fold = memory is None or id(memory) not in folding
+        sampling = {"do_sample": do_sample, "process": process} if own else {}
+        children.append(
+            make_drafter(model, c, target=target, capacity=capacity, fold_memory=fold, **sampling)
+        )
+        if memory is not None:
+            folding.add(id(memory))
+    # Each drafter drafts within its own block complexity; the step's budget is the largest of them.
+    budgets = [c.block_complexity for c in candidates]
+    kept = state_of(model).carried
+    carried = [
+        kept.get((c, do_sample)) if own else None for c, own in zip(candidates, own_forwards, strict=True)
+    ]
+    decay = float(config.decay)
+    return _C.AutoDrafter(
+        children,
+        cost,
+        decay=decay,
+        explore_every=config.explore_every,
+        budgets=budgets,
+        own_forwards=own_forwards,
+        carried_stats=[_C.AcceptanceStats(decay, *m[0]) if m else _C.AcceptanceStats(decay) for m in carried],
+        carried_costs=[m[1] if m else 0.0 for m in carried],
+    )
+
+
+def finish(
+    model: PreTrainedModel, config: AutoConfig, drafter: _C.AutoDrafter, output: Any, do_sample: bool
+) -> None:
+    """After a generation: what the scheduler chose each step (``output.choices``), its share of the time
+    (``draft_s``, ``schedule_s``, ``step_overhead_s`` in ``output.timings``), and its draft models'
+    measurements carried to the model's next generation."""
+    candidates = auto_candidates(model, config)  # the drafter's children, in its order
+    names = [registry.method_of(c).name for c in candidates]
+    output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
+    output.timings["draft_s"] = drafter.draft_seconds
+    output.timings["schedule_s"] = drafter.schedule_seconds
+    output.timings["step_overhead_s"] = drafter.step_overhead
+    carry_auto_measurements(model, candidates, drafter, do_sample)
+
+
+def drafter_configs(text: str) -> tuple[Any, ...]:
+    """``--drafters``: a JSON list of drafter configurations (``config.to_dict()``'s form), or the path of
+    a ``.json`` file holding one."""
+    example = '[{"method": "pld"}, {"method": "heads", "path": "DIR", "vocab_top_k": 4096}]'
+    try:
+        data = json.loads(Path(text).read_text() if text.endswith(".json") else text)
+    except (OSError, json.JSONDecodeError) as e:
+        raise argparse.ArgumentTypeError(
+            f"--drafters takes a JSON list of drafter configurations, e.g. '{example}', or a .json file of "
+            f"one: {e}"
+        ) from None
+    if not isinstance(data, list) or not data or not all(isinstance(d, dict) for d in data):
+        raise argparse.ArgumentTypeError(
+            f"--drafters must be a non-empty JSON list of configuration objects, e.g. '{example}'; got {text!r}"
+        )
+    try:
+        return tuple(config_from_dict(d) for d in data)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"--drafters: {e}") from None
+
+
+register(
+    Method(
+        name="auto",
+        config_type=AutoConfig,
+        drafter=auto_drafter,
+        summary="per-step choice among drafters (default prompt lookup, STAND and the quantized self-draft) and "
+        "plain decoding by expected tokens per second under this machine's measured forward cost",
+        takes_target=True,
+        children=lambda config: config.drafters,
+        finish=finish,
+        options=(
+            Option(
+                "--drafters",
+                "drafters",
+                drafter_configs,
+                "",
+                "the drafters to choose among: a JSON list of configurations, e.g. "
+                '\'[{"method": "pld"}, {"method": "heads", "path": "DIR", "vocab_top_k": 4096}]\', or a '
+                ".json file of one",
+            ),
+            Option(
+                "--profile",
+                "profile",
+                str,
+                "p",
+                "a forward profile saved with mtprobe.ForwardProfile.save (default: measured once for the "
+                "model, device, dtype and threads, and cached)",
+            ),
+        ),
+    )
+)

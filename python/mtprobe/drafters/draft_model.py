@@ -1,0 +1,291 @@
+"""Draft-model speculative decoding (seed 004; ``csrc/drafters/draft_model.cpp``): a smaller model, or a
+self-draft made of the target (:mod:`mtprobe.target.self_draft`), drafts a chain the target verifies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from mtprobe import _C
+from mtprobe.drafters.base import ConfigData, check_int, resolve_budget
+from mtprobe.registry import Method, Option, ProcessFn, register
+from mtprobe.target.adapter import HFAdapter
+from mtprobe.target.profile import choose_linear_routes
+from mtprobe.target.self_draft import (
+    check_draft_model,
+    is_full_depth,
+    layer_truncated,
+    quantized,
+    quantized_decoder,
+    why_not_quantized,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+SELF_DRAFTS = ("truncated", "quantized")
+"""The drafts :class:`DraftModelConfig` makes from the target itself when no ``draft_model`` is given."""
+
+TRUNCATED_DRAFT_LAYERS = 8
+"""The layer-truncated self-draft's depth when ``num_draft_layers`` is not given."""
+
+
+@dataclass(frozen=True)
+class DraftModelConfig(ConfigData):
+    """Draft-model speculative decoding (seed 004): a smaller model drafts a chain of ``num_tokens``
+    tokens with its own KV cache; the target verifies them in one forward, by exact match under
+    greedy decoding and by rejection sampling (Leviathan et al., Chen et al.) under sampling.
+
+    Args:
+        draft_model: any HF causal LM with the target's tokenizer (same vocabulary, same special
+            tokens), on the target's device. ``None``: a draft made from the target itself, as
+            ``self_draft`` says.
+        self_draft: which draft the target makes of itself when ``draft_model`` is ``None``.
+            ``"truncated"`` (the default): its first ``num_draft_layers`` layers, final norm and head,
+            sharing the target's weights (``mtprobe.target.self_draft.layer_truncated``). ``"quantized"``:
+            every layer, the linear weights in 4 bits and the head's in 8
+            (``mtprobe.target.self_draft.quantized``; a float32 CPU model), which on a CPU drafts in a
+            fraction of a target forward and agrees with it on almost every token.
+        num_draft_layers: the self-draft's depth, its first layers: ``None`` (the default) is 8 for
+            ``"truncated"`` and every layer for ``"quantized"``.
+        num_tokens: K, the chain's drafts per step.
+        top_branches: b, children of the root: the chain's first token and b - 1 siblings from the
+            same first draft forward (the draft's next best tokens under greedy decoding, more
+            independent samples of its q under sampling, verified by SpecInfer's multi-draft rule).
+            1 drafts a plain chain. A step feeds the target 1 + K + (b - 1) inputs.
+        block_complexity: the budget of one step; ``None`` (the default): what the drafts need,
+            ``num_tokens + top_branches``. A smaller budget is an error.
+
+    >>> DraftModelConfig(num_tokens=4).block_complexity
+    5
+    >>> DraftModelConfig(num_tokens=4, top_branches=3).block_complexity
+    7
+    >>> DraftModelConfig(num_tokens=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_tokens=0 must be >= 1 (drafts per step)
+    """
+
+    method: ClassVar[str] = "sps"
+
+    draft_model: Any = field(default=None, repr=False)
+    num_draft_layers: int | None = None
+    num_tokens: int = 5
+    top_branches: int = 1
+    block_complexity: int | None = None
+    self_draft: str = "truncated"
+
+    def __post_init__(self) -> None:
+        if self.self_draft not in SELF_DRAFTS:
+            raise ValueError(
+                f"self_draft={self.self_draft!r} is not a self-draft; choose one of {', '.join(map(repr, SELF_DRAFTS))}"
+            )
+        if self.self_draft != "truncated" and self.draft_model is not None:
+            raise ValueError(
+                f"self_draft={self.self_draft!r} makes the draft from the target, so it cannot be given with a "
+                "draft_model; pass one or the other"
+            )
+        check_int("num_tokens", self.num_tokens)
+        if self.num_tokens < 1:
+            raise ValueError(f"num_tokens={self.num_tokens} must be >= 1 (drafts per step)")
+        if self.num_draft_layers is not None:
+            check_int("num_draft_layers", self.num_draft_layers)
+            if self.num_draft_layers < 1:
+                raise ValueError(f"num_draft_layers={self.num_draft_layers} must be >= 1")
+        check_int("top_branches", self.top_branches)
+        if self.top_branches < 1:
+            raise ValueError(f"top_branches={self.top_branches} must be >= 1 (1 drafts a plain chain)")
+        resolve_budget(
+            self,
+            self.num_tokens + self.top_branches,
+            f"a chain of num_tokens={self.num_tokens} drafts and top_branches - 1 = {self.top_branches - 1} "
+            "siblings after the root",
+        )
+        if self.draft_model is not None and not hasattr(self.draft_model, "generate"):
+            raise TypeError(
+                f"draft_model must be a HuggingFace causal LM (a PreTrainedModel with generate), "
+                f"got {type(self.draft_model).__name__}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """As for every configuration; a live ``draft_model`` has no identity a dict can hold, so it
+        is refused (the layer-truncated self-draft, ``draft_model=None``, serialises)."""
+        if self.draft_model is not None:
+            raise ValueError(
+                f"DraftModelConfig.to_dict: draft_model is a live {type(self.draft_model).__name__} object, which "
+                "a dict or JSON cannot hold; serialise dataclasses.replace(cfg, draft_model=None) and record the "
+                "draft model's folder or name yourself, then rebuild with "
+                "DraftModelConfig.from_dict(d, draft_model=model)"
+            )
+        return super().to_dict()
+
+
+def draft_model_drafter(
+    model: PreTrainedModel,
+    config: DraftModelConfig,
+    *,
+    target: HFAdapter | None = None,
+    capacity: int = 0,
+    do_sample: bool = False,
+    process: ProcessFn | None = None,
+    fold_memory: bool = True,
+) -> _C.DraftModelDrafter:
+    """A draft-model drafter for ``model``: ``config.draft_model`` or the self-draft ``config.self_draft`` names,
+    with a KV cache of ``capacity`` entries at first (it doubles when full); ``process`` (HF's logits
+    processors) shapes its q. ``target``: the generation's target adapter, whose KV entries the quantized
+    self-draft of every layer copies instead of running the prompt itself (None: it runs its own)."""
+    if capacity < 1:
+        raise ValueError(
+            f"capacity={capacity}: the draft model's KV cache needs at least one entry (it grows as needed)"
+        )
+    draft = config.draft_model
+    if draft is None and config.self_draft == "quantized":
+        draft = quantized(model, config.num_draft_layers)
+    elif draft is None:
+        draft = layer_truncated(model, config.num_draft_layers or TRUNCATED_DRAFT_LAYERS)
+    check_draft_model(model, draft)
+    # Kept alive by the bound method the drafter holds; its linear layers routed as measured for it (the
+    # quantized draft's are its own op already).
+    routes = None if config.self_draft == "quantized" else choose_linear_routes(draft)
+    adapter = HFAdapter(draft, capacity, linear_routes=routes)
+    # Its one-token forwards in C++ where the architecture allows (self_draft.quantized_decoder).
+    decoder = quantized_decoder(draft) if config.self_draft == "quantized" else None
+    # The quantized self-draft of every layer would run the prompt through the target's own float32
+    # weights (QuantizedLinear.MAX_ROWS): a second prefill, as costly as the target's. It takes the
+    # target's cache instead: at every draft step the tokens it has not seen but the target verified
+    # (all of the prompt at its first step; those of steps a scheduler gave other drafters) are the
+    # target's entries, copied, and only the last committed token runs through the draft. The loop's
+    # first forward verifies the prompt, so the draft proposes no chain in that block (skip_prefill): it
+    # has nothing to draft from yet, and the block is then the same in every sequence
+    # (num_return_sequences shares it). Called before the target's prefill all the same (a scheduler's
+    # first step), it drafts from flat logits, which verification rejects.
+    share = (
+        target is not None
+        and config.self_draft == "quantized"
+        and config.draft_model is None
+        and is_full_depth(model, config.num_draft_layers)
+    )
+    # held: the draft cache's entries that are real (the drafter counts the flat forwards' as cached).
+    state: dict[str, Any] = {"held": 0}
+    vocab = model.get_output_embeddings().weight.shape[0]
+
+    def forward(
+        tokens: torch.Tensor,  # [n] int64
+        embeds: torch.Tensor | None,
+        position_ids: torch.Tensor,  # [1, n]
+        mask: torch.Tensor | None,
+        prefix_len: int,
+        want_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [n, vocab], [n, hidden]?
+        n = position_ids.shape[-1]
+        if share:
+            if not target.prefilled:  # before the target's prefill
+                return tokens.new_zeros((1, vocab), dtype=torch.float32).expand(n, -1), None
+            # The drafter feeds the tokens after its cache, ending with the last committed one, which the
+            # target has not cached yet; every one before it, and every entry the draft counts as cached
+            # but never computed, the target has verified.
+            start, end = min(state["held"], prefix_len), prefix_len + n - 1
+            if start < end:
+                adapter.cache.copy_entries(target.cache, start, end)
+            tokens, position_ids, prefix_len = tokens[n - 1 :], position_ids[:, n - 1 :], end
+            state["held"] = end + 1
+        # A token or two (the bonus token and the last draft, where the draft's cache lags) one step at a
+        # time in C++; a prompt through HF's modules, which run its rows together on float32 weights.
+        rows = tokens.shape[0]
+        if decoder is not None and rows <= 2 and embeds is None and mask is None and not want_hidden:
+            layers = adapter.cache.layers
+            adapter.reserve(prefix_len + rows)
+            if layers[0].is_initialized:  # after the draft's first forward through HF (or the copy)
+                keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
+                for i, token in enumerate(tokens.tolist()):
+                    logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
+                adapter.cache.set_length(prefix_len + rows)
+                return logits.unsqueeze(0).expand(n, -1), None  # the drafter reads the last row only
+        # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's
+        # other rows need no logits: the head over a long prompt costs as much as its layers.
+        adapter.prefill_logits_from = tokens.shape[0] - 1
+        logits, hidden = adapter.forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden)
+        if logits.shape[0] < n:  # rows of copied entries: the last row stands for each (none is read)
+            logits = logits[-1:].expand(n, -1)
+        return logits, hidden
+
+    return _C.DraftModelDrafter(
+        forward,
+        num_tokens=config.num_tokens,
+        top_branches=config.top_branches,
+        do_sample=do_sample,
+        process=process,
+        skip_prefill=share,
+    )
+
+
+def unavailable(model: PreTrainedModel, config: DraftModelConfig) -> str | None:
+    """Why the draft of ``config`` cannot run on ``model``: a quantized self-draft on a model it cannot
+    quantize (:func:`~mtprobe.target.self_draft.why_not_quantized`: a GPU or bfloat16 model, nothing to
+    quantize), else None."""
+    if config.draft_model is None and config.self_draft == "quantized":
+        return why_not_quantized(model) or None
+    return None
+
+
+def check_context(
+    model: PreTrainedModel, config: DraftModelConfig, prompt_len: int, max_new_tokens: int
+) -> None:
+    """A user's draft model must have the positions this generation reaches (the self-drafts have the
+    target's own context, checked before)."""
+    if config.draft_model is not None:
+        check_draft_model(model, config.draft_model, prompt_len=prompt_len, max_new_tokens=max_new_tokens)
+
+
+register(
+    Method(
+        name="sps",
+        config_type=DraftModelConfig,
+        drafter=draft_model_drafter,
+        summary="draft-model speculative decoding: a draft model (--draft-model; default a self-draft made "
+        "of the target, --self-draft) proposes a chain, the target verifies it",
+        schedulable=True,
+        own_forwards=True,
+        takes_target=True,
+        unavailable=unavailable,
+        check_context=check_context,
+        options=(
+            Option(
+                "--num-tokens",
+                "num_tokens",
+                int,
+                "n",
+                "K, tokens the draft model drafts per step in a chain; a step feeds the target "
+                "K + top branches inputs",
+                always_in_id=True,
+            ),
+            Option(
+                "--self-draft",
+                "self_draft",
+                str,
+                "sd",
+                "the draft made of the target when --draft-model is not given: 'truncated' (its first layers) "
+                "or 'quantized' (its linear weights in 4 bits, the head's in 8; a float32 CPU model)",
+            ),
+            Option(
+                "--draft-layers",
+                "num_draft_layers",
+                int,
+                "l",
+                "layers of the target's self-draft, its first ones (default: 8 for --self-draft truncated, "
+                "every layer for quantized)",
+            ),
+            Option(
+                "--top-branches",
+                "top_branches",
+                int,
+                "b",
+                "children of the root: the chain's first draft and b - 1 siblings (1: a plain chain)",
+            ),
+        ),
+        steps_doc="target forward calls, prefill included (the draft model's forwards are not counted)",
+    )
+)

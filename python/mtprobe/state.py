@@ -1,0 +1,70 @@
+"""Everything mtprobe keeps for one model between calls, in one place.
+
+A generation on a model leaves things behind that the model's next generation reuses: the static
+forward plan and its KV buffer, the CPU linear routes measured for it, the cross-request n-gram
+memories, the self-drafts made of it (and their C++ decoders), and what ``AutoConfig``'s scheduler
+measured of its draft models. They live in one :class:`ModelState` per model, held in one weak
+dictionary: the state goes when the model goes, and :func:`release` drops it earlier (the plan's KV
+buffer, the drafts' weights and the memories with it).
+
+This module imports nothing of mtprobe: every floor above it keeps its own things here, under
+names this class declares, so that one look at it shows what a model carries.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ModelState", "release", "state_of"]
+
+
+@dataclass(eq=False)
+class ModelState:
+    """What one model carries from call to call (each field filled by the floor named beside it)."""
+
+    plan: Any = None
+    """The static forward plan (:mod:`mtprobe.target.plan`): its KV buffer, buckets and graphs."""
+    linear_routes: dict[Any, Any] = field(default_factory=dict)
+    """The CPU linear routes chosen for it, by route key (:func:`mtprobe.target.profile.choose_linear_routes`)."""
+    truncated_drafts: dict[int, Any] = field(default_factory=dict)
+    """Its layer-truncated self-drafts by depth (:func:`mtprobe.target.self_draft.layer_truncated`)."""
+    quantized_draft: Any = None
+    """Its quantized self-draft (:func:`mtprobe.target.self_draft.quantized`)."""
+    decoder: Any = None
+    """For a quantized self-draft: its one-token forward in C++, or None where it cannot run one."""
+    decoder_checked: bool = False
+    """Whether ``decoder`` was decided (None is an answer too)."""
+    ngram_memories: dict[tuple[int, int, int], Any] = field(default_factory=dict)
+    """The cross-request n-gram memories, by (memory_size, max_ngram, table_size) (:mod:`mtprobe.drafters.stand`)."""
+    carried: dict[tuple[Any, bool], tuple[Any, float]] = field(default_factory=dict)
+    """What AutoConfig measured of each draft model: (configuration, sampling) -> (acceptance counts,
+    seconds per draft) (:mod:`mtprobe.drafters.auto`)."""
+
+
+_STATES: weakref.WeakKeyDictionary[Any, ModelState] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # two threads' first generations on one model make one state
+
+
+def state_of(model: Any) -> ModelState:
+    """The state mtprobe keeps for ``model`` (made empty on first use)."""
+    with _LOCK:
+        state = _STATES.get(model)
+        if state is None:
+            state = _STATES[model] = ModelState()
+        return state
+
+
+def kept(model: Any) -> bool:
+    """Whether mtprobe keeps a state for ``model``."""
+    return model in _STATES
+
+
+def release(model: Any) -> None:
+    """Drop everything mtprobe keeps for ``model``: its plan (and KV buffer), linear routes, self-drafts,
+    n-gram memories and carried measurements. The next generation starts as the first did (measured
+    routes and profiles stay on disk)."""
+    with _LOCK:
+        _STATES.pop(model, None)

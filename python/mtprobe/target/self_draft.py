@@ -1,0 +1,373 @@
+"""Draft models for speculative decoding: the self-drafts made from the target, and the compatibility checks.
+
+The drafter itself is C++ (csrc/drafters/draft_model.*); this module builds and checks the model it
+runs. Two drafts come from the target itself, with no second checkpoint to ship and the same
+tokenizer by construction: its own first layers, final norm and head (:func:`layer_truncated`, the
+default), and every layer with the linear weights quantized (:func:`quantized`).
+
+>>> import torch, transformers
+>>> cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+...     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+>>> target = transformers.LlamaForCausalLM(cfg).eval()
+>>> draft = layer_truncated(target, 1)
+>>> draft.config.num_hidden_layers, len(draft.model.layers)
+(1, 1)
+>>> draft.model.embed_tokens.weight is target.model.embed_tokens.weight  # weights are shared
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from mtprobe import _C
+from mtprobe.cpu import quantized_linear
+from mtprobe.state import state_of
+from mtprobe.target.adapter import HFAdapter, check_causal_lm, max_positions
+
+logger = logging.getLogger(__name__)
+
+
+DECODER_ENV = "MTPROBE_QUANTIZED_DECODER"
+"""``0`` keeps the quantized self-draft's one-token forwards on HF's modules (:func:`quantized_decoder`),
+read at every generation."""
+
+DECODER_MODEL_TYPES = ("llama",)
+"""Architectures :class:`mtprobe._C.QuantizedDecoder` computes: HF's Llama decoder layers (pre-norm
+RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP)."""
+
+_STATIC_ROPE = (
+    "default",
+    "linear",
+    "llama3",
+    "yarn",
+)  # RoPE types whose frequencies do not change with length
+
+
+def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """A draft made of ``model``'s first ``num_layers`` decoder layers, its final norm and its head.
+
+    The draft's parameters are the target's own tensors (no copy). Built once per (model,
+    num_layers) and reused.
+    """
+    check_causal_lm(model)
+    cfg = model.config.get_text_config(decoder=True)
+    total = cfg.num_hidden_layers
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers <= total:
+        raise ValueError(
+            f"num_layers={num_layers!r} must be an int in [1, {total}] (the target has {total} layers)"
+        )
+    per_model = state_of(model).truncated_drafts
+    if num_layers in per_model:
+        return per_model[num_layers]
+    draft_cfg = copy.deepcopy(model.config)
+    draft_cfg.num_hidden_layers = num_layers
+    if getattr(draft_cfg, "layer_types", None) is not None:  # per-layer attention kinds (transformers 5)
+        draft_cfg.layer_types = list(draft_cfg.layer_types[:num_layers])
+    # Built for real (not on the meta device) so buffers outside the state dict (rotary tables) exist;
+    # the parameters are then replaced by the target's own. Their throwaway random initialisation draws
+    # from a forked generator: from the global one, it would make a seeded call's text depend on whether
+    # this draft was built before (torch.manual_seed(s); generate(...) must give one text every time).
+    with torch.random.fork_rng(devices=[]):
+        draft = type(model)(draft_cfg).to(device=model.device, dtype=model.dtype)
+    keep = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        layer = _layer_index(name)
+        if layer is None or layer < num_layers:
+            keep[name] = tensor
+    draft.load_state_dict(keep, strict=True, assign=True)
+    if getattr(draft_cfg, "tie_word_embeddings", False):
+        draft.tie_weights()
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    draft.eval()
+    per_model[num_layers] = draft
+    return draft
+
+
+def quantized(model: PreTrainedModel, num_layers: int | None = None) -> PreTrainedModel:
+    """A draft made of ``model``'s layers (its first ``num_layers``, as :func:`layer_truncated`; ``None``:
+    all of them) with every linear weight group-quantized
+    (:class:`mtprobe.cpu.quantized_linear.QuantizedLinear` in place of each ``nn.Linear``): the layers' in
+    4 bits (``q4_1``), the head's in 8 (``q8_0``).
+
+    On a CPU a decoding step streams every weight from memory; the quantized weights are a fraction of
+    float32's bytes, so the draft runs in a fraction of a target step and, being the same model, agrees
+    with it on almost every token. The head gets 8 bits because it picks each draft token: with
+    SmolLM2's tied embedding in 4 bits the draft's argmax matched the target's on 91 % of greedy's
+    tokens (846 tokens of 15 Spec-Bench dev questions), in float32 on all of them; the embedding is
+    Q8_0 values, which 8 bits hold exactly. The embeddings, norms and the prefill keep the target's own
+    float32 tensors (no copy); the codes take about a sixth of the float32 weights' memory. Built once
+    per model and reused. A float32 CPU model only: the op is a CPU kernel.
+    """
+    check_causal_lm(model)
+    reason = why_not_quantized(model)
+    if reason:
+        raise ValueError(reason)
+    if not is_full_depth(model, num_layers):
+        model = layer_truncated(model, num_layers)  # its own checks; cached, so the key below lives on
+    state = state_of(model)
+    if state.quantized_draft is not None:
+        return state.quantized_draft
+    draft = _twin(model)  # its module tree is copied wherever a linear changes
+    swapped = _swap_linears(draft, head=model.get_output_embeddings())
+    if swapped == 0:
+        raise ValueError(_nothing_to_quantize(model))
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    state.quantized_draft = draft
+    return draft
+
+
+def why_not_quantized(model: PreTrainedModel) -> str:
+    """Why :func:`quantized` cannot make a draft of ``model``, or ``""`` where it can: the op is a CPU
+    kernel over float32 activations, and it needs linear weights whose rows split into groups of 32."""
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return (
+            f"the quantized self-draft runs on the CPU in float32 (torch.ops.mtprobe.quantized_linear is a CPU "
+            f"kernel); the model is {model.dtype} on {model.device}: use DraftModelConfig(self_draft='truncated') "
+            "or a draft_model there"
+        )
+    if not any(quantized_linear.quantizable(m) for m in model.modules()):
+        return _nothing_to_quantize(model)
+    return ""
+
+
+def _nothing_to_quantize(model: PreTrainedModel) -> str:
+    return (
+        f"{type(model).__name__} has no float32 nn.Linear with in_features a multiple of "
+        f"{quantized_linear.GROUP}: nothing to quantize; use DraftModelConfig(self_draft='truncated')"
+    )
+
+
+def why_no_decoder(draft: PreTrainedModel) -> str:
+    """Why :func:`quantized_decoder` cannot run ``draft``'s one-token forwards in C++, or ``""`` where it can."""
+    cfg = draft.config.get_text_config(decoder=True)
+    if os.environ.get(DECODER_ENV, "1") == "0":
+        return f"{DECODER_ENV}=0"
+    if getattr(cfg, "model_type", None) not in DECODER_MODEL_TYPES:
+        return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {DECODER_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(cfg, 'hidden_act', None)!r} is not 'silu'"
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope not in _STATIC_ROPE:
+        return f"rope_type {rope!r} changes its frequencies with the length (static ones: {_STATIC_ROPE})"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return f"pretraining_tp={cfg.pretraining_tp}"
+    inner = getattr(draft, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(inner, "norm", None) is None:
+        return f"{type(draft).__name__} has no model.layers, model.rotary_emb and model.norm"
+    names = [*(f"self_attn.{n}_proj" for n in "qkvo"), *(f"mlp.{n}_proj" for n in ("gate", "up", "down"))]
+    linears = [*(layer.get_submodule(n) for layer in layers for n in names), draft.get_output_embeddings()]
+    if not all(isinstance(m, quantized_linear.QuantizedLinear) for m in linears):
+        return "not every linear layer is quantized (a quantized self-draft of every layer is)"
+    return ""
+
+
+def quantized_decoder(draft: PreTrainedModel) -> _C.QuantizedDecoder | None:
+    """The C++ one-token forward of the quantized self-draft ``draft`` (:func:`quantized`), or ``None``
+    where it does not apply (:func:`why_no_decoder`; logged). Built once per draft, sharing its codes.
+
+    Through HF's modules a one-token forward of SmolLM2-135M's quantized draft spends about half its
+    time outside the linear layers (module calls, a dozen small tensor ops a layer); ``step`` runs the
+    same computation in one C++ call (``csrc/decode/quantized_decoder.h``). It matches HF's forward up
+    to rounding, which a check on two tokens confirms before first use: a draft that differs more is
+    not used. The draft only proposes; the target verifies, so the output is the target's either way.
+    """
+    if os.environ.get(DECODER_ENV, "1") == "0":  # read at every generation, not once per draft
+        return None
+    state = state_of(draft)  # the draft's own state: its C++ decoder
+    if state.decoder_checked:
+        return state.decoder
+    reason = why_no_decoder(draft)
+    decoder = None if reason else _build_decoder(draft)
+    if decoder is not None:
+        reason = _check_decoder(draft, decoder)
+        decoder = None if reason else decoder
+    if reason:
+        logger.info("quantized self-draft: one-token forwards through HF's modules (%s)", reason)
+    state.decoder, state.decoder_checked = decoder, True
+    return decoder
+
+
+def _build_decoder(draft: PreTrainedModel) -> _C.QuantizedDecoder:
+    args, kwargs = decoder_arguments(draft)
+    return _C.QuantizedDecoder(*args, **kwargs)
+
+
+def decoder_arguments(draft: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What :class:`mtprobe._C.QuantizedDecoder` is built from for the quantized twin ``draft``: its
+    tensors (the embedding, each layer's norms and codes by name, the final norm, the head, RoPE's
+    frequencies), shared, and its sizes."""
+    cfg = draft.config.get_text_config(decoder=True)
+
+    def linear(module: quantized_linear.QuantizedLinear, name: str) -> dict[str, torch.Tensor]:
+        out = {f"{name}.codes": module.codes, f"{name}.scale": module.scale}
+        if module.min is not None:
+            out[f"{name}.min"] = module.min
+        if module._bias is not None:
+            out[f"{name}.bias"] = module._bias
+        return out
+
+    layers = []
+    for layer in draft.model.layers:
+        tensors = {
+            "input_norm": layer.input_layernorm.weight.detach(),
+            "post_norm": layer.post_attention_layernorm.weight.detach(),
+        }
+        for n in "qkvo":
+            tensors |= linear(layer.self_attn.get_submodule(f"{n}_proj"), n)
+        for n in ("gate", "up", "down"):
+            tensors |= linear(layer.mlp.get_submodule(f"{n}_proj"), n)
+        layers.append(tensors)
+    rotary = draft.model.rotary_emb
+    args = (
+        draft.get_input_embeddings().weight.detach(),
+        layers,
+        draft.model.norm.weight.detach(),
+        linear(draft.get_output_embeddings(), "head"),
+        rotary.inv_freq.detach().float().contiguous(),
+    )
+    kwargs = {
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "eps": float(cfg.rms_norm_eps),
+        "scale": float(draft.model.layers[0].self_attn.scaling),
+        "rope_scaling": float(getattr(rotary, "attention_scaling", 1.0)),
+    }
+    return args, kwargs
+
+
+def _check_decoder(draft: PreTrainedModel, decoder: _C.QuantizedDecoder) -> str:
+    # Two tokens (positions 0 and 1: a RoPE turn that is not the identity) through HF's modules and
+    # through the decoder; their logits must agree up to float32 rounding.
+    tokens = torch.tensor([1, 2]) % draft.get_input_embeddings().weight.shape[0]
+    adapter = HFAdapter(draft, 2, checked=True)
+    with torch.inference_mode():
+        adapter.forward(tokens[:1], None, torch.tensor([[0]]), None, 0, False)
+        want, _ = adapter.forward(tokens[1:], None, torch.tensor([[1]]), None, 1, False)  # [1, vocab]
+        keys = [torch.zeros_like(layer.keys) for layer in adapter.cache.layers]
+        values = [torch.zeros_like(layer.values) for layer in adapter.cache.layers]
+        decoder.step(int(tokens[0]), 0, keys, values)
+        got = decoder.step(int(tokens[1]), 1, keys, values)
+    err = (got - want[0]).abs().max().item()
+    bound = 1e-3 * max(1.0, want.abs().max().item())
+    if not err <= bound:
+        return f"its C++ step differs from HF's forward by {err:.3g} in the logits (bound {bound:.3g})"
+    return ""
+
+
+def is_full_depth(model: PreTrainedModel, num_layers: int | None) -> bool:
+    """Whether a self-draft of ``num_layers`` (``None``: all) has every layer of ``model``."""
+    return num_layers is None or num_layers == model.config.get_text_config(decoder=True).num_hidden_layers
+
+
+# Every hook container of a module, empty: a twin starts with none, as a model built anew would (a hook
+# registered on the target later must not run on the draft's forwards, nor one on the draft on the target's).
+_NO_HOOKS = {name: value for name, value in vars(torch.nn.Module()).items() if "hooks" in name}
+
+
+def _twin(module: torch.nn.Module) -> torch.nn.Module:
+    # A shallow copy with its own child list and hook containers; parameters and buffers stay shared.
+    twin = copy.copy(module)
+    twin._modules = dict(module._modules)
+    for name, empty in _NO_HOOKS.items():
+        setattr(twin, name, copy.copy(empty))
+    return twin
+
+
+def _swap_linears(module: torch.nn.Module, head: torch.nn.Module | None) -> int:
+    # Copies every module on the way to a linear layer (the target's own tree stays as it is) and puts a
+    # QuantizedLinear, sharing the layer's float32 tensors, in the linear's place.
+    swapped = 0
+    for name, child in list(module._modules.items()):
+        if child is None:
+            continue
+        if quantized_linear.quantizable(child):
+            fmt = "q8_0" if child is head else "q4_1"
+            module._modules[name] = quantized_linear.QuantizedLinear(child, fmt)
+            swapped += 1
+            continue
+        if next(child.children(), None) is None:
+            continue
+        twin = _twin(child)
+        n = _swap_linears(twin, head)
+        if n:
+            module._modules[name] = twin
+            swapped += n
+    return swapped
+
+
+def _layer_index(name: str) -> int | None:
+    # "model.layers.7.self_attn.q_proj.weight" -> 7; HF decoders keep their blocks in one list.
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("layers", "h", "blocks") and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def check_draft_model(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    *,
+    prompt_len: int | None = None,
+    max_new_tokens: int | None = None,
+) -> None:
+    """Raise when ``draft`` cannot draft for ``target``: another vocabulary, other special tokens,
+    another device or, given ``prompt_len`` and ``max_new_tokens``, a context shorter than the
+    generation reaches. (Token ids are compared; a tokenizer with the same size and special tokens
+    but other merges cannot be detected from the models alone.)
+
+    The draft's positions stay below ``prompt_len + max_new_tokens``: the C++ drafter drafts no
+    further than the tokens still wanted (``csrc/drafters/draft_model.cpp``), so its context needs
+    what the target's does and no more.
+    """
+    check_causal_lm(draft)
+    v_t = target.get_output_embeddings().weight.shape[0]
+    v_d = draft.get_output_embeddings().weight.shape[0]
+    if v_t != v_d:
+        raise ValueError(
+            f"the draft model's vocabulary has {v_d} tokens but the target's has {v_t}; a draft model must use "
+            "the target's tokenizer (the same vocabulary)"
+        )
+    t_cfg, d_cfg = target.config.get_text_config(decoder=True), draft.config.get_text_config(decoder=True)
+    for name in ("bos_token_id", "eos_token_id"):
+        a, b = getattr(t_cfg, name, None), getattr(d_cfg, name, None)
+        if a is not None and b is not None and a != b:
+            raise ValueError(
+                f"the draft model's {name} is {b} but the target's is {a}: they use different tokenizers; a draft "
+                "model must use the target's tokenizer"
+            )
+    if draft.device != target.device:
+        raise ValueError(
+            f"the draft model is on {draft.device} but the target is on {target.device}; move it with "
+            f"draft.to({str(target.device)!r})"
+        )
+    if prompt_len is not None and max_new_tokens is not None:
+        _check_draft_context(target, draft, prompt_len, max_new_tokens)
+
+
+def _check_draft_context(
+    target: PreTrainedModel, draft: PreTrainedModel, prompt_len: int, max_new_tokens: int
+) -> None:
+    needed = prompt_len + max_new_tokens
+    context, target_context = max_positions(draft), max_positions(target)
+    if needed <= context:
+        return
+    fix = (
+        f"lower max_new_tokens to at most {context - prompt_len}"
+        if context > prompt_len
+        else f"shorten the prompt to at most {context - 1} tokens"
+    )
+    raise ValueError(
+        f"the draft model's context is {context} positions, but this generation needs {needed}: prompt "
+        f"({prompt_len} tokens) + max_new_tokens ({max_new_tokens}); the target's context is {target_context}. "
+        f"A draft must hold every position the target reaches: {fix}, or use a draft model with a longer "
+        "context (max_position_embeddings)"
+    )
