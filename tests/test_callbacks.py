@@ -94,3 +94,38 @@ def test_a_broken_logits_processor_is_named(processor, message):
             eos_token_id=None,
             pad_token_id=0,
         )
+
+
+class DividesByZero(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        return scores / 0.0 * 0.0  # NaN everywhere: 0 * inf
+
+
+class MasksWithMinusInf(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, 1:] = -float("inf")  # a legitimate processor: only token 0 may follow
+        return scores
+
+
+def test_a_processor_that_makes_the_scores_nan_is_named_not_the_model():
+    # The model's logits are finite; the processor turns them into NaN. The error names the processor,
+    # not "the target model's logits are NaN or +inf" (that stays for a model whose own logits are).
+    model = tiny_llama(seed=5)
+    kw = dict(max_new_tokens=6, eos_token_id=None, pad_token_id=0)
+    for cfg in (mtprobe.ProbeConfig(block_complexity=10), mtprobe.PlainConfig()):
+        with pytest.raises(
+            ValueError, match=r"logits processor DividesByZero turned the model's finite scores into NaN"
+        ):
+            mtprobe.generate(
+                model, PROMPT, cfg, logits_processor=LogitsProcessorList([DividesByZero()]), **kw
+            )
+    # -inf is a processor's "never": not refused, and the output is the processor's greedy choice.
+    out = mtprobe.generate(
+        model,
+        PROMPT,
+        mtprobe.ProbeConfig(block_complexity=10),
+        logits_processor=LogitsProcessorList([MasksWithMinusInf()]),
+        **kw,
+    )
+    assert out.sequences[0, PROMPT.shape[1] :].tolist() == [0] * 6

@@ -137,5 +137,14 @@ def apply_processors(
                 f"logits processor {type(proc).__name__} returned {got}; a logits processor must return the "
                 f"processed scores, a tensor of shape {tuple(scores.shape)} like the scores it was given"
             )
+        # -inf is a processor's "never this token"; NaN and +inf are no score to choose from.
+        if not bool(torch.isfinite(out).all()):
+            broken = torch.isnan(out) | torch.isposinf(out)
+            if bool((broken & ~(torch.isnan(scores) | torch.isposinf(scores))).any()):
+                raise ValueError(
+                    f"logits processor {type(proc).__name__} turned the model's finite scores into NaN or +inf: "
+                    "no token can be chosen from them (the model's own logits are finite); fix the processor, "
+                    "e.g. mask tokens with -inf rather than dividing by zero"
+                )
         scores = out
     return scores
