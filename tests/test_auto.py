@@ -142,7 +142,9 @@ def test_plain_steps_still_learn_deep_acceptance(monkeypatch):
     model = tiny_llama()
     ids = torch.tensor([REPEATING])
     truth = _greedy(model, ids, 40)[0].tolist()
-    table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 64])  # t(T) = T t(1): nothing pays
+    # t(T) = T t(1): nothing pays. Seconds, not milliseconds: the step overhead the scheduler measures (a
+    # few ms, more on a loaded machine) would otherwise make a long block cheaper per input than plain.
+    table = _C.CostTable([1, 64], [0], [1.0, 64.0])
     auto = _C.AutoDrafter([_ChainOracle(truth)], table, decay=1.0)
     gen = sys.modules["mtprobe.decode.generate"]
     monkeypatch.setattr(gen, "make_drafter", lambda *a, **k: auto)
@@ -175,7 +177,9 @@ def test_sampled_drafts_are_judged_only_where_they_ran(monkeypatch):
     model = tiny_llama()
     ids = torch.tensor([REPEATING])
     truth = _greedy(model, ids, 40)[0].tolist()
-    table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 64])  # t(T) = T t(1): nothing pays
+    # t(T) = T t(1): nothing pays. Seconds, not milliseconds: the step overhead the scheduler measures (a
+    # few ms, more on a loaded machine) would otherwise make a long block cheaper per input than plain.
+    table = _C.CostTable([1, 64], [0], [1.0, 64.0])
     auto = _C.AutoDrafter([_SampledChain(truth, model.config.vocab_size)], table, decay=1.0)
     monkeypatch.setattr(sys.modules["mtprobe.decode.generate"], "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
