@@ -85,6 +85,40 @@ def test_quantized_copy_swaps_every_linear_and_leaves_the_target_alone(tiny):
         torch.testing.assert_close(step, rounded(ids[:, :3]).logits, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "mixed"])
+def test_quantized_copy_in_each_format(tiny, fmt):
+    # q8_0: every linear in 8 bits; mixed: the attention's in 8, the MLP's in 4; the head in 8 in both.
+    draft = quantized(tiny, format=fmt)
+    assert draft is not quantized(tiny) and quantized(tiny, format=fmt) is draft  # one draft per format
+    head = tiny.get_output_embeddings()
+    for name, module in tiny.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            eight = module is head or fmt == "q8_0" or ".self_attn." in name
+            assert draft.get_submodule(name).format == ("q8_0" if eight else "q4_1"), name
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4, draft_format=fmt)
+    prompt = torch.randint(0, 47, (1, 12), generator=torch.Generator().manual_seed(7))
+    out = mtprobe.generate(tiny, prompt, cfg, max_new_tokens=30)
+    assert torch.equal(out.sequences, tiny.generate(prompt, do_sample=False, max_new_tokens=30))
+    assert state_of(draft).decoder is not None  # its one-token forwards in C++, as the 4-bit draft's
+
+
+def test_a_draft_format_that_does_not_exist_is_refused(tiny):
+    with pytest.raises(
+        ValueError,
+        match=r"format='q2_k' is not a quantized self-draft's format; choose one of 'q4_1', 'q8_0', 'mixed'",
+    ):
+        quantized(tiny, format="q2_k")
+    with pytest.raises(ValueError, match=r"draft_format='q3' is not a quantized self-draft's format"):
+        mtprobe.DraftModelConfig(self_draft="quantized", draft_format="q3")
+    with pytest.raises(
+        ValueError,
+        match=r"draft_format='q8_0' is the quantized self-draft's format: pass self_draft='quantized'",
+    ):
+        mtprobe.DraftModelConfig(draft_format="q8_0")
+    with pytest.raises(ValueError, match=r"runs on the CPU in float32 .* the model is torch.float64"):
+        quantized(tiny_llama(vocab_size=48, num_hidden_layers=1).double(), format="q8_0")
+
+
 def test_quantized_copy_refuses_other_dtypes(tiny):
     with pytest.raises(ValueError, match=r"runs on the CPU in float32 .* the model is torch.float64"):
         quantized(tiny_llama(vocab_size=48, num_hidden_layers=1).double())

@@ -31,8 +31,8 @@ class ModelState:
     """The CPU linear routes chosen for it, by route key (:func:`mtprobe.target.profile.choose_linear_routes`)."""
     truncated_drafts: dict[int, Any] = field(default_factory=dict)
     """Its layer-truncated self-drafts by depth (:func:`mtprobe.target.self_draft.layer_truncated`)."""
-    quantized_draft: Any = None
-    """Its quantized self-draft (:func:`mtprobe.target.self_draft.quantized`)."""
+    quantized_drafts: dict[str, Any] = field(default_factory=dict)
+    """Its quantized self-drafts by format (:func:`mtprobe.target.self_draft.quantized`)."""
     decoder: Any = None
     """For a quantized self-draft: its one-token forward in C++, or None where it cannot run one."""
     decoder_checked: bool = False

