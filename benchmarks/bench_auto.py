@@ -351,7 +351,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
         HF_GREEDY: hf(),
         "HF prompt lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
         "auto": mt(mtprobe.AutoConfig()),
-        # AutoConfig's candidates up to 2026-11-29: the quantized self-draft in 4 bits only.
+        # AutoConfig's candidates up to 2026-11-29: the quantized self-draft in 4 bits whatever the weights.
         "auto 4-bit draft only": mt(
             mtprobe.AutoConfig(
                 drafters=(
@@ -469,8 +469,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
         f"`prompt_lookup_num_tokens={args.pld_tokens}`; `mtprobe plain` `mtprobe.PlainConfig()` (T = 1 every "
         "step); `auto` `mtprobe.AutoConfig()` (its default candidates: prompt lookup, STAND and the quantized self-draft; "
         "since 2026-11-28 K up to 24 and STAND `prompt_logits=0`, before that K up to 12 and every prompt logit; "
-        "since 2026-11-29 the self-draft in 4 and in 8 bits, `draft_format` q4_1 and q8_0); `auto 4-bit draft only` "
-        "its candidates before that (the 4-bit self-draft alone); `quantized draft K q8_0` / `mixed` the self-draft "
+        "since 2026-11-29 the self-draft's format chosen by its weights, `draft_format='auto'`: 4 bits on the 4-bit grid, "
+        "else 8); `auto 4-bit draft only` its candidates before that (the 4-bit self-draft); "
+        "`quantized draft K q8_0` / `mixed` the self-draft "
         "with every linear in 8 bits / the attention's in 8 and the MLP's in 4; "
         f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
         "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "

@@ -42,7 +42,12 @@ NON_DEFAULT = {
     ),
     "pld": mtprobe.PromptLookupConfig(num_tokens=7, max_ngram_size=4, block_complexity=12),
     "sps": mtprobe.DraftModelConfig(
-        num_draft_layers=3, num_tokens=4, top_branches=2, block_complexity=9, self_draft="quantized"
+        num_draft_layers=3,
+        num_tokens=4,
+        top_branches=2,
+        block_complexity=9,
+        self_draft="quantized",
+        draft_format="q8_0",
     ),
     "stand": mtprobe.StandConfig(
         block_complexity=17,

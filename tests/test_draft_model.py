@@ -102,10 +102,35 @@ def test_quantized_copy_in_each_format(tiny, fmt):
     assert state_of(draft).decoder is not None  # its one-token forwards in C++, as the 4-bit draft's
 
 
+def test_auto_format_is_four_bits_on_the_grid_and_eight_bits_off_it():
+    # The format follows the weights: Q4_1 values already (a GGUF-dequantized checkpoint) -> q4_1, whose
+    # draft is then the target up to rounding; anything else (a full-precision checkpoint) -> q8_0.
+    from mtprobe.target.self_draft import draft_format_for
+
+    off, on = tiny_llama(seed=8), tiny_llama(seed=8)
+    with torch.no_grad():
+        for module in on.modules():
+            if isinstance(module, torch.nn.Linear) and module is not on.get_output_embeddings():
+                module.weight.copy_(dequantize(quantize(module.weight, "q4_1")))
+    assert draft_format_for(on) == "q4_1" and draft_format_for(off) == "q8_0"
+    assert quantized(on, format="auto") is quantized(on, format="q4_1")
+    assert quantized(off, format="auto") is quantized(off, format="q8_0")
+    with torch.no_grad():  # one weight a tenth of a step off its grid point is off the grid
+        w = on.model.layers[1].mlp.down_proj.weight
+        w[3, 5] += 0.1 * float(quantize(w, "q4_1").scale[3, 0])
+    mtprobe.release(on)  # the decision is kept per model: a model changed in place is released
+    assert draft_format_for(on) == "q8_0"
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4, draft_format="auto")
+    prompt = torch.randint(0, 47, (1, 12), generator=torch.Generator().manual_seed(9))
+    for model in (on, off):
+        out = mtprobe.generate(model, prompt, cfg, max_new_tokens=20)
+        assert torch.equal(out.sequences, model.generate(prompt, do_sample=False, max_new_tokens=20))
+
+
 def test_a_draft_format_that_does_not_exist_is_refused(tiny):
     with pytest.raises(
         ValueError,
-        match=r"format='q2_k' is not a quantized self-draft's format; choose one of 'q4_1', 'q8_0', 'mixed'",
+        match=r"format='q2_k' is not a quantized self-draft's format; choose one of 'q4_1', 'q8_0', 'mixed', 'auto'",
     ):
         quantized(tiny, format="q2_k")
     with pytest.raises(ValueError, match=r"draft_format='q3' is not a quantized self-draft's format"):

@@ -33,6 +33,8 @@ class ModelState:
     """Its layer-truncated self-drafts by depth (:func:`mtprobe.target.self_draft.layer_truncated`)."""
     quantized_drafts: dict[str, Any] = field(default_factory=dict)
     """Its quantized self-drafts by format (:func:`mtprobe.target.self_draft.quantized`)."""
+    draft_format: str | None = None
+    """The self-draft's format its weights call for (:func:`mtprobe.target.self_draft.draft_format_for`)."""
     decoder: Any = None
     """For a quantized self-draft: its one-token forward in C++, or None where it cannot run one."""
     decoder_checked: bool = False

