@@ -63,7 +63,7 @@ from mtprobe.cpu import linear_routes, quantized_linear
 from mtprobe.cpu.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
 from mtprobe.state import state_of
-from mtprobe.target import self_draft as draft_model
+from mtprobe.target_model import self_draft as draft_model
 
 MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
 MASKS = "benchmarks/results/calibrate/masks-smollm2-135m-k1-offsets.safetensors"
@@ -303,7 +303,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
     """Issue 42's comparison, every row in this process on one model (see the module's docstring)."""
     import mtprobe
     from mtprobe import models
-    from mtprobe.target.profile import choose_linear_routes
+    from mtprobe.target_model.profile import choose_linear_routes
 
     torch.set_num_threads(args.threads)
     load0, started = load_average(), dt.datetime.now(dt.timezone.utc)

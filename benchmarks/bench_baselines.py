@@ -26,7 +26,7 @@ from _common import first_turn_prompts, run_lines, write_report
 from mtprobe import models
 from mtprobe.drafters.lookahead import LOOKAHEAD_PAPER_CONFIGS
 from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.target.mask_calibration import load_calibration
+from mtprobe.target_model.mask_calibration import load_calibration
 
 OURS = (
     "probe",

@@ -23,7 +23,7 @@ import torch
 
 from mtprobe import models
 from mtprobe.offline import calibrate, calibration_data
-from mtprobe.target.mask_calibration import MaskCalibration
+from mtprobe.target_model.mask_calibration import MaskCalibration
 
 
 def main() -> None:

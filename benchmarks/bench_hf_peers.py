@@ -5,7 +5,7 @@ Per question (the first turn of the first ``--per-category`` questions of every 
 Spec-Bench question file), in turn: plain greedy ``model.generate``; transformers'
 ``generate(prompt_lookup_num_tokens=N)`` and ``mtprobe.PromptLookupConfig(num_tokens=N)``;
 transformers' ``generate(assistant_model=draft)`` and ``mtprobe.DraftModelConfig(draft_model=draft,
-num_tokens=K)`` with the same draft (by default SmolLM2's first layers: ``mtprobe.target.self_draft.layer_truncated``).
+num_tokens=K)`` with the same draft (by default SmolLM2's first layers: ``mtprobe.target_model.self_draft.layer_truncated``).
 transformers' assistant runs with a constant K (``num_assistant_tokens=K``,
 ``num_assistant_tokens_schedule="constant"``, ``assistant_confidence_threshold=0``), so both draft
 the same chains. Reports whether the tokens are identical to greedy, tokens per target forward
@@ -30,7 +30,7 @@ import mtprobe
 from _common import first_turn_prompts, run_lines, write_report
 from mtprobe import models
 from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.target.self_draft import layer_truncated
+from mtprobe.target_model.self_draft import layer_truncated
 
 
 def main(argv: list[str] | None = None) -> int:

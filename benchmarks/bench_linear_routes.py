@@ -33,8 +33,8 @@ from mtprobe import models
 from mtprobe.cpu import linear_routes
 from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, Router
 from mtprobe.cpu.machine import cpu_isa, cpu_name
-from mtprobe.target.adapter import HFAdapter, max_positions
-from mtprobe.target.profile import chain_mask, choose_linear_routes
+from mtprobe.target_model.adapter import HFAdapter, max_positions
+from mtprobe.target_model.profile import chain_mask, choose_linear_routes
 
 TARGET = (2, 20)
 """The block sizes issue 42's target speaks of: the chosen route's t(T) <= stock's t(T) there."""

@@ -50,7 +50,7 @@ import mtprobe  # noqa: E402
 from _common import first_turn_prompts, load_average, run_lines, write_report  # noqa: E402
 from mtprobe import models  # noqa: E402
 from mtprobe.specbench.questions import first_per_category, load_questions  # noqa: E402
-from mtprobe.target import self_draft as draft_model  # noqa: E402
+from mtprobe.target_model import self_draft as draft_model  # noqa: E402
 
 
 def step_times(model, positions: list[int], repeats: int) -> dict[int, float]:

@@ -45,7 +45,7 @@ from bench_baselines import configs as baseline_configs
 from mtprobe import models
 from mtprobe.specbench.methods import SHARED_NGRAM_MEMORY_SIZE
 from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.target.mask_calibration import load_calibration
+from mtprobe.target_model.mask_calibration import load_calibration
 from mtprobe.topology.bank import default_bank
 from sweep_tau import parse_fields
 

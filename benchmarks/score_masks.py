@@ -25,7 +25,7 @@ from _common import run_lines, write_report
 from mtprobe import models
 from mtprobe.data import encode_conversation, load_prompts
 from mtprobe.offline.calibrate import score_calibration
-from mtprobe.target.mask_calibration import load_calibration
+from mtprobe.target_model.mask_calibration import load_calibration
 
 
 def main(argv: list[str] | None = None) -> int:

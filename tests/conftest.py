@@ -40,7 +40,7 @@ def _keep_torch_threads():
 
 class QuietMachine:
     """Stands in for :class:`mtprobe.cpu.machine.OtherLoad` in the tests of the measurement caches
-    (``monkeypatch.setattr(mtprobe.target.profile, "OtherLoad", QuietMachine)``), which must not depend on
+    (``monkeypatch.setattr(mtprobe.target_model.profile, "OtherLoad", QuietMachine)``), which must not depend on
     what the other test worker is doing."""
 
     share = 0.0
@@ -219,7 +219,7 @@ def cpu_decode_loop(model, drafter, *, max_new_tokens: int, block_complexity: in
     the prompt, the new tokens and one block; ``kwargs`` override the rest (do_sample, process, ...).
     The adapter stays alive through the forward callback the loop holds."""
     from mtprobe import _C
-    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target_model.adapter import HFAdapter
 
     capacity = prompt_len + max_new_tokens + block_complexity
     adapter = HFAdapter(model, capacity)
@@ -275,8 +275,8 @@ class _StandInGraph:
 
 @pytest.fixture
 def stand_in_graphs(monkeypatch):
-    """mtprobe.target.plan's graph path on the CPU, with _StandInGraph for the CUDA capture."""
-    from mtprobe.target.plan import ForwardPlan
+    """mtprobe.target_model.plan's graph path on the CPU, with _StandInGraph for the CUDA capture."""
+    from mtprobe.target_model.plan import ForwardPlan
 
     monkeypatch.setattr(ForwardPlan, "_CAPTURABLE", ("cuda", "cpu"))
     monkeypatch.setattr(ForwardPlan, "_capture", _StandInGraph.capture)

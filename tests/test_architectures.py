@@ -37,14 +37,14 @@ from transformers import (
 import mtprobe
 from mtprobe import _C
 from mtprobe.drafters import mask_probe_drafter
-from mtprobe.target.adapter import (
+from mtprobe.target_model.adapter import (
     HFAdapter,
     SlidingWindow,
     max_positions,
     sliding_mask,
     sliding_window,
 )
-from mtprobe.target.mask_hooks import decoder_layers
+from mtprobe.target_model.mask_hooks import decoder_layers
 
 VOCAB = 320
 MAX_POS = 128
@@ -764,7 +764,7 @@ def test_sliding_mask_equals_hf_masks_on_a_chain(arch: str) -> None:
     """For a causal block (a chain) our window over HF's full mask is exactly HF's own sliding mask."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-    from mtprobe.target.cache import TreeKVCache
+    from mtprobe.target_model.cache import TreeKVCache
 
     model = _sliding_model(arch, "eager")  # eager: HF materialises the additive masks
     cfg = model.config
@@ -861,9 +861,9 @@ def test_sliding_window_oracle_long_accepts(arch: str) -> None:
 def test_ignoring_the_window_would_fail(monkeypatch: pytest.MonkeyPatch) -> None:
     """The control that gives the tests above their teeth: with the window dropped from the tree
     mask (the adapter told there is none) the same runs stop matching greedy."""
-    import mtprobe.target.adapter
+    import mtprobe.target_model.adapter
 
-    monkeypatch.setattr(mtprobe.target.adapter, "sliding_window", lambda m: None)
+    monkeypatch.setattr(mtprobe.target_model.adapter, "sliding_window", lambda m: None)
     for arch in SLIDING_ARCHS:
         model = _sliding_model(arch)
         ids = _repetitive_prompt(20, seed=320)
@@ -895,7 +895,7 @@ def test_tree_attention_refuses_beyond_the_window() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The static forward plan (mtprobe.target.plan) on every architecture, padded to its buckets: sliding
+# The static forward plan (mtprobe.target_model.plan) on every architecture, padded to its buckets: sliding
 # windows (dict masks on Gemma 3 and Qwen 2) and absolute positions (GPT-2) included.
 # --------------------------------------------------------------------------------------------
 

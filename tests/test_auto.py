@@ -13,7 +13,7 @@ import torch
 import mtprobe
 from conftest import tiny_llama
 from mtprobe import _C
-from mtprobe.target.profile import ForwardProfile, ProfileKey
+from mtprobe.target_model.profile import ForwardProfile, ProfileKey
 
 REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]  # prompt lookup and STAND draft here
 
@@ -557,7 +557,7 @@ def test_bench_auto_stock_rows_are_their_rows_on_torchs_linear(tmp_path, monkeyp
     # decode step, whatever the routes measured here), only when named, and its README line says so.
     from conftest import load_benchmark
     from mtprobe.cpu import linear_routes
-    from mtprobe.target.profile import choose_linear_routes
+    from mtprobe.target_model.profile import choose_linear_routes
 
     bench = load_benchmark("bench_auto")
     methods = dict(bench.METHODS)

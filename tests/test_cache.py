@@ -1,4 +1,4 @@
-"""The tree KV cache grows with the tokens generated, not with max_new_tokens (python/mtprobe/target/cache.py)."""
+"""The tree KV cache grows with the tokens generated, not with max_new_tokens (python/mtprobe/target_model/cache.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe.target.adapter import HFAdapter
-from mtprobe.target.cache import TreeKVCache
+from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.cache import TreeKVCache
 
 generate_module = importlib.import_module("mtprobe.decode.generate")  # the module, not mtprobe.generate()
 

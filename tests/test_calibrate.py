@@ -14,7 +14,7 @@ import mtprobe
 from conftest import tiny_llama
 from mtprobe.identity import model_identity
 from mtprobe.offline.calibrate import calibrate_masks, mask_loss
-from mtprobe.target.mask_calibration import MaskCalibration, load_calibration
+from mtprobe.target_model.mask_calibration import MaskCalibration, load_calibration
 
 
 def tiny_model():
@@ -431,14 +431,14 @@ def test_per_mask_offsets_must_be_one_set_per_mask():
     with pytest.raises(ValueError, match=r"or \[2, num_layers, 4\] \(one set per mask\), got \(3, 2, 4\)"):
         MaskCalibration(torch.zeros(2, 4), ident, layer_offsets=torch.zeros(3, 2, 4))
     with pytest.raises(ValueError, match="expected \\[2, hidden\\] or \\[k, 2, hidden\\]"):
-        with mtprobe.target.mask_hooks.layer_offsets(
+        with mtprobe.target_model.mask_hooks.layer_offsets(
             torch.nn.ModuleList([torch.nn.Identity()] * 2), torch.zeros(2, 3, 4), 0
         ):
             pass
 
 
 def test_adapter_checks_offsets_once_and_keeps_them_in_the_models_dtype(model):
-    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target_model.adapter import HFAdapter
 
     adapter = HFAdapter(copy.deepcopy(model).to(torch.bfloat16), capacity=8)
     layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
@@ -467,7 +467,7 @@ def test_auto_refuses_one_per_mask_file_at_two_mask_counts(model, per_mask_calib
 
 
 def test_decoder_layers_of_a_model_without_them():
-    from mtprobe.target.mask_hooks import decoder_layers
+    from mtprobe.target_model.mask_hooks import decoder_layers
 
     model = tiny_llama(seed=1)
     assert decoder_layers(model) is model.model.layers

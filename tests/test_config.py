@@ -82,7 +82,7 @@ NON_DEFAULT = {
         drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig(block_complexity=12)),
         # Keyed to the tiny model of the tests below: a profile for another model is refused.
         profile=mtprobe.ForwardProfile(
-            mtprobe.target.profile.ProfileKey.of(tiny_llama()),
+            mtprobe.target_model.profile.ProfileKey.of(tiny_llama()),
             (1, 8, 32),
             (0, 64),
             ((1.0, 1.2, 1.5), (1.1, 1.3, 1.7)),

@@ -15,7 +15,7 @@ from mtprobe import _C
 from mtprobe.cpu.quantized_linear import QuantizedLinear, dequantize, quantize
 from mtprobe.drafters import make_drafter
 from mtprobe.state import state_of
-from mtprobe.target.self_draft import check_draft_model, layer_truncated, quantized
+from mtprobe.target_model.self_draft import check_draft_model, layer_truncated, quantized
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_quantized_copy_in_each_format(tiny, fmt):
 def test_auto_format_is_four_bits_on_the_grid_and_eight_bits_off_it():
     # The format follows the weights: Q4_1 values already (a GGUF-dequantized checkpoint) -> q4_1, whose
     # draft is then the target up to rounding; anything else (a full-precision checkpoint) -> q8_0.
-    from mtprobe.target.self_draft import draft_format_for
+    from mtprobe.target_model.self_draft import draft_format_for
 
     off, on = tiny_llama(seed=8), tiny_llama(seed=8)
     with torch.no_grad():
@@ -326,7 +326,7 @@ def test_a_route_measurement_is_not_taken_for_the_targets_first_forward(monkeypa
     # taken for the target's (SmolLM2, Gemma-3: tau about 1.8 instead of 5 on the first call).
     import importlib
 
-    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target_model.adapter import HFAdapter
 
     generate_module = importlib.import_module("mtprobe.decode.generate")
     model = tiny_llama(vocab_size=96)

@@ -363,8 +363,8 @@ def test_prefill_computes_the_logits_the_drafter_reads(config, rows, monkeypatch
     as HF's generate."""
     from conftest import tiny_llama
     from mtprobe.drafters import max_prompt_logit_rows
-    from mtprobe.target.adapter import HFAdapter
-    from mtprobe.target.profile import ForwardProfile, ProfileKey
+    from mtprobe.target_model.adapter import HFAdapter
+    from mtprobe.target_model.profile import ForwardProfile, ProfileKey
 
     model = tiny_llama()
     if isinstance(config, mtprobe.AutoConfig):

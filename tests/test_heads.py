@@ -609,7 +609,7 @@ def test_heads_inside_the_scheduler(model, trained):
             mtprobe.StandConfig(),
         ),
         profile=mtprobe.ForwardProfile(
-            mtprobe.target.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)
+            mtprobe.target_model.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)
         ),
     )
     prompt = _prompts(1, seed=8)[0]

@@ -162,7 +162,7 @@ def test_a_filled_cache_of_the_callers_is_refused(tiny, route, name):
     # transformers 5.2x renamed the argument (past_key_values warns until 5.40): both names are caught.
     from transformers import DynamicCache
 
-    from mtprobe.target.adapter import cache_argument
+    from mtprobe.target_model.adapter import cache_argument
 
     if name == "cache" and cache_argument(tiny) != "cache":
         pytest.skip("this transformers predates the cache= argument")
@@ -455,7 +455,7 @@ def test_an_auto_config_with_the_quantized_self_draft_shares_one_prefill(tiny):
 
 def test_shared_prefill_serves_only_the_same_prefill(tiny):
     # Other inputs, another hidden layer or another prefill cut: no copy, the adapter runs the model.
-    from mtprobe.target.adapter import HFAdapter, SharedPrefill
+    from mtprobe.target_model.adapter import HFAdapter, SharedPrefill
 
     share = SharedPrefill()
     tokens, pos = IDS[0], torch.arange(IDS.shape[1])[None]  # [L], [1, L]
@@ -506,7 +506,7 @@ def test_num_return_sequences_bad_input(tiny, route):
 def test_a_prefill_that_skips_the_prompts_logits_returns_zeros_in_their_rows(tiny):
     # prefill_logits_from = k: rows 0..k-1 are not computed (logits_to_keep) but keep their places as
     # zeros; the rows from k on are the full prefill's.
-    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target_model.adapter import HFAdapter
 
     tokens = torch.tensor([3, 7, 11, 5, 9, 2, 4])
     pos = torch.arange(tokens.shape[0]).view(1, -1)

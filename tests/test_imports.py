@@ -231,7 +231,7 @@ FLOORS: dict[str, int] = {
     "mtprobe.analysis": 1,
     # 2: the CPU's kernels and routes; 3: the target model as the loop sees it
     "mtprobe.cpu": 2,
-    "mtprobe.target": 3,
+    "mtprobe.target_model": 3,
     # 4: what drafters are made of; 5: the drafters, one module a method; 6: the decode path
     "mtprobe.heads": 4,
     "mtprobe.topology": 4,
@@ -269,10 +269,10 @@ def upward_imports(edges: dict[str, dict[str, list[int]]]) -> list[str]:
 
 def test_the_floor_check_finds_an_import_that_points_up() -> None:
     edges = {
-        "mtprobe.cpu.machine": {"mtprobe.target.adapter": [3]},
+        "mtprobe.cpu.machine": {"mtprobe.target_model.adapter": [3]},
         "mtprobe.decode.generate": {"mtprobe.cpu": [1]},
     }
-    assert upward_imports(edges) == ["mtprobe.cpu.machine (2) -> mtprobe.target.adapter (3): lines [3]"]
+    assert upward_imports(edges) == ["mtprobe.cpu.machine (2) -> mtprobe.target_model.adapter (3): lines [3]"]
 
 
 def test_every_module_has_a_floor_and_imports_point_down() -> None:

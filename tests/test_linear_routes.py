@@ -1,4 +1,4 @@
-"""mtprobe.cpu.linear_routes and its choice in mtprobe.target.profile: which linears a route swaps, the route of
+"""mtprobe.cpu.linear_routes and its choice in mtprobe.target_model.profile: which linears a route swaps, the route of
 each block size, the measurement and its caches, the adapter taking a decode step's route, and greedy
 output unchanged under every route.
 
@@ -35,9 +35,9 @@ from mtprobe.cpu.linear_routes import (
     forced_route,
     routable_linears,
 )
-from mtprobe.target import profile
-from mtprobe.target.adapter import HFAdapter
-from mtprobe.target.profile import ForwardProfile, ProfileKey, chain_mask, choose_linear_routes
+from mtprobe.target_model import profile
+from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.profile import ForwardProfile, ProfileKey, chain_mask, choose_linear_routes
 
 requires_simd = pytest.mark.skipif(
     not small_batch_linear.simd(), reason="this CPU has no AVX2/FMA: the small-batch route cannot run"

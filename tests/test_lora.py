@@ -129,7 +129,9 @@ def test_a_lora_head_inside_the_scheduler(model, lora_heads, base_head):
     # The other drafters read no hidden states, so they do not stop the forward from returning the
     # draft layers' input (they did: "different hidden states ([-1, 2])"); two heads that read
     # different layers still cannot share one forward.
-    flat = mtprobe.ForwardProfile(mtprobe.target.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),))
+    flat = mtprobe.ForwardProfile(
+        mtprobe.target_model.profile.ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)
+    )
     head = mtprobe.HeadsConfig(path=lora_heads[1], block_complexity=8)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=4), mtprobe.StandConfig(block_complexity=6), head),

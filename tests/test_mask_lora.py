@@ -1,4 +1,4 @@
-"""A mask LoRA (python/mtprobe/target/mask_hooks.py ``mask_lora``, ``calibrate --mask-lora``): a low-rank change of
+"""A mask LoRA (python/mtprobe/target_model/mask_hooks.py ``mask_lora``, ``calibrate --mask-lora``): a low-rank change of
 the model's projections at the mask inputs only. Token inputs, and so verification and the output, stay
 exactly as they were; the calibration learns it, files carry it, and bad ones are refused by name."""
 
@@ -11,8 +11,8 @@ import mtprobe
 from conftest import tiny_llama
 from mtprobe.identity import model_identity
 from mtprobe.offline.calibrate import calibrate_masks, mask_loss, score_calibration
-from mtprobe.target import mask_hooks
-from mtprobe.target.mask_calibration import MaskCalibration
+from mtprobe.target_model import mask_hooks
+from mtprobe.target_model.mask_calibration import MaskCalibration
 from test_calibrate import _assert_greedy, _prompts, tiny_model
 
 

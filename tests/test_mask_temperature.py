@@ -13,8 +13,8 @@ import mtprobe
 from mtprobe.identity import model_identity
 from mtprobe.offline import calibrate, calibration_data
 from mtprobe.offline.calibrate import calibrate_masks, fit_mask_temperature, score_calibration
-from mtprobe.target import adapter, mask_hooks
-from mtprobe.target.mask_calibration import MaskCalibration
+from mtprobe.target_model import adapter, mask_hooks
+from mtprobe.target_model.mask_calibration import MaskCalibration
 from test_calibrate import _assert_greedy, _prompts, tiny_model
 from test_mask_lora import calibrate_argv
 

@@ -1,4 +1,4 @@
-"""The static forward plan (mtprobe.target.plan): a fixed KV buffer written at device positions, block-size
+"""The static forward plan (mtprobe.target_model.plan): a fixed KV buffer written at device positions, block-size
 buckets with padding, and the one-read step. On the CPU it runs eager; every output must be HF
 greedy's, padded or not, and the padding must be invisible to every real input."""
 
@@ -10,8 +10,8 @@ import torch
 import mtprobe
 from conftest import cpu_decode_loop, tiny_llama
 from mtprobe import _C
-from mtprobe.target.adapter import HFAdapter
-from mtprobe.target.plan import ForwardPlan, PlanConfig, chain_mask, padded_mask
+from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.plan import ForwardPlan, PlanConfig, chain_mask, padded_mask
 
 MIN = torch.finfo(torch.float32).min
 
@@ -339,7 +339,7 @@ def test_a_model_keeps_its_plan_and_graphs_across_calls(stand_in_graphs):
     plan (its KV buffer and graphs); another configuration, dtype or a released model gets a new one."""
     from mtprobe.state import kept as has_state
     from mtprobe.state import state_of
-    from mtprobe.target import plan as plan_module
+    from mtprobe.target_model import plan as plan_module
 
     model = tiny_llama()
     plan_module.release(model)

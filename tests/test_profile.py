@@ -1,4 +1,4 @@
-"""mtprobe.target.profile: measured forward costs, their cache on disk, and the refusals."""
+"""mtprobe.target_model.profile: measured forward costs, their cache on disk, and the refusals."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 import mtprobe
 from conftest import QuietMachine, tiny_llama
-from mtprobe.target.profile import ForwardProfile, ProfileKey, profile_forward
+from mtprobe.target_model.profile import ForwardProfile, ProfileKey, profile_forward
 
 KEY = ProfileKey(model="M:0", device="cpu", dtype="float32", threads=1)
 
@@ -18,7 +18,7 @@ KEY = ProfileKey(model="M:0", device="cpu", dtype="float32", threads=1)
 def _quiet_machine(monkeypatch):
     """The caches' behaviour must not depend on the other test worker's load (tests of a busy machine
     put BusyMachine in its place)."""
-    monkeypatch.setattr(mtprobe.target.profile, "OtherLoad", QuietMachine)
+    monkeypatch.setattr(mtprobe.target_model.profile, "OtherLoad", QuietMachine)
 
 
 def test_docstring_example_and_interpolation():
@@ -139,7 +139,7 @@ def test_the_packed_linear_layers_of_bench_cpu_linear_compute_the_same_model():
 def test_a_profile_measured_on_a_busy_machine_is_measured_again_once_it_is_quiet(
     tmp_path, monkeypatch, caplog
 ):
-    import mtprobe.target.profile as profile
+    import mtprobe.target_model.profile as profile
     from conftest import BusyMachine
 
     monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))

@@ -14,9 +14,9 @@ import torch
 import mtprobe
 from conftest import tiny_llama
 from mtprobe.state import state_of
-from mtprobe.target import self_draft as draft_model
-from mtprobe.target.adapter import HFAdapter
-from mtprobe.target.self_draft import DECODER_ENV, quantized, quantized_decoder, why_no_decoder
+from mtprobe.target_model import self_draft as draft_model
+from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.self_draft import DECODER_ENV, quantized, quantized_decoder, why_no_decoder
 
 
 def _hf_and_decoder_steps(model, tokens: list[int]) -> tuple[list[float], list[float]]:

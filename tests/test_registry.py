@@ -121,7 +121,7 @@ def test_a_drafter_added_through_the_registry_alone(toy, model):
 def test_a_drafter_that_takes_the_target_is_handed_the_generations_adapter(toy, model):
     # takes_target=True: the factory gets the generation's own target adapter, built before the drafter,
     # with its KV cache (what the quantized self-draft copies entries from); the others never see it.
-    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target_model.adapter import HFAdapter
 
     mtprobe.register_method(dataclasses.replace(registry.get("toy"), takes_target=True), replace=True)
     CALLS.clear()

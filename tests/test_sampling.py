@@ -22,7 +22,7 @@ from transformers.generation.logits_process import (
 import mtprobe
 from mtprobe import _C
 from mtprobe.reference.lookahead import LookaheadPool
-from mtprobe.target.adapter import HFAdapter
+from mtprobe.target_model.adapter import HFAdapter
 
 V = 16
 ALPHA = 1e-3  # false-alarm rate of each test; the seeds are fixed, so each run is deterministic
@@ -400,7 +400,7 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
         "auto": mtprobe.AutoConfig(
             drafters=(mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.StandConfig(block_complexity=10)),
             profile=mtprobe.ForwardProfile(
-                mtprobe.target.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)
+                mtprobe.target_model.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)
             ),
         ),
         # The quantized self-draft beside prompt lookup: asked when its forecast beats prompt lookup's
@@ -411,7 +411,7 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
                 mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3),
             ),
             profile=mtprobe.ForwardProfile(
-                mtprobe.target.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)
+                mtprobe.target_model.profile.ProfileKey.of(tiny), (1, 64), (0,), ((1.0, 1.0),)
             ),
         ),
         # Thresholds that switch trees on the tiny model's scores, so several shapes are verified.

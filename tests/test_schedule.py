@@ -1,5 +1,5 @@
 """The scheduler's arithmetic (csrc/core/schedule.h) against its Python reference
-(mtprobe.reference.schedule) and the forward profile's interpolation (mtprobe.target.profile.ForwardProfile)."""
+(mtprobe.reference.schedule) and the forward profile's interpolation (mtprobe.target_model.profile.ForwardProfile)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from mtprobe import _C
 from mtprobe.reference import schedule as ref
-from mtprobe.target.profile import ForwardProfile, ProfileKey
+from mtprobe.target_model.profile import ForwardProfile, ProfileKey
 
 KEY = ProfileKey(model="M:0", device="cpu", dtype="float32", threads=1)
 

@@ -1141,7 +1141,7 @@ def test_hf_prompt_lookup_counts_its_steps_like_mtprobe_prompt_lookup() -> None:
 def test_auto_method_runs_in_the_harness(tmp_path: Path) -> None:
     import mtprobe
     from conftest import tiny_llama
-    from mtprobe.target.profile import ForwardProfile, ProfileKey
+    from mtprobe.target_model.profile import ForwardProfile, ProfileKey
 
     model = tiny_llama()
     path = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((1.0, 1.0),)).save(tmp_path / "p.json")

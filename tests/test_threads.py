@@ -11,7 +11,7 @@ import torch
 
 import mtprobe
 from conftest import tiny_llama
-from mtprobe.target import mask_hooks
+from mtprobe.target_model import mask_hooks
 from test_mask_lora import _random_lora
 
 

@@ -29,7 +29,7 @@ from mtprobe.offline.topology import (
     true_ranks,
 )
 from mtprobe.reference import topology as ref
-from mtprobe.target.profile import ForwardProfile, ProfileKey
+from mtprobe.target_model.profile import ForwardProfile, ProfileKey
 from mtprobe.topology import TopologyBank, chain_tree, default_bank
 
 REPEATING = [5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17, 9, 33, 2, 5, 17]

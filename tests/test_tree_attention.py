@@ -14,7 +14,7 @@ import mtprobe
 import mtprobe.tree_attention
 from conftest import load_benchmark, tiny_llama
 from mtprobe.reference import tree_ancestors, tree_attention, tree_attention_mask, tree_position_ids
-from mtprobe.target.adapter import cache_argument
+from mtprobe.target_model.adapter import cache_argument
 from test_tree_mask import TREES, chain, random_tree
 from tolerances import dtype_id, tolerance
 

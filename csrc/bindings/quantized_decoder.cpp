@@ -36,7 +36,7 @@ void bind_quantized_decoder(py::module_& m) {
   py::class_<QuantizedDecoder, std::shared_ptr<QuantizedDecoder>>(
       m, "QuantizedDecoder",
       "The quantized self-draft's one-token decoder step in C++ (csrc/decode/quantized_decoder.h); "
-      "mtprobe.target.self_draft.quantized_decoder builds it from a quantized twin.")
+      "mtprobe.target_model.self_draft.quantized_decoder builds it from a quantized twin.")
       .def(py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
                        const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
                        double scale, double rope_scaling) {

@@ -4,7 +4,7 @@
 //   Q8_0: 32 codes q in [-128, 128),            W[n, 32 g + j] = scale[n, g] * q.
 // Torch-free, C++17.
 //
-// Why: they are the weights of the quantized self-draft (python/mtprobe/target/self_draft.py). On a CPU one
+// Why: they are the weights of the quantized self-draft (python/mtprobe/target_model/self_draft.py). On a CPU one
 // decoding step streams every weight from memory; the target's own weights in 4 bits (8 for its head)
 // are an eighth (a quarter) of float32's bytes, so the same model drafts in a fraction of a target
 // forward and agrees with the target on almost every token. The target still verifies every draft with

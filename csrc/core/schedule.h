@@ -27,7 +27,7 @@
 namespace mtprobe::core {
 
 // Median seconds of one forward over T inputs after `context` cached positions, measured on a grid
-// (python/mtprobe/target/profile.py measures it; ForwardProfile.time is the reference of time()).
+// (python/mtprobe/target_model/profile.py measures it; ForwardProfile.time is the reference of time()).
 class CostTable {
  public:
   CostTable() = default;

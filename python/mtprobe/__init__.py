@@ -33,8 +33,8 @@ from mtprobe.registry import Method, Option
 from mtprobe.registry import register as register_method
 from mtprobe.registry import unregister as unregister_method
 from mtprobe.state import release
-from mtprobe.target.plan import PlanConfig
-from mtprobe.target.profile import ForwardProfile, choose_linear_routes, profile_forward
+from mtprobe.target_model.plan import PlanConfig
+from mtprobe.target_model.profile import ForwardProfile, choose_linear_routes, profile_forward
 from mtprobe.topology import TopologyBank
 
 NgramMemory = _C.NgramMemory  # the cross-request n-gram memory of STAND and the hybrid

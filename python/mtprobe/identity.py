@@ -1,6 +1,6 @@
 """Model identity: what the files and caches mtprobe makes for one model are checked against.
 
-A mask calibration (:mod:`mtprobe.target.mask_calibration`), a circuit head's checkpoint
+A mask calibration (:mod:`mtprobe.target_model.mask_calibration`), a circuit head's checkpoint
 (:mod:`mtprobe.heads.inference`) and a file of calibration continuations
 (:mod:`mtprobe.offline.calibration_data`) record :func:`model_identity` of the model they were made on,
 and refuse a model whose identity differs. Imports nothing of mtprobe.

@@ -169,7 +169,7 @@ class Method:
     scheduler then asks it for a chain only when the chain's forecast pays (csrc/drafters/auto.h)."""
     takes_target: bool = False
     """Whether the drafter factory takes ``target=``, the generation's target adapter
-    (:class:`mtprobe.target.adapter.HFAdapter`), built before the drafter: a drafter that reads the
+    (:class:`mtprobe.target_model.adapter.HFAdapter`), built before the drafter: a drafter that reads the
     target's KV cache (the quantized self-draft copies its entries) has it handed in."""
 
     # What a method adds to the shared decode path, each None where it adds nothing. The decode path

@@ -26,15 +26,15 @@ class ModelState:
     """What one model carries from call to call (each field filled by the floor named beside it)."""
 
     plan: Any = None
-    """The static forward plan (:mod:`mtprobe.target.plan`): its KV buffer, buckets and graphs."""
+    """The static forward plan (:mod:`mtprobe.target_model.plan`): its KV buffer, buckets and graphs."""
     linear_routes: dict[Any, Any] = field(default_factory=dict)
-    """The CPU linear routes chosen for it, by route key (:func:`mtprobe.target.profile.choose_linear_routes`)."""
+    """The CPU linear routes chosen for it, by route key (:func:`mtprobe.target_model.profile.choose_linear_routes`)."""
     truncated_drafts: dict[int, Any] = field(default_factory=dict)
-    """Its layer-truncated self-drafts by depth (:func:`mtprobe.target.self_draft.layer_truncated`)."""
+    """Its layer-truncated self-drafts by depth (:func:`mtprobe.target_model.self_draft.layer_truncated`)."""
     quantized_drafts: dict[str, Any] = field(default_factory=dict)
-    """Its quantized self-drafts by format (:func:`mtprobe.target.self_draft.quantized`)."""
+    """Its quantized self-drafts by format (:func:`mtprobe.target_model.self_draft.quantized`)."""
     draft_format: str | None = None
-    """The self-draft's format its weights call for (:func:`mtprobe.target.self_draft.draft_format_for`)."""
+    """The self-draft's format its weights call for (:func:`mtprobe.target_model.self_draft.draft_format_for`)."""
     decoder: Any = None
     """For a quantized self-draft: its one-token forward in C++, or None where it cannot run one."""
     decoder_checked: bool = False

@@ -25,7 +25,7 @@ using mtprobe::core::forecast_chain;
 
 bool near(double a, double b) { return std::fabs(a - b) < 1e-9; }
 
-// The docstring example of python/mtprobe/target/profile.py.
+// The docstring example of python/mtprobe/target_model/profile.py.
 CostTable example_table() {
   return CostTable({1, 8, 32}, {64, 512}, {0.020, 0.030, 0.046, 0.024, 0.036, 0.056});
 }

@@ -28,7 +28,7 @@ from mtprobe.cli._common import (
 )
 from mtprobe.data import corpus_prompts
 from mtprobe.offline.calibrate import calibrate_masks, fit_mask_temperature
-from mtprobe.target.mask_calibration import MaskCalibration, load_calibration
+from mtprobe.target_model.mask_calibration import MaskCalibration, load_calibration
 
 HELP = "learn a model's mask-token embeddings (ProbeConfig(mask_init='calibrated'))"
 DESCRIPTION = (

@@ -20,7 +20,7 @@ from mtprobe.cli._common import EXIT_OK, UsageError, int_at_least
 from mtprobe.data import encode_conversation
 from mtprobe.decode import generate
 from mtprobe.specbench import methods as _methods
-from mtprobe.target.plan import PlanConfig
+from mtprobe.target_model.plan import PlanConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

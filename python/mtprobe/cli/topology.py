@@ -19,7 +19,7 @@ from mtprobe.cli._common import (
 )
 from mtprobe.drafters import HeadsConfig
 from mtprobe.offline.topology import bucket_sizes, build_bank
-from mtprobe.target.profile import ForwardProfile
+from mtprobe.target_model.profile import ForwardProfile
 
 HELP = "build an EntMTP topology bank for a model (or a circuit head)"
 DESCRIPTION = (

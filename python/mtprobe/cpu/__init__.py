@@ -3,5 +3,5 @@ for verification forwards of a few inputs (:mod:`~mtprobe.cpu.small_batch_linear
 block size takes through the linear layers (:mod:`~mtprobe.cpu.linear_routes`) and the 4-bit linear
 layers of the quantized self-draft (:mod:`~mtprobe.cpu.quantized_linear`).
 
-Nothing here knows a Hugging Face model's structure: :mod:`mtprobe.target` applies these to one.
+Nothing here knows a Hugging Face model's structure: :mod:`mtprobe.target_model` applies these to one.
 """

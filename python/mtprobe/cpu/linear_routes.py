@@ -16,9 +16,9 @@ machine at hand:
   inputs.
 
 :class:`LinearRoutes` is the outcome, a route for every block size T:
-:func:`mtprobe.target.profile.choose_linear_routes` measures it (seconds, once per machine and model
+:func:`mtprobe.target_model.profile.choose_linear_routes` measures it (seconds, once per machine and model
 architecture; cached on disk under :class:`RouteKey`: CPU model, instruction set, threads, dtype,
-torch) and :class:`~mtprobe.target.adapter.HFAdapter` runs each decode step's forward through its T's route.
+torch) and :class:`~mtprobe.target_model.adapter.HFAdapter` runs each decode step's forward through its T's route.
 Only decode steps (a cached prefix) of float32 CPU models are routed, and only models whose linear
 weights outgrow the caches (:data:`MIN_WEIGHT_BYTES`); the prefill and whatever the user runs keep
 torch's linear. A route other than stock is taken at a measured T only if it was at least

@@ -72,7 +72,7 @@ def architecture(model: Any) -> str:
 
 # A measurement during which other processes used more than this share of the machine's CPU time was
 # made on a busy machine: the load can turn a route's ranking around, and a cache entry outlives the
-# load, so such an entry is measured again once the machine is quiet (mtprobe.target.profile).
+# load, so such an entry is measured again once the machine is quiet (mtprobe.target_model.profile).
 BUSY_SHARE = 0.25
 
 

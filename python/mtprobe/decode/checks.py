@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from mtprobe.target.adapter import sliding_window
+from mtprobe.target_model.adapter import sliding_window
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 

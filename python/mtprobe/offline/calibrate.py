@@ -20,15 +20,15 @@ passages of local text files, each under an instruction (:func:`mtprobe.data.cor
 go first, so the held-out prompts (the last ``--holdout``) stay the set's own.
 
 ``--layer-offsets`` also learns one vector per decoder layer, added to the masks' hidden state before
-that layer (``[num_layers, hidden]``, 17 280 numbers for SmolLM2; :func:`mtprobe.target.mask_hooks.layer_offsets`;
+that layer (``[num_layers, hidden]``, 17 280 numbers for SmolLM2; :func:`mtprobe.target_model.mask_hooks.layer_offsets`;
 with ``--num-masks`` k >= 2 one such set per mask, ``[k, num_layers, hidden]``).
 A mask embedding only chooses the first layer's input; the offsets steer every layer's computation at
 the mask, which a 576-number input cannot. The model's weights and every token input stay untouched
 (no draft token attends to a mask), so verification, and the output, are unchanged.
 
-The result is a :class:`~mtprobe.target.mask_calibration.MaskCalibration` file (safetensors: the masks,
+The result is a :class:`~mtprobe.target_model.mask_calibration.MaskCalibration` file (safetensors: the masks,
 the layer offsets if learned, and a JSON header naming the model it belongs to; decode time reads it with
-:mod:`mtprobe.target.mask_calibration` and applies it with :mod:`mtprobe.target.mask_hooks`);
+:mod:`mtprobe.target_model.mask_calibration` and applies it with :mod:`mtprobe.target_model.mask_hooks`);
 ``ProbeConfig(mask_init="calibrated", mask_path=FILE)`` starts every generation's masks from it; they stay
 fixed (``mask_lambda`` defaults to 0 for them), and a positive ``mask_lambda`` applies the paper's running
 update on top. The greedy continuations and their KV caches come from :mod:`mtprobe.offline.calibration_data`.
@@ -54,9 +54,9 @@ import torch
 
 from mtprobe.identity import model_identity
 from mtprobe.offline.calibration_data import _continuations, _prefix_cache
-from mtprobe.target import mask_hooks
-from mtprobe.target.adapter import cache_argument
-from mtprobe.target.mask_calibration import MaskCalibration
+from mtprobe.target_model import mask_hooks
+from mtprobe.target_model.adapter import cache_argument
+from mtprobe.target_model.mask_calibration import MaskCalibration
 
 __all__ = [
     "calibrate_masks",
@@ -137,7 +137,7 @@ def mask_loss(
     left unchanged: the forward runs on a copy): mask j of anchor p sits at position p + j and attends to ids[0..p] and to
     masks 1..j-1 of its own anchor. ``layer_offsets`` (or None) are added to every mask's hidden state
     before each decoder layer, as in decoding; ``mask_lora`` (or None) adapts the projections at the
-    masks (:func:`mtprobe.target.mask_hooks.mask_lora`); mask j's logits are divided by ``temperature[j - 1]`` (or
+    masks (:func:`mtprobe.target_model.mask_hooks.mask_lora`); mask j's logits are divided by ``temperature[j - 1]`` (or
     not, None), as decoding does with a calibration's ``mask_temperature``.
     """
     a, k = int(anchors.shape[0]), int(masks.shape[0])
@@ -350,8 +350,8 @@ def calibrate_masks(
     gets its own set (``[k, num_layers, hidden]``).
 
     ``mask_lora_rank`` > 0: also learn a rank-``mask_lora_rank`` LoRA of every decoder layer's projections
-    (:data:`mtprobe.target.mask_hooks.MASK_LORA_MODULES`), applied at the masks only
-    (:func:`mtprobe.target.mask_hooks.mask_lora`), shared by the k masks, with Adam step ``lora_lr``; B
+    (:data:`mtprobe.target_model.mask_hooks.MASK_LORA_MODULES`), applied at the masks only
+    (:func:`mtprobe.target_model.mask_hooks.mask_lora`), shared by the k masks, with Adam step ``lora_lr``; B
     starts at zero, so training starts from the masks as they are. ``fit_temperature`` (with held-out prompts): fit each mask's temperature on them at the end,
     as :func:`fit_mask_temperature` does (stats: ``holdout_after`` stays the scores at T = 1,
     ``temperature_fit["loss_after"]`` those with the temperatures). ``init``: start from that calibration's

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from transformers import DynamicCache
 
 from mtprobe.identity import model_identity
-from mtprobe.target.adapter import cache_argument
+from mtprobe.target_model.adapter import cache_argument
 
 __all__ = ["SEQUENCES_FORMAT", "Continuations", "calibration_sequences"]
 

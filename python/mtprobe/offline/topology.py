@@ -39,7 +39,7 @@ from mtprobe.decode import generate
 from mtprobe.drafters import EntMTPConfig
 from mtprobe.heads import load_cached
 from mtprobe.reference.topology import choose
-from mtprobe.target.profile import ProfileKey, profile_forward
+from mtprobe.target_model.profile import ProfileKey, profile_forward
 from mtprobe.topology.bank import FEATURES, TopologyBank, Tree, chain_tree, model_fingerprint
 
 __all__ = [

@@ -5,7 +5,7 @@ parent was accepted, by its depth and its rank among its siblings (0: the drafte
 A cut keeping the k nodes of highest P gains E[k] = 1 + the sum of their P in expectation and costs
 t(T_k) / t(1) plain-decoding forwards, T_k = committed + k. The scheduler takes the cut with the most
 tokens per unit of cost, E[k] / (t(T_k) / t(1)), and plain decoding (k = 0, score 1) when none is
-better. The forward cost t is :meth:`mtprobe.target.profile.ForwardProfile.time`.
+better. The forward cost t is :meth:`mtprobe.target_model.profile.ForwardProfile.time`.
 
 Worked example (the one of csrc/core/schedule.h): a(1, 0) = 0.6, a(2, 0) = 0.5 on a chain, costs
 t(2)/t(1) = 1.1 and t(3)/t(1) = 1.3:

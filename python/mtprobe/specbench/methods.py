@@ -39,7 +39,7 @@ from mtprobe.drafters.stand import (
 )
 from mtprobe.registry import Method, MethodOutput, Option, RunFn, register
 from mtprobe.registry import id_value as _id_value
-from mtprobe.target.mask_hooks import this_thread_only
+from mtprobe.target_model.mask_hooks import this_thread_only
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

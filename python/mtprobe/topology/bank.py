@@ -18,7 +18,7 @@ import torch
 
 from mtprobe import _C
 from mtprobe._jsonl import read_json, write_json
-from mtprobe.target.profile import ProfileKey, architecture
+from mtprobe.target_model.profile import ProfileKey, architecture
 
 __all__ = [
     "BANK_FORMAT",

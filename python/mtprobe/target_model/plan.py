@@ -50,7 +50,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from mtprobe.state import kept, state_of
-from mtprobe.target.cache import TreeKVCache, TreeKVLayer
+from mtprobe.target_model.cache import TreeKVCache, TreeKVLayer
 
 logger = logging.getLogger("mtprobe")
 
@@ -59,7 +59,7 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 @dataclass(frozen=True)
 class PlanConfig:
-    """How the decode loop's forward is planned (:mod:`mtprobe.target.plan`); validated when built.
+    """How the decode loop's forward is planned (:mod:`mtprobe.target_model.plan`); validated when built.
 
     ``buckets``: the block sizes a decode step is padded to, ascending from 1. ``growth``: the KV
     buffer's capacity is a multiple of it (a block that would not fit grows it by whole chunks).
@@ -120,7 +120,7 @@ class _Slots:
 
 class PlannedKVLayer(TreeKVLayer):
     """One layer's fixed buffer: the block's entries go to ``write_pos``; ``key_len`` entries come back.
-    Growth (``reserve``) and lengths are :class:`~mtprobe.target.cache.TreeKVLayer`'s."""
+    Growth (``reserve``) and lengths are :class:`~mtprobe.target_model.cache.TreeKVLayer`'s."""
 
     def __init__(self, capacity: int, slots: _Slots) -> None:
         super().__init__(capacity)
@@ -264,7 +264,7 @@ class ForwardPlan:
         if self._model() is not model:
             raise ValueError(
                 f"this ForwardPlan was built for another model, not this {type(model).__name__}; "
-                "build one per model (mtprobe.target.plan.ForwardPlan(model, ...))"
+                "build one per model (mtprobe.target_model.plan.ForwardPlan(model, ...))"
             )
         param = next(model.parameters())
         if (param.device, param.dtype) != (self.device, self.dtype):

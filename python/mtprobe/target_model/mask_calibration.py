@@ -1,7 +1,7 @@
 """The mask calibration file: what decode time reads of masks calibrated once per model.
 
 A :class:`MaskCalibration` holds k learned mask embeddings and, where they were learned, layer offsets,
-a mask LoRA and mask temperatures (what each does at the mask inputs: :mod:`mtprobe.target.mask_hooks`),
+a mask LoRA and mask temperatures (what each does at the mask inputs: :mod:`mtprobe.target_model.mask_hooks`),
 with :func:`~mtprobe.identity.model_identity` of the model they belong to. The file is safetensors: the
 tensors ``masks``, ``layer_offsets``, ``mask_lora.<layer>.<module>.A`` / ``.B`` (:data:`LORA_PREFIX`) and
 ``mask_temperature``, and a header with the format (:data:`FORMAT`), the model's identity and the stats
@@ -22,7 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mtprobe.identity import model_identity
-from mtprobe.target.mask_hooks import checked_mask_lora, checked_mask_temperature, decoder_layers
+from mtprobe.target_model.mask_hooks import checked_mask_lora, checked_mask_temperature, decoder_layers
 
 __all__ = ["FORMAT", "LORA_PREFIX", "MaskCalibration", "load_calibration"]
 
@@ -39,14 +39,14 @@ class MaskCalibration:
         model: :func:`model_identity` of the model they were learned on.
         stats: how they were learned (data, steps, held-out loss and accuracy before and after).
         layer_offsets: ``[num_layers, hidden]`` float32 or None; row l is added to every mask input's
-            hidden state before decoder layer l (``--layer-offsets``; :func:`mtprobe.target.mask_hooks.layer_offsets`).
+            hidden state before decoder layer l (``--layer-offsets``; :func:`mtprobe.target_model.mask_hooks.layer_offsets`).
             ``[k, num_layers, hidden]``: one set per mask (what ``--layer-offsets`` learns for k >= 2: mask
             j predicts a different depth, so it gets its own computation, not only its own input).
         mask_lora: a low-rank change of the model's projections at the mask inputs only (``--mask-lora
-            RANK``; :func:`mtprobe.target.mask_hooks.mask_lora`), shared by every mask, or None: entries
+            RANK``; :func:`mtprobe.target_model.mask_hooks.mask_lora`), shared by every mask, or None: entries
             ``"{layer}.{module}.A"`` ``[rank, in_features]`` and ``".B"`` ``[out_features, rank]`` float32.
         mask_temperature: ``[k]`` float32 or None: decoding divides mask j's logits by entry j - 1
-            (:func:`mtprobe.target.mask_hooks.scale_mask_logits`), fitted on the held-out continuations so that the
+            (:func:`mtprobe.target_model.mask_hooks.scale_mask_logits`), fitted on the held-out continuations so that the
             masks' probabilities, which the dynamic draft tree multiplies, match how often they hit.
 
     >>> cal = MaskCalibration(torch.zeros(2, 4), {"model_class": "M", "vocab_size": 8, "hidden_size": 4,

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel
 from mtprobe import _C
 from mtprobe.cpu import quantized_linear
 from mtprobe.state import state_of
-from mtprobe.target.adapter import HFAdapter, check_causal_lm, max_positions
+from mtprobe.target_model.adapter import HFAdapter, check_causal_lm, max_positions
 
 logger = logging.getLogger(__name__)
 

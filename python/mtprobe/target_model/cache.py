@@ -103,7 +103,7 @@ class TreeKVCache(Cache):
         the target's architecture taking the target's verified entries instead of computing its own
         (the entries before ``start`` are this cache's already). The caller vouches that ``source``
         holds them: its lengths say where its last forward began, not what the loop verified since
-        (and a :class:`~mtprobe.target.plan.PlannedKVCache` never advances them), so only its capacity is checked."""
+        (and a :class:`~mtprobe.target_model.plan.PlannedKVCache` never advances them), so only its capacity is checked."""
         if len(source.layers) != len(self.layers):
             raise ValueError(
                 f"copy_entries: the source cache has {len(source.layers)} layers, this one {len(self.layers)}"

@@ -1,6 +1,6 @@
 """The mask-token hooks: what a calibrated mask changes in the target's forward, at the mask inputs only.
 
-A mask calibration (:mod:`mtprobe.target.mask_calibration`, learned by :mod:`mtprobe.offline.calibrate`)
+A mask calibration (:mod:`mtprobe.target_model.mask_calibration`, learned by :mod:`mtprobe.offline.calibrate`)
 may hold, beside its mask embeddings, layer offsets (:func:`layer_offsets`: one learned vector per decoder
 layer, added to the masks' hidden state), a mask LoRA (:func:`mask_lora`: a low-rank change of the
 layers' projections) and mask temperatures (:func:`scale_mask_logits`: the masks' logits divided by
@@ -8,7 +8,7 @@ them). The hooks act on a forward's inputs from ``start`` on (the mask tokens: a
 inputs follow its token inputs) and on the forwards of the thread that made them only
 (:func:`this_thread_only`). No draft or prompt token attends to a mask, so verification and the output
 stay exactly the model's. Decoding sets them on its adapter (``HFAdapter.set_mask_layer_offsets``,
-``set_mask_lora``, ``set_mask_temperature``, :mod:`mtprobe.target.adapter`); the calibration runs the
+``set_mask_lora``, ``set_mask_temperature``, :mod:`mtprobe.target_model.adapter`); the calibration runs the
 same hooks on forwards of masks only (``start`` 0). Imports nothing of mtprobe.
 """
 

@@ -9,7 +9,7 @@ the result on disk so that the next call loads it instantly. The scheduler of
 
 A worked example (numbers of the kind measured on a 2-core CPU with SmolLM2-135M, float32)::
 
-    >>> from mtprobe.target.profile import ForwardProfile, ProfileKey
+    >>> from mtprobe.target_model.profile import ForwardProfile, ProfileKey
     >>> key = ProfileKey(model="LlamaForCausalLM:0123abcd", device="cpu", dtype="float32", threads=2)
     >>> p = ForwardProfile(key, block_sizes=(1, 8, 32), context_lengths=(64, 512),
     ...                    seconds=((0.020, 0.030, 0.046), (0.024, 0.036, 0.056)))
@@ -55,7 +55,7 @@ from mtprobe.cpu.linear_routes import ENV as ROUTE_ENV
 from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, RouteKey
 from mtprobe.cpu.machine import BUSY_SHARE, OtherLoad, architecture, check_other_load, cpu_isa, device_name
 from mtprobe.models import cache_root
-from mtprobe.target.adapter import HFAdapter, max_positions
+from mtprobe.target_model.adapter import HFAdapter, max_positions
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger(__name__)

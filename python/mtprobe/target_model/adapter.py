@@ -29,8 +29,8 @@ import torch
 from transformers import GenerationMixin, PreTrainedModel
 
 from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, Router
-from mtprobe.target.cache import TreeKVCache
-from mtprobe.target.mask_hooks import (
+from mtprobe.target_model.cache import TreeKVCache
+from mtprobe.target_model.mask_hooks import (
     MaskLoRAFactors,
     checked_mask_temperature,
     decoder_layers,
@@ -40,7 +40,7 @@ from mtprobe.target.mask_hooks import (
     prepared_mask_lora,
     scale_mask_logits,
 )
-from mtprobe.target.plan import ForwardPlan, chain_mask
+from mtprobe.target_model.plan import ForwardPlan, chain_mask
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger("mtprobe")
@@ -338,8 +338,8 @@ class HFAdapter:
     never past ``max_capacity`` (the most one generation can need) unless a block needs more.
     ``checked``: the caller has just run ``check_causal_lm`` on ``model``, so it is not run again.
     ``linear_routes``: the route of each decode step's linear layers by its block size
-    (:func:`mtprobe.target.profile.choose_linear_routes`); None runs torch's linear everywhere.
-    ``plan``: run every forward through a static forward plan (:mod:`mtprobe.target.plan`: one fixed KV
+    (:func:`mtprobe.target_model.profile.choose_linear_routes`); None runs torch's linear everywhere.
+    ``plan``: run every forward through a static forward plan (:mod:`mtprobe.target_model.plan`: one fixed KV
     buffer, buckets, CUDA graphs on a GPU); it owns the cache, and ``capacity`` is then unused.
     ``shared_prefill``: the prefill of the other sequences of the same prompt, run once
     (:class:`SharedPrefill`; unused with a plan).
@@ -383,7 +383,7 @@ class HFAdapter:
         # Which of the model's hidden_states a drafter reads: -1, the last (final-normed); a circuit
         # head with LoRA draft layers reads the input of the first of them (mtprobe.heads.lora).
         self.hidden_layer = -1
-        # What calibrated masks change at the mask inputs (mtprobe.target.mask_hooks), None for nothing:
+        # What calibrated masks change at the mask inputs (mtprobe.target_model.mask_hooks), None for nothing:
         # [k, num_layers, hidden] added before each decoder layer (set_mask_layer_offsets); [k] the masks'
         # logits are divided by, mask j's by temperature[j - 1] (set_mask_temperature), and [>= mask inputs
         # of a forward] that per mask input, built once, grown as needed; the mask LoRA's factors in the
