@@ -63,6 +63,7 @@ from mtprobe.cpu import linear_routes, quantized_linear
 from mtprobe.cpu.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
 from mtprobe.state import state_of
+from mtprobe.target_model import native_forward
 from mtprobe.target_model import self_draft as draft_model
 
 MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
@@ -132,6 +133,8 @@ INTERLEAVED = (
     "HF prompt lookup",
     "mtprobe plain",
     "auto",
+    "mtprobe plain (HF target forward)",
+    "auto (HF target forward)",
     "auto 4-bit draft only",
     "auto-stock",
     "auto without draft",
@@ -172,7 +175,8 @@ class Timed:
     identical: bool
     """Token-identical to HF greedy's output on the question."""
     linear_routes: str = ""
-    """``GenerateOutput.linear_routes`` of an mtprobe row."""
+    """What ran an mtprobe row's decode blocks: ``GenerateOutput.target_forward`` where the C++ forward did,
+    else ``GenerateOutput.linear_routes`` (HF's forward, its linear layers' routes)."""
 
     @property
     def tau(self) -> float:
@@ -249,7 +253,7 @@ def interleaved_report(
         "over seconds, each question's seconds the median of its repeats. Identical: runs token-identical to "
         "HF greedy's output on the question.",
         "",
-        "| method | τ | tok/s | × HF greedy | identical | linear routes |",
+        "| method | τ | tok/s | × HF greedy | identical | target forward (HF's: its linear routes) |",
         "|---|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in pooled_rows(runs, methods)),
         "",
@@ -318,20 +322,25 @@ def run_interleaved(args: argparse.Namespace) -> int:
     n = args.max_new_tokens
     routes = choose_linear_routes(model, refresh=args.refresh_routes)  # what auto runs with (cached)
     forwards = [0]  # the model's forwards in the current call: HF rows' τ
-    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
 
     def hf(**kw: Any) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
         def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
-            seq = model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, **kw
-            )
+            # Counted by a hook on the model for HF's rows only: a hooked model runs mtprobe's decode steps
+            # through HF's modules (the hook would not see the C++ forward's).
+            hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+            try:
+                seq = model.generate(
+                    ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, **kw
+                )
+            finally:
+                hook.remove()
             new = seq.shape[1] - ids.shape[1]
             return seq, new - 1, forwards[0] - 1, ""  # the prefill's forward yields the first token
 
         return run
 
     def mt(
-        config: Any, stock: bool = False, hf_draft: bool = False
+        config: Any, stock: bool = False, hf_draft: bool = False, hf_target: bool = False
     ) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
         # What AutoConfig carries from one generation to the next (a draft's measured cost and
         # acceptance), kept per row: rows share the model, and one row's draft costs are not another's.
@@ -340,10 +349,13 @@ def run_interleaved(args: argparse.Namespace) -> int:
         def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
             forced = environ(linear_routes.ENV, linear_routes.STOCK) if stock else contextlib.nullcontext()
             draft = environ(draft_model.DECODER_ENV, "0") if hf_draft else contextlib.nullcontext()
+            target = environ(native_forward.ENV, "0") if hf_target else contextlib.nullcontext()
             state_of(model).carried = carried
-            with forced, draft:
+            with forced, draft, target:
                 out = mtprobe.generate(model, ids, config, max_new_tokens=n, do_sample=False)
-            return out.sequences, sum(out.accept_lengths), len(out.accept_lengths), out.linear_routes
+            # The decode blocks' forward: mtprobe's own (its linear layers are its own too), or HF's and its routes.
+            ran = out.target_forward if out.target_forward == native_forward.VERSION else out.linear_routes
+            return out.sequences, sum(out.accept_lengths), len(out.accept_lengths), ran
 
         return run
 
@@ -362,6 +374,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
             )
         ),
         "auto-stock": mt(mtprobe.AutoConfig(), stock=True),
+        # Every target forward through transformers' modules, as before mtprobe's own C++ forward (issue 67).
+        "mtprobe plain (HF target forward)": mt(mtprobe.PlainConfig(), hf_target=True),
+        "auto (HF target forward)": mt(mtprobe.AutoConfig(), hf_target=True),
         # AutoConfig's candidates before the quantized self-draft joined them.
         "auto without draft": mt(
             mtprobe.AutoConfig(
@@ -449,7 +464,6 @@ def run_interleaved(args: argparse.Namespace) -> int:
                 f"[{i + 1}/{len(prompts)}] question {q.question_id} ({q.category}), load {load_average()}",
                 file=sys.stderr,
             )
-    hook.remove()
     where = "CPU" if device.type == "cpu" else device_name(device)
     header = [
         "# Issue 42: HF greedy, HF prompt lookup, plain decoding, AutoConfig and the quantized self-draft, "

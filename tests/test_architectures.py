@@ -37,14 +37,9 @@ from transformers import (
 import mtprobe
 from mtprobe import _C
 from mtprobe.drafters import mask_probe_drafter
-from mtprobe.target_model.adapter import (
-    HFAdapter,
-    SlidingWindow,
-    max_positions,
-    sliding_mask,
-    sliding_window,
-)
+from mtprobe.target_model.adapter import HFAdapter, max_positions
 from mtprobe.target_model.mask_hooks import decoder_layers
+from mtprobe.target_model.sliding import SlidingWindow, sliding_mask, sliding_window
 
 VOCAB = 320
 MAX_POS = 128

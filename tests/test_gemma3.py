@@ -19,7 +19,7 @@ import mtprobe
 from conftest import chat_ids
 from mtprobe import models
 from mtprobe.data import load_prompts
-from mtprobe.target_model.adapter import SlidingWindow, sliding_window
+from mtprobe.target_model.sliding import SlidingWindow, sliding_window
 
 SPEC = models.KNOWN_MODELS["gemma3-270m"]
 NEW_TOKENS = 24

@@ -367,11 +367,11 @@ def test_prefill_computes_the_logits_the_drafter_reads(config, rows, monkeypatch
     from mtprobe.target_model.profile import ForwardProfile, ProfileKey
 
     model = tiny_llama()
-    if isinstance(config, mtprobe.AutoConfig):
-        flat = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01),))
-        config = mtprobe.AutoConfig(drafters=config.drafters, profile=flat)
     computed: list[int] = []  # rows of each forward's LM head
     handle = model.lm_head.register_forward_hook(lambda m, args, out: computed.append(args[0].shape[1]))
+    if isinstance(config, mtprobe.AutoConfig):  # keyed after the hook: a hooked model runs HF's forward
+        flat = ForwardProfile(ProfileKey.of(model), (1, 64), (0,), ((0.01, 0.01),))
+        config = mtprobe.AutoConfig(drafters=config.drafters, profile=flat)
     skipped: list[int] = []  # the prefill's rows with no logits
     forward = HFAdapter.forward
 

@@ -35,7 +35,7 @@ from mtprobe.cpu.linear_routes import (
     forced_route,
     routable_linears,
 )
-from mtprobe.target_model import profile
+from mtprobe.target_model import native_forward, profile
 from mtprobe.target_model.adapter import HFAdapter
 from mtprobe.target_model.profile import ForwardProfile, ProfileKey, chain_mask, choose_linear_routes
 
@@ -605,6 +605,7 @@ def test_greedy_output_is_hf_greedy_under_every_route(name, route, monkeypatch, 
 
     monkeypatch.setattr(Router, "routed", spy)
     monkeypatch.setenv(ENV, route)
+    monkeypatch.setenv(native_forward.ENV, "0")  # the routes are HF's forward's: the C++ forward has its own
     out = mtprobe.generate(model, ids, method, max_new_tokens=24)
     assert torch.equal(out.sequences[0, ids.shape[1] :], expected), (method, route)
     assert out.forward_calls < 24  # drafts were verified: some forwards had 2 or more inputs

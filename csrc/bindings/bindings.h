@@ -19,5 +19,6 @@ void bind_decode_loop(pybind11::module_& m);
 void bind_schedule(pybind11::module_& m);
 void bind_topology(pybind11::module_& m);
 void bind_quantized_decoder(pybind11::module_& m);
+void bind_target_forward(pybind11::module_& m);
 void bind_testing(pybind11::module_& m);  // test-only bindings (testing.cpp)
 }  // namespace mtprobe::bindings

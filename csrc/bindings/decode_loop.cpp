@@ -20,6 +20,7 @@ void bind_decode_loop(py::module_& m) {
       .def_readonly("prefill_seconds", &DecodeResult::prefill_seconds)
       .def_readonly("mask_rebuilds", &DecodeResult::mask_rebuilds)
       .def_readonly("fallback_steps", &DecodeResult::fallback_steps)
+      .def_readonly("exact_steps", &DecodeResult::exact_steps)
       .def_readonly("kv_capacity", &DecodeResult::kv_capacity)
       .def_readonly("mask_capacity", &DecodeResult::mask_capacity)
       .def_readonly("drafted_per_depth", &DecodeResult::drafted_per_depth)
@@ -36,7 +37,8 @@ void bind_decode_loop(py::module_& m) {
                        const std::string& device, bool incremental_masks, bool do_sample,
                        std::optional<ProcessFn> process, std::optional<StopFn> stop,
                        std::optional<StreamFn> stream, bool ancestor_bits, int64_t vocab_size,
-                       bool keep_scores, bool keep_logits) {
+                       bool keep_scores, bool keep_logits, std::optional<ForwardFn> exact_forward,
+                       double margin_bound) {
              DecodeOptions o;
              o.max_new_tokens = max_new_tokens;
              o.eos_token_ids = std::move(eos_token_ids);
@@ -51,9 +53,10 @@ void bind_decode_loop(py::module_& m) {
              o.vocab_size = vocab_size;
              o.keep_scores = keep_scores;
              o.keep_logits = keep_logits;
-             return std::make_unique<DecodeLoop>(std::move(drafter), std::move(forward),
-                                                 std::move(kv_buffers), std::move(o), std::move(process),
-                                                 std::move(stop), std::move(stream));
+             o.margin_bound = margin_bound;
+             return std::make_unique<DecodeLoop>(
+                 std::move(drafter), std::move(forward), std::move(kv_buffers), std::move(o),
+                 std::move(process), std::move(stop), std::move(stream), std::move(exact_forward));
            }),
            py::arg("drafter"), py::arg("forward"), py::arg("kv_buffers"), py::kw_only(),
            py::arg("max_new_tokens"), py::arg("eos_token_ids"), py::arg("max_positions"),
@@ -61,6 +64,7 @@ void bind_decode_loop(py::module_& m) {
            py::arg("incremental_masks") = true, py::arg("do_sample") = false, py::arg("process") = py::none(),
            py::arg("stop") = py::none(), py::arg("stream") = py::none(), py::arg("ancestor_bits") = false,
            py::arg("vocab_size") = 0, py::arg("keep_scores") = false, py::arg("keep_logits") = false,
+           py::arg("exact_forward") = py::none(), py::arg("margin_bound") = 0.0,
            // The loop holds the drafter: a Python drafter passed as a temporary must outlive it.
            py::keep_alive<1, 2>())
       .def("run", &DecodeLoop::run, py::arg("prompt"));

@@ -22,6 +22,7 @@ PYBIND11_MODULE(_C, m) {
   mtprobe::bindings::bind_schedule(m);  // after the drafters: AutoDrafter is one
   mtprobe::bindings::bind_decode_loop(m);
   mtprobe::bindings::bind_quantized_decoder(m);
+  mtprobe::bindings::bind_target_forward(m);
   m.def("small_batch_linear_simd", &mtprobe::ops::small_batch_linear_simd,
         "Whether torch.ops.mtprobe.small_batch_linear runs a SIMD kernel (AVX2/FMA at least) on this CPU "
         "(otherwise a portable scalar loop, slower than torch's own linear)");

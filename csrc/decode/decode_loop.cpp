@@ -38,18 +38,22 @@ void count_drafts(const DraftBlock& block, std::vector<int64_t>& counts) {
 
 DecodeLoop::DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
                        DecodeOptions options, std::optional<ProcessFn> process, std::optional<StopFn> stop,
-                       std::optional<StreamFn> stream)
+                       std::optional<StreamFn> stream, std::optional<ForwardFn> exact_forward)
     : drafter_(std::move(drafter)),
       forward_(std::move(forward)),
       kv_buffers_fn_(std::move(kv_buffers)),
       options_(std::move(options)),
       process_(std::move(process)),
       stop_(std::move(stop)),
-      stream_(std::move(stream)) {
+      stream_(std::move(stream)),
+      exact_forward_(std::move(exact_forward)) {
   TORCH_CHECK(drafter_, "DecodeLoop needs a drafter");
   TORCH_CHECK(options_.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ", options_.max_new_tokens);
   TORCH_CHECK(options_.block_complexity >= 1, "block_complexity must be >= 1, got ",
               options_.block_complexity);
+  TORCH_CHECK_VALUE(options_.margin_bound >= 0, "margin_bound must be >= 0, got ", options_.margin_bound);
+  TORCH_CHECK_VALUE(options_.margin_bound == 0 || exact_forward_.has_value(),
+                    "margin_bound > 0 needs an exact_forward to decide the steps below it");
 }
 
 void DecodeLoop::check_block(const DraftBlock& block, const at::Tensor& committed,
@@ -163,6 +167,12 @@ at::Tensor DecodeLoop::target_scores(const at::Tensor& logits, const DraftBlock&
   return scores;
 }
 
+double DecodeLoop::path_margin(const Verdict& verdict, int64_t root) const {
+  double least = std::numeric_limits<double>::infinity();
+  for (int64_t node : verdict.path) least = std::min(least, verdict.margins[node - root]);
+  return least;
+}
+
 DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBlock& block,
                                        const std::vector<int64_t>& tokens, int64_t root) {
   Verdict v;
@@ -177,12 +187,20 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
     // Greedy: the target's argmax after every node. Its value comes back with it (one read), and
     // a NaN or +inf there means the row cannot be trusted: under an additive mask one non-finite
     // key or value of a draft makes every row of the block NaN, and argmax(NaN) is no token.
-    auto [best, target] = scores.max(-1);  // [n], [n]
-    at::Tensor both = read(at::stack({target.to(at::kDouble), best.to(at::kDouble)}));
-    const double* t = both.data_ptr<double>();  // [2, n]: token ids (exact below 2^53), values
-    for (int64_t r = 0; r < n; ++r) {
-      if (unusable(t[n + r])) return Verdict{false, {}, -1, {}};
+    // With a margin bound, each row's top-2 margin comes back in the same read.
+    const bool margins = options_.margin_bound > 0;
+    auto [best, target] = scores.max(-1);  // [n], [n]: argmax, as HF's greedy breaks ties
+    std::vector<at::Tensor> parts{target.to(at::kDouble), best.to(at::kDouble)};
+    if (margins) {
+      at::Tensor top = std::get<0>(scores.topk(2, -1));  // [n, 2]
+      parts.push_back((top.select(1, 0) - top.select(1, 1)).to(at::kDouble));
     }
+    at::Tensor both = read(at::stack(parts));
+    const double* t = both.data_ptr<double>();  // [2 or 3, n]: token ids (exact below 2^53), values, margins
+    for (int64_t r = 0; r < n; ++r) {
+      if (unusable(t[n + r])) return Verdict{false, {}, -1, {}, {}};
+    }
+    if (margins) v.margins.assign(t + 2 * n, t + 3 * n);
     std::vector<int64_t> tgt(t, t + n);
     len = core::verify_greedy(tokens.data() + root, parents.data(), tgt.data(), n, 0, path.data());
     v.bonus = tgt[path[len - 1]];
@@ -196,7 +214,7 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
       return true;
     };
     if (block.draft_probs && n > 1) {
-      if (!usable(read(best).data_ptr<double>())) return Verdict{false, {}, -1, {}};
+      if (!usable(read(best).data_ptr<double>())) return Verdict{false, {}, -1, {}, {}};
       // Rejection sampling against the drafter's q: the output is distributed as the target's
       // sampling, and a draft is accepted with probability min(1, p/q) instead of p(x) alone.
       // The op runs where p is (the CUDA kernel on a GPU, with the device's generator), so p and q
@@ -229,7 +247,7 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
       const double* b = both.data_ptr<double>();
       if (!usable(b + n)) {
         gen.set_state(rng_state);
-        return Verdict{false, {}, -1, {}};
+        return Verdict{false, {}, -1, {}, {}};
       }
       std::vector<int64_t> t(b, b + n);  // token ids, exact below 2^53
       len = core::verify_greedy(tokens.data() + root, parents.data(), t.data(), n, 0, path.data());
@@ -318,19 +336,21 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
     // 2. Mask and position ids: prefix columns + tree pattern, positions = P + depth.
     // 3. One forward of the target over all T inputs. The forward may grow the KV cache; the
     //    buffers are fetched again when they no longer hold the block.
-    auto run_forward = [&](const DraftBlock& b) {
+    // An exact re-run (a near-tie, below) is counted in exact_steps, not forward_calls: forward_calls stays
+    // the prefill and one forward per decode step.
+    auto run_forward = [&](const DraftBlock& b, const ForwardFn& forward, bool exact = false) {
       BlockInputs in = masks.build(b.parents, prefix_len);
       const auto t_fwd = Clock::now();
-      auto out = forward_(b.tokens, b.embeds, in.position_ids, in.mask, prefix_len,
-                          drafter_->wants_hidden_states());  // logits: [T, vocab]
+      auto out = forward(b.tokens, b.embeds, in.position_ids, in.mask, prefix_len,
+                         drafter_->wants_hidden_states());  // logits: [T, vocab]
       const double fwd = seconds_since(t_fwd);
       result.forward_seconds += fwd;
       if (prefill) result.prefill_seconds += fwd;
-      ++result.forward_calls;
+      ++(exact ? result.exact_steps : result.forward_calls);
       if (kv.empty() || kv.front().size(2) < prefix_len + b.num_inputs()) kv = kv_buffers_fn_();
       return out;
     };
-    auto [logits, hidden] = run_forward(block);
+    auto [logits, hidden] = run_forward(block, forward_);
 
     // 4. Verification: walk the tree from the last committed node while a child is accepted
     //    (equals the target's argmax or sample, or passes rejection sampling against q); the
@@ -351,11 +371,18 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
       plain.num_committed = plain.num_nodes = c;
       plain.parents.resize(static_cast<size_t>(c));
       for (int64_t i = 0; i < c; ++i) plain.parents[i] = i - 1;
-      std::tie(logits, hidden) = run_forward(plain);
+      std::tie(logits, hidden) = run_forward(plain, forward_);
       verdict = verify(logits, plain, tokens, c - 1);
       block = std::move(plain);
       replaced = true;
       ++result.fallback_steps;
+    }
+    if (!prefill && verdict.finite && options_.margin_bound > 0 && !options_.do_sample &&
+        path_margin(verdict, c - 1) < options_.margin_bound) {
+      // A near-tie on the verified path: the exact forward decides the step (its KV entries overwrite
+      // the block's).
+      std::tie(logits, hidden) = run_forward(block, *exact_forward_, true);
+      verdict = verify(logits, block, tokens, c - 1);
     }
     TORCH_CHECK(
         verdict.finite, "the target model's logits are NaN or +inf after the ", sequence_.size(),

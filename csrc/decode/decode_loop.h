@@ -37,6 +37,12 @@ struct DecodeOptions {
   // the logits processors, and the raw logits, each as float32 on the device.
   bool keep_scores = false;
   bool keep_logits = false;
+  // Greedy only: a decode step whose verified rows (the accepted path's nodes: each decided the token
+  // after it) include one with a top-2 score margin below this is run again through the exact forward
+  // (the loop's exact_forward), which then decides it. 0: never. For a forward that differs from the
+  // reference one by rounding (the target's C++ forward against HF's): a bound above that rounding makes
+  // every token the reference forward's.
+  double margin_bound = 0;
 };
 
 struct DecodeResult {
@@ -48,6 +54,10 @@ struct DecodeResult {
   int64_t mask_rebuilds = 0;
   // Steps whose drafts made the target's logits non-finite and were re-run without them.
   int64_t fallback_steps = 0;
+  // Decode steps whose verified rows had a top-2 margin below DecodeOptions::margin_bound and that the
+  // exact forward decided: one more forward each, not counted in forward_calls (their time is in
+  // forward_seconds, their verdict's read in host_reads).
+  int64_t exact_steps = 0;
   int64_t kv_capacity = 0;    // KV entries per layer the cache held at the end (it grows on demand)
   int64_t mask_capacity = 0;  // prefix columns the mask buffer held at the end
   // Decode steps only (prefill excluded), depth d at index d - 1, depth counted from the last
@@ -71,7 +81,8 @@ class DecodeLoop {
  public:
   DecodeLoop(std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
              DecodeOptions options, std::optional<ProcessFn> process = std::nullopt,
-             std::optional<StopFn> stop = std::nullopt, std::optional<StreamFn> stream = std::nullopt);
+             std::optional<StopFn> stop = std::nullopt, std::optional<StreamFn> stream = std::nullopt,
+             std::optional<ForwardFn> exact_forward = std::nullopt);
 
   // prompt: [L] int64. Runs prefill and decode steps until EOS, max_new_tokens or a stop.
   DecodeResult run(const at::Tensor& prompt);
@@ -85,6 +96,8 @@ class DecodeLoop {
     std::vector<int64_t> path;
     int64_t bonus = -1;
     at::Tensor scores;  // [num_nodes - root, vocab] float32, row r = node root + r
+    // Greedy with DecodeOptions::margin_bound: each row's top-2 score margin, row r = node root + r.
+    std::vector<double> margins;
   };
   // Every block the drafter returns is checked before the forward: shapes, dtypes, devices,
   // token ranges and the tree; a drafter (Python ones included) cannot break the loop's invariants.
@@ -98,6 +111,8 @@ class DecodeLoop {
                            const std::vector<int64_t>& tokens, int64_t root);
   Verdict verify(const at::Tensor& logits, const DraftBlock& block, const std::vector<int64_t>& tokens,
                  int64_t root);
+  // The smallest top-2 margin of the verdict's score rows that decided a token (its path's nodes).
+  double path_margin(const Verdict& verdict, int64_t root) const;
   // t on the host, counted in host_reads_ (a device->host copy on a GPU).
   at::Tensor read(const at::Tensor& t);
   // Appends tokens one by one with EOS / length / stopping checks; returns how many were kept.
@@ -112,6 +127,7 @@ class DecodeLoop {
   std::optional<ProcessFn> process_;
   std::optional<StopFn> stop_;
   std::optional<StreamFn> stream_;
+  std::optional<ForwardFn> exact_forward_;
   std::vector<int64_t> sequence_;
   int64_t prompt_len_ = 0;
   bool finished_ = false;

@@ -39,6 +39,12 @@ class ModelState:
     """For a quantized self-draft: its one-token forward in C++, or None where it cannot run one."""
     decoder_checked: bool = False
     """Whether ``decoder`` was decided (None is an answer too)."""
+    native: Any = None
+    """Its own forward in C++ (:mod:`mtprobe.target_model.native_forward`), or None where HF's runs."""
+    native_key: tuple[int, ...] = ()
+    """The addresses of the weights ``native`` reads: replaced weights make a new one."""
+    native_reason: str | None = None
+    """Why HF's forward runs (``""`` where ``native`` does; None: not decided yet)."""
     ngram_memories: dict[tuple[int, int, int], Any] = field(default_factory=dict)
     """The cross-request n-gram memories, by (memory_size, max_ngram, table_size) (:mod:`mtprobe.drafters.stand`)."""
     carried: dict[tuple[Any, bool], tuple[Any, float]] = field(default_factory=dict)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from mtprobe.target_model.adapter import sliding_window
+from mtprobe.target_model.sliding import sliding_window
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 
@@ -67,7 +67,7 @@ def check_generation_config(cfg: GenerationConfig, model_kwargs: dict[str, Any])
 
 
 def check_sliding_window(model: PreTrainedModel, total_len: int) -> None:
-    """Sliding-window layers are honoured by the adapter's tree mask (``adapter.sliding_mask``); only
+    """Sliding-window layers are honoured by the adapter's tree mask (``sliding.sliding_mask``); only
     mtprobe's own tree attention, which takes ancestor bits and no window, must stay inside it."""
     sw = sliding_window(model)  # raises NotImplementedError for chunked / linear attention layers
     if sw is None or total_len <= sw.window:

@@ -44,6 +44,8 @@ from mtprobe.drafters import (
 from mtprobe.drafters.from_hf import resolve_config
 from mtprobe.registry import DecodingConfig
 from mtprobe.target_model.adapter import HFAdapter, SharedPrefill, check_causal_lm, max_positions
+from mtprobe.target_model.native_forward import MARGIN_BOUND, native_forward
+from mtprobe.target_model.native_forward import describe as describe_native
 from mtprobe.target_model.plan import PlanConfig, plan_for
 from mtprobe.target_model.profile import choose_linear_routes
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
@@ -319,6 +321,10 @@ class Shared:
     masks: Any
     hidden_layer: int
     logits_processor: LogitsProcessorList
+    native: Any
+    """The target's C++ forward for decode blocks, or None where HF's runs (:mod:`mtprobe.target_model.native_forward`)."""
+    target_forward: str
+    """What runs the decode blocks: the C++ forward's version, or ``"HF (reason)"``."""
 
     @classmethod
     def build(cls, model: PreTrainedModel, call: Call, logits_processor: LogitsProcessorList) -> Shared:
@@ -343,7 +349,15 @@ class Shared:
                 num_layers=model.config.get_text_config(decoder=True).num_hidden_layers,
                 max_positions=call.max_positions,
             )
+        native, target_forward = None, "HF (the model is not on the CPU)"
+        if call.plan is not None:  # the plan's buckets and graphs run HF's modules
+            target_forward = "HF (a static forward plan)"
+        elif call.device.type == "cpu":
+            native = native_forward(model)
+            target_forward = describe_native(model)
         return cls(
+            native=native,
+            target_forward=target_forward,
             routes=choose_linear_routes(model),  # the CPU linear routes: measured once per machine and model
             forward_plan=forward_plan,
             # A registered configuration that does not say which rows it reads reads every one.
@@ -389,6 +403,7 @@ def decode_sequence(
         linear_routes=shared.routes,
         plan=shared.forward_plan,
         shared_prefill=prefill,
+        native=shared.native,
     )
     adapter.hidden_layer = shared.hidden_layer
     adapter.set_mask_layer_offsets(shared.masks.offsets)
@@ -421,6 +436,10 @@ def decode_sequence(
         vocab_size=model.get_input_embeddings().weight.shape[0],
         keep_scores=bool(call.generation_config.output_scores),
         keep_logits=bool(call.generation_config.output_logits),
+        # The C++ forward's near-ties go to HF's forward (greedy: the tokens stay HF's; sampling draws from
+        # distributions that differ by rounding alone).
+        exact_forward=adapter.exact_forward if shared.native is not None else None,
+        margin_bound=MARGIN_BOUND if shared.native is not None and not call.do_sample else 0.0,
     )
     plan = shared.forward_plan
     with plan.in_use() if plan is not None else contextlib.nullcontext():
@@ -450,6 +469,8 @@ def decode_sequence(
         do_sample=call.do_sample,
         new_tokens=len(result.sequence) - prompt_len,
         linear_routes=shared.routes.describe() if device.type == "cpu" else "",
+        target_forward=shared.target_forward,
+        exact_steps=result.exact_steps,
         drafted_per_depth=list(result.drafted_per_depth),
         accepted_per_depth=list(result.accepted_per_depth),
         plan=plan.describe() if plan is not None else None,

@@ -60,6 +60,13 @@ class GenerateOutput(ModelOutput):
         linear_routes: on a CPU, how the decode steps' linear layers ran by block size, e.g.
             ``T 1: stock; T 2-16: small-batch; T 17+: stock`` (:mod:`mtprobe.cpu.linear_routes`: measured
             once per machine and model, forced with ``MTPROBE_LINEAR_ROUTE``); empty on a GPU.
+        target_forward: what ran the decode steps' target forwards: ``"native v1"`` (the C++ forward,
+            :mod:`mtprobe.target_model.native_forward`) or ``"HF (reason)"``, HF's modules and why.
+        exact_steps: greedy decode steps HF's forward decided after the C++ forward: a verified row (one
+            that chose a token) had a top-2 score margin below
+            :data:`~mtprobe.target_model.native_forward.MARGIN_BOUND`, a near-tie whose order the two
+            forwards' rounding could decide differently: one more forward each, not in ``forward_calls``
+            (which stays the prefill and one forward per step); its time is in ``timings``.
         host_reads: device->host reads the decode loop made (prefill included; counted on the CPU
             too, where they are plain copies): one per forward for greedy decoding and sample
             matching with the built-in drafters, which hand their drafts over on the host. The
@@ -113,6 +120,8 @@ class GenerateOutput(ModelOutput):
     choices: list[tuple[str, int]] | None = None
     topology_log: dict[str, Any] | None = None
     linear_routes: str = ""
+    target_forward: str = ""
+    exact_steps: int = 0
     plan: dict[str, Any] | None = None
     host_reads: int = 0
     scores: tuple[torch.Tensor, ...] | None = None
@@ -195,6 +204,8 @@ class GenerateOutput(ModelOutput):
             "kv_capacity": self.kv_capacity,
             "stop_reason": self.stop_reason,
             "linear_routes": self.linear_routes,
+            "target_forward": self.target_forward,
+            "exact_steps": self.exact_steps,
         }
 
 
@@ -256,6 +267,8 @@ def stack_outputs(outputs: list[GenerateOutput], prompts: list[Prompt], pad_id: 
         block_sizes=[t for o in outputs for t in o.block_sizes],
         choices=None if first.choices is None else [c for o in outputs for c in o.choices or []],
         linear_routes=first.linear_routes,
+        target_forward=first.target_forward,
+        exact_steps=sum(o.exact_steps for o in outputs),
         plan=first.plan,
         host_reads=sum(o.host_reads for o in outputs),
         scores=stacked_rows([o.scores for o in outputs]),

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mtprobe.target_model.adapter import cache_argument, sliding_window
+from mtprobe.target_model.adapter import cache_argument
+from mtprobe.target_model.sliding import sliding_window
 
 # The linear maps of a Llama-style decoder layer that get an adapter (attention and MLP).
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -9,6 +9,7 @@ from .prompt_lookup import prompt_lookup
 from .quantized_linear import quantized_linear
 from .small_batch_linear import small_batch_linear
 from .stand import NgramStore, build_stand_tree
+from .target_forward import target_forward
 from .tree_mask import (
     check_parents,
     tree_ancestors,
@@ -32,6 +33,7 @@ __all__ = [
     "quantized_linear",
     "small_batch_linear",
     "static_tree",
+    "target_forward",
     "tree_ancestors",
     "tree_attention",
     "tree_attention_mask",

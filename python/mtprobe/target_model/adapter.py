@@ -19,10 +19,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import sys
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,7 +38,9 @@ from mtprobe.target_model.mask_hooks import (
     prepared_mask_lora,
     scale_mask_logits,
 )
+from mtprobe.target_model.native_forward import forward_block
 from mtprobe.target_model.plan import ForwardPlan, chain_mask
+from mtprobe.target_model.sliding import sliding_mask, sliding_window
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger("mtprobe")
@@ -182,83 +182,6 @@ def max_positions(model: PreTrainedModel) -> int:
     return 2**31 - 1
 
 
-_LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-@dataclass(frozen=True)
-class SlidingWindow:
-    """How a model applies a sliding attention window (see :func:`sliding_window`)."""
-
-    window: int
-    """Keys at a position ``k`` with ``p - k >= window`` are hidden from a query at position ``p``."""
-    per_layer_type: bool
-    """True: the model reads ``attention_mask`` as a dict keyed by ``config.layer_types`` (only the
-    ``sliding_attention`` layers slide). False: one mask for every layer, all of them sliding."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
-            raise ValueError(f"SlidingWindow.window must be an int >= 1, got {self.window!r}")
-
-
-def sliding_window(model: PreTrainedModel) -> SlidingWindow | None:
-    """The sliding window ``model`` applies in its attention masks, or None when it has none.
-
-    Follows transformers 5's own mask construction: a window exists when ``config.sliding_window``
-    is a positive int and not switched off by ``use_sliding_window=False`` (Qwen 2/3); with
-    ``config.layer_types`` it applies to the ``sliding_attention`` layers only (None if there are
-    none); without, to every layer, provided the model's code builds sliding masks at all
-    (``create_sliding_window_causal_mask``, as Mistral, Mixtral and Phi-3 do). Raises
-    NotImplementedError for a layer type other than full or sliding attention (chunked, linear...).
-    """
-    cfg = model.config.get_text_config(decoder=True)
-    window = getattr(cfg, "sliding_window", None)
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        return None
-    if getattr(cfg, "use_sliding_window", True) is False:
-        return None
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None:
-        unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
-        if unknown:
-            raise NotImplementedError(
-                f"{type(model).__name__} has attention layer types {unknown}; mtprobe's tree mask handles "
-                f"{' and '.join(_LAYER_TYPES)} layers only"
-            )
-        if "sliding_attention" not in layer_types:
-            return None
-        return SlidingWindow(window, per_layer_type=True)
-    # No layer types: a Mistral-style model slides on every layer if its code builds sliding masks.
-    base = getattr(model, "base_model", model)
-    modules = {type(model).__module__, type(base).__module__}
-    if not any(hasattr(sys.modules.get(m), "create_sliding_window_causal_mask") for m in modules):
-        return None
-    return SlidingWindow(window, per_layer_type=False)
-
-
-def sliding_mask(
-    mask: torch.Tensor,  # [1, 1, T, P + T] additive (0 / finfo.min)
-    position_ids: torch.Tensor,  # [1, T]
-    prefix_len: int,
-    window: int,
-) -> torch.Tensor:  # [1, 1, T, P + T]
-    """``mask`` with every key at ``window`` or more positions behind its query hidden.
-
-    The cache holds the committed tokens at index = position, then the block's inputs, whose
-    positions are ``position_ids`` (the root's position plus the node's depth); the rule is HF's
-    ``sliding_window_overlay`` (visible iff ``p - k < window``) applied to those positions.
-    """
-    t = position_ids.shape[-1]
-    if mask.shape[-1] != prefix_len + t:
-        raise ValueError(
-            f"tree mask has {mask.shape[-1]} key columns; expected prefix_len + T = {prefix_len} + {t}"
-        )
-    q_pos = position_ids.reshape(-1)  # [T]
-    k_pos = torch.cat([torch.arange(prefix_len, device=q_pos.device, dtype=q_pos.dtype), q_pos])  # [P + T]
-    too_far = (q_pos[:, None] - k_pos[None, :]) >= window  # [T, P + T]
-    # Out of place: the loop may reuse ``mask`` (incremental masks) for the full-attention layers.
-    return mask.masked_fill(too_far, torch.finfo(mask.dtype).min)
-
-
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
 
@@ -342,7 +265,8 @@ class HFAdapter:
     ``plan``: run every forward through a static forward plan (:mod:`mtprobe.target_model.plan`: one fixed KV
     buffer, buckets, CUDA graphs on a GPU); it owns the cache, and ``capacity`` is then unused.
     ``shared_prefill``: the prefill of the other sequences of the same prompt, run once
-    (:class:`SharedPrefill`; unused with a plan).
+    (:class:`SharedPrefill`; unused with a plan). ``native``: the model's C++ forward for decode blocks
+    (:func:`mtprobe.target_model.native_forward.native_forward`; unused with a plan).
     """
 
     def __init__(
@@ -355,6 +279,7 @@ class HFAdapter:
         linear_routes: LinearRoutes | None = None,
         plan: ForwardPlan | None = None,
         shared_prefill: SharedPrefill | None = None,
+        native: Any = None,
     ) -> None:
         if not checked:
             check_causal_lm(model)
@@ -396,6 +321,8 @@ class HFAdapter:
         # How a decode step's linear layers run, by its block size (mtprobe.cpu.linear_routes); the prefill
         # keeps torch's. No router where every block size takes torch's linear.
         self.linear_routes = linear_routes
+        # The target's own C++ forward for decode blocks (mtprobe.target_model.native_forward), None for HF's.
+        self.native = native if plan is None else None
         used = linear_routes.used if linear_routes is not None else frozenset()
         self._router = Router(model, used) if used - {STOCK} else None
 
@@ -455,6 +382,33 @@ class HFAdapter:
         prefix_len: int,
         want_hidden: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block's logits ``[T, vocab]`` (and hidden states ``[T, hidden]`` with ``want_hidden``), its KV
+        entries written after the first ``prefix_len``: the decode loop's forward."""
+        return self._forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden, True)
+
+    def exact_forward(
+        self,
+        tokens: torch.Tensor,  # [n_tok] int64
+        embeds: torch.Tensor | None,  # [n_emb, hidden]
+        position_ids: torch.Tensor,  # [1, T]
+        mask: torch.Tensor | None,  # [1, 1, T, P + T] additive, None for a causal chain
+        prefix_len: int,
+        want_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` through HF's modules even where the C++ forward runs decode blocks: the decode
+        loop's exact forward, which decides near-ties (DecodeOptions.margin_bound)."""
+        return self._forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden, False)
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        embeds: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        prefix_len: int,
+        want_hidden: bool,
+        native: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         shared = None
         if prefix_len == 0:
             self.prefilled = True  # once this forward returns
@@ -466,6 +420,22 @@ class HFAdapter:
                 return taken
         self.reserve(prefix_len + position_ids.shape[-1])
         self.cache.set_length(prefix_len)
+        # Not with calibrated masks' layer offsets or LoRA (hooks inside HF's layers), nor for a drafter that
+        # reads another layer's hidden states than the last.
+        plain = self._mask_offsets is None and self._mask_lora is None and self.hidden_layer == -1
+        if native and self.native is not None and prefix_len > 0 and plain:
+            done = forward_block(
+                self.native,
+                self.cache.layers,
+                tokens,
+                embeds,
+                position_ids,
+                mask,
+                prefix_len,
+                want_hidden,
+            )
+            if done is not None:
+                return self._scaled(done, tokens, embeds)
         x = self.embed(tokens.unsqueeze(0))  # [1, n_tok, hidden]
         if embeds is not None:
             x = torch.cat([x, embeds.unsqueeze(0).to(x.dtype)], dim=1)  # [1, T, hidden]
@@ -488,13 +458,20 @@ class HFAdapter:
                 attn = self._attention_mask(mask, position_ids, prefix_len)
                 out, hid = self._run_model(x, attn, position_ids, want_hidden, skip)
                 logits, hidden = out[0], (hid[0] if hid is not None else None)  # [T, vocab], [T, hidden]
-        temperature = self._mask_temperature
-        if temperature is not None and embeds is not None:
-            start = tokens.shape[0]
-            scale_mask_logits(logits, self._mask_row_temperature(temperature, logits.shape[0] - start), start)
+        logits, hidden = self._scaled((logits, hidden), tokens, embeds)
         if shared is not None:
             shared.keep(self, (tokens, embeds, position_ids, mask), want_hidden, logits, hidden)
         return logits, hidden
+
+    def _scaled(
+        self, out: tuple[torch.Tensor, torch.Tensor | None], tokens: torch.Tensor, embeds: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The calibrated masks' temperatures applied to the mask inputs' logits rows (in place)."""
+        temperature = self._mask_temperature
+        if temperature is not None and embeds is not None:
+            logits, start = out[0], tokens.shape[0]
+            scale_mask_logits(logits, self._mask_row_temperature(temperature, logits.shape[0] - start), start)
+        return out
 
     def _run_model(
         self,

@@ -56,6 +56,7 @@ from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, RouteKey
 from mtprobe.cpu.machine import BUSY_SHARE, OtherLoad, architecture, check_other_load, cpu_isa, device_name
 from mtprobe.models import cache_root
 from mtprobe.target_model.adapter import HFAdapter, max_positions
+from mtprobe.target_model.native_forward import VERSION, native_forward
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ DEFAULT_BLOCK_SIZES = tuple(sorted({1, 2, 4, 8, 12, 16, 24, 32, 48, 64, *linear_
 DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
 
 
-_COMPARED = ("model", "device", "isa", "dtype", "threads", "linear")
+_COMPARED = ("model", "device", "isa", "dtype", "threads", "linear", "forward")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,9 @@ class ProfileKey:
     linear: str = STOCK
     """The route of the forward's linear layers by block size (:attr:`mtprobe.cpu.linear_routes.LinearRoutes.tag`):
     ``stock`` where every block size ran torch's own."""
+    forward: str = "HF"
+    """What runs the decode blocks: ``HF`` (its modules) or the C++ forward's version
+    (:data:`mtprobe.target_model.native_forward.VERSION`); a profile of one is not the other's."""
     isa: str = ""
     """On a CPU, the instruction set torch's kernels used and the extensions that matter
     (:func:`mtprobe.cpu.machine.cpu_isa`); empty on a GPU and in profiles measured before it was recorded."""
@@ -105,6 +109,7 @@ class ProfileKey:
             threads=torch.get_num_threads() if device.type == "cpu" else 0,
             torch=torch.__version__,
             linear=routes.tag,
+            forward=VERSION if device.type == "cpu" and native_forward(model) is not None else "HF",
             isa=cpu_isa() if device.type == "cpu" else "",
         )
 
@@ -244,7 +249,9 @@ def profile_dir() -> Path:
 
 
 def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Sequence[int]) -> Path:
-    ident = json.dumps([[getattr(key, f) for f in _COMPARED], list(block_sizes), list(context_lengths)])
+    # A profile of HF's forward keeps the name it had before the key named the forward.
+    fields = [getattr(key, f) for f in _COMPARED if f != "forward" or key.forward != "HF"]
+    ident = json.dumps([fields, list(block_sizes), list(context_lengths)])
     return profile_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()[:24]}.json"
 
 
@@ -471,7 +478,8 @@ def profile_forward(
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     capacity = contexts[-1] + sizes[-1]
-    adapter = HFAdapter(model, capacity, max_capacity=capacity, linear_routes=routes)
+    native = native_forward(model) if device.type == "cpu" else None
+    adapter = HFAdapter(model, capacity, max_capacity=capacity, linear_routes=routes, native=native)
     ids = torch.randint(0, vocab, (capacity,), generator=gen).to(device)  # [capacity] arbitrary tokens
 
     def sync() -> None:

@@ -30,6 +30,7 @@ from mtprobe import _C
 from mtprobe.cpu import quantized_linear
 from mtprobe.state import state_of
 from mtprobe.target_model.adapter import HFAdapter, check_causal_lm, max_positions
+from mtprobe.target_model.native_forward import decoder_layout, layer_reason
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +42,6 @@ read at every generation."""
 DECODER_MODEL_TYPES = ("llama",)
 """Architectures :class:`mtprobe._C.QuantizedDecoder` computes: HF's Llama decoder layers (pre-norm
 RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP)."""
-
-_STATIC_ROPE = (
-    "default",
-    "linear",
-    "llama3",
-    "yarn",
-)  # RoPE types whose frequencies do not change with length
 
 
 def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
@@ -206,13 +200,9 @@ def why_no_decoder(draft: PreTrainedModel) -> str:
         return f"{DECODER_ENV}=0"
     if getattr(cfg, "model_type", None) not in DECODER_MODEL_TYPES:
         return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {DECODER_MODEL_TYPES}"
-    if getattr(cfg, "hidden_act", None) != "silu":
-        return f"hidden_act {getattr(cfg, 'hidden_act', None)!r} is not 'silu'"
-    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
-    if rope not in _STATIC_ROPE:
-        return f"rope_type {rope!r} changes its frequencies with the length (static ones: {_STATIC_ROPE})"
-    if getattr(cfg, "pretraining_tp", 1) != 1:
-        return f"pretraining_tp={cfg.pretraining_tp}"
+    reason = layer_reason(cfg)
+    if reason:
+        return reason
     inner = getattr(draft, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(inner, "norm", None) is None:
@@ -259,7 +249,6 @@ def decoder_arguments(draft: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str
     """What :class:`mtprobe._C.QuantizedDecoder` is built from for the quantized twin ``draft``: its
     tensors (the embedding, each layer's norms and codes by name, the final norm, the head, RoPE's
     frequencies), shared, and its sizes."""
-    cfg = draft.config.get_text_config(decoder=True)
 
     def linear(module: quantized_linear.QuantizedLinear, name: str) -> dict[str, torch.Tensor]:
         out = {f"{name}.codes": module.codes, f"{name}.scale": module.scale}
@@ -269,33 +258,7 @@ def decoder_arguments(draft: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str
             out[f"{name}.bias"] = module._bias
         return out
 
-    layers = []
-    for layer in draft.model.layers:
-        tensors = {
-            "input_norm": layer.input_layernorm.weight.detach(),
-            "post_norm": layer.post_attention_layernorm.weight.detach(),
-        }
-        for n in "qkvo":
-            tensors |= linear(layer.self_attn.get_submodule(f"{n}_proj"), n)
-        for n in ("gate", "up", "down"):
-            tensors |= linear(layer.mlp.get_submodule(f"{n}_proj"), n)
-        layers.append(tensors)
-    rotary = draft.model.rotary_emb
-    args = (
-        draft.get_input_embeddings().weight.detach(),
-        layers,
-        draft.model.norm.weight.detach(),
-        linear(draft.get_output_embeddings(), "head"),
-        rotary.inv_freq.detach().float().contiguous(),
-    )
-    kwargs = {
-        "heads": cfg.num_attention_heads,
-        "kv_heads": cfg.num_key_value_heads,
-        "eps": float(cfg.rms_norm_eps),
-        "scale": float(draft.model.layers[0].self_attn.scaling),
-        "rope_scaling": float(getattr(rotary, "attention_scaling", 1.0)),
-    }
-    return args, kwargs
+    return decoder_layout(draft, linear)  # type: ignore[arg-type]
 
 
 def _check_decoder(draft: PreTrainedModel, decoder: _C.QuantizedDecoder) -> str:

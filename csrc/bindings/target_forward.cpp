@@ -1,0 +1,80 @@
+#include "decode/target_forward.h"
+
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
+
+#include "bindings/bindings.h"
+
+namespace py = pybind11;
+
+namespace mtprobe::bindings {
+namespace {
+
+using Tensors = std::map<std::string, at::Tensor>;
+
+at::Tensor optional(const Tensors& t, const std::string& key) {
+  auto it = t.find(key);
+  return it == t.end() ? at::Tensor() : it->second;
+}
+
+at::Tensor required(const Tensors& t, const std::string& key, const std::string& where) {
+  auto it = t.find(key);
+  TORCH_CHECK_VALUE(it != t.end(), "TargetForward: ", where, " has no '", key, "' tensor");
+  return it->second;
+}
+
+TargetLinear linear(const Tensors& t, const std::string& name, const std::string& where) {
+  return {required(t, name + ".weight", where), optional(t, name + ".bias")};
+}
+
+}  // namespace
+
+void bind_target_forward(py::module_& m) {
+  py::class_<TargetForward, std::shared_ptr<TargetForward>>(
+      m, "TargetForward",
+      "The target's own forward in C++ for Llama-family models (csrc/decode/target_forward.h); "
+      "mtprobe.target_model.native_forward builds it from an HF model, sharing its weights.")
+      .def(py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
+                       const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
+                       double scale, double rope_scaling, int64_t small_rows, int64_t wide_rows) {
+             std::vector<TargetLayer> built;
+             for (size_t l = 0; l < layers.size(); ++l) {
+               const Tensors& t = layers[l];
+               const std::string where = "layer " + std::to_string(l);
+               built.push_back({required(t, "input_norm", where), required(t, "post_norm", where),
+                                optional(t, "q_norm"), optional(t, "k_norm"), linear(t, "q", where),
+                                linear(t, "k", where), linear(t, "v", where), linear(t, "o", where),
+                                linear(t, "gate", where), linear(t, "up", where), linear(t, "down", where)});
+             }
+             TargetForwardConfig config;
+             config.heads = heads;
+             config.kv_heads = kv_heads;
+             config.eps = static_cast<float>(eps);
+             config.scale = static_cast<float>(scale);
+             config.rope_scaling = static_cast<float>(rope_scaling);
+             config.small_rows = small_rows;
+             config.wide_rows = wide_rows;
+             return std::make_shared<TargetForward>(std::move(embed), std::move(built), std::move(final_norm),
+                                                    linear(head, "head", "head"), std::move(inv_freq),
+                                                    config);
+           }),
+           py::arg("embed"), py::arg("layers"), py::arg("final_norm"), py::arg("head"), py::arg("inv_freq"),
+           py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
+           py::arg("rope_scaling"), py::arg("small_rows") = 64, py::arg("wide_rows") = 4)
+      .def("forward", &TargetForward::forward, py::arg("tokens"), py::arg("embeds"), py::arg("positions"),
+           py::arg("mask"), py::arg("prefix_len"), py::arg("keys"), py::arg("values"), py::arg("want_hidden"),
+           py::arg("logits_from") = 0,
+           "(logits [T, vocab] float32, hidden [T, hidden] or None) of a block of T inputs after prefix_len "
+           "cached entries; its keys and values are written into rows prefix_len.. of each layer's buffers",
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_layers", &TargetForward::num_layers)
+      .def_property_readonly("vocab_size", &TargetForward::vocab_size);
+  m.def("min_top2_margin", &min_top2_margin, py::arg("logits"), py::arg("rows"),
+        "The smallest top-2 logit margin over rows [0, rows) of logits [T, vocab] float32 (inf for none, "
+        "NaN if a row holds NaN)",
+        py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace mtprobe::bindings

@@ -1,0 +1,403 @@
+#include "decode/target_forward.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/decoder_step.h"
+#include "core/small_batch_linear.h"
+
+namespace mtprobe {
+namespace {
+
+// An additive mask entry at or below this hides its key: HF fills hidden entries with finfo.min.
+constexpr float kHidden = -1e30f;
+
+void check_vector(const at::Tensor& t, int64_t n, const std::string& name) {
+  TORCH_CHECK_VALUE(t.defined() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat &&
+                        t.is_cpu() && t.is_contiguous(),
+                    "TargetForward: ", name, " must be a contiguous float32 CPU tensor [", n, "], got ",
+                    t.defined() ? t.toString() + " " + c10::str(t.sizes()) : std::string("none"));
+}
+
+void check_linear(const TargetLinear& w, int64_t in, int64_t out, const std::string& name) {
+  TORCH_CHECK_VALUE(
+      w.weight.defined() && w.weight.dim() == 2 && w.weight.scalar_type() == at::kFloat &&
+          w.weight.is_cpu() && w.weight.is_contiguous(),
+      "TargetForward: ", name, ".weight must be a contiguous float32 CPU tensor [out, in], got ",
+      w.weight.defined() ? w.weight.toString() + " " + c10::str(w.weight.sizes()) : std::string("none"));
+  TORCH_CHECK_VALUE(w.in_features() == in && w.out_features() == out, "TargetForward: ", name, " is [",
+                    w.out_features(), ", ", w.in_features(), "] but the model needs [", out, ", ", in, "]");
+  if (w.bias.defined()) check_vector(w.bias, out, name + ".bias");
+}
+
+}  // namespace
+
+TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, at::Tensor final_norm,
+                             TargetLinear head, at::Tensor inv_freq, TargetForwardConfig config)
+    : embed_(std::move(embed)),
+      final_norm_(std::move(final_norm)),
+      inv_freq_(std::move(inv_freq)),
+      layers_(std::move(layers)),
+      head_(std::move(head)),
+      config_(config) {
+  TORCH_CHECK_VALUE(
+      embed_.dim() == 2 && embed_.scalar_type() == at::kFloat && embed_.is_cpu() && embed_.is_contiguous(),
+      "TargetForward: embed must be a contiguous float32 CPU tensor [vocab, hidden], got ", embed_.toString(),
+      " ", embed_.sizes());
+  TORCH_CHECK_VALUE(!layers_.empty(), "TargetForward: the model needs at least one layer");
+  TORCH_CHECK_VALUE(config_.heads >= 1 && config_.kv_heads >= 1 && config_.heads % config_.kv_heads == 0,
+                    "TargetForward: heads (", config_.heads, ") must be a positive multiple of kv_heads (",
+                    config_.kv_heads, ")");
+  TORCH_CHECK_VALUE(config_.small_rows >= 0 && config_.wide_rows >= 0,
+                    "TargetForward: small_rows and wide_rows must be >= 0, got ", config_.small_rows, " and ",
+                    config_.wide_rows);
+  hidden_ = embed_.size(1);
+  q_out_ = layers_[0].q.weight.defined() ? layers_[0].q.out_features() : 0;
+  TORCH_CHECK_VALUE(q_out_ > 0 && q_out_ % config_.heads == 0, "TargetForward: q_proj's ", q_out_,
+                    " outputs do not split into ", config_.heads, " heads");
+  head_dim_ = q_out_ / config_.heads;
+  TORCH_CHECK_VALUE(head_dim_ % 2 == 0, "TargetForward: head_dim ", head_dim_, " must be even (RoPE)");
+  kv_out_ = config_.kv_heads * head_dim_;
+  intermediate_ = layers_[0].gate.weight.defined() ? layers_[0].gate.out_features() : 0;
+  check_vector(inv_freq_, head_dim_ / 2, "inv_freq");
+  check_vector(final_norm_, hidden_, "final_norm");
+  check_linear(head_, hidden_, head_.weight.defined() ? head_.out_features() : 0, "head");
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const TargetLayer& L = layers_[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    check_vector(L.input_norm, hidden_, at + "input_norm");
+    check_vector(L.post_norm, hidden_, at + "post_norm");
+    TORCH_CHECK_VALUE(L.q_norm.defined() == L.k_norm.defined(), "TargetForward: ", at,
+                      "has one of q_norm and k_norm but not the other");
+    if (L.q_norm.defined()) {
+      check_vector(L.q_norm, head_dim_, at + "q_norm");
+      check_vector(L.k_norm, head_dim_, at + "k_norm");
+    }
+    check_linear(L.q, hidden_, q_out_, at + "q");
+    check_linear(L.k, hidden_, kv_out_, at + "k");
+    check_linear(L.v, hidden_, kv_out_, at + "v");
+    check_linear(L.o, q_out_, hidden_, at + "o");
+    check_linear(L.gate, hidden_, intermediate_, at + "gate");
+    check_linear(L.up, hidden_, intermediate_, at + "up");
+    check_linear(L.down, intermediate_, hidden_, at + "down");
+  }
+  small_kernel_ = core::small_batch_linear_simd();
+}
+
+void TargetForward::linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const {
+  const int64_t in = w.in_features(), out = w.out_features();
+  const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
+  if (small_kernel_ && rows <= config_.small_rows) {
+    const float* weight = w.weight.const_data_ptr<float>();
+    // A grain of 64 columns, as the small_batch_linear op: each thread streams its own weight rows.
+    const auto level = rows <= config_.wide_rows ? core::SimdLevel::kAvx512 : core::SimdLevel::kAvx2;
+    at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
+      core::small_batch_linear(x, rows, in, weight, bias, y, out, begin, end, level);
+    });
+    return;
+  }
+  // A prefill's rows: compute-bound, BLAS's GEMM (packing the weight once pays for many rows).
+  at::Tensor X = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
+  at::Tensor Y = at::from_blob(y, {rows, out}, at::kFloat);
+  if (w.bias.defined()) {
+    at::addmm_out(Y, w.bias, X, w.weight.t());
+  } else {
+    at::mm_out(Y, X, w.weight.t());
+  }
+}
+
+void TargetForward::check_cache(const std::vector<at::Tensor>& caches, const char* name,
+                                int64_t needed) const {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(caches.size()) == num_layers(), "TargetForward: ", name,
+                    " must hold one buffer per layer (", num_layers(), "), got ", caches.size());
+  for (const at::Tensor& t : caches) {
+    TORCH_CHECK_VALUE(
+        t.dim() == 4 && t.size(0) == 1 && t.size(1) == config_.kv_heads && t.size(3) == head_dim_ &&
+            t.scalar_type() == at::kFloat && t.is_cpu() && t.stride(3) == 1,
+        "TargetForward: each of ", name, " must be float32 CPU [1, ", config_.kv_heads, ", capacity, ",
+        head_dim_, "] with unit stride in its last dimension, got ", t.scalar_type(), " ", t.sizes());
+    TORCH_CHECK_VALUE(needed <= t.size(2), "TargetForward: ", needed,
+                      " entries do not fit a cache of capacity ", t.size(2), " (", name,
+                      "); reserve room before the forward");
+  }
+}
+
+void TargetForward::attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T,
+                              int64_t prefix, const float* mask, int64_t mask_stride, float* att) {
+  const int64_t d = head_dim_, kv = config_.kv_heads, group = config_.heads / kv;
+  const float* K = keys.const_data_ptr<float>();
+  const float* V = values.const_data_ptr<float>();
+  const int64_t ks1 = keys.stride(1), ks2 = keys.stride(2), vs1 = values.stride(1), vs2 = values.stride(2);
+  TORCH_CHECK_VALUE(ks2 == vs2, "TargetForward: keys and values differ in row stride");
+  // The block rows each input sees: a causal chain sees rows 0..t; a tree row those its mask shows.
+  // `last[t]` >= 0 when they are exactly 0..last[t] (a chain's shape): then the cached prefix and the
+  // block are one contiguous range of rows, attended in one pass.
+  std::vector<int64_t> last(T, -1);
+  std::vector<std::vector<int64_t>> visible(mask ? T : 0);
+  for (int64_t t = 0; t < T; ++t) {
+    if (!mask) {
+      last[t] = t;
+      continue;
+    }
+    const float* row = mask + t * mask_stride + prefix;
+    for (int64_t j = 0; j < T; ++j) {
+      if (row[j] <= kHidden) continue;
+      TORCH_CHECK_VALUE(row[j] == 0.0f, "TargetForward: mask entry (", t, ", ", prefix + j, ") is ", row[j],
+                        "; an additive mask holds 0 (visible) or a value <= -1e30 (hidden)");
+      visible[t].push_back(j);
+    }
+    TORCH_CHECK_VALUE(prefix > 0 || !visible[t].empty(), "TargetForward: mask row ", t,
+                      " hides every key (a query with nothing to attend to)");
+    const int64_t n = static_cast<int64_t>(visible[t].size());
+    if (n > 0 && visible[t].back() == n - 1) last[t] = n - 1;
+  }
+  // Work items: (key/value head, input, part). A short block over a long prefix splits the prefix into
+  // ranges so that every thread reads (flash decoding); the parts are merged by their log-sum-exps.
+  const int64_t threads = at::get_num_threads(), items = kv * T;
+  int64_t chunks = prefix > 0 ? 1 : 0;
+  if (prefix >= 256 && items < 2 * threads) {
+    chunks = std::min<int64_t>(prefix / 128, (2 * threads + items - 1) / items);
+  }
+  const int64_t slots = chunks + 1;  // the prefix's ranges, then the block's part
+  part_out_.resize(items * slots * group * d);
+  part_lse_.resize(items * slots * group);
+  at::parallel_for(0, items * slots, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores, gathered;
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t item = u / slots, c = u % slots, g = item / T, t = item % T;
+      const float* qh = q + t * q_out_ + g * group * d;
+      const float* Kg = K + g * ks1;
+      const float* Vg = V + g * vs1;
+      float* out = part_out_.data() + u * group * d;
+      float* lse = part_lse_.data() + u * group;
+      const bool one_range = last[t] >= 0 && chunks <= 1;
+      int64_t from = 0, rows = 0;
+      if (c < chunks) {   // a range of the cached prefix
+        if (one_range) {  // merged into the block's part below
+          std::fill(lse, lse + group, -std::numeric_limits<float>::infinity());
+          std::fill(out, out + group * d, 0.0f);
+          continue;
+        }
+        from = prefix * c / chunks;
+        rows = prefix * (c + 1) / chunks - from;
+      } else if (last[t] >= 0) {  // the block rows 0..last[t], with the prefix when one range
+        from = one_range ? 0 : prefix;
+        rows = prefix + last[t] + 1 - from;
+      } else {  // a tree row: its visible block rows gathered into one contiguous range
+        const std::vector<int64_t>& vis = visible[t];
+        const int64_t n = static_cast<int64_t>(vis.size());
+        if (n == 0) {
+          std::fill(lse, lse + group, -std::numeric_limits<float>::infinity());
+          std::fill(out, out + group * d, 0.0f);
+          continue;
+        }
+        gathered.resize(2 * n * d);
+        for (int64_t i = 0; i < n; ++i) {
+          std::copy_n(Kg + (prefix + vis[i]) * ks2, d, gathered.data() + i * d);
+          std::copy_n(Vg + (prefix + vis[i]) * ks2, d, gathered.data() + (n + i) * d);
+        }
+        scores.resize(group * n);
+        core::attend(qh, group, gathered.data(), gathered.data() + n * d, n, d, d, config_.scale,
+                     scores.data(), out, lse);
+        continue;
+      }
+      scores.resize(group * rows);
+      core::attend(qh, group, Kg + from * ks2, Vg + from * ks2, rows, d, ks2, config_.scale, scores.data(),
+                   out, lse);
+    }
+  });
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t g = item / T, t = item % T;
+      float* dst = att + t * q_out_ + g * group * d;
+      const float* outs = part_out_.data() + item * slots * group * d;
+      if (last[t] >= 0 && chunks <= 1) {  // one range: the block's part is the answer
+        std::copy_n(outs + chunks * group * d, group * d, dst);
+      } else {
+        core::merge_attention(outs, part_lse_.data() + item * slots * group, slots, group, d, dst);
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
+    const at::Tensor& tokens, const std::optional<at::Tensor>& embeds, const at::Tensor& positions,
+    const std::optional<at::Tensor>& mask, int64_t prefix_len, const std::vector<at::Tensor>& keys,
+    const std::vector<at::Tensor>& values, bool want_hidden, int64_t logits_from) {
+  const int64_t vocab = embed_.size(0);
+  TORCH_CHECK_VALUE(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.is_cpu(),
+                    "TargetForward: tokens must be a 1-D int64 CPU tensor, got ", tokens.toString(), " ",
+                    tokens.sizes());
+  const int64_t n_tok = tokens.size(0);
+  int64_t n_emb = 0;
+  if (embeds.has_value() && embeds->defined()) {
+    TORCH_CHECK_VALUE(embeds->dim() == 2 && embeds->size(1) == hidden_ &&
+                          embeds->scalar_type() == at::kFloat && embeds->is_cpu(),
+                      "TargetForward: embeds must be float32 CPU [n, ", hidden_, "], got ",
+                      embeds->toString(), " ", embeds->sizes());
+    n_emb = embeds->size(0);
+  }
+  const int64_t T = n_tok + n_emb;
+  TORCH_CHECK_VALUE(T >= 1, "TargetForward: a forward needs at least one input");
+  TORCH_CHECK_VALUE(positions.dim() == 1 && positions.size(0) == T && positions.scalar_type() == at::kLong &&
+                        positions.is_cpu(),
+                    "TargetForward: positions must be int64 CPU [", T, "] (one per input), got ",
+                    positions.toString(), " ", positions.sizes());
+  TORCH_CHECK_VALUE(prefix_len >= 0, "TargetForward: prefix_len must be >= 0, got ", prefix_len);
+  TORCH_CHECK_VALUE(logits_from >= 0 && logits_from <= T, "TargetForward: logits_from must be in [0, ", T,
+                    "], got ", logits_from);
+  const int64_t P = prefix_len;
+  at::Tensor m;
+  if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK_VALUE(mask->dim() == 2 && mask->size(0) == T && mask->size(1) == P + T &&
+                          mask->scalar_type() == at::kFloat && mask->is_cpu(),
+                      "TargetForward: mask must be float32 CPU [T, P + T] = [", T, ", ", P + T, "], got ",
+                      mask->toString(), " ", mask->sizes());
+    m = mask->contiguous();
+    const float* mp = m.const_data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < P; ++j) {
+        TORCH_CHECK_VALUE(mp[t * (P + T) + j] == 0.0f, "TargetForward: mask entry (", t, ", ", j,
+                          ") hides a cached entry; this forward attends to the whole prefix (a sliding "
+                          "window or a custom prefix mask needs HF's forward)");
+      }
+    }
+  }
+  check_cache(keys, "keys", P + T);
+  check_cache(values, "values", P + T);
+  at::Tensor tok = tokens.contiguous(), pos = positions.contiguous();
+  const int64_t* tp = tok.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < n_tok; ++i) {
+    TORCH_CHECK_VALUE(tp[i] >= 0 && tp[i] < vocab, "TargetForward: token ", tp[i], " at input ", i,
+                      " is outside the vocabulary [0, ", vocab, ")");
+  }
+  const int64_t* pp = pos.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < T; ++i) {
+    TORCH_CHECK_VALUE(pp[i] >= 0, "TargetForward: position ", pp[i], " at input ", i, " is negative");
+  }
+  at::Tensor emb = n_emb > 0 ? embeds->contiguous() : at::Tensor();
+
+  std::lock_guard<std::mutex> lock(busy_);
+  const int64_t d = head_dim_, half = d / 2, heads = config_.heads, kv = config_.kv_heads;
+  x_.resize(T * hidden_);
+  h_.resize(T * hidden_);
+  out_.resize(T * hidden_);
+  q_.resize(T * q_out_);
+  att_.resize(T * q_out_);
+  k_.resize(T * kv_out_);
+  v_.resize(T * kv_out_);
+  gate_.resize(T * intermediate_);
+  up_.resize(T * intermediate_);
+  cos_.resize(T * half);
+  sin_.resize(T * half);
+  const float* E = embed_.const_data_ptr<float>();
+  for (int64_t i = 0; i < n_tok; ++i) std::copy_n(E + tp[i] * hidden_, hidden_, x_.data() + i * hidden_);
+  if (n_emb > 0) std::copy_n(emb.const_data_ptr<float>(), n_emb * hidden_, x_.data() + n_tok * hidden_);
+  // RoPE's angles per input, in float32 as HF computes them (position * inv_freq, then cos and sin).
+  const float* inv_freq = inv_freq_.const_data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(pp[t]) * inv_freq[i];
+      cos_[t * half + i] = std::cos(angle) * config_.rope_scaling;
+      sin_[t * half + i] = std::sin(angle) * config_.rope_scaling;
+    }
+  }
+  const float* mp = m.defined() ? m.const_data_ptr<float>() : nullptr;
+  // Row loops of a prefill are long enough to share between threads; a verification block's are not.
+  const int64_t grain = std::max<int64_t>(1, 64 / std::max<int64_t>(1, hidden_ / 256));
+  auto rows_norm = [&](const float* w, int64_t from) {
+    at::parallel_for(from, T, grain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        core::rms_norm(x_.data() + t * hidden_, w, config_.eps, hidden_, h_.data() + t * hidden_);
+    });
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const TargetLayer& L = layers_[l];
+    rows_norm(L.input_norm.const_data_ptr<float>(), 0);
+    linear(L.q, h_.data(), T, q_.data());
+    linear(L.k, h_.data(), T, k_.data());
+    linear(L.v, h_.data(), T, v_.data());
+    float* Kc = keys[l].mutable_data_ptr<float>();
+    float* Vc = values[l].mutable_data_ptr<float>();
+    const int64_t ks1 = keys[l].stride(1), ks2 = keys[l].stride(2);
+    const int64_t vs1 = values[l].stride(1), vs2 = values[l].stride(2);
+    at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        float* qt = q_.data() + t * q_out_;
+        float* kt = k_.data() + t * kv_out_;
+        if (L.q_norm.defined()) {  // Qwen3: RMSNorm over each head before RoPE
+          for (int64_t h = 0; h < heads; ++h)
+            core::rms_norm(qt + h * d, L.q_norm.const_data_ptr<float>(), config_.eps, d, qt + h * d);
+          for (int64_t h = 0; h < kv; ++h)
+            core::rms_norm(kt + h * d, L.k_norm.const_data_ptr<float>(), config_.eps, d, kt + h * d);
+        }
+        core::rotate_half(qt, heads, d, cos_.data() + t * half, sin_.data() + t * half);
+        core::rotate_half(kt, kv, d, cos_.data() + t * half, sin_.data() + t * half);
+        for (int64_t h = 0; h < kv; ++h) {
+          std::copy_n(kt + h * d, d, Kc + h * ks1 + (P + t) * ks2);
+          std::copy_n(v_.data() + t * kv_out_ + h * d, d, Vc + h * vs1 + (P + t) * vs2);
+        }
+      }
+    });
+    attention(q_.data(), keys[l], values[l], T, P, mp, P + T, att_.data());
+    linear(L.o, att_.data(), T, out_.data());
+    for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
+    rows_norm(L.post_norm.const_data_ptr<float>(), 0);
+    linear(L.gate, h_.data(), T, gate_.data());
+    linear(L.up, h_.data(), T, up_.data());
+    at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
+      core::silu_mul(gate_.data() + b * intermediate_, up_.data() + b * intermediate_,
+                     (e - b) * intermediate_, gate_.data() + b * intermediate_);
+    });
+    linear(L.down, gate_.data(), T, out_.data());
+    for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
+  }
+  const int64_t first = want_hidden ? 0 : logits_from;
+  rows_norm(final_norm_.const_data_ptr<float>(), first);
+  at::Tensor logits = at::empty({T, vocab_size()}, at::kFloat);  // [T, vocab]
+  if (logits_from > 0) logits.narrow(0, 0, logits_from).zero_();
+  if (logits_from < T) {
+    linear(head_, h_.data() + logits_from * hidden_, T - logits_from,
+           logits.mutable_data_ptr<float>() + logits_from * vocab_size());
+  }
+  std::optional<at::Tensor> hidden;
+  if (want_hidden) {
+    hidden = at::empty({T, hidden_}, at::kFloat);  // [T, hidden]
+    std::copy_n(h_.data(), T * hidden_, hidden->mutable_data_ptr<float>());
+  }
+  return {logits, hidden};
+}
+
+double min_top2_margin(const at::Tensor& logits, int64_t rows) {
+  TORCH_CHECK_VALUE(
+      logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_cpu() && logits.stride(1) == 1,
+      "min_top2_margin: logits must be float32 CPU [T, vocab] with unit stride, got ", logits.toString(), " ",
+      logits.sizes());
+  TORCH_CHECK_VALUE(rows >= 0 && rows <= logits.size(0), "min_top2_margin: rows must be in [0, ",
+                    logits.size(0), "], got ", rows);
+  TORCH_CHECK_VALUE(logits.size(1) >= 2, "min_top2_margin: a margin needs at least 2 logits a row");
+  double least = std::numeric_limits<double>::infinity();
+  const int64_t n = logits.size(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = logits.const_data_ptr<float>() + r * logits.stride(0);
+    float a = -std::numeric_limits<float>::infinity(), b = a;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = row[i];
+      if (std::isnan(x)) return std::numeric_limits<double>::quiet_NaN();
+      if (x > a) {
+        b = a;
+        a = x;
+      } else if (x > b) {
+        b = x;
+      }
+    }
+    least = std::min(least, static_cast<double>(a) - static_cast<double>(b));
+  }
+  return least;
+}
+
+}  // namespace mtprobe

@@ -1,0 +1,109 @@
+// The target's own forward in C++ (issue 67): a verification block of T inputs through a Llama-family
+// decoder (Llama, Mistral without a window, Qwen2's q/k/v biases, Qwen3's per-head q/k norms), float32
+// on the CPU, reading the HF model's own weight tensors (shared, never copied).
+//
+// Why: through transformers' eager modules a one-token forward of SmolLM2-135M costs about three times
+// what streaming its 538 MB of weights does (torch's float32 GEMV reads at a third of the memory's
+// pace, and module calls and small tensor ops add the rest). Here every linear layer of a block of up
+// to ~20 inputs runs the small-batch kernel (csrc/core/small_batch_linear.h: each weight read once for
+// every input), larger blocks (a prefill) ATen's GEMM, and the rest of a layer is a few loops over the
+// block's rows; no Python, no per-op dispatch.
+//
+// What it computes is what HF's LlamaDecoderLayer stack computes, up to float32 rounding (the sums run
+// in another order). The caller decides each verified token from these logits only where the row's
+// top-2 margin clears a bound on that rounding, and asks HF's own forward otherwise
+// (python/mtprobe/target_model/native_forward.py): the tokens are HF's.
+//
+// A forward of T inputs after P cached entries: x = embed[tokens] (then `embeds`' rows); per layer,
+// attention (RMSNorm; q, k, v; q/k norm; rotate-half RoPE at each input's position; k and v written to
+// cache rows P..P+T-1; each input attends to the P cached rows and to the block rows its mask row
+// allows, the two parts merged by their log-sum-exps as xformers' tree attention does; o) and the SiLU
+// MLP, each added to x; then the final norm and the head: logits [T, vocab] float32.
+//
+// Cache layout (mtprobe.target_model.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity,
+// head_dim] float32 per layer, capacity >= P + T; rows 0..P-1 hold the sequence's entries already.
+// mask: [T, P + T] additive (0 visible, <= -1e30 hidden; HF's 4-D mask squeezed), the prefix columns all
+// visible; undefined for a causal chain.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace mtprobe {
+
+// One linear layer as nn.Linear holds it: weight [out, in] float32, bias [out] or undefined.
+struct TargetLinear {
+  at::Tensor weight, bias;
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
+};
+
+struct TargetLayer {
+  at::Tensor input_norm, post_norm;  // [hidden] float32 each: RMSNorm weights before attention and MLP
+  at::Tensor q_norm, k_norm;         // [head_dim] float32 each (Qwen3), or undefined
+  TargetLinear q, k, v, o, gate, up, down;
+};
+
+struct TargetForwardConfig {
+  int64_t heads = 0, kv_heads = 0;  // query heads, key/value heads (a multiple: grouped-query attention)
+  float eps = 1e-5f;                // RMSNorm's
+  float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
+  float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
+  // Blocks of up to this many inputs run the small-batch kernel (weights read once), larger ones
+  // ATen's GEMM; 0: GEMM always (a CPU without AVX2 and FMA, where the kernel's portable loop is slow).
+  // On a 2-core AMD EPYC Zen 5 the kernel beat GEMM at every size up to 64 inputs (60.7 against 100 ms for
+  // SmolLM2's 211 linear layers at 48).
+  int64_t small_rows = 64;
+  // Blocks of up to this many inputs take the kernel's AVX-512 form where the CPU has it, larger ones its
+  // AVX2 form: on that EPYC the AVX-512 form streamed a one-input forward's weights in 13.7 ms against
+  // 16.8 (4 inputs: 14.1 against 18.5) and lost from 8 inputs on (its register blocks are narrower).
+  int64_t wide_rows = 4;
+};
+
+class TargetForward {
+ public:
+  // embed [vocab, hidden]; inv_freq [head_dim / 2] (HF's rotary_emb.inv_freq); head: the output layer.
+  // Every tensor float32, contiguous, on the CPU; shapes checked against each other (ValueError).
+  TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, at::Tensor final_norm, TargetLinear head,
+                at::Tensor inv_freq, TargetForwardConfig config);
+
+  // tokens [n_tok] int64, embeds [n_emb, hidden]? (rows after the tokens' embeddings: mask inputs),
+  // positions [T] int64 (T = n_tok + n_emb), mask [T, P + T]? (above), prefix_len P, keys and values one
+  // buffer per layer (above). Rows before logits_from come back as zeros (nobody reads them: a prompt's).
+  // Returns logits [T, vocab] float32 and, with want_hidden, the final-normed hidden states [T, hidden].
+  std::tuple<at::Tensor, std::optional<at::Tensor>> forward(
+      const at::Tensor& tokens, const std::optional<at::Tensor>& embeds, const at::Tensor& positions,
+      const std::optional<at::Tensor>& mask, int64_t prefix_len, const std::vector<at::Tensor>& keys,
+      const std::vector<at::Tensor>& values, bool want_hidden, int64_t logits_from);
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t vocab_size() const { return head_.out_features(); }
+
+ private:
+  void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const;
+  void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t needed) const;
+  // Attention of the block's queries q [T, heads * head_dim] over layer l's cache into att (same shape).
+  void attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T, int64_t prefix,
+                 const float* mask, int64_t mask_stride, float* att);
+
+  at::Tensor embed_, final_norm_, inv_freq_;
+  std::vector<TargetLayer> layers_;
+  TargetLinear head_;
+  TargetForwardConfig config_;
+  int64_t hidden_, head_dim_, q_out_, kv_out_, intermediate_;
+  bool small_kernel_;  // this CPU runs the small-batch kernel's SIMD path
+  std::mutex busy_;    // one forward at a time: the scratch below is the object's
+  // Scratch, grown to the largest block seen: x, normed x, q, k, v, attention output, o/down output,
+  // gate, up; the attention's partial outputs and log-sum-exps; RoPE's cos and sin per input.
+  std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, part_out_, part_lse_, cos_, sin_;
+};
+
+// The smallest top-2 margin (largest logit minus the second largest) over rows [0, rows) of logits
+// [T, vocab] float32: how close any of those rows comes to a tie. +inf for rows = 0; NaN if a row holds one.
+double min_top2_margin(const at::Tensor& logits, int64_t rows);
+
+}  // namespace mtprobe

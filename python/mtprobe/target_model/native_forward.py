@@ -1,0 +1,288 @@
+"""The target's own forward in C++ for Llama-family models on the CPU, decided exactly (issue 67).
+
+Through transformers' eager modules a one-token forward of SmolLM2-135M in float32 costs about three times
+what streaming its weights does: torch's float32 GEMV reads at a third of the memory's pace, and module
+calls and small tensor ops add the rest. :class:`mtprobe._C.TargetForward` (``csrc/decode/target_forward.h``)
+runs a verification block of T inputs through the same decoder layers in one C++ call, reading the model's
+own weight tensors (shared, never copied): every linear layer of a block of up to 20 inputs reads its
+weights once for all of them (the small-batch kernel), and a layer's other work is a few loops over the
+block's rows. Decode steps run through it; the prefill keeps HF's forward (compute-bound: BLAS's GEMM and
+SDPA are as fast there), and writes the same KV layout the C++ forward then reads.
+
+**Exactly HF's tokens.** The C++ forward sums in another order than HF's, so its logits differ from HF's
+by rounding (float32: about 1e-5 of their size; measured in ``benchmarks/results/native_forward/``). Under
+greedy decoding the decode loop reads, with each step's verdict, the top-2 score margin of every row that
+chose a token (the accepted path's nodes); where one is below :data:`MARGIN_BOUND`, far above any
+difference measured, the step runs again through HF's own forward, which decides it (``out.exact_steps``).
+The margin is read on the processed scores, so logits processors that move scores by at most a few times
+the rounding (repetition penalties, masks, biases) keep the guarantee. Under sampling the distributions
+differ by that rounding only, as HF's batched and one-token forwards differ.
+
+Where it does not apply, HF's forward runs and :func:`why_not_native` says why (logged once per model, and
+in ``out.timings["native_forward"]``): another architecture, a dtype other than float32, a model off the
+CPU, hooks on the model's modules (LoRA, user hooks), a sliding window, a plan, calibrated masks with
+layer offsets or a mask LoRA, a drafter that reads another layer's hidden states.
+``MTPROBE_NATIVE_FORWARD=0`` turns it off; ``=1`` (forced) makes an unsupported model an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from mtprobe import _C
+from mtprobe.state import state_of
+from mtprobe.target_model.sliding import sliding_window
+
+logger = logging.getLogger("mtprobe")
+
+__all__ = [
+    "ENV",
+    "STATIC_ROPE",
+    "MARGIN_BOUND",
+    "MODEL_TYPES",
+    "VERSION",
+    "native_forward",
+    "setting",
+    "why_not_native",
+]
+
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+"""RoPE types whose frequencies do not change with the length: what the C++ forwards compute."""
+
+ENV = "MTPROBE_NATIVE_FORWARD"
+"""``0``: HF's forward always; ``1``: the C++ forward, an unsupported model an error; unset: where it applies."""
+
+VERSION = "native v1"
+"""The forward's version, part of a forward profile's key (a profile of HF's forward is not this one's)."""
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""Architectures the C++ forward computes: pre-norm RMSNorm decoder layers, rotate-half RoPE, grouped-query
+attention (Qwen2's q/k/v biases, Qwen3's per-head q/k norms), a SiLU-gated MLP."""
+
+MARGIN_BOUND = 1e-2
+"""A greedy step is decided by the C++ forward only where every row that chose a token has a top-2 score
+margin of at least this; below it, HF's forward decides the step. The C++ forward's logits differ from HF
+greedy's own (one-token forwards on its own cache) by at most 8.0e-5 over 2,079 positions of 35 Spec-Bench
+dev answers of SmolLM2-135M, plain decoding and AutoConfig alike (99.9th percentile 7.1e-5), and by at most
+1e-4 on the tiny random models of the tests: the bound leaves a factor of 125. 0.53 % of those positions had
+a margin below it (benchmarks/results/native_forward/margins.md)."""
+
+SMALL_ROWS = 64
+"""Blocks of up to this many inputs run the small-batch kernel (weights read once); larger ones BLAS's GEMM.
+On a 2-core AMD EPYC Zen 5 the kernel beat torch's GEMM at every size up to 64 (SmolLM2's 211 linear layers:
+33 against 68 ms at 24 inputs, 61 against 100 at 48; benchmarks/results/native_forward/curve.md)."""
+
+
+def setting() -> str:
+    """``MTPROBE_NATIVE_FORWARD`` as ``"off"``, ``"forced"`` or ``"auto"``; ValueError for another value."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    if raw in ("0", "false", "off", "no"):
+        return "off"
+    if raw in ("1", "true", "on", "yes", "force", "forced"):
+        return "forced"
+    raise ValueError(
+        f"{ENV}={raw!r}: use 0 (HF's forward), 1 (the C++ forward, or an error) or leave it unset"
+    )
+
+
+def _linears(model: PreTrainedModel) -> list[tuple[str, torch.nn.Module]]:
+    names = [*(f"self_attn.{n}_proj" for n in "qkvo"), *(f"mlp.{n}_proj" for n in ("gate", "up", "down"))]
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        out += [(f"model.layers.{i}.{n}", layer.get_submodule(n)) for n in names]
+    return [*out, ("lm_head", model.get_output_embeddings())]
+
+
+def layer_reason(cfg: Any) -> str:
+    """Why a Llama-family config's layers are not what mtprobe's C++ decoders compute (a SiLU MLP, static
+    RoPE, no tensor-parallel split), or ``""``."""
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(cfg, 'hidden_act', None)!r} is not 'silu'"
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope not in STATIC_ROPE:
+        return f"rope_type {rope!r} changes its frequencies with the length (static ones: {STATIC_ROPE})"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return f"pretraining_tp={cfg.pretraining_tp}"
+    return ""
+
+
+def why_not_native(model: PreTrainedModel) -> str:
+    """Why the C++ forward cannot run ``model``, or ``""`` where it can. Cheap: read at every generation."""
+    if setting() == "off":
+        return f"{ENV}=0"
+    cfg = model.config.get_text_config(decoder=True)
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {MODEL_TYPES}"
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return f"the C++ forward runs float32 models on the CPU; this one is {model.dtype} on {model.device}"
+    reason = layer_reason(cfg)
+    if reason:
+        return reason
+    window = sliding_window(model)
+    if window is not None:
+        return f"a sliding window of {window.window} (the C++ forward attends to every cached position)"
+    inner = getattr(model, "model", None)
+    if getattr(inner, "layers", None) is None or getattr(inner, "rotary_emb", None) is None:
+        return f"{type(model).__name__} has no model.layers and model.rotary_emb"
+    for name, module in _linears(model):
+        if type(module) is not torch.nn.Linear:
+            return f"{name} is a {type(module).__name__}, not a plain torch.nn.Linear (an adapter or a quantized layer)"
+    if model_type == "qwen3" and not all(hasattr(layer.self_attn, "q_norm") for layer in inner.layers):
+        return "a qwen3 layer without q_norm and k_norm"
+    hooked = next((n or "the model" for n, m in model.named_modules() if _hooks(m)), None)
+    if hooked is not None:
+        return f"{hooked} has forward hooks (LoRA, adapters or user hooks run only in HF's forward)"
+    return ""
+
+
+# transformers' own hooks that record outputs for output_hidden_states/output_attentions (installed on first
+# use, kept): they change nothing the forward computes.
+_RECORDING_HOOKS = "transformers.utils.output_capturing"
+
+
+def _hooks(module: torch.nn.Module) -> bool:
+    hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    return any(getattr(h, "__module__", None) != _RECORDING_HOOKS for h in hooks)
+
+
+def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
+    """The C++ forward of ``model``, or ``None`` where HF's runs (:func:`why_not_native`, logged once per
+    model and reason). Built once per model and kept in its state; rebuilt when its weights were replaced.
+    ValueError where ``MTPROBE_NATIVE_FORWARD=1`` and it cannot run."""
+    reason = why_not_native(model)
+    state = state_of(model)
+    if reason:
+        if setting() == "forced":
+            raise ValueError(f"{ENV}=1, but the C++ forward cannot run {type(model).__name__}: {reason}")
+        if state.native_reason != reason:
+            logger.info("mtprobe: the target's forwards run through HF's modules (%s)", reason)
+        state.native, state.native_reason = None, reason
+        return None
+    weights = _weights(model)
+    key = tuple(
+        t.data_ptr() for t in weights.values()
+    )  # replaced weights (load_state_dict(assign=True)) rebuild
+    if state.native is None or state.native_key != key:
+        state.native, state.native_key, state.native_reason = _build(model, weights), key, ""
+    return state.native
+
+
+def _weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, module in _linears(model):
+        out[f"{name}.weight"] = module.weight
+        if module.bias is not None:
+            out[f"{name}.bias"] = module.bias
+    return out
+
+
+def _build(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> _C.TargetForward:
+    non_contiguous = [n for n, t in weights.items() if not t.is_contiguous()]
+    if non_contiguous:
+        # Never copied behind the user's back: a transposed or strided weight would need its own copy.
+        raise ValueError(
+            f"the C++ forward reads the model's weights in place, and {non_contiguous[0]} is not contiguous; "
+            f"call .contiguous() on it or set {ENV}=0"
+        )
+    args, kwargs = arguments(model)
+    return _C.TargetForward(*args, **kwargs)
+
+
+def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What :class:`mtprobe._C.TargetForward` is built from: the model's own tensors (the embedding, each
+    layer's norms and linear weights by name, the final norm, the head, RoPE's frequencies), shared, and
+    its sizes."""
+
+    def linear(module: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
+        out = {f"{name}.weight": module.weight.detach()}
+        if module.bias is not None:
+            out[f"{name}.bias"] = module.bias.detach()
+        return out
+
+    args, kwargs = decoder_layout(model, linear)
+    return args, kwargs | {"small_rows": SMALL_ROWS if _C.small_batch_linear_simd() else 0}
+
+
+def decoder_layout(
+    model: PreTrainedModel, linear: Callable[[torch.nn.Module, str], dict[str, torch.Tensor]]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A Llama-family model as mtprobe's C++ decoders take it (this forward and the quantized self-draft's
+    step): ``(embed, layers, final_norm, head, inv_freq)`` and ``heads``, ``kv_heads``, ``eps``, ``scale``,
+    ``rope_scaling``; each layer a dict of its norms (``input_norm``, ``post_norm``, ``q_norm`` and
+    ``k_norm`` where the layer has them) and of what ``linear(module, name)`` makes of its projections
+    (``q``, ``k``, ``v``, ``o``, ``gate``, ``up``, ``down``; the output layer as ``head``)."""
+    cfg = model.config.get_text_config(decoder=True)
+    layers = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        tensors = {
+            "input_norm": layer.input_layernorm.weight.detach(),
+            "post_norm": layer.post_attention_layernorm.weight.detach(),
+        }
+        if hasattr(attn, "q_norm"):
+            tensors |= {"q_norm": attn.q_norm.weight.detach(), "k_norm": attn.k_norm.weight.detach()}
+        for n in "qkvo":
+            tensors |= linear(attn.get_submodule(f"{n}_proj"), n)
+        for n in ("gate", "up", "down"):
+            tensors |= linear(mlp.get_submodule(f"{n}_proj"), n)
+        layers.append(tensors)
+    rotary = model.model.rotary_emb
+    args = (
+        model.get_input_embeddings().weight.detach(),
+        layers,
+        model.model.norm.weight.detach(),
+        linear(model.get_output_embeddings(), "head"),
+        rotary.inv_freq.detach().float().contiguous(),
+    )
+    kwargs = {
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "eps": float(cfg.rms_norm_eps),
+        "scale": float(model.model.layers[0].self_attn.scaling),
+        "rope_scaling": float(getattr(rotary, "attention_scaling", 1.0)),
+    }
+    return args, kwargs
+
+
+def forward_block(
+    native: _C.TargetForward,
+    layers: list[Any],  # the cache's layers (TreeKVLayer): buffers [1, kv_heads, capacity, head_dim]
+    tokens: torch.Tensor,  # [n_tok] int64
+    embeds: torch.Tensor | None,  # [n_emb, hidden]
+    position_ids: torch.Tensor,  # [1, T]
+    mask: torch.Tensor | None,  # [1, 1, T, P + T] additive, None for a causal chain
+    prefix_len: int,
+    want_hidden: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """One decode block through ``native`` on the cache's buffers (room for it reserved by the caller):
+    ``(logits [T, vocab], hidden [T, hidden] or None)``, the layers' lengths advanced as HF's update
+    advances them; or None where HF's forward must run it (a cache not yet allocated, a mask not float32)."""
+    if not layers[0].is_initialized or (mask is not None and mask.dtype != torch.float32):
+        return None
+    keys = [layer.keys for layer in layers]
+    values = [layer.values for layer in layers]
+    block_mask = mask[0, 0] if mask is not None else None  # [T, P + T]
+    logits, hidden = native.forward(
+        tokens, embeds, position_ids[0], block_mask, prefix_len, keys, values, want_hidden
+    )
+    T = position_ids.shape[-1]
+    for layer in layers:
+        layer.length = prefix_len + T
+    return logits, hidden
+
+
+def describe(model: PreTrainedModel) -> str:
+    """What ran the target's decode forwards: the C++ forward's version, or HF's and why."""
+    state = state_of(model)
+    if state.native is not None:
+        return VERSION
+    return f"HF ({state.native_reason})" if state.native_reason else "HF"

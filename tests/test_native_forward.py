@@ -1,0 +1,506 @@
+"""The target's own C++ forward (mtprobe._C.TargetForward, mtprobe.target_model.native_forward): its logits
+and KV entries against HF's forward on every supported architecture and awkward shapes, greedy output
+token-identical to ``model.generate`` (with the margin fallback exercised on near-ties), the fallbacks to
+HF's forward with their reasons, and its bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+import mtprobe
+from conftest import tiny_llama
+from mtprobe import _C
+from mtprobe.target_model import native_forward as nf
+from mtprobe.target_model.adapter import HFAdapter
+
+SMALL = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.2,
+)
+
+
+def _build(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "llama":
+        return tiny_llama(max_position_embeddings=512)
+    if name == "llama-mha-biases":  # every head its own key/value head; biases on every linear
+        return tiny_llama(
+            num_key_value_heads=4, attention_bias=True, mlp_bias=True, max_position_embeddings=512
+        )
+    if name == "llama-mqa-head24":  # one key/value head; head_dim 24 takes attend's portable loop
+        return tiny_llama(hidden_size=96, num_key_value_heads=1, max_position_embeddings=512)
+    if name == "mistral":
+        return MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
+    if name == "qwen2":  # q/k/v biases
+        return Qwen2ForCausalLM(Qwen2Config(**SMALL, use_sliding_window=False)).eval()
+    if name == "qwen3":  # per-head q/k norms, head_dim 32 set apart from hidden / heads
+        return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=32, use_sliding_window=False)).eval()
+    raise KeyError(name)
+
+
+ARCHS = ("llama", "llama-mha-biases", "llama-mqa-head24", "mistral", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request):
+    model = _build(request.param)
+    # A trained model's q/k norms are not all ones: vary them so that the test sees them applied.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for name in ("q_norm", "k_norm"):
+                if hasattr(layer.self_attn, name):
+                    getattr(layer.self_attn, name).weight.uniform_(0.5, 1.5)
+    return request.param, model
+
+
+def _tree_mask(parents: list[int], prefix: int) -> torch.Tensor:
+    """[1, 1, T, P + T] additive: each node sees the prefix, its ancestors and itself."""
+    T = len(parents)
+    mask = torch.full((T, prefix + T), torch.finfo(torch.float32).min)
+    mask[:, :prefix] = 0
+    for i in range(T):
+        j = i
+        while j >= 0:
+            mask[i, prefix + j] = 0
+            j = parents[j]
+    return mask[None, None]
+
+
+def _pair(model, prefix: int, capacity: int = 600):
+    """Two adapters over the same prefix (prefilled through HF's forward): the reference, HF's forward
+    only, and one running decode blocks through the C++ forward."""
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (prefix,), generator=torch.Generator().manual_seed(1))
+    native = nf.native_forward(model)
+    assert native is not None, nf.why_not_native(model)
+    ref = HFAdapter(model, capacity, checked=True)
+    got = HFAdapter(model, capacity, checked=True, native=native)
+    with torch.inference_mode():
+        for a in (ref, got):
+            a.forward(ids, None, torch.arange(prefix)[None], None, 0, False)
+    return ref, got
+
+
+BLOCKS = {
+    "one token": ([-1], None),
+    "chain of 5, causal": ([-1, 0, 1, 2, 3], None),
+    "chain of 4, spelled out": ([-1, 0, 1, 2], "mask"),
+    "tree of 7": ([-1, 0, 0, 1, 1, 2, 5], "mask"),
+    "70 siblings (GEMM path)": ([-1] + [0] * 69, "mask"),
+}
+
+
+@pytest.mark.parametrize("block", list(BLOCKS), ids=list(BLOCKS))
+@pytest.mark.parametrize("prefix", [3, 300], ids=["prefix 3", "prefix 300"])
+def test_logits_and_kv_match_hf(arch, block, prefix):
+    name, model = arch
+    parents, kind = BLOCKS[block]
+    torch.set_num_threads(2)  # a long prefix under a short block splits into ranges per thread
+    ref, got = _pair(model, prefix)
+    T = len(parents)
+    depth = [0] * T
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    pos = (prefix + torch.tensor(depth))[None]  # [1, T]
+    mask = _tree_mask(parents, prefix) if kind == "mask" else None
+    tokens = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        want, want_h = ref.forward(tokens, None, pos, mask, prefix, True)
+        have, have_h = got.forward(tokens, None, pos, mask, prefix, True)
+    torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(have_h, want_h, atol=1e-4, rtol=1e-4)
+    for a, b in zip(got.cache.layers, ref.cache.layers, strict=True):
+        assert a.length == b.length == prefix + T
+        torch.testing.assert_close(
+            a.keys[:, :, : prefix + T], b.keys[:, :, : prefix + T], atol=1e-5, rtol=1e-5
+        )
+        torch.testing.assert_close(
+            a.values[:, :, : prefix + T], b.values[:, :, : prefix + T], atol=1e-5, rtol=1e-5
+        )
+
+
+@pytest.mark.parametrize("block", ["chain of 5, causal", "tree of 7"])
+def test_matches_the_reference(arch, block):
+    """The C++ forward, HF's forward and the float64 reference (mtprobe.reference.target_forward) agree on
+    a block after a cached prefix; the C++ forward sits within float32 rounding of the reference."""
+    from mtprobe.reference import target_forward
+
+    _, model = arch
+    parents, kind = BLOCKS[block]
+    P, T = 40, len(parents)
+    ref, got = _pair(model, P)
+    depth = [0] * T
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    pos = P + torch.tensor(depth)  # [T]
+    mask = _tree_mask(parents, P) if kind == "mask" else None
+    tokens = torch.randint(0, model.config.vocab_size, (T,), generator=torch.Generator().manual_seed(2))
+    args, kwargs = nf.arguments(model)
+    keys = [layer.keys.clone() for layer in ref.cache.layers]
+    values = [layer.values.clone() for layer in ref.cache.layers]
+    want = target_forward(
+        *args,
+        **{k: v for k, v in kwargs.items() if k != "small_rows"},
+        tokens=tokens,
+        positions=pos,
+        mask=None if mask is None else mask[0, 0],
+        keys=keys,
+        values=values,
+        prefix_len=P,
+    )
+    with torch.inference_mode():
+        have, _ = got.forward(tokens, None, pos[None], mask, P, False)
+        hf, _ = ref.forward(tokens, None, pos[None], mask, P, False)
+    torch.testing.assert_close(have.double(), want, atol=5e-5, rtol=5e-5)
+    torch.testing.assert_close(hf.double(), want, atol=5e-5, rtol=5e-5)
+    for mine, theirs in zip(got.cache.layers, keys, strict=True):
+        torch.testing.assert_close(mine.keys[:, :, : P + T], theirs[:, :, : P + T], atol=1e-5, rtol=1e-5)
+
+
+def test_mask_inputs_rows_match_hf(arch):
+    """Probing's mask inputs: embedding rows after the tokens, their logits computed alike."""
+    _, model = arch
+    ref, got = _pair(model, 9)
+    embeds = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    pos = torch.tensor([[9, 10, 11, 12]])
+    mask = _tree_mask([-1, 0, 1, 2], 9)
+    with torch.inference_mode():
+        want, _ = ref.forward(torch.tensor([5]), embeds, pos, mask, 9, False)
+        have, _ = got.forward(torch.tensor([5]), embeds, pos, mask, 9, False)
+    torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [mtprobe.PlainConfig(), mtprobe.PromptLookupConfig(), mtprobe.ProbeConfig()],
+    ids=["plain", "prompt lookup", "probing"],
+)
+def test_greedy_identical_to_generate(arch, config):
+    _, model = arch
+    ids = torch.tensor([[1, 5, 9, 5, 9, 5, 9, 17, 33, 5, 9]])
+    want = model.generate(ids, do_sample=False, max_new_tokens=40, eos_token_id=None)
+    out = mtprobe.generate(model, ids, config, do_sample=False, max_new_tokens=40, eos_token_id=None)
+    assert out.target_forward == nf.VERSION
+    assert torch.equal(out.sequences, want)
+
+
+def _near_ties(offset: float) -> torch.nn.Module:
+    """A tiny Llama whose output rows come in pairs ``offset`` apart: every token's logit sits next to
+    its twin's, so every greedy choice is a near-tie."""
+    model = tiny_llama(seed=4, tie_word_embeddings=False)
+    with torch.no_grad():
+        w = model.lm_head.weight  # [vocab, hidden]
+        noise = torch.randn(w.shape[0] // 2, w.shape[1], generator=torch.Generator().manual_seed(5))
+        w[1::2] = w[0::2] + offset * noise
+    return model
+
+
+def test_near_ties_are_decided_by_hf():
+    """Margins of ~1e-3 (far above the rounding, far below MARGIN_BOUND): every decode step goes back to
+    HF's forward, counted, and the tokens are greedy's."""
+    model = _near_ties(1e-4)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    want = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    for config in (mtprobe.PlainConfig(), mtprobe.PromptLookupConfig()):
+        out = mtprobe.generate(model, ids, config, do_sample=False, max_new_tokens=24, eos_token_id=None)
+        assert torch.equal(out.sequences, want)
+        assert out.target_forward == nf.VERSION
+        assert out.exact_steps == len(out.accept_lengths) > 0  # every decode step was a near-tie
+        assert out.forward_calls == 1 + len(out.accept_lengths)  # the exact re-runs are counted apart
+
+
+class _Chain(_C.Drafter):
+    """Drafts tokens 3 then 4 after every committed token."""
+
+    def name(self):
+        return "chain"
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, committed, prefix_len, limits):
+        return _C.token_block(committed, [3, 4], [-1, 0])
+
+    def observe(self, outcome):
+        pass
+
+
+def _scripted(rows: list[list[float]]):
+    """A forward returning ``rows`` (the committed token's, draft 3's, draft 4's) for every decode block,
+    and a prefill row choosing token 2; it counts its calls."""
+    calls = []
+
+    def forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden):
+        calls.append(prefix_len)
+        if prefix_len == 0:
+            return torch.tensor([[0.0, 0, 1, 0, 0, 0]]).expand(position_ids.shape[-1], 6).clone(), None
+        return torch.tensor(rows), None
+
+    return forward, calls
+
+
+@pytest.mark.parametrize(
+    "rows, exact_rows, want, exact_calls",
+    [
+        # Draft 3 accepted, 4 rejected (row 1 chooses 5); row 2, a rejected draft's, holds a tie: never read.
+        ([[0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 1]], None, [2, 3, 5], 0),
+        # Row 1 (it chose the bonus) has a margin of 0.001: the exact forward decides, and its row 1 accepts 4.
+        (
+            [[0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0.999, 1], [0, 0, 0, 0, 1, 1]],
+            [[0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 1, 0.5], [0, 0, 2, 0, 0, 0]],
+            [2, 3, 4, 2],
+            1,
+        ),
+    ],
+    ids=["tie on a rejected row", "near-tie on a verified row"],
+)
+def test_the_loop_reads_margins_on_verified_rows(rows, exact_rows, want, exact_calls):
+    forward, calls = _scripted(rows)
+    exact, exact_seen = _scripted(exact_rows or rows)
+    kv = [torch.zeros(1, 1, 32, 2), torch.zeros(1, 1, 32, 2)]
+    loop = _C.DecodeLoop(
+        _Chain(),
+        forward,
+        lambda: kv,
+        max_new_tokens=len(want),
+        eos_token_ids=[],
+        max_positions=32,
+        block_complexity=3,
+        kv_capacity=32,
+        mask_dtype="float32",
+        device="cpu",
+        exact_forward=exact,
+        margin_bound=0.01,
+    )
+    result = loop.run(torch.tensor([1]))
+    assert result.sequence[1:] == want
+    assert result.exact_steps == exact_calls == len([p for p in exact_seen if p > 0])
+
+
+def test_a_margin_bound_needs_an_exact_forward():
+    forward, _ = _scripted([[0, 0, 0, 1, 0, 0]])
+    with pytest.raises(ValueError, match="margin_bound > 0 needs an exact_forward"):
+        _C.DecodeLoop(
+            _Chain(),
+            forward,
+            list,
+            max_new_tokens=2,
+            eos_token_ids=[],
+            max_positions=32,
+            block_complexity=3,
+            kv_capacity=32,
+            mask_dtype="float32",
+            device="cpu",
+            margin_bound=0.01,
+        )
+
+
+def test_sampling_runs_native():
+    model = _build("llama")
+    torch.manual_seed(0)
+    out = mtprobe.generate(
+        model, torch.tensor([[1, 2, 3]]), mtprobe.PlainConfig(), do_sample=True, max_new_tokens=8
+    )
+    assert out.target_forward == nf.VERSION and out.exact_steps == 0
+
+
+def test_min_top2_margin_matches_topk():
+    g = torch.Generator().manual_seed(0)
+    for rows, vocab in [(1, 2), (3, 5), (7, 1001)]:
+        logits = torch.randn(rows + 2, vocab, generator=g)
+        logits[0, 1] = logits[0].max()  # a tie in the first row
+        top = logits[:rows].topk(2, dim=-1).values
+        want = (top[:, 0] - top[:, 1]).min().item()
+        assert _C.min_top2_margin(logits, rows) == pytest.approx(want, abs=0)
+    assert _C.min_top2_margin(torch.zeros(2, 4), 0) == float("inf")
+    nan = torch.zeros(2, 4)
+    nan[1, 2] = float("nan")
+    assert _C.min_top2_margin(nan, 2) != _C.min_top2_margin(nan, 2)  # NaN
+    with pytest.raises(ValueError, match="at least 2 logits"):
+        _C.min_top2_margin(torch.zeros(1, 1), 1)
+
+
+# ---- where HF's forward runs instead, and why ----
+
+
+def test_hooks_fall_back_with_reason():
+    model = _build("llama")
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda m, i, o: o)
+    try:
+        ids = torch.tensor([[1, 2, 3]])
+        out = mtprobe.generate(model, ids, mtprobe.PlainConfig(), do_sample=False, max_new_tokens=6)
+        assert (
+            out.target_forward.startswith("HF (")
+            and "model.layers.1.mlp has forward hooks" in out.target_forward
+        )
+        assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=6))
+    finally:
+        handle.remove()
+    assert mtprobe.generate(model, ids, mtprobe.PlainConfig(), max_new_tokens=2).target_forward == nf.VERSION
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: tiny_llama().to(torch.bfloat16), "runs float32 models on the CPU"),
+        (
+            lambda: GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2)).eval(),
+            "model_type 'gpt2'",
+        ),
+        (
+            lambda: MistralForCausalLM(MistralConfig(**SMALL, sliding_window=8)).eval(),
+            "a sliding window of 8",
+        ),
+    ],
+    ids=["bfloat16", "gpt2", "sliding window"],
+)
+def test_unsupported_models_fall_back(make, reason):
+    model = make()
+    assert reason in nf.why_not_native(model)
+    assert nf.native_forward(model) is None
+    out = mtprobe.generate(model, torch.tensor([[1, 2, 3]]), mtprobe.PlainConfig(), max_new_tokens=3)
+    assert out.target_forward.startswith("HF (") and reason in out.target_forward
+
+
+def test_environment_switch(monkeypatch):
+    model = _build("llama")
+    monkeypatch.setenv(nf.ENV, "0")
+    assert nf.native_forward(model) is None and nf.why_not_native(model) == f"{nf.ENV}=0"
+    monkeypatch.setenv(nf.ENV, "1")
+    assert nf.native_forward(model) is not None
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2)).eval()
+    with pytest.raises(
+        ValueError, match="MTPROBE_NATIVE_FORWARD=1, but the C\\+\\+ forward cannot run GPT2LMHeadModel"
+    ):
+        mtprobe.generate(gpt2, torch.tensor([[1, 2]]), mtprobe.PlainConfig(), max_new_tokens=2)
+    monkeypatch.setenv(nf.ENV, "maybe")
+    with pytest.raises(ValueError, match="MTPROBE_NATIVE_FORWARD='maybe'"):
+        nf.native_forward(model)
+
+
+def test_replaced_weights_rebuild():
+    model = _build("llama")
+    first = nf.native_forward(model)
+    assert nf.native_forward(model) is first
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    assert nf.native_forward(model) is not first
+
+
+def test_greedy_with_processors_runs_native():
+    """The margin is read on the processed scores greedy picks from (a repetition penalty here)."""
+    model = _build("llama")
+    ids = torch.tensor([[1, 2, 3, 2, 3]])
+    kw = dict(do_sample=False, max_new_tokens=16, repetition_penalty=1.3)
+    out = mtprobe.generate(model, ids, mtprobe.PromptLookupConfig(), **kw)
+    assert out.target_forward == nf.VERSION
+    assert torch.equal(out.sequences, model.generate(ids, **kw))
+
+
+# ---- bad input to the C++ forward ----
+
+
+def _buffers(model, capacity: int):
+    cfg = model.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    shape = (1, cfg.num_key_value_heads, capacity, d)
+    keys = [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)]
+    return keys, [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)]
+
+
+def test_bad_input_is_named():
+    model = _build("llama")
+    native = nf.native_forward(model)
+    keys, values = _buffers(model, 8)
+    ok = dict(
+        tokens=torch.tensor([1, 2]), embeds=None, positions=torch.tensor([0, 1]), mask=None, prefix_len=0
+    )
+    native.forward(**ok, keys=keys, values=values, want_hidden=False)
+    cases = [
+        (dict(tokens=torch.tensor([1, 96])), "token 96 at input 1 is outside the vocabulary \\[0, 96\\)"),
+        (dict(positions=torch.tensor([0])), "positions must be int64 CPU \\[2\\]"),
+        (dict(positions=torch.tensor([0, -1])), "position -1 at input 1 is negative"),
+        (dict(prefix_len=7), "9 entries do not fit a cache of capacity 8"),
+        (dict(mask=torch.zeros(2, 3), prefix_len=1), "mask entry"),  # mask [T, P + T] = [2, 3]: fine shape
+        (dict(mask=torch.full((2, 3), -1.0), prefix_len=1), "hides a cached entry"),
+        (
+            dict(mask=torch.zeros(2, 5), prefix_len=1),
+            "mask must be float32 CPU \\[T, P \\+ T\\] = \\[2, 3\\]",
+        ),
+        (dict(tokens=torch.tensor([1.0, 2.0])), "tokens must be a 1-D int64 CPU tensor"),
+    ]
+    for change, message in cases:
+        args = ok | change
+        if message == "mask entry":  # a legal mask: no error
+            native.forward(**args, keys=keys, values=values, want_hidden=False)
+            continue
+        with pytest.raises(ValueError, match=message):
+            native.forward(**args, keys=keys, values=values, want_hidden=False)
+    mask = torch.zeros(2, 2)
+    mask[0, 1] = 0.5  # neither visible (0) nor hidden
+    with pytest.raises(ValueError, match="an additive mask holds 0"):
+        native.forward(**(ok | dict(mask=mask)), keys=keys, values=values, want_hidden=False)
+    with pytest.raises(ValueError, match="one buffer per layer"):
+        native.forward(**ok, keys=keys[:1], values=values, want_hidden=False)
+    with pytest.raises(ValueError, match="must be float32 CPU \\[1, 2, capacity, 16\\]"):
+        native.forward(**ok, keys=[k.double() for k in keys], values=values, want_hidden=False)
+
+
+def test_construction_checks_shapes():
+    model = _build("llama")
+    args, kwargs = nf.arguments(model)
+    embed, layers, norm, head, inv_freq = args
+    cases = [
+        (
+            (embed.to(torch.bfloat16), layers, norm, head, inv_freq),
+            {},
+            "embed must be a contiguous float32 CPU tensor",
+        ),
+        (args, {"heads": 3}, "heads \\(3\\) must be a positive multiple of kv_heads \\(2\\)"),
+        (
+            (embed, [layers[0] | {"up.weight": torch.zeros(64, 64)}], norm, head, inv_freq),
+            {},
+            "layer 0 up is \\[64, 64\\] but the model needs \\[128, 64\\]",
+        ),
+        (
+            (embed, [{k: v for k, v in layers[0].items() if k != "post_norm"}], norm, head, inv_freq),
+            {},
+            "layer 0 has no 'post_norm' tensor",
+        ),
+        (
+            (embed, layers, norm, head, inv_freq[:3]),
+            {},
+            "inv_freq must be a contiguous float32 CPU tensor \\[8\\]",
+        ),
+        (args, {"small_rows": -1}, "small_rows and wide_rows must be >= 0"),
+    ]
+    for a, change, message in cases:
+        with pytest.raises(ValueError, match=message):
+            _C.TargetForward(*a, **(kwargs | change))
+
+
+def test_smollm2_greedy_identical_with_native(smollm2, greedy):
+    """The real model on one of the project's prompts: the C++ forward ran, and the tokens are greedy's."""
+    model, tok = smollm2
+    from conftest import chat_ids
+
+    ids = chat_ids(tok, [{"role": "user", "content": "List three uses of a paperclip, one line each."}])
+    out = mtprobe.generate(model, ids, mtprobe.PromptLookupConfig(), do_sample=False, max_new_tokens=48)
+    assert out.target_forward == nf.VERSION
+    assert torch.equal(out.sequences, greedy(model, ids, 48))
