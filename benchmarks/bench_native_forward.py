@@ -16,6 +16,10 @@ decides). Every answer must be token-identical to HF greedy's.
     python benchmarks/bench_native_forward.py --curve --out benchmarks/results/native_forward/curve.md
     python benchmarks/bench_native_forward.py --margins --question-file ../shared/specbench/question-dev.jsonl \\
         --per-category 5 --out benchmarks/results/native_forward/margins.md
+
+``--kernels``: the model's linear layers over T inputs through torch's linear and the small-batch kernel's
+AVX2 and AVX-512 forms (what ``TargetForward``'s ``small_rows`` and ``wide_rows`` choose between).
+``--prefill``: one prompt's prefill through HF's forward and the C++ forward.
 """
 
 from __future__ import annotations
@@ -79,6 +83,77 @@ def curve(model: torch.nn.Module, contexts: list[int], repeats: int) -> list[str
                 cells = " | ".join(f"{med[r]:.1f}" for r in rows)
                 ratio = med["HF (linear routes)"] / med["mtprobe C++"]
                 lines.append(f"| {context} | {t} | {cells} | {ratio:.2f}x | {med['mtprobe C++'] / one:.2f} |")
+    return lines
+
+
+def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
+    """Every linear layer of the model once over T inputs: torch's linear, and the small-batch kernel's AVX2
+    and AVX-512 forms (what the C++ forward chooses between)."""
+    from mtprobe import _C
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    mb = sum(m.weight.numel() for m in linears) * 4 / 1e6
+    lines = [
+        "",
+        f"Best of {repeats} passes, ms, over the model's {len(linears)} linear layers ({mb:.0f} MB of float32 "
+        "weights), each once over T random inputs.",
+        "",
+        "| T | torch linear | small-batch AVX2 | small-batch AVX-512 |",
+        "|---|---|---|---|",
+    ]
+    runs = {
+        "torch": lambda x, m: torch.nn.functional.linear(x, m.weight, m.bias),
+        "avx2": lambda x, m: _C.small_batch_linear_at_level(x, m.weight, m.bias, 1),
+        "avx512": lambda x, m: _C.small_batch_linear_at_level(x, m.weight, m.bias, 2),
+    }
+    with torch.inference_mode():
+        for t in (1, 2, 4, 8, 13, 16, 24, 32, 48, 64):
+            xs = [torch.randn(t, m.in_features) for m in linears]
+            best = {}
+            for name, run in runs.items():
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    for x, m in zip(xs, linears, strict=True):
+                        run(x, m)
+                    times.append(time.perf_counter() - t0)
+                best[name] = 1e3 * min(times)
+            lines.append(f"| {t} | {best['torch']:.1f} | {best['avx2']:.1f} | {best['avx512']:.1f} |")
+    return lines
+
+
+def prefill(model: torch.nn.Module, repeats: int) -> list[str]:
+    """A prompt's prefill (logits of its last position only) through HF's forward and the C++ forward."""
+    cfg = model.config
+    native = nf.native_forward(model)
+    d = cfg.hidden_size // cfg.num_attention_heads
+    lines = [
+        "",
+        f"Best of {repeats}, ms, of one prefill of L random tokens (the LM head on the last position only).",
+        "",
+        "| L | HF eager | mtprobe C++ | max abs difference of the last logits |",
+        "|---|---|---|---|",
+    ]
+    for length in (128, 400, 700):
+        ids = torch.randint(0, cfg.vocab_size, (length,), generator=torch.Generator().manual_seed(0))
+        times: dict[str, list[float]] = {"hf": [], "c++": []}
+        for _ in range(repeats):
+            adapter = HFAdapter(model, length, checked=True)
+            adapter.prefill_logits_from = length - 1
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                want, _ = adapter.forward(ids, None, torch.arange(length)[None], None, 0, False)
+                times["hf"].append(time.perf_counter() - t0)
+            shape = (1, cfg.num_key_value_heads, length, d)
+            keys = [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)]
+            values = [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)]
+            t0 = time.perf_counter()
+            got, _ = native.forward(ids, None, torch.arange(length), None, 0, keys, values, False, length - 1)
+            times["c++"].append(time.perf_counter() - t0)
+        diff = (got[-1] - want[-1]).abs().max().item()
+        lines.append(
+            f"| {length} | {1e3 * min(times['hf']):.0f} | {1e3 * min(times['c++']):.0f} | {diff:.2e} |"
+        )
     return lines
 
 
@@ -174,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--curve", action="store_true", help="t(T) of HF's forward and the C++ forward")
     mode.add_argument("--margins", action="store_true", help="C++ logits against HF greedy's on Spec-Bench")
+    mode.add_argument("--kernels", action="store_true", help="the linear kernels over the model's weights")
+    mode.add_argument(
+        "--prefill", action="store_true", help="a prompt's prefill: HF's forward and the C++ one"
+    )
     p.add_argument("--model", default=models.DEFAULT_MODEL)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--contexts", default="128,512", help="cached positions before the block (--curve)")
@@ -197,15 +276,22 @@ def main(argv: list[str] | None = None) -> int:
         weights = off_grid(model, args.off_grid)
     if nf.native_forward(model) is None:
         p.error(f"the C++ forward cannot run {args.model}: {nf.why_not_native(model)}")
-    title = (
-        "t(T): HF's forward and mtprobe's C++ forward" if args.curve else "C++ forward logits vs HF greedy's"
-    )
+    title = {
+        "curve": "t(T): HF's forward and mtprobe's C++ forward",
+        "margins": "C++ forward logits vs HF greedy's",
+        "kernels": "The linear kernels over the model's weights",
+        "prefill": "A prompt's prefill: HF's forward and the C++ forward",
+    }[next(m for m in ("curve", "margins", "kernels", "prefill") if getattr(args, m))]
     lines = [f"# {title}", "", *run_lines(args.model), f"- weights: {weights}"]
     lines.append(f"- {linear_routes.ENV}={os.environ.get(linear_routes.ENV, '(unset)')}")
     if args.curve:
         lines += curve(model, [int(c) for c in args.contexts.split(",")], args.repeats)
         if args.llama_cpp_bench:
             lines += llama_cpp(args.llama_cpp_bench, args.gguf, args.threads)
+    elif args.kernels:
+        lines += kernels(model, args.repeats)
+    elif args.prefill:
+        lines += prefill(model, args.repeats)
     else:
         questions = first_per_category(load_questions(args.question_file), args.per_category)
         lines += margins(model, tok, questions, args.max_new_tokens)

@@ -5,7 +5,7 @@
 // Why: through transformers' eager modules a one-token forward of SmolLM2-135M costs about three times
 // what streaming its 538 MB of weights does (torch's float32 GEMV reads at a third of the memory's
 // pace, and module calls and small tensor ops add the rest). Here every linear layer of a block of up
-// to ~20 inputs runs the small-batch kernel (csrc/core/small_batch_linear.h: each weight read once for
+// to 64 inputs runs the small-batch kernel (csrc/core/small_batch_linear.h: each weight read once for
 // every input), larger blocks (a prefill) ATen's GEMM, and the rest of a layer is a few loops over the
 // block's rows; no Python, no per-op dispatch.
 //
@@ -55,12 +55,12 @@ struct TargetForwardConfig {
   float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
   // Blocks of up to this many inputs run the small-batch kernel (weights read once), larger ones
   // ATen's GEMM; 0: GEMM always (a CPU without AVX2 and FMA, where the kernel's portable loop is slow).
-  // On a 2-core AMD EPYC Zen 5 the kernel beat GEMM at every size up to 64 inputs (60.7 against 100 ms for
-  // SmolLM2's 211 linear layers at 48).
+  // On a 2-core AMD EPYC Zen 5 the kernel beat GEMM at every size up to 64 inputs (60.2 against 104.0 ms for
+  // SmolLM2's 211 linear layers at 48; benchmarks/results/native_forward/kernels.md).
   int64_t small_rows = 64;
   // Blocks of up to this many inputs take the kernel's AVX-512 form where the CPU has it, larger ones its
-  // AVX2 form: on that EPYC the AVX-512 form streamed a one-input forward's weights in 13.7 ms against
-  // 16.8 (4 inputs: 14.1 against 18.5) and lost from 8 inputs on (its register blocks are narrower).
+  // AVX2 form: on that EPYC the AVX-512 form streamed a one-input forward's weights in 14.5 ms against
+  // 17.3 (4 inputs: 11.6 against 19.3) and lost from 8 inputs on (its register blocks are narrower).
   int64_t wide_rows = 4;
 };
 

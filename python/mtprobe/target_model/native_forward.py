@@ -4,10 +4,11 @@ Through transformers' eager modules a one-token forward of SmolLM2-135M in float
 what streaming its weights does: torch's float32 GEMV reads at a third of the memory's pace, and module
 calls and small tensor ops add the rest. :class:`mtprobe._C.TargetForward` (``csrc/decode/target_forward.h``)
 runs a verification block of T inputs through the same decoder layers in one C++ call, reading the model's
-own weight tensors (shared, never copied): every linear layer of a block of up to 20 inputs reads its
+own weight tensors (shared, never copied): every linear layer of a block of up to 64 inputs reads its
 weights once for all of them (the small-batch kernel), and a layer's other work is a few loops over the
-block's rows. Decode steps run through it; the prefill keeps HF's forward (compute-bound: BLAS's GEMM and
-SDPA are as fast there), and writes the same KV layout the C++ forward then reads.
+block's rows. Decode steps run through it; the prefill keeps HF's forward for now (the C++ forward measured
+5-13 % faster there, benchmarks/results/native_forward/prefill.md, not switched on yet), and writes the same
+KV layout the C++ forward then reads.
 
 **Exactly HF's tokens.** The C++ forward sums in another order than HF's, so its logits differ from HF's
 by rounding (float32: about 1e-5 of their size; measured in ``benchmarks/results/native_forward/``). Under
@@ -76,7 +77,7 @@ a margin below it (benchmarks/results/native_forward/margins.md)."""
 SMALL_ROWS = 64
 """Blocks of up to this many inputs run the small-batch kernel (weights read once); larger ones BLAS's GEMM.
 On a 2-core AMD EPYC Zen 5 the kernel beat torch's GEMM at every size up to 64 (SmolLM2's 211 linear layers:
-33 against 68 ms at 24 inputs, 61 against 100 at 48; benchmarks/results/native_forward/curve.md)."""
+33.7 against 81.1 ms at 24 inputs, 60.2 against 104.0 at 48; benchmarks/results/native_forward/kernels.md)."""
 
 
 def setting() -> str:
