@@ -321,25 +321,6 @@ def test_sampling_runs_native():
     assert out.target_forward == nf.VERSION and out.exact_steps == 0
 
 
-def test_min_top2_margin_matches_topk():
-    g = torch.Generator().manual_seed(0)
-    for rows, vocab in [(1, 2), (3, 5), (7, 1001)]:
-        logits = torch.randn(rows + 2, vocab, generator=g)
-        logits[0, 1] = logits[0].max()  # a tie in the first row
-        top = logits[:rows].topk(2, dim=-1).values
-        want = (top[:, 0] - top[:, 1]).min().item()
-        assert _C.min_top2_margin(logits, rows) == pytest.approx(want, abs=0)
-    assert _C.min_top2_margin(torch.zeros(2, 4), 0) == float("inf")
-    nan = torch.zeros(2, 4)
-    nan[1, 2] = float("nan")
-    assert _C.min_top2_margin(nan, 2) != _C.min_top2_margin(nan, 2)  # NaN
-    with pytest.raises(ValueError, match="at least 2 logits"):
-        _C.min_top2_margin(torch.zeros(1, 1), 1)
-
-
-# ---- where HF's forward runs instead, and why ----
-
-
 def test_hooks_fall_back_with_reason():
     model = _build("llama")
     handle = model.model.layers[1].mlp.register_forward_hook(lambda m, i, o: o)

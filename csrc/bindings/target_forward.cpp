@@ -71,10 +71,6 @@ void bind_target_forward(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &TargetForward::num_layers)
       .def_property_readonly("vocab_size", &TargetForward::vocab_size);
-  m.def("min_top2_margin", &min_top2_margin, py::arg("logits"), py::arg("rows"),
-        "The smallest top-2 logit margin over rows [0, rows) of logits [T, vocab] float32 (inf for none, "
-        "NaN if a row holds NaN)",
-        py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace mtprobe::bindings

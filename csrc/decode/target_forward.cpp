@@ -36,6 +36,38 @@ void check_linear(const TargetLinear& w, int64_t in, int64_t out, const std::str
 
 }  // namespace
 
+BlockPattern BlockPattern::of(const float* mask, int64_t T, int64_t prefix) {
+  // mask [T, prefix + T] (or null: a causal chain). The prefix columns must all be visible; a block row's
+  // entries 0 or hidden.
+  BlockPattern p;
+  p.last.assign(T, -1);
+  if (!mask) {
+    for (int64_t t = 0; t < T; ++t) p.last[t] = t;
+    return p;
+  }
+  p.visible.resize(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = mask + t * (prefix + T);
+    for (int64_t j = 0; j < prefix; ++j) {
+      TORCH_CHECK_VALUE(row[j] == 0.0f, "TargetForward: mask entry (", t, ", ", j,
+                        ") hides a cached entry; this forward attends to the whole prefix (a sliding "
+                        "window or a custom prefix mask needs HF's forward)");
+    }
+    for (int64_t j = 0; j < T; ++j) {
+      const float m = row[prefix + j];
+      if (m <= kHidden) continue;
+      TORCH_CHECK_VALUE(m == 0.0f, "TargetForward: mask entry (", t, ", ", prefix + j, ") is ", m,
+                        "; an additive mask holds 0 (visible) or a value <= -1e30 (hidden)");
+      p.visible[t].push_back(j);
+    }
+    TORCH_CHECK_VALUE(prefix > 0 || !p.visible[t].empty(), "TargetForward: mask row ", t,
+                      " hides every key (a query with nothing to attend to)");
+    const int64_t n = static_cast<int64_t>(p.visible[t].size());
+    if (n > 0 && p.visible[t].back() == n - 1) p.last[t] = n - 1;
+  }
+  return p;
+}
+
 TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, at::Tensor final_norm,
                              TargetLinear head, at::Tensor inv_freq, TargetForwardConfig config)
     : embed_(std::move(embed)),
@@ -127,34 +159,14 @@ void TargetForward::check_cache(const std::vector<at::Tensor>& caches, const cha
 }
 
 void TargetForward::attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T,
-                              int64_t prefix, const float* mask, int64_t mask_stride, float* att) {
+                              int64_t prefix, const BlockPattern& block, float* att) {
   const int64_t d = head_dim_, kv = config_.kv_heads, group = config_.heads / kv;
   const float* K = keys.const_data_ptr<float>();
   const float* V = values.const_data_ptr<float>();
   const int64_t ks1 = keys.stride(1), ks2 = keys.stride(2), vs1 = values.stride(1), vs2 = values.stride(2);
   TORCH_CHECK_VALUE(ks2 == vs2, "TargetForward: keys and values differ in row stride");
-  // The block rows each input sees: a causal chain sees rows 0..t; a tree row those its mask shows.
-  // `last[t]` >= 0 when they are exactly 0..last[t] (a chain's shape): then the cached prefix and the
-  // block are one contiguous range of rows, attended in one pass.
-  std::vector<int64_t> last(T, -1);
-  std::vector<std::vector<int64_t>> visible(mask ? T : 0);
-  for (int64_t t = 0; t < T; ++t) {
-    if (!mask) {
-      last[t] = t;
-      continue;
-    }
-    const float* row = mask + t * mask_stride + prefix;
-    for (int64_t j = 0; j < T; ++j) {
-      if (row[j] <= kHidden) continue;
-      TORCH_CHECK_VALUE(row[j] == 0.0f, "TargetForward: mask entry (", t, ", ", prefix + j, ") is ", row[j],
-                        "; an additive mask holds 0 (visible) or a value <= -1e30 (hidden)");
-      visible[t].push_back(j);
-    }
-    TORCH_CHECK_VALUE(prefix > 0 || !visible[t].empty(), "TargetForward: mask row ", t,
-                      " hides every key (a query with nothing to attend to)");
-    const int64_t n = static_cast<int64_t>(visible[t].size());
-    if (n > 0 && visible[t].back() == n - 1) last[t] = n - 1;
-  }
+  const std::vector<int64_t>& last = block.last;
+  const std::vector<std::vector<int64_t>>& visible = block.visible;
   // Work items: (key/value head, input, part). A short block over a long prefix splits the prefix into
   // ranges so that every thread reads (flash decoding); the parts are merged by their log-sum-exps.
   const int64_t threads = at::get_num_threads(), items = kv * T;
@@ -258,14 +270,6 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
                       "TargetForward: mask must be float32 CPU [T, P + T] = [", T, ", ", P + T, "], got ",
                       mask->toString(), " ", mask->sizes());
     m = mask->contiguous();
-    const float* mp = m.const_data_ptr<float>();
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j < P; ++j) {
-        TORCH_CHECK_VALUE(mp[t * (P + T) + j] == 0.0f, "TargetForward: mask entry (", t, ", ", j,
-                          ") hides a cached entry; this forward attends to the whole prefix (a sliding "
-                          "window or a custom prefix mask needs HF's forward)");
-      }
-    }
   }
   check_cache(keys, "keys", P + T);
   check_cache(values, "values", P + T);
@@ -306,7 +310,8 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
       sin_[t * half + i] = std::sin(angle) * config_.rope_scaling;
     }
   }
-  const float* mp = m.defined() ? m.const_data_ptr<float>() : nullptr;
+  // The block's pattern, read once for every layer.
+  const BlockPattern block = BlockPattern::of(m.defined() ? m.const_data_ptr<float>() : nullptr, T, P);
   // Row loops of a prefill are long enough to share between threads; a verification block's are not.
   const int64_t grain = std::max<int64_t>(1, 64 / std::max<int64_t>(1, hidden_ / 256));
   auto rows_norm = [&](const float* w, int64_t from) {
@@ -343,7 +348,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
         }
       }
     });
-    attention(q_.data(), keys[l], values[l], T, P, mp, P + T, att_.data());
+    attention(q_.data(), keys[l], values[l], T, P, block, att_.data());
     linear(L.o, att_.data(), T, out_.data());
     for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
     rows_norm(L.post_norm.const_data_ptr<float>(), 0);
@@ -370,34 +375,6 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
     std::copy_n(h_.data(), T * hidden_, hidden->mutable_data_ptr<float>());
   }
   return {logits, hidden};
-}
-
-double min_top2_margin(const at::Tensor& logits, int64_t rows) {
-  TORCH_CHECK_VALUE(
-      logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_cpu() && logits.stride(1) == 1,
-      "min_top2_margin: logits must be float32 CPU [T, vocab] with unit stride, got ", logits.toString(), " ",
-      logits.sizes());
-  TORCH_CHECK_VALUE(rows >= 0 && rows <= logits.size(0), "min_top2_margin: rows must be in [0, ",
-                    logits.size(0), "], got ", rows);
-  TORCH_CHECK_VALUE(logits.size(1) >= 2, "min_top2_margin: a margin needs at least 2 logits a row");
-  double least = std::numeric_limits<double>::infinity();
-  const int64_t n = logits.size(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = logits.const_data_ptr<float>() + r * logits.stride(0);
-    float a = -std::numeric_limits<float>::infinity(), b = a;
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = row[i];
-      if (std::isnan(x)) return std::numeric_limits<double>::quiet_NaN();
-      if (x > a) {
-        b = a;
-        a = x;
-      } else if (x > b) {
-        b = x;
-      }
-    }
-    least = std::min(least, static_cast<double>(a) - static_cast<double>(b));
-  }
-  return least;
 }
 
 }  // namespace mtprobe

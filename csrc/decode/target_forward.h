@@ -64,6 +64,17 @@ struct TargetForwardConfig {
   int64_t wide_rows = 4;
 };
 
+// Which block rows each input of a block attends to, read from its mask once per forward. A causal chain
+// (no mask) sees rows 0..t; a tree row those its mask shows (`visible[t]`). `last[t]` >= 0 when they are
+// exactly 0..last[t] (a chain's shape): then the cached prefix and the block are one contiguous range of
+// rows, attended in one pass. ValueError for a mask that hides a prefix column or holds another value
+// than 0 or <= -1e30.
+struct BlockPattern {
+  std::vector<int64_t> last;
+  std::vector<std::vector<int64_t>> visible;
+  static BlockPattern of(const float* mask, int64_t T, int64_t prefix);
+};
+
 class TargetForward {
  public:
   // embed [vocab, hidden]; inv_freq [head_dim / 2] (HF's rotary_emb.inv_freq); head: the output layer.
@@ -88,7 +99,7 @@ class TargetForward {
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t needed) const;
   // Attention of the block's queries q [T, heads * head_dim] over layer l's cache into att (same shape).
   void attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T, int64_t prefix,
-                 const float* mask, int64_t mask_stride, float* att);
+                 const BlockPattern& block, float* att);
 
   at::Tensor embed_, final_norm_, inv_freq_;
   std::vector<TargetLayer> layers_;
@@ -101,9 +112,5 @@ class TargetForward {
   // gate, up; the attention's partial outputs and log-sum-exps; RoPE's cos and sin per input.
   std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, part_out_, part_lse_, cos_, sin_;
 };
-
-// The smallest top-2 margin (largest logit minus the second largest) over rows [0, rows) of logits
-// [T, vocab] float32: how close any of those rows comes to a tie. +inf for rows = 0; NaN if a row holds one.
-double min_top2_margin(const at::Tensor& logits, int64_t rows);
 
 }  // namespace mtprobe

@@ -17,6 +17,7 @@ m_sw}``; Mistral-style models (one window, every layer) take ``m_sw`` alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import weakref
@@ -381,34 +382,12 @@ class HFAdapter:
         mask: torch.Tensor | None,  # [1, 1, T, P + T] additive, None for a causal chain
         prefix_len: int,
         want_hidden: bool,
+        *,
+        native: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The block's logits ``[T, vocab]`` (and hidden states ``[T, hidden]`` with ``want_hidden``), its KV
-        entries written after the first ``prefix_len``: the decode loop's forward."""
-        return self._forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden, True)
-
-    def exact_forward(
-        self,
-        tokens: torch.Tensor,  # [n_tok] int64
-        embeds: torch.Tensor | None,  # [n_emb, hidden]
-        position_ids: torch.Tensor,  # [1, T]
-        mask: torch.Tensor | None,  # [1, 1, T, P + T] additive, None for a causal chain
-        prefix_len: int,
-        want_hidden: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`forward` through HF's modules even where the C++ forward runs decode blocks: the decode
-        loop's exact forward, which decides near-ties (DecodeOptions.margin_bound)."""
-        return self._forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden, False)
-
-    def _forward(
-        self,
-        tokens: torch.Tensor,
-        embeds: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        mask: torch.Tensor | None,
-        prefix_len: int,
-        want_hidden: bool,
-        native: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        entries written after the first ``prefix_len``: the decode loop's forward. ``native=False``: through
+        HF's modules even where the C++ forward runs decode blocks (:attr:`exact_forward`)."""
         shared = None
         if prefix_len == 0:
             self.prefilled = True  # once this forward returns
@@ -462,6 +441,10 @@ class HFAdapter:
         if shared is not None:
             shared.keep(self, (tokens, embeds, position_ids, mask), want_hidden, logits, hidden)
         return logits, hidden
+
+    exact_forward = functools.partialmethod(forward, native=False)
+    """:meth:`forward` through HF's modules: the decode loop's exact forward, which decides near-ties
+    (DecodeOptions.margin_bound)."""
 
     def _scaled(
         self, out: tuple[torch.Tensor, torch.Tensor | None], tokens: torch.Tensor, embeds: torch.Tensor | None

@@ -20,7 +20,7 @@ the rounding (repetition penalties, masks, biases) keep the guarantee. Under sam
 differ by that rounding only, as HF's batched and one-token forwards differ.
 
 Where it does not apply, HF's forward runs and :func:`why_not_native` says why (logged once per model, and
-in ``out.timings["native_forward"]``): another architecture, a dtype other than float32, a model off the
+in ``out.target_forward``): another architecture, a dtype other than float32, a model off the
 CPU, hooks on the model's modules (LoRA, user hooks), a sliding window, a plan, calibrated masks with
 layer offsets or a mask LoRA, a drafter that reads another layer's hidden states.
 ``MTPROBE_NATIVE_FORWARD=0`` turns it off; ``=1`` (forced) makes an unsupported model an error.
