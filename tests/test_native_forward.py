@@ -5,6 +5,8 @@ HF's forward with their reasons, and its bad input."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import (
@@ -46,6 +48,8 @@ def _build(name: str) -> torch.nn.Module:
         )
     if name == "llama-mqa-head24":  # one key/value head; head_dim 24 takes attend's portable loop
         return tiny_llama(hidden_size=96, num_key_value_heads=1, max_position_embeddings=512)
+    if name == "llama-head20":  # head_dim 20: no SIMD width divides it, attend's portable loop for every CPU
+        return tiny_llama(hidden_size=80, max_position_embeddings=512)
     if name == "mistral":
         return MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
     if name == "qwen2":  # q/k/v biases
@@ -54,6 +58,10 @@ def _build(name: str) -> torch.nn.Module:
         return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=32, use_sliding_window=False)).eval()
     raise KeyError(name)
 
+
+BF16_NEAR_TIE = 0.125
+"""A top-2 logit margin HF's bfloat16 forward may flip (bfloat16 keeps 8 bits: a logit of 16 moves by 0.0625
+when rounded): where the C++ forward, computing in float32, may choose otherwise."""
 
 ARCHS = ("llama", "llama-mha-biases", "llama-mqa-head24", "mistral", "qwen2", "qwen3")
 
@@ -94,7 +102,7 @@ def _pair(model, prefix: int, capacity: int = 600):
     got = HFAdapter(model, capacity, checked=True, native=native)
     with torch.inference_mode():
         for a in (ref, got):
-            a.forward(ids, None, torch.arange(prefix)[None], None, 0, False)
+            a.exact_forward(ids, None, torch.arange(prefix)[None], None, 0, False)
     return ref, got
 
 
@@ -134,6 +142,32 @@ def test_logits_and_kv_match_hf(arch, block, prefix):
         torch.testing.assert_close(
             a.values[:, :, : prefix + T], b.values[:, :, : prefix + T], atol=1e-5, rtol=1e-5
         )
+
+
+@pytest.mark.parametrize("length", [1, 9, 130], ids=["1 token", "9 tokens", "130 tokens (GEMM path)"])
+@pytest.mark.parametrize("logits_from", ["all rows", "last row"])
+def test_prefill_matches_hf(arch, length, logits_from):
+    """A prompt's prefill through the C++ forward (its cache allocated by it) against HF's: logits (the
+    rows before logits_from zeros, as HF's logits_to_keep leaves them), final hidden states and KV rows."""
+    _, model = arch
+    ids = torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(3))
+    native = nf.native_forward(model)
+    ref = HFAdapter(model, 8, checked=True)
+    got = HFAdapter(model, 8, checked=True, native=native)
+    for a in (ref, got):
+        a.prefill_logits_from = length - 1 if logits_from == "last row" else 0
+    with torch.inference_mode():
+        want, want_h = ref.forward(ids, None, torch.arange(length)[None], None, 0, True)
+        have, have_h = got.forward(ids, None, torch.arange(length)[None], None, 0, True)
+    assert got.runs_native and not ref.runs_native
+    assert got.cache.capacity == ref.cache.capacity >= length
+    torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(have_h, want_h, atol=1e-4, rtol=1e-4)
+    for a, b in zip(got.cache.layers, ref.cache.layers, strict=True):
+        assert a.length == b.length == length
+        assert a.keys.shape == b.keys.shape and a.values.shape == b.values.shape
+        torch.testing.assert_close(a.keys[:, :, :length], b.keys[:, :, :length], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.values[:, :, :length], b.values[:, :, :length], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("block", ["chain of 5, causal", "tree of 7"])
@@ -222,7 +256,8 @@ def test_near_ties_are_decided_by_hf():
         out = mtprobe.generate(model, ids, config, do_sample=False, max_new_tokens=24, eos_token_id=None)
         assert torch.equal(out.sequences, want)
         assert out.target_forward == nf.VERSION
-        assert out.exact_steps == len(out.accept_lengths) > 0  # every decode step was a near-tie
+        # Every step was a near-tie, the prefill's first token included.
+        assert out.exact_steps == len(out.accept_lengths) + 1 > 1
         assert out.forward_calls == 1 + len(out.accept_lengths)  # the exact re-runs are counted apart
 
 
@@ -340,7 +375,7 @@ def test_hooks_fall_back_with_reason():
 @pytest.mark.parametrize(
     "make, reason",
     [
-        (lambda: tiny_llama().to(torch.bfloat16), "runs float32 models on the CPU"),
+        (lambda: tiny_llama().to(torch.float16), "runs float32 and bfloat16 models on the CPU"),
         (
             lambda: GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=1, n_head=2)).eval(),
             "model_type 'gpt2'",
@@ -350,7 +385,7 @@ def test_hooks_fall_back_with_reason():
             "a sliding window of 8",
         ),
     ],
-    ids=["bfloat16", "gpt2", "sliding window"],
+    ids=["float16", "gpt2", "sliding window"],
 )
 def test_unsupported_models_fall_back(make, reason):
     model = make()
@@ -449,9 +484,28 @@ def test_construction_checks_shapes():
     embed, layers, norm, head, inv_freq = args
     cases = [
         (
-            (embed.to(torch.bfloat16), layers, norm, head, inv_freq),
+            (embed.to(torch.float16), layers, norm, head, inv_freq),
             {},
-            "embed must be a contiguous float32 CPU tensor",
+            "embed must be a contiguous float32 or bfloat16 CPU tensor",
+        ),
+        (  # a bfloat16 embedding makes every other weight bfloat16 too
+            (embed.to(torch.bfloat16), layers, norm.to(torch.bfloat16), head, inv_freq),
+            {},
+            "head.weight must be a contiguous bfloat16 CPU tensor \\[out, in\\] \\(the embedding's dtype\\)",
+        ),
+        (
+            (
+                embed.to(torch.bfloat16),
+                [
+                    {k: v.to(torch.bfloat16) for k, v in layers[0].items()}
+                    | {"q.weight": layers[0]["q.weight"]}
+                ],
+                norm.to(torch.bfloat16),
+                {k: v.to(torch.bfloat16) for k, v in head.items()},
+                inv_freq,
+            ),
+            {},
+            "layer 0 q.weight must be a contiguous bfloat16 CPU tensor \\[out, in\\] \\(the embedding's dtype\\)",
         ),
         (args, {"heads": 3}, "heads \\(3\\) must be a positive multiple of kv_heads \\(2\\)"),
         (
@@ -485,3 +539,66 @@ def test_smollm2_greedy_identical_with_native(smollm2, greedy):
     out = mtprobe.generate(model, ids, mtprobe.PromptLookupConfig(), do_sample=False, max_new_tokens=48)
     assert out.target_forward == nf.VERSION
     assert torch.equal(out.sequences, greedy(model, ids, 48))
+
+
+def _bfloat16_pair(name: str):
+    """A bfloat16 model and the float32 model of its very weights (widened exactly)."""
+    half = _build(name).to(torch.bfloat16)
+    return half, copy.deepcopy(half).float()
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-mha-biases", "llama-head20", "qwen3"])
+def test_bfloat16_forward_is_nearer_float32_than_hf_bfloat16(name):
+    """A bfloat16 model's C++ forward widens its weights and computes in float32: its logits (prefill, then a
+    tree block) sit nearer the float32 model of the same weights than HF's bfloat16 forward does, and its
+    cache holds bfloat16 rows that HF's forward reads on (a next block through HF's modules)."""
+    half, wide = _bfloat16_pair(name)
+    native = nf.native_forward(half)
+    assert native is not None and native.dtype == "bfloat16", nf.why_not_native(half)
+    prefix, parents = 40, [-1, 0, 0, 1, 1, 2, 5]
+    ids = torch.randint(0, half.config.vocab_size, (prefix,), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, half.config.vocab_size, (7,), generator=torch.Generator().manual_seed(2))
+    depth = [0] * 7
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    pos = (prefix + torch.tensor(depth))[None]
+    mask = _tree_mask(parents, prefix)
+    outs = {}
+    for key, model, nat in (("c++", half, native), ("hf16", half, None), ("f32", wide, None)):
+        a = HFAdapter(model, 64, checked=True, native=nat)
+        with torch.inference_mode():
+            pre, _ = a.forward(ids, None, torch.arange(prefix)[None], None, 0, False)
+            blk, hid = a.forward(tokens, None, pos, mask.to(model.dtype), prefix, True)
+            after, _ = a.exact_forward(tokens[:1], None, pos[:, :1] + 9, None, prefix + 7, False)
+        outs[key] = (pre.float(), blk.float(), after.float())
+        if key == "c++":
+            assert a.cache.layers[0].keys.dtype == torch.bfloat16 and hid.dtype == torch.bfloat16
+    for i, what in enumerate(("prefill", "tree block", "HF's next block on the C++ cache")):
+        mine = (outs["c++"][i] - outs["f32"][i]).abs().max().item()
+        hf16 = (outs["hf16"][i] - outs["f32"][i]).abs().max().item()
+        if i < 2:  # the C++ forward's own logits: nearer float32 than HF's bfloat16 forward
+            assert mine < hf16, f"{what}: C++ {mine:.2e} from float32, HF bfloat16 {hf16:.2e}"
+        else:  # HF's bfloat16 forward reads the C++ forward's cache as well as its own
+            assert mine < 2 * hf16, f"{what}: {mine:.2e} from float32, on HF's own cache {hf16:.2e}"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [mtprobe.PlainConfig(), mtprobe.PromptLookupConfig(), mtprobe.ProbeConfig()],
+    ids=["plain", "pld", "probe"],
+)
+def test_bfloat16_greedy_departs_from_hf_only_at_near_ties(config):
+    """A bfloat16 model's greedy output through the C++ forward: HF bfloat16 greedy's, or apart from it only
+    where HF's bfloat16 top-2 margin is a bfloat16 near-tie (reported); no step goes back to HF's forward."""
+    half, _ = _bfloat16_pair("llama")
+    ids = torch.tensor([[5, 9, 3, 5, 9, 3, 5, 9]])
+    want = half.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    out = mtprobe.generate(half, ids, config, do_sample=False, max_new_tokens=24, eos_token_id=None)
+    assert out.target_forward == nf.VERSION and out.exact_steps == 0
+    got, ref = out.sequences[0].tolist(), want[0].tolist()
+    first = next((i for i, (g, r) in enumerate(zip(got, ref, strict=True)) if g != r), None)
+    if first is not None:
+        with torch.no_grad():
+            top = half(want[:, :first]).logits[0, -1].float().topk(2).values
+        margin = float(top[0] - top[1])
+        assert margin < BF16_NEAR_TIE, f"departs from HF bfloat16 greedy at {first}, margin {margin:.3e}"

@@ -62,6 +62,25 @@ def test_op_matches_the_reference_within_float32_rounding(lead, k, n, bias):
     assert ((y.double() - exact).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("level", [0, 1, 2, 3], ids=["portable", "avx2", "avx512", "default"])
+@pytest.mark.parametrize(
+    "lead,k,n", SHAPES, ids=[f"{'x'.join(map(str, s[0]))}-{s[1]}-{s[2]}" for s in SHAPES]
+)
+def test_bfloat16_weights_match_the_reference_of_their_float32_values(lead, k, n, level):
+    """A bfloat16 weight is widened exactly as it is read: the op equals the reference on the weight's
+    float32 values within float32's rounding, every kernel, awkward shapes (tails of 8 and 16 included)."""
+    x, w, b = _case(lead, k, n, True)
+    half = w.bfloat16()
+    y = _C.small_batch_linear_at_level(x, half, b, level)
+    assert y.shape == (*lead, n) and y.dtype == torch.float32
+    wide = half.float()  # the exact values the kernel multiplies
+    exact = reference(x, wide, b).double()
+    bound = rounding_bound(x, wide) + torch.finfo(torch.float32).eps * exact.abs() + 1e-30
+    assert ((y.double() - exact).abs() <= bound).all()
+    if x.numel():
+        opcheck(torch.ops.mtprobe.small_batch_linear, (x, half, b))
+
+
 def test_the_reference_is_nn_linear():
     x, w, b = _case((4,), 24, 10, True)
     layer = nn.Linear(24, 10)
@@ -92,8 +111,9 @@ def test_op_opcheck():
 
 
 BAD_ARGS = {
-    "float64_x": (lambda x, w, b: (x.double(), w, b), "x and weight must be float32"),
-    "float16_weight": (lambda x, w, b: (x, w.half(), b), "x and weight must be float32"),
+    "float64_x": (lambda x, w, b: (x.double(), w, b), "x must be float32 and weight float32 or bfloat16"),
+    "float16_weight": (lambda x, w, b: (x, w.half(), b), "x must be float32 and weight float32 or bfloat16"),
+    "bfloat16_x": (lambda x, w, b: (x.bfloat16(), w, b), "x must be float32 and weight float32 or bfloat16"),
     "in_features": (lambda x, w, b: (x[:, :5], w, b), r"x must be \[..., in_features\] with in_features = 8"),
     "weight_1d": (lambda x, w, b: (x, w[0], b), r"weight must be \[out_features, in_features\]"),
     "weight_not_contiguous": (lambda x, w, b: (x, w.t().contiguous().t(), b), "weight must be contiguous"),

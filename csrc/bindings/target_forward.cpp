@@ -70,7 +70,12 @@ void bind_target_forward(py::module_& m) {
            "cached entries; its keys and values are written into rows prefix_len.. of each layer's buffers",
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &TargetForward::num_layers)
-      .def_property_readonly("vocab_size", &TargetForward::vocab_size);
+      .def_property_readonly("vocab_size", &TargetForward::vocab_size)
+      .def_property_readonly("kv_heads", &TargetForward::kv_heads)
+      .def_property_readonly("head_dim", &TargetForward::head_dim)
+      .def_property_readonly(
+          "dtype", [](const TargetForward& f) { return f.dtype() == at::kBFloat16 ? "bfloat16" : "float32"; },
+          "the weights' and the cache's dtype, by torch's name");
 }
 
 }  // namespace mtprobe::bindings

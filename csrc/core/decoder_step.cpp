@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/bf16.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MTPROBE_X86_SIMD 1
 #include <immintrin.h>
@@ -94,6 +96,10 @@ namespace avx512 {
 using Vec = __m512;
 constexpr int64_t kWidth = 16;
 MTPROBE_SIMD inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+MTPROBE_SIMD inline Vec load(const uint16_t* p) {  // bfloat16 bits into the upper halves of floats
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 MTPROBE_SIMD inline void store(float* p, Vec x) { _mm512_storeu_ps(p, x); }
 MTPROBE_SIMD inline Vec set1(float x) { return _mm512_set1_ps(x); }
 MTPROBE_SIMD inline Vec zero() { return _mm512_setzero_ps(); }
@@ -152,6 +158,10 @@ namespace avx2 {
 using Vec = __m256;
 constexpr int64_t kWidth = 8;
 MTPROBE_SIMD inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+MTPROBE_SIMD inline Vec load(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 MTPROBE_SIMD inline void store(float* p, Vec x) { _mm256_storeu_ps(p, x); }
 MTPROBE_SIMD inline Vec set1(float x) { return _mm256_set1_ps(x); }
 MTPROBE_SIMD inline Vec zero() { return _mm256_setzero_ps(); }
@@ -252,6 +262,24 @@ void attend(const float* q, int64_t group, const float* k, const float* v, int64
     const float* vj = v + j * stride;
     for (int64_t h = 0; h < group; ++h) axpy(scores[h * len + j] * inv[h], vj, out + h * head_dim, head_dim);
   }
+}
+
+void attend(const float* q, int64_t group, const uint16_t* k, const uint16_t* v, int64_t len,
+            int64_t head_dim, int64_t stride, float scale, float* scores, float* out, float* lse) {
+#ifdef MTPROBE_X86_SIMD
+  if (has_avx512() && avx512::attend_simd(q, group, k, v, len, head_dim, stride, scale, scores, out, lse))
+    return;
+  if (has_avx2() && avx2::attend_simd(q, group, k, v, len, head_dim, stride, scale, scores, out, lse)) return;
+#endif
+  // Other head sizes and CPUs: the rows widened into float32, then attend's float path (slower, rare).
+  std::vector<float> kf(static_cast<size_t>(len * head_dim)), vf(kf.size());
+  for (int64_t j = 0; j < len; ++j) {
+    for (int64_t i = 0; i < head_dim; ++i) {
+      kf[j * head_dim + i] = bf16_to_float(k[j * stride + i]);
+      vf[j * head_dim + i] = bf16_to_float(v[j * stride + i]);
+    }
+  }
+  attend(q, group, kf.data(), vf.data(), len, head_dim, head_dim, scale, scores, out, lse);
 }
 
 void merge_attention(const float* outs, const float* lses, int64_t chunks, int64_t group, int64_t head_dim,

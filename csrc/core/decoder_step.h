@@ -33,6 +33,9 @@ void rotate_half(float* x, int64_t heads, int64_t head_dim, const float* cos, co
 // combine attentions over separate ranges of keys (one thread each).
 void attend(const float* q, int64_t group, const float* k, const float* v, int64_t len, int64_t head_dim,
             int64_t stride, float scale, float* scores, float* out, float* lse = nullptr);
+// The same over bfloat16 keys and values (their bits, as torch stores them), widened as they are read.
+void attend(const float* q, int64_t group, const uint16_t* k, const uint16_t* v, int64_t len,
+            int64_t head_dim, int64_t stride, float scale, float* scores, float* out, float* lse = nullptr);
 
 // The attention over the union of `chunks` disjoint key ranges from each range's own (attend's out and
 // lse, chunk after chunk: outs [chunks, group, head_dim], lses [chunks, group]): out [group, head_dim] =

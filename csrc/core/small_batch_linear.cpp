@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/bf16.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MTPROBE_X86_SIMD 1
 #include <immintrin.h>
@@ -14,21 +16,25 @@ namespace {
 // BLAS on CPUs without AVX2/FMA).
 constexpr int kMaxRowsPerPass = 12;
 
+// A weight as float32: itself, or a bfloat16's bits widened.
+inline float to_float(float w) { return w; }
+inline float to_float(uint16_t w) { return bf16_to_float(w); }
+
 // One pass: rows [0, R) of x (row stride ldx) against weight rows [begin, end).
-template <int R>
-void pass_scalar(const float* x, int64_t ldx, int64_t in, const float* w, const float* bias, float* y,
+template <int R, typename W>
+void pass_scalar(const float* x, int64_t ldx, int64_t in, const W* w, const float* bias, float* y,
                  int64_t ldy, int64_t begin, int64_t end) {
   for (int64_t n = begin; n < end; ++n) {
-    const float* wn = w + n * in;
+    const W* wn = w + n * in;
     for (int r = 0; r < R; ++r) {
       // The SIMD path's 8 partial sums, added in its order (it fuses each multiply-add, this does not).
       float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       int64_t k = 0;
       for (; k + 8 <= in; k += 8) {
-        for (int l = 0; l < 8; ++l) part[l] += x[r * ldx + k + l] * wn[k + l];
+        for (int l = 0; l < 8; ++l) part[l] += x[r * ldx + k + l] * to_float(wn[k + l]);
       }
       float s = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
-      for (; k < in; ++k) s += x[r * ldx + k] * wn[k];
+      for (; k < in; ++k) s += x[r * ldx + k] * to_float(wn[k]);
       y[r * ldy + n] = bias ? s + bias[n] : s;
     }
   }
@@ -43,14 +49,21 @@ __attribute__((target("avx2,fma"))) inline float sum_lanes(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// 8 weights as float32 (bfloat16 ones widened: their bits shifted into the upper half).
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* w) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 // One register block: weight rows [n, n + NC) against inputs [0, RR) of x, over the whole of `in`.
 // NC * RR accumulators (8 partial sums each) plus the NC weight vectors and one input vector fit the
 // 16 AVX2 registers at NC = 3, RR = 4: each k step loads 7 vectors for 12 FMAs, so the FMA units, not
 // the loads, set the pace. Every accumulator sums its k in the order pass_scalar does, so the result
 // does not depend on the blocking. While computing, the block prefetches [pf, pf_end): the next weight
 // rows, which would otherwise be fetched from memory only after this block's compute, not during it.
-template <int NC, int RR>
-__attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx, int64_t in, const float* wn,
+template <typename W, int NC, int RR>
+__attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx, int64_t in, const W* wn,
                                                     const float* bias, float* y, int64_t ldy, const char* pf,
                                                     const char* pf_end) {
   __m256 acc[NC][RR];  // acc[c][r]: 8 partial sums of input r's dot product with weight row n + c
@@ -60,7 +73,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx,
   int64_t k = 0;
   for (; k + 8 <= in; k += 8) {
     __m256 wv[NC];
-    for (int c = 0; c < NC; ++c) wv[c] = _mm256_loadu_ps(wn + c * in + k);
+    for (int c = 0; c < NC; ++c) wv[c] = load8(wn + c * in + k);
     if (pf < pf_end) {
       _mm_prefetch(pf, _MM_HINT_T0);
       pf += 64;
@@ -73,7 +86,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx,
   for (int c = 0; c < NC; ++c) {
     for (int r = 0; r < RR; ++r) {
       float s = sum_lanes(acc[c][r]);
-      for (int64_t j = k; j < in; ++j) s += x[r * ldx + j] * wn[c * in + j];
+      for (int64_t j = k; j < in; ++j) s += x[r * ldx + j] * to_float(wn[c * in + j]);
       y[r * ldy + c] = bias ? s + bias[c] : s;
     }
   }
@@ -82,24 +95,26 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx,
 constexpr int kBlockCols = 3;  // NC
 constexpr int kBlockRows = 4;  // RR
 
-using Block = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, int64_t,
-                       const char*, const char*);
+template <typename W>
+using Block = void (*)(const float*, int64_t, int64_t, const W*, const float*, float*, int64_t, const char*,
+                       const char*);
 
-template <int NC>
-Block avx2_block_rows(int rr) {
-  static constexpr Block table[kBlockRows + 1] = {nullptr, block_avx2<NC, 1>, block_avx2<NC, 2>,
-                                                  block_avx2<NC, 3>, block_avx2<NC, 4>};
+template <typename W, int NC>
+Block<W> avx2_block_rows(int rr) {
+  static constexpr Block<W> table[kBlockRows + 1] = {nullptr, block_avx2<W, NC, 1>, block_avx2<W, NC, 2>,
+                                                     block_avx2<W, NC, 3>, block_avx2<W, NC, 4>};
   return table[rr];
 }
 
-Block avx2_block(int nc, int rr) {
+template <typename W>
+Block<W> avx2_block(int nc, int rr) {
   switch (nc) {
     case 1:
-      return avx2_block_rows<1>(rr);
+      return avx2_block_rows<W, 1>(rr);
     case 2:
-      return avx2_block_rows<2>(rr);
+      return avx2_block_rows<W, 2>(rr);
     default:
-      return avx2_block_rows<3>(rr);
+      return avx2_block_rows<W, 3>(rr);
   }
 }
 
@@ -112,10 +127,21 @@ Block avx2_block(int nc, int rr) {
 // 4 weight vectors and one input vector of the 32 registers). The tail of `in` is a masked load, so
 // every k runs through the FMAs; 16 partial sums per output, then added by the reduction, so the
 // rounding differs from the AVX2 path's (both within the same float32 bound of the tests).
-template <int NC, int RR>
-__attribute__((target("avx512f"))) void block_avx512(const float* x, int64_t ldx, int64_t in, const float* wn,
-                                                     const float* bias, float* y, int64_t ldy, const char* pf,
-                                                     const char* pf_end) {
+// 16 weights as float32 under mask m (the lanes past it zero).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(__mmask16 m, const float* w) {
+  return _mm512_maskz_loadu_ps(m, w);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(__mmask16 m, const uint16_t* w) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+template <typename W, int NC, int RR>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void block_avx512(const float* x, int64_t ldx,
+                                                                       int64_t in, const W* wn,
+                                                                       const float* bias, float* y,
+                                                                       int64_t ldy, const char* pf,
+                                                                       const char* pf_end) {
   __m512 acc[NC][RR];
   for (int c = 0; c < NC; ++c) {
     for (int r = 0; r < RR; ++r) acc[c][r] = _mm512_setzero_ps();
@@ -124,7 +150,7 @@ __attribute__((target("avx512f"))) void block_avx512(const float* x, int64_t ldx
     const __mmask16 m =
         in - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (in - k)) - 1);
     __m512 wv[NC];
-    for (int c = 0; c < NC; ++c) wv[c] = _mm512_maskz_loadu_ps(m, wn + c * in + k);
+    for (int c = 0; c < NC; ++c) wv[c] = load16(m, wn + c * in + k);
     // NC cache lines of this group per step: as many of the next group's, so that all of it is
     // requested before this group's compute ends.
     for (int c = 0; c < NC && pf < pf_end; ++c) {
@@ -148,31 +174,33 @@ __attribute__((target("avx512f"))) void block_avx512(const float* x, int64_t ldx
 
 constexpr int kBlockCols512 = 4;
 
-template <int NC>
-Block avx512_block_rows(int rr) {
-  static constexpr Block table[kBlockRows + 1] = {nullptr, block_avx512<NC, 1>, block_avx512<NC, 2>,
-                                                  block_avx512<NC, 3>, block_avx512<NC, 4>};
+template <typename W, int NC>
+Block<W> avx512_block_rows(int rr) {
+  static constexpr Block<W> table[kBlockRows + 1] = {nullptr, block_avx512<W, NC, 1>, block_avx512<W, NC, 2>,
+                                                     block_avx512<W, NC, 3>, block_avx512<W, NC, 4>};
   return table[rr];
 }
 
-Block avx512_block(int nc, int rr) {
+template <typename W>
+Block<W> avx512_block(int nc, int rr) {
   switch (nc) {
     case 1:
-      return avx512_block_rows<1>(rr);
+      return avx512_block_rows<W, 1>(rr);
     case 2:
-      return avx512_block_rows<2>(rr);
+      return avx512_block_rows<W, 2>(rr);
     case 3:
-      return avx512_block_rows<3>(rr);
+      return avx512_block_rows<W, 3>(rr);
     default:
-      return avx512_block_rows<4>(rr);
+      return avx512_block_rows<W, 4>(rr);
   }
 }
 
 // Weight rows [begin, end) in groups of `cols` (the register block's NC); each group's rows are read from
 // memory once and reused from cache by its ceil(rows / kBlockRows) blocks, which prefetch the next group
 // in equal parts.
-void linear_blocked(const float* x, int64_t rows, int64_t in, const float* weight, const float* bias,
-                    float* y, int64_t out, int64_t begin, int64_t end, int cols, Block (*block)(int, int)) {
+template <typename W>
+void linear_blocked(const float* x, int64_t rows, int64_t in, const W* weight, const float* bias, float* y,
+                    int64_t out, int64_t begin, int64_t end, int cols, Block<W> (*block)(int, int)) {
   const int64_t passes = (rows + kBlockRows - 1) / kBlockRows;
   for (int64_t n = begin; n < end; n += cols) {
     const int nc = static_cast<int>(std::min<int64_t>(cols, end - n));
@@ -190,7 +218,9 @@ void linear_blocked(const float* x, int64_t rows, int64_t in, const float* weigh
 }
 
 bool cpu_has_avx512f() {
-  static const bool has = __builtin_cpu_supports("avx512f");
+  // The bfloat16 weights' masked loads take AVX512BW and VL too (every AVX-512 CPU since Skylake-X).
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
   return has;
 }
 
@@ -200,14 +230,17 @@ bool cpu_has_avx2_fma() {
 }
 #endif
 
-using Pass = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, int64_t, int64_t,
+template <typename W>
+using Pass = void (*)(const float*, int64_t, int64_t, const W*, const float*, float*, int64_t, int64_t,
                       int64_t);
 
-Pass scalar_pass(int r) {
-  static constexpr Pass table[kMaxRowsPerPass + 1] = {
-      nullptr,         pass_scalar<1>,  pass_scalar<2>, pass_scalar<3>, pass_scalar<4>,
-      pass_scalar<5>,  pass_scalar<6>,  pass_scalar<7>, pass_scalar<8>, pass_scalar<9>,
-      pass_scalar<10>, pass_scalar<11>, pass_scalar<12>};
+template <typename W>
+Pass<W> scalar_pass(int r) {
+  static constexpr Pass<W> table[kMaxRowsPerPass + 1] = {
+      nullptr,           pass_scalar<1, W>, pass_scalar<2, W>,  pass_scalar<3, W>,
+      pass_scalar<4, W>, pass_scalar<5, W>, pass_scalar<6, W>,  pass_scalar<7, W>,
+      pass_scalar<8, W>, pass_scalar<9, W>, pass_scalar<10, W>, pass_scalar<11, W>,
+      pass_scalar<12, W>};
   return table[r];
 }
 
@@ -242,21 +275,23 @@ SimdLevel small_batch_linear_default() {
   return small_batch_linear_supported(SimdLevel::kAvx2) ? SimdLevel::kAvx2 : SimdLevel::kScalar;
 }
 
-void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
-                        const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
-                        SimdLevel level) {
+namespace {
+
+template <typename W>
+void linear_any(const float* x, int64_t rows, int64_t in_features, const W* weight, const float* bias,
+                float* y, int64_t out_features, int64_t out_begin, int64_t out_end, SimdLevel level) {
   if (rows <= 0 || out_begin >= out_end) return;  // nothing to write; the SIMD paths divide by the passes
   if (level == SimdLevel::kDefault || !small_batch_linear_supported(level))
     level = small_batch_linear_default();
 #ifdef MTPROBE_X86_SIMD
   if (level == SimdLevel::kAvx512) {
     linear_blocked(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, kBlockCols512,
-                   avx512_block);
+                   avx512_block<W>);
     return;
   }
   if (level == SimdLevel::kAvx2) {
     linear_blocked(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, kBlockCols,
-                   avx2_block);
+                   avx2_block<W>);
     return;
   }
 #endif
@@ -266,10 +301,24 @@ void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const
     const int64_t n1 = std::min(out_end, n0 + kTile);
     for (int64_t r0 = 0; r0 < rows; r0 += kMaxRowsPerPass) {
       const int r = static_cast<int>(std::min<int64_t>(kMaxRowsPerPass, rows - r0));
-      scalar_pass(r)(x + r0 * in_features, in_features, in_features, weight, bias, y + r0 * out_features,
-                     out_features, n0, n1);
+      scalar_pass<W>(r)(x + r0 * in_features, in_features, in_features, weight, bias, y + r0 * out_features,
+                        out_features, n0, n1);
     }
   }
+}
+
+}  // namespace
+
+void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const float* weight,
+                        const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
+                        SimdLevel level) {
+  linear_any(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, level);
+}
+
+void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const uint16_t* weight,
+                        const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
+                        SimdLevel level) {
+  linear_any(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, level);
 }
 
 }  // namespace mtprobe::core

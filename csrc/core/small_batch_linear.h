@@ -45,4 +45,10 @@ void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const
                         const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
                         SimdLevel level = SimdLevel::kDefault);
 
+// The same with bfloat16 weights (their bits, as torch stores them): each widened to float32 as it is read,
+// so the sums are exact float32 sums of the bfloat16 values, at half the weights' bytes.
+void small_batch_linear(const float* x, int64_t rows, int64_t in_features, const uint16_t* weight,
+                        const float* bias, float* y, int64_t out_features, int64_t out_begin, int64_t out_end,
+                        SimdLevel level = SimdLevel::kDefault);
+
 }  // namespace mtprobe::core

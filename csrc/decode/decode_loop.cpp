@@ -377,10 +377,10 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
       replaced = true;
       ++result.fallback_steps;
     }
-    if (!prefill && verdict.finite && options_.margin_bound > 0 && !options_.do_sample &&
+    if (verdict.finite && options_.margin_bound > 0 && !options_.do_sample &&
         path_margin(verdict, c - 1) < options_.margin_bound) {
-      // A near-tie on the verified path: the exact forward decides the step (its KV entries overwrite
-      // the block's).
+      // A near-tie on the verified path (at the prefill, the first token's row): the exact forward decides
+      // the step (its KV entries overwrite the block's).
       std::tie(logits, hidden) = run_forward(block, *exact_forward_, true);
       verdict = verify(logits, block, tokens, c - 1);
     }

@@ -37,9 +37,9 @@ struct DecodeOptions {
   // the logits processors, and the raw logits, each as float32 on the device.
   bool keep_scores = false;
   bool keep_logits = false;
-  // Greedy only: a decode step whose verified rows (the accepted path's nodes: each decided the token
-  // after it) include one with a top-2 score margin below this is run again through the exact forward
-  // (the loop's exact_forward), which then decides it. 0: never. For a forward that differs from the
+  // Greedy only: a step (the prefill included) whose verified rows (the accepted path's nodes: each decided
+  // the token after it) include one with a top-2 score margin below this is run again through the exact
+  // forward (the loop's exact_forward), which then decides it. 0: never. For a forward that differs from the
   // reference one by rounding (the target's C++ forward against HF's): a bound above that rounding makes
   // every token the reference forward's.
   double margin_bound = 0;
@@ -54,8 +54,8 @@ struct DecodeResult {
   int64_t mask_rebuilds = 0;
   // Steps whose drafts made the target's logits non-finite and were re-run without them.
   int64_t fallback_steps = 0;
-  // Decode steps whose verified rows had a top-2 margin below DecodeOptions::margin_bound and that the
-  // exact forward decided: one more forward each, not counted in forward_calls (their time is in
+  // Steps (the prefill included) whose verified rows had a top-2 margin below DecodeOptions::margin_bound and
+  // that the exact forward decided: one more forward each, not counted in forward_calls (their time is in
   // forward_seconds, their verdict's read in host_reads).
   int64_t exact_steps = 0;
   int64_t kv_capacity = 0;    // KV entries per layer the cache held at the end (it grows on demand)

@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "core/bf16.h"
 #include "core/decoder_step.h"
 #include "core/small_batch_linear.h"
 
@@ -16,22 +17,35 @@ namespace {
 // An additive mask entry at or below this hides its key: HF fills hidden entries with finfo.min.
 constexpr float kHidden = -1e30f;
 
-void check_vector(const at::Tensor& t, int64_t n, const std::string& name) {
-  TORCH_CHECK_VALUE(t.defined() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat &&
-                        t.is_cpu() && t.is_contiguous(),
-                    "TargetForward: ", name, " must be a contiguous float32 CPU tensor [", n, "], got ",
-                    t.defined() ? t.toString() + " " + c10::str(t.sizes()) : std::string("none"));
+const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16" : "float32"; }
+
+void check_vector(const at::Tensor& t, int64_t n, const std::string& name,
+                  at::ScalarType dtype = at::kFloat) {
+  TORCH_CHECK_VALUE(t.defined() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == dtype && t.is_cpu() &&
+                        t.is_contiguous(),
+                    "TargetForward: ", name, " must be a contiguous ", dtype_name(dtype), " CPU tensor [", n,
+                    "], got ", t.defined() ? t.toString() + " " + c10::str(t.sizes()) : std::string("none"));
 }
 
-void check_linear(const TargetLinear& w, int64_t in, int64_t out, const std::string& name) {
+// A small vector of the model's dtype as float32: itself, or a copy of a bfloat16 one (norm weights and
+// biases: a few thousand numbers, widened exactly).
+void widen(at::Tensor& t) { t = t.to(at::kFloat).contiguous(); }
+
+void check_linear(const TargetLinear& w, int64_t in, int64_t out, const std::string& name,
+                  at::ScalarType dtype) {
   TORCH_CHECK_VALUE(
-      w.weight.defined() && w.weight.dim() == 2 && w.weight.scalar_type() == at::kFloat &&
-          w.weight.is_cpu() && w.weight.is_contiguous(),
-      "TargetForward: ", name, ".weight must be a contiguous float32 CPU tensor [out, in], got ",
+      w.weight.defined() && w.weight.dim() == 2 && w.weight.scalar_type() == dtype && w.weight.is_cpu() &&
+          w.weight.is_contiguous(),
+      "TargetForward: ", name, ".weight must be a contiguous ", dtype_name(dtype),
+      " CPU tensor [out, in] (the embedding's dtype), got ",
       w.weight.defined() ? w.weight.toString() + " " + c10::str(w.weight.sizes()) : std::string("none"));
   TORCH_CHECK_VALUE(w.in_features() == in && w.out_features() == out, "TargetForward: ", name, " is [",
                     w.out_features(), ", ", w.in_features(), "] but the model needs [", out, ", ", in, "]");
-  if (w.bias.defined()) check_vector(w.bias, out, name + ".bias");
+  if (w.bias.defined()) check_vector(w.bias, out, name + ".bias", dtype);
+}
+
+const uint16_t* bf16_bits(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>());
 }
 
 }  // namespace
@@ -76,10 +90,13 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
       layers_(std::move(layers)),
       head_(std::move(head)),
       config_(config) {
+  dtype_ = embed_.scalar_type();
   TORCH_CHECK_VALUE(
-      embed_.dim() == 2 && embed_.scalar_type() == at::kFloat && embed_.is_cpu() && embed_.is_contiguous(),
-      "TargetForward: embed must be a contiguous float32 CPU tensor [vocab, hidden], got ", embed_.toString(),
-      " ", embed_.sizes());
+      embed_.dim() == 2 && (dtype_ == at::kFloat || dtype_ == at::kBFloat16) && embed_.is_cpu() &&
+          embed_.is_contiguous(),
+      "TargetForward: embed must be a contiguous float32 or bfloat16 CPU tensor [vocab, hidden], "
+      "got ",
+      embed_.toString(), " ", embed_.sizes());
   TORCH_CHECK_VALUE(!layers_.empty(), "TargetForward: the model needs at least one layer");
   TORCH_CHECK_VALUE(config_.heads >= 1 && config_.kv_heads >= 1 && config_.heads % config_.kv_heads == 0,
                     "TargetForward: heads (", config_.heads, ") must be a positive multiple of kv_heads (",
@@ -96,26 +113,38 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
   kv_out_ = config_.kv_heads * head_dim_;
   intermediate_ = layers_[0].gate.weight.defined() ? layers_[0].gate.out_features() : 0;
   check_vector(inv_freq_, head_dim_ / 2, "inv_freq");
-  check_vector(final_norm_, hidden_, "final_norm");
-  check_linear(head_, hidden_, head_.weight.defined() ? head_.out_features() : 0, "head");
+  check_vector(final_norm_, hidden_, "final_norm", dtype_);
+  widen(final_norm_);
+  check_linear(head_, hidden_, head_.weight.defined() ? head_.out_features() : 0, "head", dtype_);
+  // The norms and biases computed in float32 (copies for a bfloat16 model); the large weights read as
+  // they are.
+  auto widen_bias = [](TargetLinear& w) {
+    if (w.bias.defined()) widen(w.bias);
+  };
+  widen_bias(head_);
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const TargetLayer& L = layers_[l];
+    TargetLayer& L = layers_[l];
     const std::string at = "layer " + std::to_string(l) + " ";
-    check_vector(L.input_norm, hidden_, at + "input_norm");
-    check_vector(L.post_norm, hidden_, at + "post_norm");
+    check_vector(L.input_norm, hidden_, at + "input_norm", dtype_);
+    check_vector(L.post_norm, hidden_, at + "post_norm", dtype_);
     TORCH_CHECK_VALUE(L.q_norm.defined() == L.k_norm.defined(), "TargetForward: ", at,
                       "has one of q_norm and k_norm but not the other");
     if (L.q_norm.defined()) {
-      check_vector(L.q_norm, head_dim_, at + "q_norm");
-      check_vector(L.k_norm, head_dim_, at + "k_norm");
+      check_vector(L.q_norm, head_dim_, at + "q_norm", dtype_);
+      check_vector(L.k_norm, head_dim_, at + "k_norm", dtype_);
+      widen(L.q_norm);
+      widen(L.k_norm);
     }
-    check_linear(L.q, hidden_, q_out_, at + "q");
-    check_linear(L.k, hidden_, kv_out_, at + "k");
-    check_linear(L.v, hidden_, kv_out_, at + "v");
-    check_linear(L.o, q_out_, hidden_, at + "o");
-    check_linear(L.gate, hidden_, intermediate_, at + "gate");
-    check_linear(L.up, hidden_, intermediate_, at + "up");
-    check_linear(L.down, intermediate_, hidden_, at + "down");
+    widen(L.input_norm);
+    widen(L.post_norm);
+    check_linear(L.q, hidden_, q_out_, at + "q", dtype_);
+    check_linear(L.k, hidden_, kv_out_, at + "k", dtype_);
+    check_linear(L.v, hidden_, kv_out_, at + "v", dtype_);
+    check_linear(L.o, q_out_, hidden_, at + "o", dtype_);
+    check_linear(L.gate, hidden_, intermediate_, at + "gate", dtype_);
+    check_linear(L.up, hidden_, intermediate_, at + "up", dtype_);
+    check_linear(L.down, intermediate_, hidden_, at + "down", dtype_);
+    for (TargetLinear* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) widen_bias(*w);
   }
   small_kernel_ = core::small_batch_linear_simd();
 }
@@ -123,22 +152,29 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
 void TargetForward::linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const {
   const int64_t in = w.in_features(), out = w.out_features();
   const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
-  if (small_kernel_ && rows <= config_.small_rows) {
-    const float* weight = w.weight.const_data_ptr<float>();
+  const bool bf16 = dtype_ == at::kBFloat16;
+  if ((small_kernel_ || bf16) && rows <= config_.small_rows) {
     // A grain of 64 columns, as the small_batch_linear op: each thread streams its own weight rows.
     const auto level = rows <= config_.wide_rows ? core::SimdLevel::kAvx512 : core::SimdLevel::kAvx2;
     at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-      core::small_batch_linear(x, rows, in, weight, bias, y, out, begin, end, level);
+      if (bf16) {
+        core::small_batch_linear(x, rows, in, bf16_bits(w.weight), bias, y, out, begin, end, level);
+      } else {
+        core::small_batch_linear(x, rows, in, w.weight.const_data_ptr<float>(), bias, y, out, begin, end,
+                                 level);
+      }
     });
     return;
   }
-  // A prefill's rows: compute-bound, BLAS's GEMM (packing the weight once pays for many rows).
+  // A prefill's rows: compute-bound, BLAS's GEMM (packing the weight once pays for many rows); a bfloat16
+  // weight widened first (exactly, so the products are the small-batch kernel's).
   at::Tensor X = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
   at::Tensor Y = at::from_blob(y, {rows, out}, at::kFloat);
+  const at::Tensor W = bf16 ? w.weight.to(at::kFloat) : w.weight;
   if (w.bias.defined()) {
-    at::addmm_out(Y, w.bias, X, w.weight.t());
+    at::addmm_out(Y, w.bias, X, W.t());
   } else {
-    at::mm_out(Y, X, w.weight.t());
+    at::mm_out(Y, X, W.t());
   }
 }
 
@@ -149,9 +185,10 @@ void TargetForward::check_cache(const std::vector<at::Tensor>& caches, const cha
   for (const at::Tensor& t : caches) {
     TORCH_CHECK_VALUE(
         t.dim() == 4 && t.size(0) == 1 && t.size(1) == config_.kv_heads && t.size(3) == head_dim_ &&
-            t.scalar_type() == at::kFloat && t.is_cpu() && t.stride(3) == 1,
-        "TargetForward: each of ", name, " must be float32 CPU [1, ", config_.kv_heads, ", capacity, ",
-        head_dim_, "] with unit stride in its last dimension, got ", t.scalar_type(), " ", t.sizes());
+            t.scalar_type() == dtype_ && t.is_cpu() && t.stride(3) == 1,
+        "TargetForward: each of ", name, " must be ", dtype_name(dtype_), " CPU [1, ", config_.kv_heads,
+        ", capacity, ", head_dim_, "] (the model's dtype) with unit stride in its last dimension, got ",
+        t.scalar_type(), " ", t.sizes());
     TORCH_CHECK_VALUE(needed <= t.size(2), "TargetForward: ", needed,
                       " entries do not fit a cache of capacity ", t.size(2), " (", name,
                       "); reserve room before the forward");
@@ -160,9 +197,19 @@ void TargetForward::check_cache(const std::vector<at::Tensor>& caches, const cha
 
 void TargetForward::attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T,
                               int64_t prefix, const BlockPattern& block, float* att) {
+  if (dtype_ == at::kBFloat16) {
+    attend_block(q, bf16_bits(keys), bf16_bits(values), keys, values, T, prefix, block, att);
+  } else {
+    attend_block(q, keys.const_data_ptr<float>(), values.const_data_ptr<float>(), keys, values, T, prefix,
+                 block, att);
+  }
+}
+
+template <typename KV>
+void TargetForward::attend_block(const float* q, const KV* K, const KV* V, const at::Tensor& keys,
+                                 const at::Tensor& values, int64_t T, int64_t prefix,
+                                 const BlockPattern& block, float* att) {
   const int64_t d = head_dim_, kv = config_.kv_heads, group = config_.heads / kv;
-  const float* K = keys.const_data_ptr<float>();
-  const float* V = values.const_data_ptr<float>();
   const int64_t ks1 = keys.stride(1), ks2 = keys.stride(2), vs1 = values.stride(1), vs2 = values.stride(2);
   TORCH_CHECK_VALUE(ks2 == vs2, "TargetForward: keys and values differ in row stride");
   const std::vector<int64_t>& last = block.last;
@@ -178,12 +225,13 @@ void TargetForward::attention(const float* q, const at::Tensor& keys, const at::
   part_out_.resize(items * slots * group * d);
   part_lse_.resize(items * slots * group);
   at::parallel_for(0, items * slots, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores, gathered;
+    thread_local std::vector<float> scores;
+    thread_local std::vector<KV> gathered;
     for (int64_t u = begin; u < end; ++u) {
       const int64_t item = u / slots, c = u % slots, g = item / T, t = item % T;
       const float* qh = q + t * q_out_ + g * group * d;
-      const float* Kg = K + g * ks1;
-      const float* Vg = V + g * vs1;
+      const KV* Kg = K + g * ks1;
+      const KV* Vg = V + g * vs1;
       float* out = part_out_.data() + u * group * d;
       float* lse = part_lse_.data() + u * group;
       const bool one_range = last[t] >= 0 && chunks <= 1;
@@ -248,9 +296,10 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
   int64_t n_emb = 0;
   if (embeds.has_value() && embeds->defined()) {
     TORCH_CHECK_VALUE(embeds->dim() == 2 && embeds->size(1) == hidden_ &&
-                          embeds->scalar_type() == at::kFloat && embeds->is_cpu(),
-                      "TargetForward: embeds must be float32 CPU [n, ", hidden_, "], got ",
-                      embeds->toString(), " ", embeds->sizes());
+                          (embeds->scalar_type() == at::kFloat || embeds->scalar_type() == dtype_) &&
+                          embeds->is_cpu(),
+                      "TargetForward: embeds must be float32 (or the model's dtype) CPU [n, ", hidden_,
+                      "], got ", embeds->toString(), " ", embeds->sizes());
     n_emb = embeds->size(0);
   }
   const int64_t T = n_tok + n_emb;
@@ -283,7 +332,7 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
   for (int64_t i = 0; i < T; ++i) {
     TORCH_CHECK_VALUE(pp[i] >= 0, "TargetForward: position ", pp[i], " at input ", i, " is negative");
   }
-  at::Tensor emb = n_emb > 0 ? embeds->contiguous() : at::Tensor();
+  at::Tensor emb = n_emb > 0 ? embeds->to(at::kFloat).contiguous() : at::Tensor();
 
   std::lock_guard<std::mutex> lock(busy_);
   const int64_t d = head_dim_, half = d / 2, heads = config_.heads, kv = config_.kv_heads;
@@ -298,8 +347,14 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
   up_.resize(T * intermediate_);
   cos_.resize(T * half);
   sin_.resize(T * half);
-  const float* E = embed_.const_data_ptr<float>();
-  for (int64_t i = 0; i < n_tok; ++i) std::copy_n(E + tp[i] * hidden_, hidden_, x_.data() + i * hidden_);
+  for (int64_t i = 0; i < n_tok; ++i) {
+    if (dtype_ == at::kBFloat16) {
+      const uint16_t* e = bf16_bits(embed_) + tp[i] * hidden_;
+      for (int64_t j = 0; j < hidden_; ++j) x_[i * hidden_ + j] = core::bf16_to_float(e[j]);
+    } else {
+      std::copy_n(embed_.const_data_ptr<float>() + tp[i] * hidden_, hidden_, x_.data() + i * hidden_);
+    }
+  }
   if (n_emb > 0) std::copy_n(emb.const_data_ptr<float>(), n_emb * hidden_, x_.data() + n_tok * hidden_);
   // RoPE's angles per input, in float32 as HF computes them (position * inv_freq, then cos and sin).
   const float* inv_freq = inv_freq_.const_data_ptr<float>();
@@ -326,8 +381,20 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
     linear(L.q, h_.data(), T, q_.data());
     linear(L.k, h_.data(), T, k_.data());
     linear(L.v, h_.data(), T, v_.data());
-    float* Kc = keys[l].mutable_data_ptr<float>();
-    float* Vc = values[l].mutable_data_ptr<float>();
+    // This block's keys and values into the cache (rounded to bfloat16 for a bfloat16 model's, as HF's
+    // cache holds them).
+    const bool bf16 = dtype_ == at::kBFloat16;
+    char* Kc = static_cast<char*>(keys[l].mutable_data_ptr());
+    char* Vc = static_cast<char*>(values[l].mutable_data_ptr());
+    const int64_t size = keys[l].element_size();
+    auto store = [&](const float* src, char* dst) {
+      if (bf16) {
+        uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < d; ++i) out[i] = core::float_to_bf16(src[i]);
+      } else {
+        std::copy_n(src, d, reinterpret_cast<float*>(dst));
+      }
+    };
     const int64_t ks1 = keys[l].stride(1), ks2 = keys[l].stride(2);
     const int64_t vs1 = values[l].stride(1), vs2 = values[l].stride(2);
     at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
@@ -343,8 +410,8 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
         core::rotate_half(qt, heads, d, cos_.data() + t * half, sin_.data() + t * half);
         core::rotate_half(kt, kv, d, cos_.data() + t * half, sin_.data() + t * half);
         for (int64_t h = 0; h < kv; ++h) {
-          std::copy_n(kt + h * d, d, Kc + h * ks1 + (P + t) * ks2);
-          std::copy_n(v_.data() + t * kv_out_ + h * d, d, Vc + h * vs1 + (P + t) * vs2);
+          store(kt + h * d, Kc + (h * ks1 + (P + t) * ks2) * size);
+          store(v_.data() + t * kv_out_ + h * d, Vc + (h * vs1 + (P + t) * vs2) * size);
         }
       }
     });

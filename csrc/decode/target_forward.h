@@ -1,6 +1,8 @@
 // The target's own forward in C++ (issue 67): a verification block of T inputs through a Llama-family
-// decoder (Llama, Mistral without a window, Qwen2's q/k/v biases, Qwen3's per-head q/k norms), float32
-// on the CPU, reading the HF model's own weight tensors (shared, never copied).
+// decoder (Llama, Mistral without a window, Qwen2's q/k/v biases, Qwen3's per-head q/k norms) on the CPU,
+// reading the HF model's own weight tensors (shared, never copied), float32 or bfloat16. A bfloat16 model's
+// weights are widened to float32 as they are read and everything is computed in float32 (so its logits
+// are closer to the model's float32 ones than HF's bfloat16 forward is); its cache holds bfloat16, as HF's.
 //
 // Why: through transformers' eager modules a one-token forward of SmolLM2-135M costs about three times
 // what streaming its 538 MB of weights does (torch's float32 GEMV reads at a third of the memory's
@@ -21,9 +23,9 @@
 // MLP, each added to x; then the final norm and the head: logits [T, vocab] float32.
 //
 // Cache layout (mtprobe.target_model.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity,
-// head_dim] float32 per layer, capacity >= P + T; rows 0..P-1 hold the sequence's entries already.
-// mask: [T, P + T] additive (0 visible, <= -1e30 hidden; HF's 4-D mask squeezed), the prefix columns all
-// visible; undefined for a causal chain.
+// head_dim] of the model's dtype per layer, capacity >= P + T; rows 0..P-1 hold the sequence's entries
+// already. mask: [T, P + T] additive (0 visible, <= -1e30 hidden; HF's 4-D mask squeezed), the prefix columns
+// all visible; undefined for a causal chain.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -35,7 +37,7 @@
 
 namespace mtprobe {
 
-// One linear layer as nn.Linear holds it: weight [out, in] float32, bias [out] or undefined.
+// One linear layer as nn.Linear holds it: weight [out, in] of the model's dtype, bias [out] or undefined.
 struct TargetLinear {
   at::Tensor weight, bias;
   int64_t in_features() const { return weight.size(1); }
@@ -43,8 +45,8 @@ struct TargetLinear {
 };
 
 struct TargetLayer {
-  at::Tensor input_norm, post_norm;  // [hidden] float32 each: RMSNorm weights before attention and MLP
-  at::Tensor q_norm, k_norm;         // [head_dim] float32 each (Qwen3), or undefined
+  at::Tensor input_norm, post_norm;  // [hidden] each: RMSNorm weights before attention and MLP
+  at::Tensor q_norm, k_norm;         // [head_dim] each (Qwen3), or undefined
   TargetLinear q, k, v, o, gate, up, down;
 };
 
@@ -78,7 +80,9 @@ struct BlockPattern {
 class TargetForward {
  public:
   // embed [vocab, hidden]; inv_freq [head_dim / 2] (HF's rotary_emb.inv_freq); head: the output layer.
-  // Every tensor float32, contiguous, on the CPU; shapes checked against each other (ValueError).
+  // Every tensor of the embedding's dtype (float32 or bfloat16; inv_freq float32), contiguous, on the CPU;
+  // shapes and dtypes checked against each other (ValueError). Norm weights and biases are kept as float32
+  // (copies for a bfloat16 model: a few thousand numbers).
   TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, at::Tensor final_norm, TargetLinear head,
                 at::Tensor inv_freq, TargetForwardConfig config);
 
@@ -93,6 +97,11 @@ class TargetForward {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t vocab_size() const { return head_.out_features(); }
+  int64_t kv_heads() const {
+    return config_.kv_heads;
+  }  // a cache layer's buffers: [1, kv_heads, capacity, head_dim]
+  int64_t head_dim() const { return head_dim_; }
+  at::ScalarType dtype() const { return dtype_; }
 
  private:
   void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const;
@@ -100,12 +109,19 @@ class TargetForward {
   // Attention of the block's queries q [T, heads * head_dim] over layer l's cache into att (same shape).
   void attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T, int64_t prefix,
                  const BlockPattern& block, float* att);
+  // The same on the cache's elements K and V (float, or uint16_t: bfloat16 bits).
+  template <typename KV>
+  void attend_block(const float* q, const KV* K, const KV* V, const at::Tensor& keys,
+                    const at::Tensor& values, int64_t T, int64_t prefix, const BlockPattern& block,
+                    float* att);
 
   at::Tensor embed_, final_norm_, inv_freq_;
   std::vector<TargetLayer> layers_;
   TargetLinear head_;
   TargetForwardConfig config_;
   int64_t hidden_, head_dim_, q_out_, kv_out_, intermediate_;
+  at::ScalarType
+      dtype_;          // the weights' and the cache's: float32 or bfloat16 (computed in float32 either way)
   bool small_kernel_;  // this CPU runs the small-batch kernel's SIMD path
   std::mutex busy_;    // one forward at a time: the scratch below is the object's
   // Scratch, grown to the largest block seen: x, normed x, q, k, v, attention output, o/down output,

@@ -95,7 +95,8 @@ at::Tensor check_circuit_prefix(const char* op, const CircuitBatch& c, const at:
 at::Tensor check_circuit_uniforms(const char* op, const CircuitBatch& c, const at::Tensor& uniforms);
 
 // y = x weight^T + bias for a few rows of x, the weight read once (csrc/core/small_batch_linear.h).
-// x [..., in] float32 CPU, weight [out, in] contiguous float32, bias [out] or none. Returns [..., out].
+// x [..., in] float32 CPU, weight [out, in] contiguous float32 or bfloat16 (widened as it is read), bias [out]
+// float32 or none. Returns [..., out] float32.
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
                               const std::optional<at::Tensor>& bias);
 // The same with the kernel named: level 0 the portable loop, 1 AVX2/FMA, 2 AVX-512, 3 the default (a

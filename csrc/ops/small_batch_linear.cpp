@@ -26,8 +26,10 @@ at::Tensor small_batch_linear_at_level(const at::Tensor& x, const at::Tensor& we
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == in, op,
                     ": x must be [..., in_features] with in_features = ", in,
                     " (the weight's second dimension), got shape ", x.sizes());
-  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, op,
-                    ": x and weight must be float32 (other dtypes keep torch's own linear), got ",
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && (weight.scalar_type() == at::kFloat || bf16), op,
+                    ": x must be float32 and weight float32 or bfloat16 (other dtypes keep torch's own linear), "
+                    "got ",
                     x.scalar_type(), " and ", weight.scalar_type());
   TORCH_CHECK_VALUE(x.is_cpu() && weight.is_cpu(), op, ": x and weight must be CPU tensors, got ", x.device(),
                     " and ", weight.device());
@@ -40,12 +42,17 @@ at::Tensor small_batch_linear_at_level(const at::Tensor& x, const at::Tensor& we
   const int64_t rows = io.rows;
   if (rows == 0 || out == 0) return io.y.reshape(io.out_shape);
   const float* xp = io.x.const_data_ptr<float>();
-  const float* wp = weight.const_data_ptr<float>();
   float* yp = io.y.mutable_data_ptr<float>();
+  const auto simd = static_cast<core::SimdLevel>(level);
   // A grain of 64 columns: a thread's share is then at least 64 weight rows (the tiny k/v
   // projections of a GQA model are not worth splitting further).
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    core::small_batch_linear(xp, rows, in, wp, b, yp, out, begin, end, static_cast<core::SimdLevel>(level));
+    if (bf16) {
+      const auto* wp = reinterpret_cast<const uint16_t*>(weight.const_data_ptr<at::BFloat16>());
+      core::small_batch_linear(xp, rows, in, wp, b, yp, out, begin, end, simd);
+    } else {
+      core::small_batch_linear(xp, rows, in, weight.const_data_ptr<float>(), b, yp, out, begin, end, simd);
+    }
   });
   return io.y.reshape(io.out_shape);
 }

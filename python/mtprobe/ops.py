@@ -213,9 +213,9 @@ def compact_kv_(caches: list[torch.Tensor], src: torch.Tensor, dst_start: int) -
 
 def small_batch_linear(
     x: torch.Tensor,  # [..., in] float32, CPU
-    weight: torch.Tensor,  # [out, in] float32, contiguous
-    bias: torch.Tensor | None = None,  # [out]
-) -> torch.Tensor:  # [..., out]
+    weight: torch.Tensor,  # [out, in] float32 or bfloat16 (widened exactly as it is read), contiguous
+    bias: torch.Tensor | None = None,  # [out] float32
+) -> torch.Tensor:  # [..., out] float32
     """``x @ weight.T + bias`` with the weight read from memory once for up to 12 rows of ``x``
     (csrc/core/small_batch_linear.h); reference: :func:`mtprobe.reference.small_batch_linear`."""
     return torch.ops.mtprobe.small_batch_linear(x, weight, bias)

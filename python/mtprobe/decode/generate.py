@@ -438,8 +438,8 @@ def decode_sequence(
         keep_logits=bool(call.generation_config.output_logits),
         # The C++ forward's near-ties go to HF's forward (greedy: the tokens stay HF's; sampling draws from
         # distributions that differ by rounding alone).
-        exact_forward=adapter.exact_forward if shared.native is not None else None,
-        margin_bound=MARGIN_BOUND if shared.native is not None and not call.do_sample else 0.0,
+        exact_forward=adapter.exact_forward if adapter.decides_near_ties else None,
+        margin_bound=MARGIN_BOUND if adapter.decides_near_ties and not call.do_sample else 0.0,
     )
     plan = shared.forward_plan
     with plan.in_use() if plan is not None else contextlib.nullcontext():

@@ -266,8 +266,8 @@ class HFAdapter:
     ``plan``: run every forward through a static forward plan (:mod:`mtprobe.target_model.plan`: one fixed KV
     buffer, buckets, CUDA graphs on a GPU); it owns the cache, and ``capacity`` is then unused.
     ``shared_prefill``: the prefill of the other sequences of the same prompt, run once
-    (:class:`SharedPrefill`; unused with a plan). ``native``: the model's C++ forward for decode blocks
-    (:func:`mtprobe.target_model.native_forward.native_forward`; unused with a plan).
+    (:class:`SharedPrefill`; unused with a plan). ``native``: the model's C++ forward
+    (:func:`mtprobe.target_model.native_forward.native_forward`; unused with a plan; :attr:`runs_native`).
     """
 
     def __init__(
@@ -391,7 +391,8 @@ class HFAdapter:
         shared = None
         if prefix_len == 0:
             self.prefilled = True  # once this forward returns
-            shared = self.shared_prefill
+            # An exact re-run decides a near-tie of the C++ prefill: it neither takes that prefill nor keeps its own.
+            shared = self.shared_prefill if native or not self.runs_native else None
         if shared is not None:
             taken = shared.take(self, (tokens, embeds, position_ids, mask), want_hidden)
             if taken is not None:
@@ -399,22 +400,14 @@ class HFAdapter:
                 return taken
         self.reserve(prefix_len + position_ids.shape[-1])
         self.cache.set_length(prefix_len)
-        # Not with calibrated masks' layer offsets or LoRA (hooks inside HF's layers), nor for a drafter that
-        # reads another layer's hidden states than the last.
-        plain = self._mask_offsets is None and self._mask_lora is None and self.hidden_layer == -1
-        if native and self.native is not None and prefix_len > 0 and plain:
-            done = forward_block(
-                self.native,
-                self.cache.layers,
-                tokens,
-                embeds,
-                position_ids,
-                mask,
-                prefix_len,
-                want_hidden,
-            )
-            if done is not None:
-                return self._scaled(done, tokens, embeds)
+        if native and self.runs_native:
+            logits_from = self.prefill_logits_from if prefix_len == 0 else 0
+            args = (tokens, embeds, position_ids, mask, prefix_len, want_hidden, logits_from)
+            done = forward_block(self.native, self.cache.layers, *args)
+            logits, hidden = self._scaled(done, tokens, embeds)
+            if shared is not None:
+                shared.keep(self, (tokens, embeds, position_ids, mask), want_hidden, logits, hidden)
+            return logits, hidden
         x = self.embed(tokens.unsqueeze(0))  # [1, n_tok, hidden]
         if embeds is not None:
             x = torch.cat([x, embeds.unsqueeze(0).to(x.dtype)], dim=1)  # [1, T, hidden]
@@ -441,6 +434,22 @@ class HFAdapter:
         if shared is not None:
             shared.keep(self, (tokens, embeds, position_ids, mask), want_hidden, logits, hidden)
         return logits, hidden
+
+    @property
+    def runs_native(self) -> bool:
+        """Whether the C++ forward runs this adapter's forwards (prefill and decode steps): not with calibrated
+        masks' layer offsets or LoRA (hooks inside HF's layers), nor for a drafter that reads another layer's
+        hidden states than the last."""
+        plain = self._mask_offsets is None and self._mask_lora is None and self.hidden_layer == -1
+        return self.native is not None and plain
+
+    @property
+    def decides_near_ties(self) -> bool:
+        """Whether HF's forward should decide the C++ forward's near-ties (DecodeOptions.margin_bound): for a
+        float32 model, whose HF greedy tokens the C++ forward matches up to rounding. A bfloat16 model's C++
+        forward computes in float32, nearer its float32 logits than HF's bfloat16 forward (which itself rounds
+        a block differently from one token), so HF's would decide nothing exactly."""
+        return self.runs_native and self.model.dtype == torch.float32
 
     exact_forward = functools.partialmethod(forward, native=False)
     """:meth:`forward` through HF's modules: the decode loop's exact forward, which decides near-ties

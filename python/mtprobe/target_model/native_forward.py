@@ -6,9 +6,9 @@ calls and small tensor ops add the rest. :class:`mtprobe._C.TargetForward` (``cs
 runs a verification block of T inputs through the same decoder layers in one C++ call, reading the model's
 own weight tensors (shared, never copied): every linear layer of a block of up to 64 inputs reads its
 weights once for all of them (the small-batch kernel), and a layer's other work is a few loops over the
-block's rows. Decode steps run through it; the prefill keeps HF's forward for now (the C++ forward measured
-5-13 % faster there, benchmarks/results/native_forward/prefill.md, not switched on yet), and writes the same
-KV layout the C++ forward then reads.
+block's rows. The prompt's prefill runs through it too (ATen's GEMM for its linear layers past 64 inputs;
+5-13 % faster than HF's prefill, benchmarks/results/native_forward/prefill.md), and it writes the KV layout
+HF's forward reads, so either can run any step.
 
 **Exactly HF's tokens.** The C++ forward sums in another order than HF's, so its logits differ from HF's
 by rounding (float32: about 1e-5 of their size; measured in ``benchmarks/results/native_forward/``). Under
@@ -16,11 +16,17 @@ greedy decoding the decode loop reads, with each step's verdict, the top-2 score
 chose a token (the accepted path's nodes); where one is below :data:`MARGIN_BOUND`, far above any
 difference measured, the step runs again through HF's own forward, which decides it (``out.exact_steps``).
 The margin is read on the processed scores, so logits processors that move scores by at most a few times
-the rounding (repetition penalties, masks, biases) keep the guarantee. Under sampling the distributions
-differ by that rounding only, as HF's batched and one-token forwards differ.
+the rounding (repetition penalties, masks, biases) keep the guarantee; the prefill's first token too. Under
+sampling the distributions differ by that rounding only, as HF's batched and one-token forwards differ.
+
+**bfloat16 models** (:data:`DTYPES`): the weights are read as bfloat16 (half float32's bytes) and widened,
+and the forward computes in float32, so its logits sit nearer the float32 model's than HF's bfloat16 forward
+does; they depart from HF's bfloat16 greedy where HF's bfloat16 rounding decides a near-tie (measured with
+their margins in ``benchmarks/results/native_forward/``), as HF's own verification forwards in bfloat16 do.
+No step is sent back to HF's forward there.
 
 Where it does not apply, HF's forward runs and :func:`why_not_native` says why (logged once per model, and
-in ``out.target_forward``): another architecture, a dtype other than float32, a model off the
+in ``out.target_forward``): another architecture, a dtype other than float32 and bfloat16, a model off the
 CPU, hooks on the model's modules (LoRA, user hooks), a sliding window, a plan, calibrated masks with
 layer offsets or a mask LoRA, a drafter that reads another layer's hidden states.
 ``MTPROBE_NATIVE_FORWARD=0`` turns it off; ``=1`` (forced) makes an unsupported model an error.
@@ -43,6 +49,7 @@ from mtprobe.target_model.sliding import sliding_window
 logger = logging.getLogger("mtprobe")
 
 __all__ = [
+    "DTYPES",
     "ENV",
     "STATIC_ROPE",
     "MARGIN_BOUND",
@@ -52,6 +59,11 @@ __all__ = [
     "setting",
     "why_not_native",
 ]
+
+DTYPES = (torch.float32, torch.bfloat16)
+"""The models' dtypes the C++ forward runs. A bfloat16 model's weights are widened to float32 as they are read
+and the forward computes in float32 (its cache holds bfloat16, as HF's): its tokens are HF's float32
+model's up to rounding, which HF's own bfloat16 forward is not, so no step is sent back to HF's forward."""
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 """RoPE types whose frequencies do not change with the length: what the C++ forwards compute."""
@@ -123,8 +135,8 @@ def why_not_native(model: PreTrainedModel) -> str:
     model_type = getattr(cfg, "model_type", None)
     if model_type not in MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {MODEL_TYPES}"
-    if model.device.type != "cpu" or model.dtype != torch.float32:
-        return f"the C++ forward runs float32 models on the CPU; this one is {model.dtype} on {model.device}"
+    if model.device.type != "cpu" or model.dtype not in DTYPES:
+        return f"the C++ forward runs float32 and bfloat16 models on the CPU; this one is {model.dtype} on {model.device}"
     reason = layer_reason(cfg)
     if reason:
         return reason
@@ -263,26 +275,32 @@ def forward_block(
     mask: torch.Tensor | None,  # [1, 1, T, P + T] additive, None for a causal chain
     prefix_len: int,
     want_hidden: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """One decode block through ``native`` on the cache's buffers (room for it reserved by the caller):
-    ``(logits [T, vocab], hidden [T, hidden] or None)``, the layers' lengths advanced as HF's update
-    advances them; or None where HF's forward must run it (a cache not yet allocated, a mask not float32)."""
-    if not layers[0].is_initialized or (mask is not None and mask.dtype != torch.float32):
-        return None
+    logits_from: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One block (a prefill or a decode step) through ``native`` on the cache's buffers (room for it reserved
+    by the caller; allocated here at a prefill): ``(logits [T, vocab], hidden [T, hidden] or None)``, rows
+    before ``logits_from`` zeros, the layers' lengths advanced as HF's update advances them."""
+    dtype = getattr(torch, native.dtype)
+    if not layers[0].is_initialized:
+        empty = torch.empty(1, native.kv_heads, 0, native.head_dim, dtype=dtype)  # as HF's first update
+        for layer in layers:
+            layer.lazy_initialization(empty, empty)
     keys = [layer.keys for layer in layers]
     values = [layer.values for layer in layers]
-    block_mask = mask[0, 0] if mask is not None else None  # [T, P + T]
+    block_mask = mask[0, 0].float() if mask is not None else None  # [T, P + T]; 0 and finfo.min stay apart
     logits, hidden = native.forward(
-        tokens, embeds, position_ids[0], block_mask, prefix_len, keys, values, want_hidden
+        tokens, embeds, position_ids[0], block_mask, prefix_len, keys, values, want_hidden, logits_from
     )
     T = position_ids.shape[-1]
     for layer in layers:
         layer.length = prefix_len + T
-    return logits, hidden
+    # Hidden states in the model's dtype, as drafters' heads read HF's; the logits stay float32 (HF's
+    # generate widens them to float32 before choosing too).
+    return logits, (hidden.to(dtype) if hidden is not None else None)
 
 
 def describe(model: PreTrainedModel) -> str:
-    """What ran the target's decode forwards: the C++ forward's version, or HF's and why."""
+    """What ran the target's forwards: the C++ forward's version, or HF's and why."""
     state = state_of(model)
     if state.native is not None:
         return VERSION
