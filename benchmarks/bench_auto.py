@@ -178,9 +178,28 @@ class Timed:
     """What ran an mtprobe row's decode blocks: ``GenerateOutput.target_forward`` where the C++ forward did,
     else ``GenerateOutput.linear_routes`` (HF's forward, its linear layers' routes)."""
 
+    departure: str = ""
+    """Where a run not identical to HF greedy's first departs from it: the token index, HF's top-2 logit
+    margin there (its own forward over greedy's prefix) and the two tokens."""
+
     @property
     def tau(self) -> float:
         return self.gained / max(1, self.steps)
+
+
+def departure(model: Any, ref: torch.Tensor, seq: torch.Tensor, prompt_len: int) -> str:
+    """Where ``seq`` first departs from HF greedy's ``ref`` ([1, L]): the new token's index, HF's top-2 logit
+    margin there and whether the run's token is HF's second choice."""
+    n = min(ref.shape[1], seq.shape[1])
+    diff = (ref[0, :n] != seq[0, :n]).nonzero()
+    if len(diff) == 0:
+        return f"lengths differ ({seq.shape[1] - prompt_len} against {ref.shape[1] - prompt_len} new tokens)"
+    i = int(diff[0])
+    logits = model(ref[:, :i]).logits[0, -1].float()  # [vocab]
+    top = logits.topk(2)
+    margin = float(top.values[0] - top.values[1])
+    second = "HF's second choice" if int(seq[0, i]) == int(top.indices[1]) else "not HF's second choice"
+    return f"new token {i - prompt_len}: HF's top-2 margin {margin:.4g}, the run's token {second}"
 
 
 def question_medians(runs: Sequence[Timed], method: str) -> dict[int, tuple[float, int]]:
@@ -272,6 +291,19 @@ def interleaved_report(
     lines.append(
         "| **worst task** | | | " + " | ".join(f"{worst[m][0]} {worst[m][1]:.3f}x" for m in others) + " |"
     )
+    away = [r for r in runs if r.departure]
+    if away:
+        lines += [
+            "",
+            "## Departures from HF greedy",
+            "",
+            "Where a run first departs from HF greedy's output on its question, and HF's own top-2 logit margin "
+            "there (in the model's dtype: a near-tie is a margin within its rounding).",
+            "",
+            "| method | question | repeat | where |",
+            "|---|---|---|---|",
+            *(f"| {r.method} | {r.question} | {r.repeat} | {r.departure} |" for r in away),
+        ]
     medians = {m: question_medians(runs, m) for m in methods}
     lines += [
         "",
@@ -455,9 +487,21 @@ def run_interleaved(args: argparse.Namespace) -> int:
                     ref = seq if ref is None else ref
                     new = seq.shape[1] - ids.shape[1]
                     same = torch.equal(seq, ref)
+                    # After the timing: one forward of HF's over greedy's prefix, for the margin.
+                    away = "" if same else departure(model, ref, seq, ids.shape[1])
                     runs.append(
                         Timed(
-                            m, q.question_id, task_of(q.category), rep, wall, new, gained, steps, same, used
+                            m,
+                            q.question_id,
+                            task_of(q.category),
+                            rep,
+                            wall,
+                            new,
+                            gained,
+                            steps,
+                            same,
+                            used,
+                            away,
                         )
                     )
             print(
