@@ -34,7 +34,7 @@ from mtprobe.specbench.questions import first_per_category, load_questions
 
 def packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` through oneDNN with the weight packed once (``self._packed``; not
-    mtprobe.cpu.linear_routes' ``_mtprobe_packed`` copy, which its own packed route keeps)."""
+    mtprobe.cpu.linear_routes' packed copy (``has_packed``), which its own packed route keeps)."""
     shape = x.shape
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self._packed, self.bias, "none", [], "")
     return y.reshape(*shape[:-1], y.shape[-1])

@@ -45,6 +45,7 @@ import dataclasses
 import math
 import os
 import types
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,7 +80,14 @@ MIN_WEIGHT_BYTES = 16 << 20
 """Models whose linear weights take less stay on torch's linear without measuring: their weights sit
 in the CPU's caches, where reading them once more costs little."""
 
-_PACKED_ATTR = "_mtprobe_packed"
+# Each routed linear's weight packed for oneDNN: (stamp, packed), kept beside the module rather than in it,
+# so that copying the module (copy.deepcopy, which cannot copy oneDNN's opaque tensors) copies none.
+_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple[Any, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def has_packed(m: nn.Module) -> bool:
+    """Whether ``m`` holds a packed copy of its weight (the packed route made it, and it was not dropped)."""
+    return m in _PACKED
 
 
 @dataclass(frozen=True)
@@ -318,18 +326,18 @@ def _packed_weight(m: nn.Linear) -> torch.Tensor:
     """``m``'s weight packed for oneDNN, packed again if the weight was replaced or changed in place."""
     w = m.weight
     stamp = (w.data_ptr(), w._version)
-    got = vars(m).get(_PACKED_ATTR)
+    got = _PACKED.get(m)
     if got is None or got[0] != stamp:
         with torch.no_grad():
             got = (stamp, torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1))
-        vars(m)[_PACKED_ATTR] = got
+        _PACKED[m] = got
     return got[1]
 
 
 def drop_packed(model: nn.Module) -> None:
     """Free the packed copies of ``model``'s weights (made while measuring, kept only where chosen)."""
     for m in model.modules():
-        vars(m).pop(_PACKED_ATTR, None)
+        _PACKED.pop(m, None)
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
