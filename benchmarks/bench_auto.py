@@ -42,7 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ import transformers
 from _common import (
     OFF_GRID_HELP,
     device_name,
+    environ,
     first_turn_prompts,
     load_average,
     off_grid,
@@ -319,20 +320,6 @@ def interleaved_report(
             + " |"
         )
     return lines
-
-
-@contextlib.contextmanager
-def environ(name: str, value: str) -> Iterator[None]:
-    """``os.environ[name] = value`` for the length of the block, then as it was."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def run_interleaved(args: argparse.Namespace) -> int:

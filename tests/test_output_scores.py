@@ -99,8 +99,11 @@ def test_a_batch_has_a_row_per_sequence_and_zeros_after_an_end(tiny):
         for i, single in enumerate(singles):
             mine = torch.cat([r[i : i + 1] for r in rows])  # [12, vocab]
             theirs = torch.cat(getattr(single, field))  # [new_i, vocab]
-            assert torch.equal(mine[: len(theirs)], theirs)  # each row is its single call's, exactly
+            # Each row is its single call's: the batch's rows go through one C++ forward together
+            # (mtprobe.decode.batch), whose linear layers over more rows may round differently.
+            torch.testing.assert_close(mine[: len(theirs)], theirs, atol=1e-4, rtol=1e-4)
             assert (mine[len(theirs) :] == 0).all()
+    assert out.batch == len(ROWS)
 
 
 def test_smollm2_scores_are_greedys(smollm2):

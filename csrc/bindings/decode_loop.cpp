@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/bindings.h"
+#include "decode/batched_forward.h"
 
 namespace py = pybind11;
 
@@ -31,14 +32,19 @@ void bind_decode_loop(py::module_& m) {
       .def_readonly("logits", &DecodeResult::logits);
 
   py::class_<DecodeLoop>(m, "DecodeLoop", "Draft, verify and compact until the sequence ends.")
-      .def(py::init([](std::shared_ptr<Drafter> drafter, ForwardFn forward, KvBuffersFn kv_buffers,
-                       int64_t max_new_tokens, std::vector<int64_t> eos_token_ids, int64_t max_positions,
-                       int64_t block_complexity, int64_t kv_capacity, const std::string& mask_dtype,
-                       const std::string& device, bool incremental_masks, bool do_sample,
-                       std::optional<ProcessFn> process, std::optional<StopFn> stop,
+      .def(py::init([](std::shared_ptr<Drafter> drafter, std::optional<ForwardFn> forward,
+                       KvBuffersFn kv_buffers, int64_t max_new_tokens, std::vector<int64_t> eos_token_ids,
+                       int64_t max_positions, int64_t block_complexity, int64_t kv_capacity,
+                       const std::string& mask_dtype, const std::string& device, bool incremental_masks,
+                       bool do_sample, std::optional<ProcessFn> process, std::optional<StopFn> stop,
                        std::optional<StreamFn> stream, bool ancestor_bits, int64_t vocab_size,
                        bool keep_scores, bool keep_logits, std::optional<ForwardFn> exact_forward,
-                       double margin_bound) {
+                       double margin_bound, std::shared_ptr<BatchedForward> batched, int64_t row) {
+             // The target's forward: a Python callable (an HFAdapter's), or row `row` of a batched forward.
+             TORCH_CHECK_VALUE(forward.has_value() != (batched != nullptr),
+                               "DecodeLoop: give either a forward or a batched forward and its row, not ",
+                               forward.has_value() ? "both" : "neither");
+             ForwardFn fn = batched ? batched->forward_for(row) : std::move(*forward);
              DecodeOptions o;
              o.max_new_tokens = max_new_tokens;
              o.eos_token_ids = std::move(eos_token_ids);
@@ -54,9 +60,9 @@ void bind_decode_loop(py::module_& m) {
              o.keep_scores = keep_scores;
              o.keep_logits = keep_logits;
              o.margin_bound = margin_bound;
-             return std::make_unique<DecodeLoop>(
-                 std::move(drafter), std::move(forward), std::move(kv_buffers), std::move(o),
-                 std::move(process), std::move(stop), std::move(stream), std::move(exact_forward));
+             return std::make_unique<DecodeLoop>(std::move(drafter), std::move(fn), std::move(kv_buffers),
+                                                 std::move(o), std::move(process), std::move(stop),
+                                                 std::move(stream), std::move(exact_forward));
            }),
            py::arg("drafter"), py::arg("forward"), py::arg("kv_buffers"), py::kw_only(),
            py::arg("max_new_tokens"), py::arg("eos_token_ids"), py::arg("max_positions"),
@@ -64,10 +70,42 @@ void bind_decode_loop(py::module_& m) {
            py::arg("incremental_masks") = true, py::arg("do_sample") = false, py::arg("process") = py::none(),
            py::arg("stop") = py::none(), py::arg("stream") = py::none(), py::arg("ancestor_bits") = false,
            py::arg("vocab_size") = 0, py::arg("keep_scores") = false, py::arg("keep_logits") = false,
-           py::arg("exact_forward") = py::none(), py::arg("margin_bound") = 0.0,
-           // The loop holds the drafter: a Python drafter passed as a temporary must outlive it.
-           py::keep_alive<1, 2>())
+           py::arg("exact_forward") = py::none(), py::arg("margin_bound") = 0.0, py::arg("batched") = nullptr,
+           py::arg("row") = -1,
+           // The loop holds the drafter: a Python drafter passed as a temporary must outlive it; and its
+           // batched forward (argument 23, after self and 21 others), whose row function it calls.
+           py::keep_alive<1, 2>(), py::keep_alive<1, 23>())
       .def("run", &DecodeLoop::run, py::arg("prompt"));
+
+  py::class_<BatchedForward, std::shared_ptr<BatchedForward>>(
+      m, "BatchedForward",
+      "One target forward per step for several sequences' decode loops (csrc/decode/batched_forward.h): "
+      "each loop runs on its own thread and its forward waits for the others'.")
+      .def(py::init([](std::shared_ptr<TargetForward> target, std::vector<std::vector<at::Tensor>> keys,
+                       std::vector<std::vector<at::Tensor>> values, std::vector<int64_t> prefill_logits_from,
+                       std::vector<at::Tensor> prefilled) {
+             TORCH_CHECK_VALUE(
+                 values.size() == keys.size() && prefill_logits_from.size() == keys.size() &&
+                     prefilled.size() == keys.size(),
+                 "BatchedForward: keys, values, prefill_logits_from and prefilled need one entry "
+                 "per row (",
+                 keys.size(), ", ", values.size(), ", ", prefill_logits_from.size(), " and ",
+                 prefilled.size(), ")");
+             std::vector<BatchRow> rows;
+             for (size_t r = 0; r < keys.size(); ++r)
+               rows.push_back(
+                   {std::move(keys[r]), std::move(values[r]), prefill_logits_from[r], prefilled[r]});
+             return std::make_shared<BatchedForward>(std::move(target), std::move(rows));
+           }),
+           py::arg("target"), py::kw_only(), py::arg("keys"), py::arg("values"),
+           py::arg("prefill_logits_from"), py::arg("prefilled"))
+      .def("run", &BatchedForward::run, py::arg("loops"), py::arg("prompts"),
+           "Runs loops[i].run(prompts[i]) on one thread each (loop i built with batched=self, row=i) until "
+           "all "
+           "have stopped; their DecodeResults in order",
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rows", &BatchedForward::rows)
+      .def_property_readonly("forwards", &BatchedForward::forwards, "batched forwards run so far");
 }
 
 }  // namespace mtprobe::bindings

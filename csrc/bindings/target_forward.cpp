@@ -32,6 +32,20 @@ TargetLinear linear(const Tensors& t, const std::string& name, const std::string
 }  // namespace
 
 void bind_target_forward(py::module_& m) {
+  py::class_<TargetBlock>(
+      m, "TargetBlock",
+      "One sequence's block of TargetForward.forward_batch: forward()'s arguments, its own "
+      "cache's keys and values among them.")
+      .def(py::init([](at::Tensor tokens, std::optional<at::Tensor> embeds, at::Tensor positions,
+                       std::optional<at::Tensor> mask, int64_t prefix_len, std::vector<at::Tensor> keys,
+                       std::vector<at::Tensor> values, bool want_hidden, int64_t logits_from) {
+             return TargetBlock{std::move(tokens), std::move(embeds), std::move(positions),
+                                std::move(mask),   prefix_len,        std::move(keys),
+                                std::move(values), want_hidden,       logits_from};
+           }),
+           py::arg("tokens"), py::arg("embeds"), py::arg("positions"), py::arg("mask"), py::arg("prefix_len"),
+           py::arg("keys"), py::arg("values"), py::arg("want_hidden") = false, py::arg("logits_from") = 0);
+
   py::class_<TargetForward, std::shared_ptr<TargetForward>>(
       m, "TargetForward",
       "The target's own forward in C++ for Llama-family models (csrc/decode/target_forward.h); "
@@ -68,6 +82,11 @@ void bind_target_forward(py::module_& m) {
            py::arg("logits_from") = 0,
            "(logits [T, vocab] float32, hidden [T, hidden] or None) of a block of T inputs after prefix_len "
            "cached entries; its keys and values are written into rows prefix_len.. of each layer's buffers",
+           py::call_guard<py::gil_scoped_release>())
+      .def("forward_batch", &TargetForward::forward_batch, py::arg("blocks"),
+           "forward() of several sequences' blocks (TargetBlock) in one pass: every linear layer's weights "
+           "read "
+           "once for all their rows, each block attending over its own cache; a list of (logits, hidden)",
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &TargetForward::num_layers)
       .def_property_readonly("vocab_size", &TargetForward::vocab_size)

@@ -166,15 +166,21 @@ void TargetForward::linear(const TargetLinear& w, const float* x, int64_t rows, 
     });
     return;
   }
-  // A prefill's rows: compute-bound, BLAS's GEMM (packing the weight once pays for many rows); a bfloat16
-  // weight widened first (exactly, so the products are the small-batch kernel's).
+  // A prefill's rows: compute-bound, BLAS's GEMM (packing the weight once pays for many rows).
   at::Tensor X = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
   at::Tensor Y = at::from_blob(y, {rows, out}, at::kFloat);
-  const at::Tensor W = bf16 ? w.weight.to(at::kFloat) : w.weight;
+  if (bf16) {
+    // bfloat16 rows through bfloat16 GEMM (oneDNN's AVX512-BF16 kernels where the CPU has them), as HF's
+    // bfloat16 forward computes its linears: 2.4x faster than a float32 GEMM on widened weights for a
+    // 128-token prefill (benchmarks/results/native_forward/prefill-bf16.md).
+    Y.copy_(at::mm(X.to(at::kBFloat16), w.weight.t()));
+    if (w.bias.defined()) Y.add_(w.bias);
+    return;
+  }
   if (w.bias.defined()) {
-    at::addmm_out(Y, w.bias, X, W.t());
+    at::addmm_out(Y, w.bias, X, w.weight.t());
   } else {
-    at::mm_out(Y, X, W.t());
+    at::mm_out(Y, X, w.weight.t());
   }
 }
 
@@ -288,51 +294,76 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
     const at::Tensor& tokens, const std::optional<at::Tensor>& embeds, const at::Tensor& positions,
     const std::optional<at::Tensor>& mask, int64_t prefix_len, const std::vector<at::Tensor>& keys,
     const std::vector<at::Tensor>& values, bool want_hidden, int64_t logits_from) {
+  return forward_batch({TargetBlock{tokens, embeds, positions, mask, prefix_len, keys, values, want_hidden,
+                                    logits_from}})
+      .front();
+}
+
+TargetForward::Prepared TargetForward::prepare(const TargetBlock& b, const std::string& who) const {
   const int64_t vocab = embed_.size(0);
-  TORCH_CHECK_VALUE(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.is_cpu(),
-                    "TargetForward: tokens must be a 1-D int64 CPU tensor, got ", tokens.toString(), " ",
-                    tokens.sizes());
-  const int64_t n_tok = tokens.size(0);
-  int64_t n_emb = 0;
-  if (embeds.has_value() && embeds->defined()) {
-    TORCH_CHECK_VALUE(embeds->dim() == 2 && embeds->size(1) == hidden_ &&
-                          (embeds->scalar_type() == at::kFloat || embeds->scalar_type() == dtype_) &&
-                          embeds->is_cpu(),
-                      "TargetForward: embeds must be float32 (or the model's dtype) CPU [n, ", hidden_,
-                      "], got ", embeds->toString(), " ", embeds->sizes());
-    n_emb = embeds->size(0);
+  TORCH_CHECK_VALUE(b.tokens.dim() == 1 && b.tokens.scalar_type() == at::kLong && b.tokens.is_cpu(),
+                    "TargetForward: ", who, "tokens must be a 1-D int64 CPU tensor, got ",
+                    b.tokens.toString(), " ", b.tokens.sizes());
+  Prepared p;
+  p.n_tok = b.tokens.size(0);
+  if (b.embeds.has_value() && b.embeds->defined()) {
+    const at::Tensor& e = *b.embeds;
+    TORCH_CHECK_VALUE(e.dim() == 2 && e.size(1) == hidden_ &&
+                          (e.scalar_type() == at::kFloat || e.scalar_type() == dtype_) && e.is_cpu(),
+                      "TargetForward: ", who, "embeds must be float32 (or the model's dtype) CPU [n, ",
+                      hidden_, "], got ", e.toString(), " ", e.sizes());
+    p.n_emb = e.size(0);
+    if (p.n_emb > 0) p.emb = e.to(at::kFloat).contiguous();
   }
-  const int64_t T = n_tok + n_emb;
-  TORCH_CHECK_VALUE(T >= 1, "TargetForward: a forward needs at least one input");
-  TORCH_CHECK_VALUE(positions.dim() == 1 && positions.size(0) == T && positions.scalar_type() == at::kLong &&
-                        positions.is_cpu(),
-                    "TargetForward: positions must be int64 CPU [", T, "] (one per input), got ",
-                    positions.toString(), " ", positions.sizes());
-  TORCH_CHECK_VALUE(prefix_len >= 0, "TargetForward: prefix_len must be >= 0, got ", prefix_len);
-  TORCH_CHECK_VALUE(logits_from >= 0 && logits_from <= T, "TargetForward: logits_from must be in [0, ", T,
-                    "], got ", logits_from);
-  const int64_t P = prefix_len;
+  const int64_t T = p.T = p.n_tok + p.n_emb;
+  TORCH_CHECK_VALUE(T >= 1, "TargetForward: ", who, "a forward needs at least one input");
+  TORCH_CHECK_VALUE(b.positions.dim() == 1 && b.positions.size(0) == T &&
+                        b.positions.scalar_type() == at::kLong && b.positions.is_cpu(),
+                    "TargetForward: ", who, "positions must be int64 CPU [", T, "] (one per input), got ",
+                    b.positions.toString(), " ", b.positions.sizes());
+  TORCH_CHECK_VALUE(b.prefix_len >= 0, "TargetForward: ", who, "prefix_len must be >= 0, got ", b.prefix_len);
+  TORCH_CHECK_VALUE(b.logits_from >= 0 && b.logits_from <= T, "TargetForward: ", who,
+                    "logits_from must be in [0, ", T, "], got ", b.logits_from);
+  const int64_t P = b.prefix_len;
   at::Tensor m;
-  if (mask.has_value() && mask->defined()) {
-    TORCH_CHECK_VALUE(mask->dim() == 2 && mask->size(0) == T && mask->size(1) == P + T &&
-                          mask->scalar_type() == at::kFloat && mask->is_cpu(),
-                      "TargetForward: mask must be float32 CPU [T, P + T] = [", T, ", ", P + T, "], got ",
-                      mask->toString(), " ", mask->sizes());
-    m = mask->contiguous();
+  if (b.mask.has_value() && b.mask->defined()) {
+    const at::Tensor& mask = *b.mask;
+    TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == T && mask.size(1) == P + T &&
+                          mask.scalar_type() == at::kFloat && mask.is_cpu(),
+                      "TargetForward: ", who, "mask must be float32 CPU [T, P + T] = [", T, ", ", P + T,
+                      "], got ", mask.toString(), " ", mask.sizes());
+    m = mask.contiguous();
   }
-  check_cache(keys, "keys", P + T);
-  check_cache(values, "values", P + T);
-  at::Tensor tok = tokens.contiguous(), pos = positions.contiguous();
-  const int64_t* tp = tok.const_data_ptr<int64_t>();
-  for (int64_t i = 0; i < n_tok; ++i) {
-    TORCH_CHECK_VALUE(tp[i] >= 0 && tp[i] < vocab, "TargetForward: token ", tp[i], " at input ", i,
+  check_cache(b.keys, "keys", P + T);
+  check_cache(b.values, "values", P + T);
+  p.tok = b.tokens.contiguous();
+  p.pos = b.positions.contiguous();
+  const int64_t* tp = p.tok.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < p.n_tok; ++i) {
+    TORCH_CHECK_VALUE(tp[i] >= 0 && tp[i] < vocab, "TargetForward: ", who, "token ", tp[i], " at input ", i,
                       " is outside the vocabulary [0, ", vocab, ")");
   }
-  const int64_t* pp = pos.const_data_ptr<int64_t>();
+  const int64_t* pp = p.pos.const_data_ptr<int64_t>();
   for (int64_t i = 0; i < T; ++i) {
-    TORCH_CHECK_VALUE(pp[i] >= 0, "TargetForward: position ", pp[i], " at input ", i, " is negative");
+    TORCH_CHECK_VALUE(pp[i] >= 0, "TargetForward: ", who, "position ", pp[i], " at input ", i,
+                      " is negative");
   }
-  at::Tensor emb = n_emb > 0 ? embeds->to(at::kFloat).contiguous() : at::Tensor();
+  // The block's pattern, read once for every layer.
+  p.pattern = BlockPattern::of(m.defined() ? m.const_data_ptr<float>() : nullptr, T, P);
+  return p;
+}
+
+std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::forward_batch(
+    const std::vector<TargetBlock>& blocks) {
+  TORCH_CHECK_VALUE(!blocks.empty(), "TargetForward: forward_batch needs at least one block");
+  std::vector<Prepared> prep;
+  int64_t T = 0;  // every block's inputs, packed one block after another
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::string who = blocks.size() > 1 ? "block " + std::to_string(i) + ": " : "";
+    prep.push_back(prepare(blocks[i], who));
+    prep.back().offset = T;
+    T += prep.back().T;
+  }
 
   std::lock_guard<std::mutex> lock(busy_);
   const int64_t d = head_dim_, half = d / 2, heads = config_.heads, kv = config_.kv_heads;
@@ -347,78 +378,90 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
   up_.resize(T * intermediate_);
   cos_.resize(T * half);
   sin_.resize(T * half);
-  for (int64_t i = 0; i < n_tok; ++i) {
-    if (dtype_ == at::kBFloat16) {
-      const uint16_t* e = bf16_bits(embed_) + tp[i] * hidden_;
-      for (int64_t j = 0; j < hidden_; ++j) x_[i * hidden_ + j] = core::bf16_to_float(e[j]);
-    } else {
-      std::copy_n(embed_.const_data_ptr<float>() + tp[i] * hidden_, hidden_, x_.data() + i * hidden_);
-    }
-  }
-  if (n_emb > 0) std::copy_n(emb.const_data_ptr<float>(), n_emb * hidden_, x_.data() + n_tok * hidden_);
-  // RoPE's angles per input, in float32 as HF computes them (position * inv_freq, then cos and sin).
   const float* inv_freq = inv_freq_.const_data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(pp[t]) * inv_freq[i];
-      cos_[t * half + i] = std::cos(angle) * config_.rope_scaling;
-      sin_[t * half + i] = std::sin(angle) * config_.rope_scaling;
+  for (const Prepared& p : prep) {
+    float* x = x_.data() + p.offset * hidden_;
+    const int64_t* tp = p.tok.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < p.n_tok; ++i) {
+      if (dtype_ == at::kBFloat16) {
+        const uint16_t* e = bf16_bits(embed_) + tp[i] * hidden_;
+        for (int64_t j = 0; j < hidden_; ++j) x[i * hidden_ + j] = core::bf16_to_float(e[j]);
+      } else {
+        std::copy_n(embed_.const_data_ptr<float>() + tp[i] * hidden_, hidden_, x + i * hidden_);
+      }
+    }
+    if (p.n_emb > 0) std::copy_n(p.emb.const_data_ptr<float>(), p.n_emb * hidden_, x + p.n_tok * hidden_);
+    // RoPE's angles per input, in float32 as HF computes them (position * inv_freq, then cos and sin).
+    const int64_t* pp = p.pos.const_data_ptr<int64_t>();
+    for (int64_t t = 0; t < p.T; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(pp[t]) * inv_freq[i];
+        cos_[(p.offset + t) * half + i] = std::cos(angle) * config_.rope_scaling;
+        sin_[(p.offset + t) * half + i] = std::sin(angle) * config_.rope_scaling;
+      }
     }
   }
-  // The block's pattern, read once for every layer.
-  const BlockPattern block = BlockPattern::of(m.defined() ? m.const_data_ptr<float>() : nullptr, T, P);
   // Row loops of a prefill are long enough to share between threads; a verification block's are not.
   const int64_t grain = std::max<int64_t>(1, 64 / std::max<int64_t>(1, hidden_ / 256));
-  auto rows_norm = [&](const float* w, int64_t from) {
-    at::parallel_for(from, T, grain, [&](int64_t b, int64_t e) {
+  auto rows_norm = [&](const float* w, int64_t from, int64_t to) {
+    at::parallel_for(from, to, grain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t)
         core::rms_norm(x_.data() + t * hidden_, w, config_.eps, hidden_, h_.data() + t * hidden_);
     });
   };
+  const bool bf16 = dtype_ == at::kBFloat16;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const TargetLayer& L = layers_[l];
-    rows_norm(L.input_norm.const_data_ptr<float>(), 0);
+    // Every linear layer once over the rows of every block: its weights read once for all of them.
+    rows_norm(L.input_norm.const_data_ptr<float>(), 0, T);
     linear(L.q, h_.data(), T, q_.data());
     linear(L.k, h_.data(), T, k_.data());
     linear(L.v, h_.data(), T, v_.data());
-    // This block's keys and values into the cache (rounded to bfloat16 for a bfloat16 model's, as HF's
-    // cache holds them).
-    const bool bf16 = dtype_ == at::kBFloat16;
-    char* Kc = static_cast<char*>(keys[l].mutable_data_ptr());
-    char* Vc = static_cast<char*>(values[l].mutable_data_ptr());
-    const int64_t size = keys[l].element_size();
-    auto store = [&](const float* src, char* dst) {
-      if (bf16) {
-        uint16_t* out = reinterpret_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < d; ++i) out[i] = core::float_to_bf16(src[i]);
-      } else {
-        std::copy_n(src, d, reinterpret_cast<float*>(dst));
-      }
-    };
-    const int64_t ks1 = keys[l].stride(1), ks2 = keys[l].stride(2);
-    const int64_t vs1 = values[l].stride(1), vs2 = values[l].stride(2);
-    at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        float* qt = q_.data() + t * q_out_;
-        float* kt = k_.data() + t * kv_out_;
-        if (L.q_norm.defined()) {  // Qwen3: RMSNorm over each head before RoPE
-          for (int64_t h = 0; h < heads; ++h)
-            core::rms_norm(qt + h * d, L.q_norm.const_data_ptr<float>(), config_.eps, d, qt + h * d);
-          for (int64_t h = 0; h < kv; ++h)
-            core::rms_norm(kt + h * d, L.k_norm.const_data_ptr<float>(), config_.eps, d, kt + h * d);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Prepared& p = prep[i];
+      const at::Tensor& keys = blocks[i].keys[l];
+      const at::Tensor& values = blocks[i].values[l];
+      // This block's keys and values into its cache (rounded to bfloat16 for a bfloat16 model's, as HF's
+      // cache holds them).
+      char* Kc = static_cast<char*>(keys.mutable_data_ptr());
+      char* Vc = static_cast<char*>(values.mutable_data_ptr());
+      const int64_t size = keys.element_size(), P = blocks[i].prefix_len;
+      auto store = [&](const float* src, char* dst) {
+        if (bf16) {
+          uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+          for (int64_t j = 0; j < d; ++j) out[j] = core::float_to_bf16(src[j]);
+        } else {
+          std::copy_n(src, d, reinterpret_cast<float*>(dst));
         }
-        core::rotate_half(qt, heads, d, cos_.data() + t * half, sin_.data() + t * half);
-        core::rotate_half(kt, kv, d, cos_.data() + t * half, sin_.data() + t * half);
-        for (int64_t h = 0; h < kv; ++h) {
-          store(kt + h * d, Kc + (h * ks1 + (P + t) * ks2) * size);
-          store(v_.data() + t * kv_out_ + h * d, Vc + (h * vs1 + (P + t) * vs2) * size);
+      };
+      const int64_t ks1 = keys.stride(1), ks2 = keys.stride(2);
+      const int64_t vs1 = values.stride(1), vs2 = values.stride(2);
+      at::parallel_for(0, p.T, grain, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t r = p.offset + t;  // the packed row
+          float* qt = q_.data() + r * q_out_;
+          float* kt = k_.data() + r * kv_out_;
+          if (L.q_norm.defined()) {  // Qwen3: RMSNorm over each head before RoPE
+            for (int64_t h = 0; h < heads; ++h)
+              core::rms_norm(qt + h * d, L.q_norm.const_data_ptr<float>(), config_.eps, d, qt + h * d);
+            for (int64_t h = 0; h < kv; ++h)
+              core::rms_norm(kt + h * d, L.k_norm.const_data_ptr<float>(), config_.eps, d, kt + h * d);
+          }
+          core::rotate_half(qt, heads, d, cos_.data() + r * half, sin_.data() + r * half);
+          core::rotate_half(kt, kv, d, cos_.data() + r * half, sin_.data() + r * half);
+          for (int64_t h = 0; h < kv; ++h) {
+            store(kt + h * d, Kc + (h * ks1 + (P + t) * ks2) * size);
+            store(v_.data() + r * kv_out_ + h * d, Vc + (h * vs1 + (P + t) * vs2) * size);
+          }
         }
-      }
-    });
-    attention(q_.data(), keys[l], values[l], T, P, block, att_.data());
+      });
+      // Each block attends over its own cache.
+      attention(q_.data() + p.offset * q_out_, keys, values, p.T, P, p.pattern,
+                att_.data() + p.offset * q_out_);
+    }
     linear(L.o, att_.data(), T, out_.data());
     for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
-    rows_norm(L.post_norm.const_data_ptr<float>(), 0);
+    rows_norm(L.post_norm.const_data_ptr<float>(), 0, T);
     linear(L.gate, h_.data(), T, gate_.data());
     linear(L.up, h_.data(), T, up_.data());
     at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
@@ -428,20 +471,52 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> TargetForward::forward(
     linear(L.down, gate_.data(), T, out_.data());
     for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
   }
-  const int64_t first = want_hidden ? 0 : logits_from;
-  rows_norm(final_norm_.const_data_ptr<float>(), first);
-  at::Tensor logits = at::empty({T, vocab_size()}, at::kFloat);  // [T, vocab]
-  if (logits_from > 0) logits.narrow(0, 0, logits_from).zero_();
-  if (logits_from < T) {
-    linear(head_, h_.data() + logits_from * hidden_, T - logits_from,
-           logits.mutable_data_ptr<float>() + logits_from * vocab_size());
+  // The final norm over the rows anyone reads; the head once over the rows whose logits anyone reads,
+  // gathered from every block.
+  std::vector<float> wanted;  // [rows, hidden]: the head's input rows, block after block
+  int64_t head_rows = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Prepared& p = prep[i];
+    const int64_t from = blocks[i].want_hidden ? 0 : blocks[i].logits_from;
+    rows_norm(final_norm_.const_data_ptr<float>(), p.offset + from, p.offset + p.T);
+    head_rows += p.T - blocks[i].logits_from;
   }
-  std::optional<at::Tensor> hidden;
-  if (want_hidden) {
-    hidden = at::empty({T, hidden_}, at::kFloat);  // [T, hidden]
-    std::copy_n(h_.data(), T * hidden_, hidden->mutable_data_ptr<float>());
+  const float* head_in = h_.data() + prep[0].offset * hidden_ + blocks[0].logits_from * hidden_;
+  if (blocks.size() > 1) {
+    wanted.resize(head_rows * hidden_);
+    int64_t at_row = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const int64_t n = prep[i].T - blocks[i].logits_from;
+      std::copy_n(h_.data() + (prep[i].offset + blocks[i].logits_from) * hidden_, n * hidden_,
+                  wanted.data() + at_row * hidden_);
+      at_row += n;
+    }
+    head_in = wanted.data();
   }
-  return {logits, hidden};
+  at::Tensor all = at::empty({head_rows, vocab_size()}, at::kFloat);  // [head rows, vocab]
+  if (head_rows > 0) linear(head_, head_in, head_rows, all.mutable_data_ptr<float>());
+  std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> outs;
+  int64_t at_row = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Prepared& p = prep[i];
+    const int64_t from = blocks[i].logits_from, n = p.T - from;
+    at::Tensor logits;  // [T, vocab]
+    if (blocks.size() == 1 && from == 0) {
+      logits = all;
+    } else {
+      logits = at::empty({p.T, vocab_size()}, at::kFloat);
+      if (from > 0) logits.narrow(0, 0, from).zero_();
+      if (n > 0) logits.narrow(0, from, n).copy_(all.narrow(0, at_row, n));
+    }
+    at_row += n;
+    std::optional<at::Tensor> hidden;
+    if (blocks[i].want_hidden) {
+      hidden = at::empty({p.T, hidden_}, at::kFloat);  // [T, hidden]
+      std::copy_n(h_.data() + p.offset * hidden_, p.T * hidden_, hidden->mutable_data_ptr<float>());
+    }
+    outs.emplace_back(std::move(logits), std::move(hidden));
+  }
+  return outs;
 }
 
 }  // namespace mtprobe

@@ -32,6 +32,7 @@
 
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -77,6 +78,18 @@ struct BlockPattern {
   static BlockPattern of(const float* mask, int64_t T, int64_t prefix);
 };
 
+// One sequence's block of a batched forward (TargetForward::forward_batch): forward()'s arguments.
+struct TargetBlock {
+  at::Tensor tokens;
+  std::optional<at::Tensor> embeds;
+  at::Tensor positions;
+  std::optional<at::Tensor> mask;
+  int64_t prefix_len = 0;
+  std::vector<at::Tensor> keys, values;  // this sequence's own cache, one buffer per layer
+  bool want_hidden = false;
+  int64_t logits_from = 0;
+};
+
 class TargetForward {
  public:
   // embed [vocab, hidden]; inv_freq [head_dim / 2] (HF's rotary_emb.inv_freq); head: the output layer.
@@ -95,6 +108,12 @@ class TargetForward {
       const std::optional<at::Tensor>& mask, int64_t prefix_len, const std::vector<at::Tensor>& keys,
       const std::vector<at::Tensor>& values, bool want_hidden, int64_t logits_from);
 
+  // The blocks of several sequences in one forward, each over its own cache and positions: their rows
+  // packed one block after another through every linear layer (its weights read once for all of them),
+  // each block attending over its own cache. What forward() returns, per block; a bad block is named.
+  std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> forward_batch(
+      const std::vector<TargetBlock>& blocks);
+
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t vocab_size() const { return head_.out_features(); }
   int64_t kv_heads() const {
@@ -104,6 +123,13 @@ class TargetForward {
   at::ScalarType dtype() const { return dtype_; }
 
  private:
+  // A block's checked inputs: its sizes, contiguous tokens and positions, float32 embeds, mask pattern.
+  struct Prepared {
+    int64_t T = 0, n_tok = 0, n_emb = 0, offset = 0;  // offset: its first row among the packed rows
+    at::Tensor tok, pos, emb;
+    BlockPattern pattern;
+  };
+  Prepared prepare(const TargetBlock& block, const std::string& who) const;
   void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const;
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t needed) const;
   // Attention of the block's queries q [T, heads * head_dim] over layer l's cache into att (same shape).

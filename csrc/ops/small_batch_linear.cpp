@@ -27,10 +27,11 @@ at::Tensor small_batch_linear_at_level(const at::Tensor& x, const at::Tensor& we
                     ": x must be [..., in_features] with in_features = ", in,
                     " (the weight's second dimension), got shape ", x.sizes());
   const bool bf16 = weight.scalar_type() == at::kBFloat16;
-  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat && (weight.scalar_type() == at::kFloat || bf16), op,
-                    ": x must be float32 and weight float32 or bfloat16 (other dtypes keep torch's own linear), "
-                    "got ",
-                    x.scalar_type(), " and ", weight.scalar_type());
+  TORCH_CHECK_VALUE(
+      x.scalar_type() == at::kFloat && (weight.scalar_type() == at::kFloat || bf16), op,
+      ": x must be float32 and weight float32 or bfloat16 (other dtypes keep torch's own linear), "
+      "got ",
+      x.scalar_type(), " and ", weight.scalar_type());
   TORCH_CHECK_VALUE(x.is_cpu() && weight.is_cpu(), op, ": x and weight must be CPU tensors, got ", x.device(),
                     " and ", weight.device());
   // Copying a weight would cost more than the pass it saves: the caller keeps weights contiguous.

@@ -6,7 +6,9 @@ the decoding itself is the C++ loop (csrc/decode/decode_loop.cpp). Read it top t
 :func:`generate` checks its arguments and calls ``model.generate``, which calls
 :func:`custom_generate`; that prepares the call once (:class:`Call`), builds what every sequence
 shares (:class:`Shared`), and decodes each sequence (:func:`decode_sequence`): the target adapter
-first, then the drafter that is handed it, then the loop.
+first, then the drafter that is handed it, then the loop. Several sequences (a batch of prompts,
+``num_return_sequences``) run their loops together where one forward can serve them all
+(:func:`decode_batch`, :mod:`mtprobe.decode.batch`), else one after another.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 
 from mtprobe import _C, registry
 from mtprobe.decode import checks
+from mtprobe.decode.batch import batched_forward, why_not_batched
 from mtprobe.decode.hf_arguments import check_call_arguments, check_refused
 from mtprobe.decode.hf_call import (
     Prompt,
@@ -40,6 +43,8 @@ from mtprobe.drafters import (
     make_drafter,
     mask_adaptation,
     max_prompt_logit_rows,
+    ngram_memories,
+    runs_draft_model,
 )
 from mtprobe.drafters.from_hf import resolve_config
 from mtprobe.registry import DecodingConfig
@@ -174,13 +179,27 @@ def custom_generate(
         model_kwargs=model_kwargs,
     )
     shared = Shared.build(model, call, logits_processor)
-    outputs, of_prompt = [], []
-    for prompt in call.prompts:
-        # The sequences of one prompt share its prefill: the first runs it, the others take copies.
-        prefill = SharedPrefill() if call.num_sequences > 1 else None
-        for _ in range(call.num_sequences):
-            outputs.append(decode_sequence(model, call, shared, prompt, prefill))
-            of_prompt.append(prompt)
+    of_prompt = [prompt for prompt in call.prompts for _ in range(call.num_sequences)]
+    why = why_not_batched(
+        len(of_prompt),
+        shared.native,
+        do_sample=call.do_sample,
+        masks=shared.masks,
+        hidden_layer=shared.hidden_layer,
+        shares_memory=bool(ngram_memories(model, call.config)),
+        draft_model=runs_draft_model(call.config),
+    )
+    if not why:  # every sequence at once: one target forward per step for all of them
+        outputs = decode_batch(model, call, shared, of_prompt)
+    else:
+        if len(of_prompt) > 1:
+            logger.info("mtprobe: %d sequences decoded one after another: %s", len(of_prompt), why)
+        outputs = []
+        for prompt in call.prompts:
+            # The sequences of one prompt share its prefill: the first runs it, the others take copies.
+            prefill = SharedPrefill() if call.num_sequences > 1 else None
+            for _ in range(call.num_sequences):
+                outputs.append(decode_sequence(model, call, shared, prompt, prefill))
     if len(outputs) == 1:
         output = outputs[0]
         output.sequences = call.prompts[0].padded(output.sequences)  # [1, L + new], the padding as given
@@ -373,6 +392,47 @@ def decode_sequence(
 ) -> GenerateOutput:
     """One sequence of ``prompt``: its own target adapter, drafter, KV cache and loop (the prefill shared
     with the prompt's other sequences through ``prefill``)."""
+    seq = start_sequence(model, call, shared, prompt, prefill)
+    loop = sequence_loop(model, call, seq)
+    plan = shared.forward_plan
+    with plan.in_use() if plan is not None else contextlib.nullcontext():
+        result = loop.run(prompt.ids[0])
+    return finish_sequence(model, call, shared, seq, result)
+
+
+def decode_batch(
+    model: PreTrainedModel, call: Call, shared: Shared, prompts: list[Prompt]
+) -> list[GenerateOutput]:
+    """The sequences of ``prompts`` decoded together (:mod:`mtprobe.decode.batch`): each its own adapter,
+    drafter and loop, one C++ forward per step for all of them."""
+    seqs = [start_sequence(model, call, shared, prompt, None) for prompt in prompts]
+    capacities = [call.capacities(p.ids.shape[1])[1] for p in prompts]
+    batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities)
+    loops = [sequence_loop(model, call, s, batched, row) for row, s in enumerate(seqs)]
+    results = batched.run(loops, [p.ids[0] for p in prompts])
+    outputs = [finish_sequence(model, call, shared, s, r) for s, r in zip(seqs, results, strict=True)]
+    for out in outputs:
+        out.batch = len(seqs)
+    return outputs
+
+
+@dataclass(frozen=True)
+class SequenceParts:
+    """One sequence of a call before its loop runs: its prompt, target adapter, drafter and the loop's
+    callbacks (HF's processors, criteria and streamer, as the row sees them)."""
+
+    prompt: Prompt
+    adapter: HFAdapter
+    drafter: Any
+    process: Any
+    stop: Any
+    stream: Any
+
+
+def start_sequence(
+    model: PreTrainedModel, call: Call, shared: Shared, prompt: Prompt, prefill: SharedPrefill | None
+) -> SequenceParts:
+    """The target adapter of one sequence of ``prompt``, then the drafter handed it."""
     config, device, processors = call.config, call.device, shared.logits_processor
     prompt_len = prompt.ids.shape[1]
     rows = shared.prompt_logit_rows
@@ -415,9 +475,19 @@ def decode_sequence(
     drafter = make_drafter(
         model, config, target=adapter, capacity=first, do_sample=call.do_sample, process=process
     )
-    loop = _C.DecodeLoop(
-        drafter,
-        adapter.forward,
+    return SequenceParts(prompt, adapter, drafter, process, stop, stream)
+
+
+def sequence_loop(
+    model: PreTrainedModel, call: Call, seq: SequenceParts, batched: Any = None, row: int = -1
+) -> Any:
+    """The decode loop of ``seq``: its target forward the adapter's, or row ``row`` of ``batched`` (a
+    :class:`mtprobe._C.BatchedForward`: one forward for every row of a batch)."""
+    config, adapter = call.config, seq.adapter
+    first, _ = call.capacities(seq.prompt.ids.shape[1])
+    return _C.DecodeLoop(
+        seq.drafter,
+        adapter.forward if batched is None else None,
         adapter.kv_buffers,
         max_new_tokens=call.max_new_tokens,
         eos_token_ids=call.eos_ids,
@@ -425,12 +495,12 @@ def decode_sequence(
         block_complexity=config.block_complexity,
         kv_capacity=first,
         mask_dtype=_DTYPE_NAMES.get(model.dtype, "float32"),
-        device=str(device),
+        device=str(call.device),
         incremental_masks=getattr(config, "incremental_masks", True),
         do_sample=call.do_sample,
-        process=process,
-        stop=stop,
-        stream=stream,
+        process=seq.process,
+        stop=seq.stop,
+        stream=seq.stream,
         # A model running mtprobe's own tree attention takes the tree as ancestor bits.
         ancestor_bits=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
         vocab_size=model.get_input_embeddings().weight.shape[0],
@@ -440,10 +510,18 @@ def decode_sequence(
         # distributions that differ by rounding alone).
         exact_forward=adapter.exact_forward if adapter.decides_near_ties else None,
         margin_bound=MARGIN_BOUND if adapter.decides_near_ties and not call.do_sample else 0.0,
+        batched=batched,
+        row=row,
     )
+
+
+def finish_sequence(
+    model: PreTrainedModel, call: Call, shared: Shared, seq: SequenceParts, result: Any
+) -> GenerateOutput:
+    """What one sequence's loop returned (``result``, a :class:`mtprobe._C.DecodeResult`) as a GenerateOutput."""
+    config, device, adapter, drafter = call.config, call.device, seq.adapter, seq.drafter
+    prompt_len = seq.prompt.ids.shape[1]
     plan = shared.forward_plan
-    with plan.in_use() if plan is not None else contextlib.nullcontext():
-        result = loop.run(prompt.ids[0])
     if call.streamer is not None:
         call.streamer.end()
     if result.fallback_steps:

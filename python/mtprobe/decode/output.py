@@ -67,6 +67,9 @@ class GenerateOutput(ModelOutput):
             :data:`~mtprobe.target_model.native_forward.MARGIN_BOUND`, a near-tie whose order the two
             forwards' rounding could decide differently: one more forward each, not in ``forward_calls``
             (which stays the prefill and one forward per step); its time is in ``timings``.
+        batch: how many sequences' steps ran through one target forward together (a batch of prompts or
+            ``num_return_sequences`` decoded at once, :mod:`mtprobe.decode.batch`); 1: decoded alone. A
+            batched sequence's ``timings`` include its waits for the batch's other rows.
         host_reads: device->host reads the decode loop made (prefill included; counted on the CPU
             too, where they are plain copies): one per forward for greedy decoding and sample
             matching with the built-in drafters, which hand their drafts over on the host. The
@@ -122,6 +125,7 @@ class GenerateOutput(ModelOutput):
     linear_routes: str = ""
     target_forward: str = ""
     exact_steps: int = 0
+    batch: int = 1
     plan: dict[str, Any] | None = None
     host_reads: int = 0
     scores: tuple[torch.Tensor, ...] | None = None
@@ -206,6 +210,7 @@ class GenerateOutput(ModelOutput):
             "linear_routes": self.linear_routes,
             "target_forward": self.target_forward,
             "exact_steps": self.exact_steps,
+            "batch": self.batch,
         }
 
 
@@ -269,6 +274,7 @@ def stack_outputs(outputs: list[GenerateOutput], prompts: list[Prompt], pad_id: 
         linear_routes=first.linear_routes,
         target_forward=first.target_forward,
         exact_steps=sum(o.exact_steps for o in outputs),
+        batch=max(o.batch for o in outputs),
         plan=first.plan,
         host_reads=sum(o.host_reads for o in outputs),
         scores=stacked_rows([o.scores for o in outputs]),

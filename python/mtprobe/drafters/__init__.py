@@ -47,6 +47,7 @@ from mtprobe.drafters.base import (  # isort: skip
     mask_adaptation,
     max_prompt_logit_rows,
     ngram_memories,
+    runs_draft_model,
 )
 
 __all__ = [
@@ -82,5 +83,6 @@ __all__ = [
     "ngram_memory",
     "plain_drafter",
     "prompt_lookup_drafter",
+    "runs_draft_model",
     "stand_drafter",
 ]

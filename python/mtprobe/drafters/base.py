@@ -288,6 +288,12 @@ def leaves(config: object) -> tuple[Any, ...]:
     return tuple(children(config)) if children is not None else (config,)
 
 
+def runs_draft_model(config: object) -> bool:
+    """Whether one of the drafters ``config`` runs (a scheduler's children included) drafts with a draft model
+    handed the target (``takes_target``: the quantized self-draft, a draft model), in forwards of its own."""
+    return any(registry.method_of(c).takes_target for c in leaves(config))
+
+
 def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:
     """The ``hidden_states`` index the drafter of ``config`` reads (-1, the last, unless a circuit head
     has LoRA draft layers: then the input of the first of them); ValueError if two drafters of a

@@ -39,7 +39,7 @@ from mtprobe.target_model.mask_hooks import (
     prepared_mask_lora,
     scale_mask_logits,
 )
-from mtprobe.target_model.native_forward import forward_block
+from mtprobe.target_model.native_forward import allocate, forward_block
 from mtprobe.target_model.plan import ForwardPlan, chain_mask
 from mtprobe.target_model.sliding import sliding_mask, sliding_window
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
@@ -294,8 +294,9 @@ class HFAdapter:
         self.shared_prefill = shared_prefill if plan is None else None
         self.prefill_shared = False  # whether this sequence's prefill was taken from shared_prefill
         # Whether the prompt's entries are in the cache: set by the prefill, read between forwards (a draft
-        # that takes the target's entries, drafters.draft_model_drafter).
-        self.prefilled = False
+        # that takes the target's entries, drafters.draft_model_drafter). A tensor, so that a batched forward
+        # (mtprobe._C.BatchedForward), which runs the prefill without this adapter, sets it too.
+        self.prefilled_flag = torch.zeros((), dtype=torch.bool)
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
@@ -434,6 +435,24 @@ class HFAdapter:
         if shared is not None:
             shared.keep(self, (tokens, embeds, position_ids, mask), want_hidden, logits, hidden)
         return logits, hidden
+
+    @property
+    def prefilled(self) -> bool:
+        return bool(self.prefilled_flag)
+
+    @prefilled.setter
+    def prefilled(self, value: bool) -> None:
+        self.prefilled_flag.fill_(value)
+
+    def allocate_native_cache(self, capacity: int) -> None:
+        """The cache allocated at ``capacity`` entries now, in the C++ forward's layout, so that its buffers
+        stay where they are while a batched forward writes them (no growth mid-run)."""
+        if self.native is None or self.plan is not None:
+            raise RuntimeError(
+                "allocate_native_cache: this adapter runs HF's forward (no C++ forward, or a plan)"
+            )
+        self.reserve(capacity)
+        allocate(self.native, self.cache.layers)
 
     @property
     def runs_native(self) -> bool:

@@ -92,6 +92,13 @@ On a 2-core AMD EPYC Zen 5 the kernel beat torch's GEMM at every size up to 64 (
 33.7 against 81.1 ms at 24 inputs, 60.2 against 104.0 at 48; benchmarks/results/native_forward/kernels.md)."""
 
 
+SMALL_ROWS_BF16 = 16
+"""The same for a bfloat16 model, whose larger blocks take bfloat16 GEMM (its rows rounded to bfloat16, as HF's
+bfloat16 forward rounds them): the small-batch kernel widens each weight before its float32 multiply-adds, which
+costs more than bfloat16's dot-product instructions once a block is compute-bound
+(benchmarks/results/native_forward/curve-bf16.md)."""
+
+
 def setting() -> str:
     """``MTPROBE_NATIVE_FORWARD`` as ``"off"``, ``"forced"`` or ``"auto"``; ValueError for another value."""
     raw = os.environ.get(ENV, "").strip().lower()
@@ -222,7 +229,8 @@ def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return out
 
     args, kwargs = decoder_layout(model, linear)
-    return args, kwargs | {"small_rows": SMALL_ROWS if _C.small_batch_linear_simd() else 0}
+    small = SMALL_ROWS_BF16 if model.dtype == torch.bfloat16 else SMALL_ROWS
+    return args, kwargs | {"small_rows": small if _C.small_batch_linear_simd() else 0}
 
 
 def decoder_layout(
@@ -266,6 +274,15 @@ def decoder_layout(
     return args, kwargs
 
 
+def allocate(native: _C.TargetForward, layers: list[Any]) -> None:
+    """The cache's layers (TreeKVLayer) allocated at their capacity, as HF's first update allocates them,
+    unless they are already."""
+    if not layers[0].is_initialized:
+        empty = torch.empty(1, native.kv_heads, 0, native.head_dim, dtype=getattr(torch, native.dtype))
+        for layer in layers:
+            layer.lazy_initialization(empty, empty)
+
+
 def forward_block(
     native: _C.TargetForward,
     layers: list[Any],  # the cache's layers (TreeKVLayer): buffers [1, kv_heads, capacity, head_dim]
@@ -281,10 +298,7 @@ def forward_block(
     by the caller; allocated here at a prefill): ``(logits [T, vocab], hidden [T, hidden] or None)``, rows
     before ``logits_from`` zeros, the layers' lengths advanced as HF's update advances them."""
     dtype = getattr(torch, native.dtype)
-    if not layers[0].is_initialized:
-        empty = torch.empty(1, native.kv_heads, 0, native.head_dim, dtype=dtype)  # as HF's first update
-        for layer in layers:
-            layer.lazy_initialization(empty, empty)
+    allocate(native, layers)
     keys = [layer.keys for layer in layers]
     values = [layer.values for layer in layers]
     block_mask = mask[0, 0].float() if mask is not None else None  # [T, P + T]; 0 and finfo.min stay apart

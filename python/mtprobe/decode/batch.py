@@ -1,0 +1,81 @@
+"""Several sequences decoded at once: one target forward per step for all of them (issue 68).
+
+A decode step on a CPU streams every weight of the target from memory; a batch of prompts (or
+``num_return_sequences``) decoded one after another streams them once per sequence. Here every sequence
+keeps its own decode loop, drafter and KV cache, as when decoded alone, and the loops meet at their target
+forwards: :class:`mtprobe._C.BatchedForward` (``csrc/decode/batched_forward.h``) runs one loop per thread,
+and when every loop still running has handed in its block, one C++ forward runs all of them, their rows
+packed through every linear layer and each block attending over its own cache. A finished sequence leaves
+the batch; a step whose near-tie HF's forward decides runs apart and joins the next forward late.
+
+Each sequence's tokens are what decoding it alone gives: greedy, HF greedy's on its prompt alone (the
+same C++ forward, the same margin check). Where it does not apply (:func:`why_not_batched`), the
+sequences are decoded one after another as before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from mtprobe import _C
+
+__all__ = ["ENV", "batched_forward", "why_not_batched"]
+
+ENV = "MTPROBE_BATCH"
+"""``0``: decode a batch's sequences one after another even where one forward could run them together."""
+
+
+def why_not_batched(
+    count: int,
+    native: Any,
+    *,
+    do_sample: bool,
+    masks: Any,
+    hidden_layer: int,
+    shares_memory: bool = False,
+    draft_model: bool = False,
+) -> str:
+    """Why ``count`` sequences of a call are decoded one after another rather than together, or ``""``.
+    ``native``: the target's C++ forward (None where HF's runs); ``masks``, ``hidden_layer``: what the
+    call's drafter asks of the target's forward (calibrated masks' hooks and temperatures, another layer's
+    hidden states), which only HF's forward, run by each sequence's adapter, computes; ``shares_memory``:
+    its drafters read and fold a cross-request n-gram memory, which one thread at a time may touch;
+    ``draft_model``: one of its drafters runs a draft model (the quantized self-draft: AutoConfig's default
+    candidates include it)."""
+    if count < 2:
+        return "one sequence"
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return f"{ENV}=0"
+    if native is None:
+        return "the target's forwards run through HF's modules (batching takes the C++ forward)"
+    if do_sample:
+        # Threads would interleave the rows' draws from torch's generator: a seeded call would not repeat.
+        return "sampling (a batch is decoded together under greedy decoding only, so that seeded sampling repeats)"
+    if masks.offsets is not None or masks.lora is not None or masks.temperature is not None:
+        return "calibrated masks with layer offsets, a LoRA or temperatures (hooks in HF's forward)"
+    if hidden_layer != -1:
+        return "the drafter reads another layer's hidden states than the last"
+    if shares_memory:
+        return "the drafter shares a cross-request n-gram memory (its rows would fold into it at once)"
+    if draft_model:
+        # Its draft steps run row by row while the other rows wait, and AutoConfig prices a step as one row's:
+        # measured slower together than one after another (benchmarks/results/batch/bench_batch-off-grid.md).
+        return "a draft model drafts (its one-token forwards run row by row: slower together than apart, for now)"
+    return ""
+
+
+def batched_forward(native: Any, adapters: Sequence[Any], capacities: Sequence[int]) -> Any:
+    """The batched forward over ``adapters`` (each sequence's :class:`~mtprobe.target_model.adapter.HFAdapter`),
+    each one's cache allocated now at its ``capacities`` entries (the most its sequence can need), so that no
+    buffer moves while the loops run."""
+    for adapter, capacity in zip(adapters, capacities, strict=True):
+        adapter.allocate_native_cache(capacity)
+    return _C.BatchedForward(
+        native,
+        keys=[[layer.keys for layer in a.cache.layers] for a in adapters],
+        values=[[layer.values for layer in a.cache.layers] for a in adapters],
+        prefill_logits_from=[a.prefill_logits_from for a in adapters],
+        prefilled=[a.prefilled_flag for a in adapters],
+    )

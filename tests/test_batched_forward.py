@@ -1,0 +1,246 @@
+"""Several sequences through one C++ target forward per step (issue 68: mtprobe._C.BatchedForward,
+TargetForward.forward_batch, mtprobe.decode.batch): the batched forward against each block's own forward,
+a batch's answers against greedy on each prompt alone (tests/test_batch.py checks every method and route),
+where a batch is decoded one sequence after another instead, near-ties decided by HF's forward inside a
+batch, a row that fails without holding the others, and bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+import mtprobe
+from conftest import tiny_llama
+from mtprobe import _C
+from mtprobe.decode import batch as batch_module
+from mtprobe.target_model import native_forward as nf
+from test_native_forward import _build, _near_ties, _tree_mask
+
+PAD = 0
+ROWS = [[3, 7, 11, 5, 3, 7], [9, 4, 2], [5, 5, 5, 5, 5, 5, 5, 1], [8, 1]]
+WIDTH = max(len(r) for r in ROWS)
+IDS = torch.tensor([[PAD] * (WIDTH - len(r)) + r for r in ROWS])  # [4, WIDTH], left-padded
+MASK = torch.tensor([[0] * (WIDTH - len(r)) + [1] * len(r) for r in ROWS])
+
+
+def _cache(model, capacity: int):
+    cfg = model.config
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    shape = (1, cfg.num_key_value_heads, capacity, d)
+    keys = [torch.zeros(shape, dtype=model.dtype) for _ in range(cfg.num_hidden_layers)]
+    return keys, [torch.zeros(shape, dtype=model.dtype) for _ in range(cfg.num_hidden_layers)]
+
+
+def _blocks(model, seed: int):
+    """Four sequences' blocks over caches of their own: a prefill of 9 (logits of its last row only), a
+    chain of 5 after 3, a tree of 7 after 40 and one token with two mask inputs after 12."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    specs = [(0, [-1] * 1 + list(range(8)), False, 0), (3, [-1, 0, 1, 2, 3], False, 0)]
+    specs += [(40, [-1, 0, 0, 1, 1, 2, 5], True, 0), (12, [-1, 0, 1], False, 2)]
+    out = []
+    for prefix, parents, tree, n_emb in specs:
+        keys, values = _cache(model, 64)
+        # The prefix's entries: random, as a previous forward would have left them.
+        for t in (*keys, *values):
+            t[:, :, :prefix] = torch.randn(t[:, :, :prefix].shape, generator=g).to(t.dtype)
+        T = len(parents)
+        depth = [0] * T
+        for i, p in enumerate(parents):
+            depth[i] = 0 if p < 0 else depth[p] + 1
+        out.append(
+            dict(
+                tokens=torch.randint(0, vocab, (T - n_emb,), generator=g),
+                embeds=torch.randn(n_emb, hidden, generator=g) if n_emb else None,
+                positions=prefix + torch.tensor(depth),
+                mask=_tree_mask(parents, prefix)[0, 0] if tree else None,
+                prefix_len=prefix,
+                keys=keys,
+                values=values,
+                want_hidden=True,
+                logits_from=T - 1 if prefix == 0 else 0,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-mha-biases", "qwen2", "qwen3", "llama bfloat16"])
+def test_forward_batch_is_each_blocks_own_forward(name):
+    """The blocks of four sequences in one forward: each one's logits, hidden states and cache rows are what
+    its own forward gives (up to the rounding of a linear layer over more rows)."""
+    model = _build(name.split()[0])
+    if name.endswith("bfloat16"):
+        model = model.to(torch.bfloat16)
+    native = nf.native_forward(model)
+    together = _blocks(model, 0)
+    if name.endswith("bfloat16"):
+        # Two blocks, 14 rows: past SMALL_ROWS_BF16 (16) the rows would take bfloat16 GEMM together and the
+        # small-batch kernel alone, which round differently.
+        together = together[:2]
+    alone = copy.deepcopy(together)
+    outs = native.forward_batch([_C.TargetBlock(**b) for b in together])
+    tol = dict(atol=2e-2, rtol=2e-2) if name.endswith("bfloat16") else dict(atol=1e-4, rtol=1e-4)
+    for b, mine, (logits, hidden) in zip(alone, together, outs, strict=True):
+        want, want_h = native.forward(**b)
+        torch.testing.assert_close(logits, want, **tol)
+        torch.testing.assert_close(hidden, want_h, **tol)
+        end = b["prefix_len"] + b["positions"].shape[0]
+        for a, c in zip(mine["keys"] + mine["values"], b["keys"] + b["values"], strict=True):
+            torch.testing.assert_close(a[:, :, :end].float(), c[:, :, :end].float(), **tol)
+        assert not logits[: b["logits_from"]].any()  # rows nobody reads: zeros
+
+
+def test_a_batch_is_decoded_together_and_each_row_is_greedy():
+    model = tiny_llama()
+    alone = [
+        model.generate(torch.tensor([r]), do_sample=False, max_new_tokens=10, eos_token_id=None) for r in ROWS
+    ]
+    no_draft = mtprobe.AutoConfig(
+        drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig(block_complexity=6))
+    )
+    configs = (
+        mtprobe.PlainConfig(),
+        mtprobe.PromptLookupConfig(num_tokens=3),
+        no_draft,
+        mtprobe.AutoConfig(),
+    )
+    for config in configs:
+        out = mtprobe.generate(
+            model,
+            IDS,
+            config,
+            attention_mask=MASK,
+            do_sample=False,
+            max_new_tokens=10,
+            eos_token_id=None,
+            pad_token_id=PAD,
+        )
+        # AutoConfig's default candidates include the quantized self-draft, whose draft steps run row by row:
+        # its rows are decoded one after another (mtprobe.decode.batch.why_not_batched).
+        together = 1 if config is configs[-1] else len(ROWS)
+        assert out.batch == together and all(o.batch == together for o in out.sequence_outputs)
+        for i, (r, want) in enumerate(zip(ROWS, alone, strict=True)):
+            assert out.sequences[i, WIDTH - len(r) :].tolist() == want[0].tolist(), (type(config).__name__, i)
+
+
+def test_one_after_another_where_a_batch_cannot_run_together(monkeypatch):
+    model = tiny_llama()
+    kw = dict(attention_mask=MASK, max_new_tokens=6, eos_token_id=None, pad_token_id=PAD)
+    together = mtprobe.generate(model, IDS, mtprobe.PlainConfig(), do_sample=False, **kw)
+    monkeypatch.setenv(batch_module.ENV, "0")
+    apart = mtprobe.generate(model, IDS, mtprobe.PlainConfig(), do_sample=False, **kw)
+    assert (together.batch, apart.batch) == (len(ROWS), 1)
+    assert torch.equal(together.sequences, apart.sequences)
+    monkeypatch.delenv(batch_module.ENV)
+    torch.manual_seed(0)
+    sampled = mtprobe.generate(model, IDS, mtprobe.PlainConfig(), do_sample=True, **kw)
+    assert sampled.batch == 1  # sampling: one after another, so that a seeded call repeats
+    masks = type("Masks", (), {"offsets": None, "lora": None, "temperature": None})()
+    why = batch_module.why_not_batched(3, None, do_sample=False, masks=masks, hidden_layer=-1)
+    assert "HF's modules" in why
+    assert batch_module.why_not_batched(1, object(), do_sample=False, masks=masks, hidden_layer=-1)
+    kw = dict(do_sample=False, masks=masks, hidden_layer=-1)
+    assert "a draft model drafts" in batch_module.why_not_batched(3, object(), **kw, draft_model=True)
+    assert "n-gram memory" in batch_module.why_not_batched(3, object(), **kw, shares_memory=True)
+    assert batch_module.why_not_batched(3, object(), **kw) == ""
+
+
+def test_near_ties_in_a_batch_are_decided_by_hf():
+    """Every step of every row is a near-tie: each runs again through its own adapter's HF forward while the
+    other rows wait, and every row is greedy's."""
+    model = _near_ties(1e-4)
+    rows = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    ids = torch.tensor([[PAD] * (4 - len(r)) + r for r in rows])
+    mask = (ids != PAD).long()
+    out = mtprobe.generate(
+        model,
+        ids,
+        mtprobe.PlainConfig(),
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=12,
+        eos_token_id=None,
+        pad_token_id=PAD,
+    )
+    assert out.batch == 3
+    for i, r in enumerate(rows):
+        want = model.generate(torch.tensor([r]), do_sample=False, max_new_tokens=12, eos_token_id=None)
+        assert out.sequences[i, 4 - len(r) :].tolist() == want[0].tolist()
+        seq = out.sequence_outputs[i]
+        assert seq.exact_steps == len(seq.accept_lengths) + 1  # the prefill's first token too
+
+
+class _FailsOnCall(LogitsProcessor):
+    """Raises on its n-th call (from whichever row makes it)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("a processor failed")
+        return scores
+
+
+def test_a_failing_row_raises_without_holding_the_others():
+    model = tiny_llama()
+    processor = _FailsOnCall(5)
+    with pytest.raises(RuntimeError, match="a processor failed"):
+        mtprobe.generate(
+            model,
+            IDS,
+            mtprobe.PlainConfig(),
+            attention_mask=MASK,
+            do_sample=False,
+            max_new_tokens=8,
+            eos_token_id=None,
+            pad_token_id=PAD,
+            logits_processor=LogitsProcessorList([processor]),
+        )
+    assert processor.calls >= 5
+
+
+def test_bad_input_is_named():
+    model = tiny_llama()
+    native = nf.native_forward(model)
+    keys, values = _cache(model, 16)
+    flag = torch.zeros((), dtype=torch.bool)
+    with pytest.raises(ValueError, match="row 0 must hold one key and one value buffer per layer"):
+        _C.BatchedForward(
+            native, keys=[keys[:1]], values=[values[:1]], prefill_logits_from=[0], prefilled=[flag]
+        )
+    with pytest.raises(ValueError, match="need one entry per row"):
+        _C.BatchedForward(native, keys=[keys], values=[values], prefill_logits_from=[], prefilled=[flag])
+    with pytest.raises(ValueError, match="prefilled flag must be a one-element bool CPU tensor"):
+        _C.BatchedForward(
+            native, keys=[keys], values=[values], prefill_logits_from=[0], prefilled=[flag.long()]
+        )
+    batched = _C.BatchedForward(
+        native, keys=[keys], values=[values], prefill_logits_from=[0], prefilled=[flag]
+    )
+    with pytest.raises(ValueError, match="the batch has 1 rows, given 0 loops and 0 prompts"):
+        batched.run([], [])
+    loop_kw = dict(
+        max_new_tokens=2,
+        eos_token_ids=[],
+        max_positions=64,
+        block_complexity=4,
+        kv_capacity=16,
+        mask_dtype="float32",
+        device="cpu",
+    )
+    drafter = _C.PlainDrafter()
+    with pytest.raises(ValueError, match="either a forward or a batched forward and its row, not both"):
+        _C.DecodeLoop(drafter, lambda *a: None, list, **loop_kw, batched=batched, row=0)
+    with pytest.raises(ValueError, match="not neither"):
+        _C.DecodeLoop(drafter, None, list, **loop_kw)
+    with pytest.raises(ValueError, match="row 3 is not in \\[0, 1\\)"):
+        _C.DecodeLoop(drafter, None, list, **loop_kw, batched=batched, row=3)
+    blocks = _blocks(model, 1)
+    blocks[1]["tokens"] = torch.tensor([1, 2, 3, 4, 999])
+    with pytest.raises(ValueError, match="block 1: token 999 at input 4 is outside the vocabulary"):
+        native.forward_batch([_C.TargetBlock(**b) for b in blocks])
