@@ -17,21 +17,13 @@ from conftest import tiny_llama
 from mtprobe import _C
 from mtprobe.decode import batch as batch_module
 from mtprobe.target_model import native_forward as nf
-from test_native_forward import _build, _near_ties, _tree_mask
+from test_native_forward import _buffers, _build, _near_ties, _tree_mask
 
 PAD = 0
 ROWS = [[3, 7, 11, 5, 3, 7], [9, 4, 2], [5, 5, 5, 5, 5, 5, 5, 1], [8, 1]]
 WIDTH = max(len(r) for r in ROWS)
 IDS = torch.tensor([[PAD] * (WIDTH - len(r)) + r for r in ROWS])  # [4, WIDTH], left-padded
 MASK = torch.tensor([[0] * (WIDTH - len(r)) + [1] * len(r) for r in ROWS])
-
-
-def _cache(model, capacity: int):
-    cfg = model.config
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    shape = (1, cfg.num_key_value_heads, capacity, d)
-    keys = [torch.zeros(shape, dtype=model.dtype) for _ in range(cfg.num_hidden_layers)]
-    return keys, [torch.zeros(shape, dtype=model.dtype) for _ in range(cfg.num_hidden_layers)]
 
 
 def _blocks(model, seed: int):
@@ -43,7 +35,7 @@ def _blocks(model, seed: int):
     specs += [(40, [-1, 0, 0, 1, 1, 2, 5], True, 0), (12, [-1, 0, 1], False, 2)]
     out = []
     for prefix, parents, tree, n_emb in specs:
-        keys, values = _cache(model, 64)
+        keys, values = _buffers(model, 64)
         # The prefix's entries: random, as a previous forward would have left them.
         for t in (*keys, *values):
             t[:, :, :prefix] = torch.randn(t[:, :, :prefix].shape, generator=g).to(t.dtype)
@@ -207,7 +199,7 @@ def test_a_failing_row_raises_without_holding_the_others():
 def test_bad_input_is_named():
     model = tiny_llama()
     native = nf.native_forward(model)
-    keys, values = _cache(model, 16)
+    keys, values = _buffers(model, 16)
     flag = torch.zeros((), dtype=torch.bool)
     with pytest.raises(ValueError, match="row 0 must hold one key and one value buffer per layer"):
         _C.BatchedForward(

@@ -433,11 +433,12 @@ def test_greedy_with_processors_runs_native():
 
 
 def _buffers(model, capacity: int):
+    """Zeroed cache buffers in the C++ forward's layout, one key and one value buffer per layer, in the model's dtype."""
     cfg = model.config
-    d = cfg.hidden_size // cfg.num_attention_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     shape = (1, cfg.num_key_value_heads, capacity, d)
-    keys = [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)]
-    return keys, [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)]
+    keys = [torch.zeros(shape, dtype=model.dtype) for _ in range(cfg.num_hidden_layers)]
+    return keys, [torch.zeros(shape, dtype=model.dtype) for _ in range(cfg.num_hidden_layers)]
 
 
 def test_bad_input_is_named():

@@ -297,7 +297,6 @@ def forward_block(
     """One block (a prefill or a decode step) through ``native`` on the cache's buffers (room for it reserved
     by the caller; allocated here at a prefill): ``(logits [T, vocab], hidden [T, hidden] or None)``, rows
     before ``logits_from`` zeros, the layers' lengths advanced as HF's update advances them."""
-    dtype = getattr(torch, native.dtype)
     allocate(native, layers)
     keys = [layer.keys for layer in layers]
     values = [layer.values for layer in layers]
@@ -310,7 +309,7 @@ def forward_block(
         layer.length = prefix_len + T
     # Hidden states in the model's dtype, as drafters' heads read HF's; the logits stay float32 (HF's
     # generate widens them to float32 before choosing too).
-    return logits, (hidden.to(dtype) if hidden is not None else None)
+    return logits, (hidden.to(layers[0].keys.dtype) if hidden is not None else None)
 
 
 def describe(model: PreTrainedModel) -> str:
