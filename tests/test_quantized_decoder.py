@@ -193,3 +193,49 @@ def test_bad_input_is_refused_with_what_is_wrong():
         draft_model._C.QuantizedDecoder(embed, swapped + layers[1:], final_norm, head, inv_freq, **kw)
     with pytest.raises(ValueError, match=r"inv_freq must be a contiguous float32 CPU tensor \[8\]"):
         draft_model._C.QuantizedDecoder(embed, layers, final_norm, head, inv_freq[:4].clone(), **kw)
+
+
+@pytest.mark.parametrize("format", ["q4_1", "q8_0"])
+def test_step_rows_is_step_for_each_row(format):
+    """Rows of different sequences at different positions (one past 128, whose heads split into ranges)
+    step together as each would alone, and each writes only its own cache."""
+    model = tiny_llama(seed=9, vocab_size=64)
+    decoder = quantized_decoder(quantized(model, format=format))
+    gen = torch.Generator().manual_seed(0)
+    lengths = [1, 5, 140]
+    caches = [
+        (
+            [torch.randn(1, 2, 160, 16, generator=gen) for _ in range(2)],
+            [torch.randn(1, 2, 160, 16, generator=gen) for _ in range(2)],
+        )
+        for _ in lengths
+    ]
+    alone = [([k.clone() for k in ks], [v.clone() for v in vs]) for ks, vs in caches]
+    tokens = [3, 17, 42]
+    positions = [n - 1 for n in lengths]
+    want = torch.stack(
+        [decoder.step(t, p, ks, vs) for t, p, (ks, vs) in zip(tokens, positions, alone, strict=True)]
+    )
+    got = decoder.step_rows(tokens, positions, [ks for ks, _ in caches], [vs for _, vs in caches])
+    assert got.shape == (3, 64)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for (ks, vs), (ka, va) in zip(caches, alone, strict=True):
+        for a, b in zip(ks + vs, ka + va, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_step_rows_refuses_rows_that_do_not_line_up():
+    model = tiny_llama(seed=8, vocab_size=64)
+    decoder = quantized_decoder(quantized(model))
+    keys = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    values = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    with pytest.raises(
+        ValueError, match="one token, position, keys and values per row; got 2 tokens, 1 positions"
+    ):
+        decoder.step_rows([1, 2], [0], [keys], [values])
+    with pytest.raises(ValueError, match="rows 0 and 1 share a cache"):
+        decoder.step_rows([1, 2], [0, 0], [keys, keys], [values, values])
+    with pytest.raises(ValueError, match=r"row 1's token 64 is outside the vocabulary"):
+        decoder.step_rows(
+            [1, 64], [0, 0], [keys, [k.clone() for k in keys]], [values, [v.clone() for v in values]]
+        )

@@ -121,10 +121,31 @@ void bind_drafters(py::module_& m) {
       .def_property_readonly("num_inputs", &DraftBlock::num_inputs);
 
   py::class_<StepOutcome>(m, "StepOutcome", "What one step decided.")
+      .def(py::init([](int64_t prefix_len, std::vector<int64_t> path, std::vector<int64_t> new_tokens,
+                       bool finished, bool block_replaced) {
+             TORCH_CHECK_VALUE(!path.empty(), "path starts with the block's last committed input; got []");
+             TORCH_CHECK_VALUE(!new_tokens.empty() || finished,
+                               "a step appends at least one token (the bonus), got new_tokens=[]");
+             StepOutcome o;
+             o.prefix_len = prefix_len;
+             o.path = std::move(path);
+             o.new_tokens = std::move(new_tokens);
+             o.finished = finished;
+             o.block_replaced = block_replaced;
+             return o;
+           }),
+           py::arg("prefix_len"), py::arg("path"), py::arg("new_tokens"), py::kw_only(),
+           py::arg("finished") = false, py::arg("block_replaced") = false,
+           "A step verified outside the decode loop (a serving engine's: mtprobe.vllm): tokens only, no "
+           "logits (StepOutcome.logits is None).")
       .def_readonly("prefix_len", &StepOutcome::prefix_len)
       .def_readonly("path", &StepOutcome::path)
       .def_readonly("new_tokens", &StepOutcome::new_tokens)
-      .def_readonly("logits", &StepOutcome::logits)
+      .def_property_readonly("logits",
+                             [](const StepOutcome& o) -> std::optional<at::Tensor> {
+                               if (!o.logits.defined()) return std::nullopt;
+                               return o.logits;
+                             })
       .def_readonly("hidden", &StepOutcome::hidden)
       .def_readonly("finished", &StepOutcome::finished)
       .def_readonly("block_replaced", &StepOutcome::block_replaced);

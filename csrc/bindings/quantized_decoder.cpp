@@ -67,6 +67,11 @@ void bind_quantized_decoder(py::module_& m) {
            "Logits [vocab] float32 of `token` at `position`; its keys and values are written into row "
            "`position` of each layer's buffers [1, kv_heads, capacity, head_dim]",
            py::call_guard<py::gil_scoped_release>())
+      .def("step_rows", &QuantizedDecoder::step_rows, py::arg("tokens"), py::arg("positions"),
+           py::arg("keys"), py::arg("values"),
+           "step() for several sequences at once: logits [B, vocab] float32, row r's keys and values written "
+           "into row positions[r] of its own buffers keys[r][l], values[r][l]; the weights read once for all",
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &QuantizedDecoder::num_layers);
 }
 

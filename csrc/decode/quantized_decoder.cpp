@@ -104,19 +104,19 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
   xsum_.resize(std::max(hidden_, std::max(intermediate_, q_out)) / G);
 }
 
-void QuantizedDecoder::linear(const QuantizedWeights& w, const float* x, float* y) {
+void QuantizedDecoder::linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y) {
   const int64_t in = w.in_features(), out = w.out_features();
   const bool q4 = is_q4(w);
-  if (q4) core::quantized_group_sums(x, 1, in, xsum_.data());
+  if (q4) core::quantized_group_sums(x, rows, in, xsum_.data());
   const void* codes = w.codes.const_data_ptr();
   const float* scale = w.scale.const_data_ptr<float>();
   const float* min = q4 ? w.min.const_data_ptr<float>() : nullptr;
   const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
   const auto format = q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
   const float* xsum = q4 ? xsum_.data() : nullptr;
-  // A grain of 64 columns, as the quantized_linear op.
+  // A grain of 64 columns, as the quantized_linear op; every row in one pass over the weights.
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    core::quantized_linear(x, xsum, 1, in, codes, format, scale, min, bias, y, out, begin, end);
+    core::quantized_linear(x, xsum, rows, in, codes, format, scale, min, bias, y, out, begin, end);
   });
 }
 
@@ -138,78 +138,128 @@ void QuantizedDecoder::check_cache(const std::vector<at::Tensor>& caches, const 
 
 at::Tensor QuantizedDecoder::step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
                                   const std::vector<at::Tensor>& values) {
-  TORCH_CHECK_VALUE(token >= 0 && token < embed_.size(0), "QuantizedDecoder.step: token ", token,
-                    " is outside the vocabulary [0, ", embed_.size(0), ")");
-  TORCH_CHECK_VALUE(position >= 0, "QuantizedDecoder.step: position must be >= 0, got ", position);
-  check_cache(keys, "keys", position);
-  check_cache(values, "values", position);
+  return step_rows({token}, {position}, {keys}, {values})[0];
+}
+
+at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
+                                       const std::vector<int64_t>& positions,
+                                       const std::vector<std::vector<at::Tensor>>& keys,
+                                       const std::vector<std::vector<at::Tensor>>& values) {
+  const int64_t B = static_cast<int64_t>(tokens.size());
+  TORCH_CHECK_VALUE(B >= 1 && positions.size() == tokens.size() && keys.size() == tokens.size() &&
+                        values.size() == tokens.size(),
+                    "QuantizedDecoder.step_rows: one token, position, keys and values per row; got ", B,
+                    " tokens, ", positions.size(), " positions, ", keys.size(), " keys, ", values.size(),
+                    " values");
+  for (int64_t r = 0; r < B; ++r) {
+    TORCH_CHECK_VALUE(tokens[r] >= 0 && tokens[r] < embed_.size(0), "QuantizedDecoder.step: row ", r,
+                      "'s token ", tokens[r], " is outside the vocabulary [0, ", embed_.size(0), ")");
+    TORCH_CHECK_VALUE(positions[r] >= 0, "QuantizedDecoder.step: row ", r, "'s position must be >= 0, got ",
+                      positions[r]);
+    check_cache(keys[r], "keys", positions[r]);
+    check_cache(values[r], "values", positions[r]);
+    for (int64_t o = 0; o < r; ++o) {
+      TORCH_CHECK_VALUE(!keys[o][0].is_same(keys[r][0]), "QuantizedDecoder.step_rows: rows ", o, " and ", r,
+                        " share a cache; each row writes its own");
+    }
+  }
   std::lock_guard<std::mutex> lock(busy_);
   const int64_t d = head_dim_, half = d / 2, heads = config_.heads, kv = config_.kv_heads;
-  const int64_t group = heads / kv, len = position + 1;
-  std::copy_n(embed_.const_data_ptr<float>() + token * hidden_, hidden_, x_.data());
-  // RoPE's angles at this position, in float32 as HF computes them.
-  std::vector<float> cos(half), sin(half);
+  const int64_t group = heads / kv, q_out = heads * d, kv_out = kv * d;
+  // Scratch for B rows ([B, width] each), grown as needed and kept.
+  auto fit = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  fit(x_, B * hidden_), fit(h_, B * hidden_), fit(out_, B * hidden_), fit(q_, B * q_out),
+      fit(att_, B * q_out);
+  fit(k_, B * kv_out), fit(v_, B * kv_out), fit(gate_, B * intermediate_), fit(up_, B * intermediate_);
+  fit(xsum_, B * std::max(hidden_, std::max(intermediate_, q_out)) / G);
+  // RoPE's angles at each row's position, in float32 as HF computes them: [B, half] each.
+  std::vector<float> cos(B * half), sin(B * half);
   const float* inv_freq = inv_freq_.const_data_ptr<float>();
-  for (int64_t i = 0; i < half; ++i) {
-    const float angle = static_cast<float>(position) * inv_freq[i];
-    cos[i] = std::cos(angle) * config_.rope_scaling;
-    sin[i] = std::sin(angle) * config_.rope_scaling;
+  // Per row: its rows attended (len), its ranges (chunks: up to two per thread and head, of 128 rows or
+  // more, since shorter ones cost more to merge than they save), and where its scratch starts.
+  std::vector<int64_t> len(B), chunks(B), item0(B + 1, 0), score0(B + 1, 0);
+  for (int64_t r = 0; r < B; ++r) {
+    std::copy_n(embed_.const_data_ptr<float>() + tokens[r] * hidden_, hidden_, x_.data() + r * hidden_);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[r]) * inv_freq[i];
+      cos[r * half + i] = std::cos(angle) * config_.rope_scaling;
+      sin[r * half + i] = std::sin(angle) * config_.rope_scaling;
+    }
+    len[r] = positions[r] + 1;
+    chunks[r] = std::max<int64_t>(1, std::min<int64_t>(len[r] / 128, 2 * at::get_num_threads()));
+    item0[r + 1] = item0[r] + kv * chunks[r];
+    score0[r + 1] = score0[r] + heads * len[r];
   }
-  if (static_cast<int64_t>(scores_.size()) < heads * len) scores_.resize(2 * heads * len);
-  // Up to two ranges per thread and head, of 128 rows or more (shorter ones cost more to merge than
-  // they save).
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(len / 128, 2 * at::get_num_threads()));
-  part_out_.resize(kv * chunks * group * d);
-  part_lse_.resize(kv * chunks * group);
+  fit(scores_, score0[B]);
+  fit(part_out_, item0[B] * group * d);
+  fit(part_lse_, item0[B] * group);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const QuantizedDecoderLayer& L = layers_[l];
-    core::rms_norm(x_.data(), L.input_norm.const_data_ptr<float>(), config_.eps, hidden_, h_.data());
-    linear(L.q, h_.data(), q_.data());
-    linear(L.k, h_.data(), k_.data());
-    linear(L.v, h_.data(), v_.data());
-    core::rotate_half(q_.data(), heads, d, cos.data(), sin.data());
-    core::rotate_half(k_.data(), kv, d, cos.data(), sin.data());
-    float* K = keys[l].mutable_data_ptr<float>();
-    float* V = values[l].mutable_data_ptr<float>();
-    const int64_t ks1 = keys[l].stride(1), ks2 = keys[l].stride(2);
-    const int64_t vs1 = values[l].stride(1), vs2 = values[l].stride(2);
-    TORCH_CHECK_VALUE(ks2 == vs2, "QuantizedDecoder.step: keys and values of layer ", l,
-                      " differ in row stride");
-    for (int64_t h = 0; h < kv; ++h) {
-      std::copy_n(k_.data() + h * d, d, K + h * ks1 + position * ks2);
-      std::copy_n(v_.data() + h * d, d, V + h * vs1 + position * vs2);
+    for (int64_t r = 0; r < B; ++r)
+      core::rms_norm(x_.data() + r * hidden_, L.input_norm.const_data_ptr<float>(), config_.eps, hidden_,
+                     h_.data() + r * hidden_);
+    linear(L.q, h_.data(), B, q_.data());
+    linear(L.k, h_.data(), B, k_.data());
+    linear(L.v, h_.data(), B, v_.data());
+    for (int64_t r = 0; r < B; ++r) {
+      core::rotate_half(q_.data() + r * q_out, heads, d, cos.data() + r * half, sin.data() + r * half);
+      core::rotate_half(k_.data() + r * kv_out, kv, d, cos.data() + r * half, sin.data() + r * half);
+      float* K = keys[r][l].mutable_data_ptr<float>();
+      float* V = values[r][l].mutable_data_ptr<float>();
+      const int64_t ks1 = keys[r][l].stride(1), ks2 = keys[r][l].stride(2);
+      const int64_t vs1 = values[r][l].stride(1), vs2 = values[r][l].stride(2);
+      TORCH_CHECK_VALUE(ks2 == vs2, "QuantizedDecoder.step: keys and values of layer ", l,
+                        " differ in row stride");
+      for (int64_t h = 0; h < kv; ++h) {
+        std::copy_n(k_.data() + r * kv_out + h * d, d, K + h * ks1 + positions[r] * ks2);
+        std::copy_n(v_.data() + r * kv_out + h * d, d, V + h * vs1 + positions[r] * vs2);
+      }
     }
-    // Each key/value head's rows split into `chunks` ranges, one work item each, merged by their
+    // Each row's key/value heads, their rows split into ranges, one work item each, merged by their
     // log-sum-exps: a handful of heads over a long context keeps every thread reading.
-    at::parallel_for(0, kv * chunks, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, item0[B], 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t g = item / chunks, c = item % chunks;
-        const int64_t from = len * c / chunks, rows = len * (c + 1) / chunks - from;
-        float* out = chunks == 1 ? att_.data() + g * group * d : part_out_.data() + item * group * d;
-        core::attend(q_.data() + g * group * d, group, K + g * ks1 + from * ks2, V + g * vs1 + from * vs2,
-                     rows, d, ks2, config_.scale, scores_.data() + g * group * len + from * group, out,
+        const int64_t r = std::upper_bound(item0.begin(), item0.end(), item) - item0.begin() - 1;
+        const int64_t local = item - item0[r], n = chunks[r];
+        const int64_t g = local / n, c = local % n;
+        const int64_t from = len[r] * c / n, rows = len[r] * (c + 1) / n - from;
+        const at::Tensor& Kt = keys[r][l];
+        const at::Tensor& Vt = values[r][l];
+        const int64_t ks1 = Kt.stride(1), ks2 = Kt.stride(2), vs1 = Vt.stride(1);
+        float* out = n == 1 ? att_.data() + r * q_out + g * group * d : part_out_.data() + item * group * d;
+        core::attend(q_.data() + r * q_out + g * group * d, group,
+                     Kt.const_data_ptr<float>() + g * ks1 + from * ks2,
+                     Vt.const_data_ptr<float>() + g * vs1 + from * ks2, rows, d, ks2, config_.scale,
+                     scores_.data() + score0[r] + g * group * len[r] + from * group, out,
                      part_lse_.data() + item * group);
       }
     });
-    if (chunks > 1) {
+    for (int64_t r = 0; r < B; ++r) {
+      if (chunks[r] == 1) continue;
       for (int64_t g = 0; g < kv; ++g) {
-        core::merge_attention(part_out_.data() + g * chunks * group * d,
-                              part_lse_.data() + g * chunks * group, chunks, group, d,
-                              att_.data() + g * group * d);
+        const int64_t item = item0[r] + g * chunks[r];
+        core::merge_attention(part_out_.data() + item * group * d, part_lse_.data() + item * group, chunks[r],
+                              group, d, att_.data() + r * q_out + g * group * d);
       }
     }
-    linear(L.o, att_.data(), out_.data());
-    for (int64_t i = 0; i < hidden_; ++i) x_[i] += out_[i];
-    core::rms_norm(x_.data(), L.post_norm.const_data_ptr<float>(), config_.eps, hidden_, h_.data());
-    linear(L.gate, h_.data(), gate_.data());
-    linear(L.up, h_.data(), up_.data());
-    core::silu_mul(gate_.data(), up_.data(), intermediate_, gate_.data());
-    linear(L.down, gate_.data(), out_.data());
-    for (int64_t i = 0; i < hidden_; ++i) x_[i] += out_[i];
+    linear(L.o, att_.data(), B, out_.data());
+    for (int64_t i = 0; i < B * hidden_; ++i) x_[i] += out_[i];
+    for (int64_t r = 0; r < B; ++r)
+      core::rms_norm(x_.data() + r * hidden_, L.post_norm.const_data_ptr<float>(), config_.eps, hidden_,
+                     h_.data() + r * hidden_);
+    linear(L.gate, h_.data(), B, gate_.data());
+    linear(L.up, h_.data(), B, up_.data());
+    core::silu_mul(gate_.data(), up_.data(), B * intermediate_, gate_.data());
+    linear(L.down, gate_.data(), B, out_.data());
+    for (int64_t i = 0; i < B * hidden_; ++i) x_[i] += out_[i];
   }
-  core::rms_norm(x_.data(), final_norm_.const_data_ptr<float>(), config_.eps, hidden_, h_.data());
-  at::Tensor logits = at::empty({vocab_}, at::kFloat);  // [vocab]
-  linear(head_, h_.data(), logits.mutable_data_ptr<float>());
+  for (int64_t r = 0; r < B; ++r)
+    core::rms_norm(x_.data() + r * hidden_, final_norm_.const_data_ptr<float>(), config_.eps, hidden_,
+                   h_.data() + r * hidden_);
+  at::Tensor logits = at::empty({B, vocab_}, at::kFloat);  // [B, vocab]
+  linear(head_, h_.data(), B, logits.mutable_data_ptr<float>());
   return logits;
 }
 

@@ -55,11 +55,17 @@ class QuantizedDecoder {
   // is the decoder's, and one decoder serves every generation of its model).
   at::Tensor step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
                   const std::vector<at::Tensor>& values);
+  // step() for B rows at once, each its own sequence: row r's token at positions[r] against its own
+  // caches keys[r], values[r] (distinct buffers); logits [B, vocab]. The linear layers take every row in
+  // one pass over the weights, so B sequences drafting together read the 4-bit weights once a step.
+  at::Tensor step_rows(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
+                       const std::vector<std::vector<at::Tensor>>& keys,
+                       const std::vector<std::vector<at::Tensor>>& values);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
-  void linear(const QuantizedWeights& w, const float* x, float* y);
+  void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y);
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t position) const;
 
   at::Tensor embed_, final_norm_, inv_freq_;
@@ -67,9 +73,9 @@ class QuantizedDecoder {
   QuantizedWeights head_;
   QuantizedDecoderConfig config_;
   int64_t hidden_, head_dim_, intermediate_, vocab_;
-  // Scratch, sized once: x, the normed x, q, k, v, the attention output, o/down's output, gate, up,
-  // Q4_1's group sums of the input; scores grows with the context; the attention's per-range outputs
-  // [kv_heads, chunks, group, head_dim] and log-sum-exps [kv_heads, chunks, group].
+  // Scratch, grown as rows and contexts need: x, the normed x, q, k, v, the attention output, o/down's
+  // output, gate, up, Q4_1's group sums of the input ([rows, width] each); scores; the attention's
+  // per-range outputs [items, group, head_dim] and log-sum-exps [items, group].
   std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, xsum_, scores_, part_out_, part_lse_;
   std::mutex busy_;
 };

@@ -98,10 +98,13 @@ inline DraftBlock token_block(const at::Tensor& committed, const std::vector<int
 
 // What one step decided, handed back to the drafter.
 struct StepOutcome {
-  int64_t prefix_len = 0;            // KV length before the step's forward
-  std::vector<int64_t> path;         // accepted input indices: [last committed, accepted drafts...]
-  std::vector<int64_t> new_tokens;   // tokens appended this step (accepted drafts + bonus), in order
-  at::Tensor logits;                 // [T, vocab] raw target logits of every input of the block
+  int64_t prefix_len = 0;           // KV length before the step's forward
+  std::vector<int64_t> path;        // accepted input indices: [last committed, accepted drafts...]
+  std::vector<int64_t> new_tokens;  // tokens appended this step (accepted drafts + bonus), in order
+  // [T, vocab] raw target logits of every input of the block. Undefined for a step verified outside
+  // the loop (a serving engine's: mtprobe.vllm), which hands back tokens only: drafters that learn from
+  // the target's distributions (STAND) then learn the text; those that need them (probing) are not hosted.
+  at::Tensor logits;
   std::optional<at::Tensor> hidden;  // [T, hidden] last hidden states, when wants_hidden_states()
   bool finished = false;             // the sequence ended inside this step
   // The drafter's block is not what ran. Either its drafts or auxiliary inputs made the target's

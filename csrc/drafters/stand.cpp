@@ -88,7 +88,10 @@ std::pair<std::vector<int64_t>, std::vector<float>> read_top(const at::Tensor& p
 }  // namespace
 
 void StandDrafter::observe(const StepOutcome& outcome) {
-  const int64_t k = std::min<int64_t>(options_.logits_top_k, outcome.logits.size(-1));
+  // A step verified outside the loop (a serving engine's: mtprobe.vllm) comes without logits: the store
+  // then learns the committed text alone, every new token one-hot, as it learns the prompt's.
+  const bool text_only = !outcome.logits.defined();
+  const int64_t k = text_only ? 0 : std::min<int64_t>(options_.logits_top_k, outcome.logits.size(-1));
   size_t appended = 0;  // new tokens already in history_
   if (prefill_) {
     // Every prompt position's next token; the logits at input i are the distribution after
@@ -96,7 +99,7 @@ void StandDrafter::observe(const StepOutcome& outcome) {
     const int64_t L = static_cast<int64_t>(history_.size());
     for (int64_t i = 1; i < L; ++i) store_.add_token(history_.data(), i, history_[i]);
     const int64_t first = options_.prompt_logits ? std::max<int64_t>(0, L - *options_.prompt_logits) : 0;
-    if (first < L) {
+    if (!text_only && first < L) {
       auto [probs, ids] = outcome.logits.narrow(0, first, L - first)
                               .to(at::kFloat)
                               .softmax(-1)
@@ -106,7 +109,7 @@ void StandDrafter::observe(const StepOutcome& outcome) {
         store_.add(history_.data(), i + 1, ic.data() + (i - first) * k, pc.data() + (i - first) * k, k);
     }
     prefill_ = false;
-  } else {
+  } else if (!text_only) {
     // The accepted path: input path[j] is followed by new_tokens[j]; its logits are the
     // distribution after history_ + new_tokens[0 : j].
     const int64_t m = std::min<int64_t>(static_cast<int64_t>(outcome.path.size()),
@@ -125,7 +128,11 @@ void StandDrafter::observe(const StepOutcome& outcome) {
     }
     appended = static_cast<size_t>(m);
   }
-  history_.insert(history_.end(), outcome.new_tokens.begin() + appended, outcome.new_tokens.end());
+  for (size_t j = appended; j < outcome.new_tokens.size(); ++j) {
+    if (text_only)
+      store_.add_token(history_.data(), static_cast<int64_t>(history_.size()), outcome.new_tokens[j]);
+    history_.push_back(outcome.new_tokens[j]);
+  }
   // The generation is over: history_ is its committed text (new_tokens stop at EOS or the limit).
   if (outcome.finished && options_.memory && options_.fold_memory) {
     options_.memory->fold(history_.data(), static_cast<int64_t>(history_.size()));
