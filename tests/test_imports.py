@@ -237,9 +237,11 @@ FLOORS: dict[str, int] = {
     "mtprobe.topology": 4,
     "mtprobe.drafters": 5,
     "mtprobe.decode": 6,
-    # 7: the offline builders and the Spec-Bench harness; 8: the programs; 9: the package's face
+    # 7: the offline builders, the Spec-Bench harness, the drafters inside vLLM; 8: the programs; 9: the
+    # package's face
     "mtprobe.offline": 7,
     "mtprobe.specbench": 7,
+    "mtprobe.vllm": 7,
     "mtprobe.cli": 8,
     "mtprobe.__main__": 8,
     "mtprobe": 9,

@@ -139,6 +139,12 @@ class Option:
         return self.flag.lstrip("-").replace("-", "_")
 
 
+# Method.tokens_only of a registration that has not said whether its drafter drafts from tokens alone.
+NOT_DECLARED = (
+    "its registration does not say whether it drafts from the token history alone (Method.tokens_only)"
+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Method:
     """One registry entry: how to configure, build and run a decoding method.
@@ -196,6 +202,10 @@ class Method:
     """``finish(model, config, drafter, output, do_sample)`` after each sequence's loop: the method's own
     fields of the :class:`~mtprobe.decode.output.GenerateOutput` (a scheduler's choices, a bank's trees)
     and what it carries to the model's next generation."""
+    tokens_only: str | None = NOT_DECLARED
+    """Why the drafter cannot draft for a step verified outside mtprobe's decode loop, which hands back the
+    accepted tokens only (no logits, no hidden states, no auxiliary inputs: a serving engine's step,
+    :mod:`mtprobe.vllm`); None when it drafts from the token history alone."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):

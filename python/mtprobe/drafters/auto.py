@@ -310,6 +310,7 @@ def drafter_configs(text: str) -> tuple[Any, ...]:
 register(
     Method(
         name="auto",
+        tokens_only=None,
         config_type=AutoConfig,
         drafter=auto_drafter,
         summary="per-step choice among drafters (default prompt lookup, STAND and the quantized self-draft) and "

@@ -264,6 +264,7 @@ def check_context(
 register(
     Method(
         name="sps",
+        tokens_only=None,
         config_type=DraftModelConfig,
         drafter=draft_model_drafter,
         summary="draft-model speculative decoding: a draft model (--draft-model; default a self-draft made "

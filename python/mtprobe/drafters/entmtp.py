@@ -211,6 +211,7 @@ def bank_choices(model: PreTrainedModel, config: Any, drafter: Any, output: Any,
 register(
     Method(
         name="entmtp",
+        tokens_only="its drafts come from mask tokens that the target's forward reads as extra inputs, and their logits",
         config_type=EntMTPConfig,
         drafter=entmtp_drafter,
         summary="EntMTP: mask-token probing over a topology bank of static trees, the tree chosen every step by "

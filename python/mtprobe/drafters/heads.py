@@ -189,6 +189,7 @@ def head_hidden_layer(model: PreTrainedModel, config: HeadsConfig) -> int:
 register(
     Method(
         name="heads",
+        tokens_only="its heads read the target's hidden states",
         config_type=HeadsConfig,
         drafter=heads_drafter,
         summary="probabilistic-circuit heads (MTPC): drafts from a trained head over the last hidden state",

@@ -144,6 +144,7 @@ def hybrid_drafter(
 register(
     Method(
         name="hybrid",
+        tokens_only="its probing half reads mask tokens' logits from the target's forward; its n-gram half with the shared memory is StandConfig(memory_size=...)",
         config_type=HybridConfig,
         drafter=hybrid_drafter,
         summary="hybrid: mask-token probing and STAND's n-gram store drafting one tree under one budget",

@@ -112,6 +112,7 @@ def lookahead_drafter(
 register(
     Method(
         name="lookahead",
+        tokens_only="its Jacobi window runs as extra inputs of the target's forward, and it reads their logits",
         config_type=LookaheadConfig,
         drafter=lookahead_drafter,
         summary="lookahead decoding: a Jacobi window and the verification of its n-grams in one forward",

@@ -303,6 +303,7 @@ MASK_OPTIONS = (
 register(
     Method(
         name="probe",
+        tokens_only="its drafts come from mask tokens that the target's forward reads as extra inputs, and their logits",
         config_type=ProbeConfig,
         drafter=mask_probe_drafter,
         summary="mask-token probing: mtprobe.generate with a ProbeConfig",

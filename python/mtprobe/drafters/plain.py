@@ -46,6 +46,7 @@ def plain_drafter(
 register(
     Method(
         name="plain",
+        tokens_only="it drafts nothing: run the engine without speculative decoding",
         config_type=PlainConfig,
         drafter=plain_drafter,
         summary="plain decoding through mtprobe's own loop: no drafts, one input per step (the baseline "

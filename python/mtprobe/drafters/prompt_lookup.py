@@ -67,6 +67,7 @@ def prompt_lookup_drafter(
 register(
     Method(
         name="pld",
+        tokens_only=None,
         config_type=PromptLookupConfig,
         drafter=prompt_lookup_drafter,
         summary="prompt lookup decoding: a chain copied from an earlier occurrence of the last n-gram",

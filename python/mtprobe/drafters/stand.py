@@ -201,6 +201,7 @@ def memory_option() -> Option:
 register(
     Method(
         name="stand",
+        tokens_only=None,
         config_type=StandConfig,
         drafter=stand_drafter,
         summary="STAND: a draft tree from an n-gram store of the target's own next-token distributions",

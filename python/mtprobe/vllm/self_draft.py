@@ -1,0 +1,136 @@
+"""The quantized self-draft for a whole vLLM batch at once: one C++ decoder step per draft depth for every row.
+
+Driven request by request (:class:`mtprobe.vllm.proposer.RequestDrafter`), each row's chain costs K one-token
+forwards of its own, and a batch of B rows drafts B chains one after another: the 4-bit weights are read B
+times per depth. Here every row's token of a depth runs in one ``QuantizedDecoder.step_rows`` call, which
+reads the weights once for all of them (csrc/decode/quantized_decoder.h). Each request keeps its own draft
+KV cache (an :class:`~mtprobe.target_model.adapter.HFAdapter` over the quantized twin, whose buffers the
+decoder writes): a new request's history runs once through transformers' modules on the twin (its prefill),
+after which every step feeds the one or two tokens vLLM added, then drafts greedily. The bookkeeping is
+``DraftModelDrafter``'s (csrc/drafters/draft_model.h): after a step that accepted a of the K drafts, the
+cache's first len + min(a, K - 1) entries are still right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mtprobe import _C
+from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.self_draft import is_full_depth, quantized, quantized_decoder
+
+
+def batched_self_draft(model: Any, config: Any) -> SelfDraftRows | None:
+    """The batched self-draft of ``config`` (a ``DraftModelConfig(self_draft="quantized")`` of every layer)
+    on ``model``, or None where its C++ decoder does not run (another architecture: the drafters then run
+    request by request)."""
+    if getattr(config, "method", None) != "sps" or config.self_draft != "quantized" or config.draft_model:
+        return None
+    if not is_full_depth(model, config.num_draft_layers):
+        return None
+    draft = quantized(model, config.num_draft_layers, config.draft_format)
+    decoder = quantized_decoder(draft)
+    return SelfDraftRows(draft, decoder) if decoder is not None else None
+
+
+class SelfDraftRequest:
+    """One request's draft cache and what it has seen: ``tokens``, its history; ``cached``, the cache's
+    entries that hold it (and drafts past it); ``sent``, its last chain."""
+
+    def __init__(self, draft: Any, history: np.ndarray, capacity: int) -> None:
+        self.adapter = HFAdapter(draft, capacity, checked=True)
+        self.tokens = history.copy()  # [n] int64
+        self.cached = 0
+        self.sent: list[int] = []
+
+    def extended_by(self, history: np.ndarray) -> bool:
+        n = self.tokens.shape[0]
+        return history.shape[0] >= n and np.array_equal(history[:n], self.tokens)
+
+    def finish(self) -> None:
+        """Nothing to keep: the cache goes with the request."""
+
+
+class SelfDraftRows:
+    """The quantized self-draft of a model for any number of requests at once."""
+
+    def __init__(self, twin: Any, decoder: _C.QuantizedDecoder) -> None:
+        self.twin = twin  # the quantized twin (self_draft.quantized), whose HF modules run the prompts
+        self.decoder = decoder
+
+    def new_request(self, history: np.ndarray, capacity: int) -> SelfDraftRequest:
+        return SelfDraftRequest(self.twin, history, capacity)
+
+    def draft(
+        self, requests: list[SelfDraftRequest], histories: list[np.ndarray], ks: list[int]
+    ) -> list[int]:
+        """Each request's chain of ``ks[i]`` greedy drafts after ``histories[i]`` (its chain left in
+        ``requests[i].sent``); returns how many of each request's last chain the history accepted."""
+        accepted_counts, feeds = [], []
+        for request, history in zip(requests, histories, strict=True):
+            new = history[request.tokens.shape[0] :]
+            accepted = 0
+            while accepted < min(len(request.sent), new.shape[0] - 1) and request.sent[accepted] == int(
+                new[accepted]
+            ):
+                accepted += 1
+            request.cached = min(request.cached, request.tokens.shape[0] + accepted)
+            request.tokens = history.copy()
+            feeds.append(history[request.cached :])
+            accepted_counts.append(accepted)
+        last: list[torch.Tensor | None] = [None] * len(requests)  # [vocab] after each history
+        with torch.inference_mode():
+            short = []
+            for i, (request, feed) in enumerate(zip(requests, feeds, strict=True)):
+                if request.cached == 0 or feed.shape[0] > 2:  # a prompt: through the twin's HF modules
+                    last[i] = self._prefill(request, feed)
+                else:
+                    short.append(i)
+            for j in range(2):  # the one or two tokens vLLM added: a decoder step per position, all rows
+                rows = [i for i in short if feeds[i].shape[0] > j]
+                if rows:
+                    logits = self._step(
+                        [requests[i] for i in rows], [int(feeds[i][j]) for i in rows]
+                    )  # [len(rows), vocab]
+                    for r, i in enumerate(rows):
+                        if j == feeds[i].shape[0] - 1:
+                            last[i] = logits[r]
+            chains = [[int(last[i].argmax())] if ks[i] >= 1 else [] for i in range(len(requests))]
+            for depth in range(1, max(ks, default=0)):
+                rows = [i for i in range(len(requests)) if ks[i] > depth]
+                if not rows:
+                    break
+                logits = self._step([requests[i] for i in rows], [chains[i][-1] for i in rows])
+                for r, token in zip(rows, logits.argmax(-1).tolist(), strict=True):
+                    chains[r].append(token)
+        for request, chain in zip(requests, chains, strict=True):
+            request.sent = chain
+        return accepted_counts
+
+    def _prefill(self, request: SelfDraftRequest, feed: np.ndarray) -> torch.Tensor:
+        adapter, start = request.adapter, request.cached
+        n = feed.shape[0]
+        adapter.prefill_logits_from = n - 1  # only the last row's logits are read
+        positions = torch.arange(start, start + n).view(1, n)
+        logits, _ = adapter.forward(torch.from_numpy(feed.copy()), None, positions, None, start, False)
+        request.cached = start + n
+        return logits[-1]
+
+    def _step(self, requests: list[SelfDraftRequest], tokens: list[int]) -> torch.Tensor:
+        """One decoder step for each request's next token at its next cache entry: logits [rows, vocab]."""
+        keys, values, positions = [], [], []
+        for request in requests:
+            position = request.cached
+            request.adapter.reserve(position + 1)
+            layers = request.adapter.cache.layers
+            keys.append([layer.keys for layer in layers])
+            values.append([layer.values for layer in layers])
+            positions.append(position)
+        logits = self.decoder.step_rows(tokens, positions, keys, values)
+        for request in requests:
+            request.cached += 1
+            request.adapter.cache.set_length(request.cached)
+        return logits
