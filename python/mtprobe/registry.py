@@ -203,7 +203,7 @@ class Method:
     fields of the :class:`~mtprobe.decode.output.GenerateOutput` (a scheduler's choices, a bank's trees)
     and what it carries to the model's next generation."""
     tokens_only: str | None = NOT_DECLARED
-    """Why the drafter cannot draft for a step verified outside mtprobe's decode loop, which hands back the
+    """Why the method's drafter cannot draft for a step verified outside mtprobe's decode loop, which hands back the
     accepted tokens only (no logits, no hidden states, no auxiliary inputs: a serving engine's step,
     :mod:`mtprobe.vllm`); None when it drafts from the token history alone."""
 
