@@ -199,9 +199,12 @@ def test_rows_that_move_keep_their_drafters(greedy_answers):
     for j, r in enumerate((2, 1)):
         h = sequences[r][: prompt_lens[r] + 2]
         moved[j, : len(h)] = h
-    proposer.propose([[1]] * 2, np.array([prompt_lens[2] + 2, prompt_lens[1] + 2, 0, 0]), moved)
+    chains = proposer.propose([[1]] * 2, np.array([prompt_lens[2] + 2, prompt_lens[1] + 2, 0, 0]), moved)
     assert proposer.requests == [requests[2], requests[1]]
     assert proposer.stats.requests == 3
+    # Asked again without progress (no new token), a row drafts the same chain again.
+    again = proposer.propose([[1]] * 2, np.array([prompt_lens[2] + 2, prompt_lens[1] + 2, 0, 0]), moved)
+    assert again == chains and all(again)
     # A row still prefilling (no sampled token) and one at the length limit get no chain.
     assert proposer.propose([[], [1]], np.array([5, 2047, 0, 0]), moved) == [[], []]
 

@@ -77,7 +77,9 @@ class SelfDraftRows:
                 new[accepted]
             ):
                 accepted += 1
-            request.cached = min(request.cached, request.tokens.shape[0] + accepted)
+            # Asked again without progress, the last token runs again (rewriting its own entry): every row
+            # feeds at least one token, whose logits start its chain.
+            request.cached = min(request.cached, request.tokens.shape[0] + accepted, history.shape[0] - 1)
             request.tokens = history.copy()
             feeds.append(history[request.cached :])
             accepted_counts.append(accepted)
