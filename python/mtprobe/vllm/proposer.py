@@ -31,6 +31,7 @@ from mtprobe import _C, models, registry
 from mtprobe.drafters.base import leaves, make_drafter, ngram_memories
 from mtprobe.state import state_of
 from mtprobe.vllm.config import config_of
+from mtprobe.vllm.requests import SeenRequest
 from mtprobe.vllm.self_draft import SelfDraftRows, batched_self_draft
 
 # Draft KV entries a self-draft's cache starts with (it grows as needed).
@@ -48,20 +49,15 @@ class ProposerStats:
     requests: int = 0  # drafters begun
 
 
-class RequestDrafter:
-    """One request's drafter and what it has seen: ``tokens``, the history it observed; ``sent``, the chain
-    of its last proposal and the block inputs its tokens were."""
+class RequestDrafter(SeenRequest):
+    """One request's drafter and what it has seen (:class:`SeenRequest`), with the block inputs its last
+    chain's tokens were."""
 
     def __init__(self, drafter: _C.Drafter, history: np.ndarray) -> None:
+        super().__init__(history)
         self.drafter = drafter
-        self.tokens = history.copy()  # [n] int64
-        self.sent: list[int] = []
         self.sent_inputs: list[int] = []
         drafter.begin(torch.from_numpy(self.tokens))
-
-    def extended_by(self, history: np.ndarray) -> bool:
-        n = self.tokens.shape[0]
-        return history.shape[0] >= n and np.array_equal(history[:n], self.tokens)
 
     def step(self, history: np.ndarray, k: int, budget: int) -> tuple[list[int], int]:
         """Observe what the history added since the last step, then propose: (chain of at most ``k`` tokens,
@@ -69,12 +65,7 @@ class RequestDrafter:
         new = history[self.tokens.shape[0] :]
         accepted = 0
         if new.shape[0] > 0:
-            # The sent chain's tokens that the history repeats were accepted; the token after them is
-            # vLLM's own (the bonus, or its correction of the first rejected draft).
-            while accepted < min(len(self.sent), new.shape[0] - 1) and self.sent[accepted] == int(
-                new[accepted]
-            ):
-                accepted += 1
+            accepted = self.accepted(new)
             path = [0] + self.sent_inputs[:accepted]
             self.drafter.observe(_C.StepOutcome(self.tokens.shape[0] - 1, path, new.tolist()))
             self.tokens = history.copy()
@@ -150,10 +141,11 @@ class Proposer:
             self.model = _StateKey()
             return
         self.model, _ = models.load(self.model_path)
-        # Built once per model and kept in its state: the quantized self-draft and its C++ decoder, a
-        # scheduler's forward profile. Here, while vLLM loads, rather than in the first request's step.
-        make_drafter(self.model, self.config, capacity=1)
+        # Built once per model and kept in its state, here while vLLM loads rather than in the first
+        # request's step: the quantized self-draft and its C++ decoder, a scheduler's forward profile.
         self.rows = batched_self_draft(self.model, self.config)
+        if self.rows is None:
+            make_drafter(self.model, self.config, capacity=1)
 
     def propose(
         self,

@@ -21,6 +21,7 @@ import torch
 from mtprobe import _C
 from mtprobe.target_model.adapter import HFAdapter
 from mtprobe.target_model.self_draft import is_full_depth, quantized, quantized_decoder
+from mtprobe.vllm.requests import SeenRequest
 
 
 def batched_self_draft(model: Any, config: Any) -> SelfDraftRows | None:
@@ -36,19 +37,14 @@ def batched_self_draft(model: Any, config: Any) -> SelfDraftRows | None:
     return SelfDraftRows(draft, decoder) if decoder is not None else None
 
 
-class SelfDraftRequest:
-    """One request's draft cache and what it has seen: ``tokens``, its history; ``cached``, the cache's
-    entries that hold it (and drafts past it); ``sent``, its last chain."""
+class SelfDraftRequest(SeenRequest):
+    """One request's draft cache and what it has seen (:class:`SeenRequest`); ``cached``, the cache's
+    entries that hold its history (and drafts past it)."""
 
     def __init__(self, draft: Any, history: np.ndarray, capacity: int) -> None:
+        super().__init__(history)
         self.adapter = HFAdapter(draft, capacity, checked=True)
-        self.tokens = history.copy()  # [n] int64
         self.cached = 0
-        self.sent: list[int] = []
-
-    def extended_by(self, history: np.ndarray) -> bool:
-        n = self.tokens.shape[0]
-        return history.shape[0] >= n and np.array_equal(history[:n], self.tokens)
 
     def finish(self) -> None:
         """Nothing to keep: the cache goes with the request."""
@@ -71,12 +67,7 @@ class SelfDraftRows:
         ``requests[i].sent``); returns how many of each request's last chain the history accepted."""
         accepted_counts, feeds = [], []
         for request, history in zip(requests, histories, strict=True):
-            new = history[request.tokens.shape[0] :]
-            accepted = 0
-            while accepted < min(len(request.sent), new.shape[0] - 1) and request.sent[accepted] == int(
-                new[accepted]
-            ):
-                accepted += 1
+            accepted = request.accepted(history[request.tokens.shape[0] :])
             # Asked again without progress, the last token runs again (rewriting its own entry): every row
             # feeds at least one token, whose logits start its chain.
             request.cached = min(request.cached, request.tokens.shape[0] + accepted, history.shape[0] - 1)
