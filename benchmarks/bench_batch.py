@@ -45,6 +45,8 @@ CONFIGS = {
     "plain": mtprobe.PlainConfig(),
     "pld": mtprobe.PromptLookupConfig(),
     "quantized-draft-k12": mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12),
+    # The draft's format as AutoConfig's candidate takes it: 4 bits on the wheel's weights, 8 off the grid.
+    "self-draft-k8": mtprobe.DraftModelConfig(self_draft="quantized", draft_format="auto", num_tokens=8),
     "auto-no-draft": mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig(block_complexity=10, prompt_logits=0))
     ),

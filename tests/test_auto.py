@@ -416,7 +416,7 @@ def test_what_auto_measured_of_a_draft_model_carries_to_the_next_generation():
     )
     kw = dict(max_new_tokens=16, eos_token_id=None, pad_token_id=0)
     first = mtprobe.generate(model, ids, cfg, **kw)
-    (counts, seconds) = state_of(model).carried[(draft, False)]
+    (counts, seconds) = state_of(model).carried[(draft, False, 1)]
     assert seconds > 0 and sum(row[0] for row in counts[0]) >= 1  # trials of the first step's chain
     second = mtprobe.generate(model, ids, cfg, **kw)
     assert first.choices[0] == ("sps", 7) and all(m == "plain" for m, _ in second.choices)

@@ -97,6 +97,8 @@ def test_a_batch_is_decoded_together_and_each_row_is_greedy():
         mtprobe.PlainConfig(),
         mtprobe.PromptLookupConfig(num_tokens=3),
         no_draft,
+        # The quantized self-draft, alone and among AutoConfig's default candidates: its draft steps meet too.
+        mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4),
         mtprobe.AutoConfig(),
     )
     for config in configs:
@@ -110,12 +112,64 @@ def test_a_batch_is_decoded_together_and_each_row_is_greedy():
             eos_token_id=None,
             pad_token_id=PAD,
         )
-        # AutoConfig's default candidates include the quantized self-draft, whose draft steps run row by row:
-        # its rows are decoded one after another (mtprobe.decode.batch.why_not_batched).
-        together = 1 if config is configs[-1] else len(ROWS)
-        assert out.batch == together and all(o.batch == together for o in out.sequence_outputs)
+        assert out.batch == len(ROWS) and all(o.batch == len(ROWS) for o in out.sequence_outputs)
         for i, (r, want) in enumerate(zip(ROWS, alone, strict=True)):
             assert out.sequences[i, WIDTH - len(r) :].tolist() == want[0].tolist(), (type(config).__name__, i)
+
+
+def _capture_batched(monkeypatch) -> list:
+    """The BatchedForward objects the next generations build, in order."""
+    import importlib
+
+    generate_module = importlib.import_module("mtprobe.decode.generate")
+    built, build = [], generate_module.batched_forward
+
+    def capture(*args, **kwargs):
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(generate_module, "batched_forward", capture)
+    return built
+
+
+def test_the_self_drafts_steps_of_a_batch_run_together(monkeypatch):
+    """Every row drafts its chain with the quantized self-draft: each depth's steps of the rows still drafting
+    run in one QuantizedDecoder.step_rows (BatchedForward.draft_step), and every row stays greedy's."""
+    model = tiny_llama()
+    built = _capture_batched(monkeypatch)
+    config = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    kw = dict(attention_mask=MASK, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=PAD)
+    out = mtprobe.generate(model, IDS, config, **kw)
+    batched = built[-1]
+    assert out.batch == len(ROWS)
+    drafted = sum(sum(o.drafted_per_depth) for o in out.sequence_outputs)
+    # Every chain's first draft comes from the target's logits' step (the bonus token's decoder step), and
+    # every other from a decoder step: at least one step a draft, and rows met in them.
+    assert batched.draft_steps > 0 and batched.draft_rows >= drafted
+    assert batched.draft_rows > batched.draft_steps  # several rows per step_rows call
+    assert batched.draft_seconds > 0 and batched.forward_seconds > 0
+    monkeypatch.setenv(batch_module.ENV, "0")
+    apart = mtprobe.generate(model, IDS, config, **kw)
+    assert apart.batch == 1 and torch.equal(out.sequences, apart.sequences)
+
+
+def test_autoconfig_prices_a_batch_step_as_the_batch_forward(monkeypatch):
+    """A row of a batch of B is priced by the forward of B blocks (ForwardProfile.for_rows), measures no step
+    overhead (its waits on the other rows are not its own), and keeps its draft model's measurements apart
+    from a single sequence's."""
+    from mtprobe.state import state_of
+
+    model = tiny_llama()
+    config = mtprobe.AutoConfig()
+    kw = dict(attention_mask=MASK, do_sample=False, max_new_tokens=10, eos_token_id=None, pad_token_id=PAD)
+    out = mtprobe.generate(model, IDS, config, **kw)
+    assert out.batch == len(ROWS)
+    assert all(o.timings["step_overhead_s"] == 0.0 for o in out.sequence_outputs)
+    carried = state_of(model).carried
+    assert {key[2] for key in carried} == {len(ROWS)}  # (configuration, sampling, rows)
+    alone = mtprobe.generate(model, IDS[:1], config, **{**kw, "attention_mask": MASK[:1]})
+    assert alone.batch == 1
+    assert {key[2] for key in carried} == {1, len(ROWS)}
 
 
 def test_one_after_another_where_a_batch_cannot_run_together(monkeypatch):
@@ -225,6 +279,15 @@ def test_bad_input_is_named():
         mask_dtype="float32",
         device="cpu",
     )
+    with pytest.raises(ValueError, match="draft_step: row 1 is not in \\[0, 1\\)"):
+        batched.draft_step(1, None, 0, 0, [], [])
+    with pytest.raises(ValueError, match="draft_step: no decoder"):
+        batched.draft_step(0, None, 0, 0, [], [])
+    from mtprobe.target_model.self_draft import quantized, quantized_decoder
+
+    decoder = quantized_decoder(quantized(model))
+    with pytest.raises(RuntimeError, match="row 0 is not running"):  # outside run(): no batch to meet
+        batched.draft_step(0, decoder, 0, 0, keys, values)
     drafter = _C.PlainDrafter()
     with pytest.raises(ValueError, match="either a forward or a batched forward and its row, not both"):
         _C.DecodeLoop(drafter, lambda *a: None, list, **loop_kw, batched=batched, row=0)

@@ -52,7 +52,7 @@ def test_a_short_run_reports_every_row_greedy(tmp_path, monkeypatch):
     for (b, m), (_, together, differ) in table.items():
         if m.startswith("mtprobe"):
             assert differ == "0", (b, m)  # every mtprobe row greedy's on its prompt alone
-            # Three prompts in one batch decode together; apart, or one at a time, alone.
-            # (the quantized self-draft's rows go one after another even on a batch: why_not_batched)
-            alone = m.endswith("-apart") or m == "mtprobe-quantized-draft-k12"
+            # Three prompts in one batch decode together (the quantized self-draft's steps too); apart, or
+            # one at a time, alone.
+            alone = m.endswith("-apart")
             assert together == ("3" if b == 3 and not alone else "1"), (b, m, together)

@@ -31,6 +31,22 @@ def test_docstring_example_and_interpolation():
     assert p.relative(1, 100) == 1.0
 
 
+def test_a_row_of_a_batch_sees_the_batch_forward():
+    p = ForwardProfile(KEY, (1, 8, 32), (64, 512), ((0.020, 0.030, 0.046), (0.024, 0.036, 0.056)))
+    assert p.for_rows(1) is p
+    four = p.for_rows(4)
+    assert four.key == p.key and four.block_sizes == (1, 2, 8, 32)
+    for c in (64, 200, 512):
+        for t in (1, 2, 5, 8, 20, 32, 40):
+            # Every row's block of t inputs in one forward: 4t inputs (past 32, the last segment's slope).
+            assert four.time(t, c) == pytest.approx(p.time(4 * t, c))
+    # Drafting costs more against one row's plain step: t(32)/t(4) for a block of 8 here, t(8)/t(1) alone.
+    assert four.relative(8, 64) == pytest.approx(p.time(32, 64) / p.time(4, 64))
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="rows=.* must be an int >= 1"):
+            p.for_rows(bad)
+
+
 def test_profile_forward_measures_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("MTPROBE_CACHE", str(tmp_path))
     model = tiny_llama()

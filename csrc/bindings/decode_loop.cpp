@@ -45,6 +45,10 @@ void bind_decode_loop(py::module_& m) {
                                "DecodeLoop: give either a forward or a batched forward and its row, not ",
                                forward.has_value() ? "both" : "neither");
              ForwardFn fn = batched ? batched->forward_for(row) : std::move(*forward);
+             // A row's own forwards (HF's, deciding near-ties) run where the batch's do
+             // (BatchedForward::run).
+             if (batched && exact_forward.has_value())
+               exact_forward = batched->on_runner(row, std::move(*exact_forward));
              DecodeOptions o;
              o.max_new_tokens = max_new_tokens;
              o.eos_token_ids = std::move(eos_token_ids);
@@ -104,8 +108,22 @@ void bind_decode_loop(py::module_& m) {
            "all "
            "have stopped; their DecodeResults in order",
            py::call_guard<py::gil_scoped_release>())
+      .def("draft_step", &BatchedForward::draft_step, py::arg("row"), py::arg("decoder"), py::arg("token"),
+           py::arg("position"), py::arg("keys"), py::arg("values"),
+           "Row `row`'s quantized self-draft step (QuantizedDecoder.step's arguments): waits for every live "
+           "row "
+           "and runs with the other rows' pending draft steps in one QuantizedDecoder.step_rows; logits "
+           "[vocab]. From a row's loop only, while run() runs",
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rows", &BatchedForward::rows)
-      .def_property_readonly("forwards", &BatchedForward::forwards, "batched forwards run so far");
+      .def_property_readonly("forwards", &BatchedForward::forwards, "batched forwards run so far")
+      .def_property_readonly("draft_steps", &BatchedForward::draft_steps,
+                             "batched draft steps (QuantizedDecoder.step_rows calls) run so far")
+      .def_property_readonly("draft_rows", &BatchedForward::draft_rows, "rows those draft steps ran")
+      .def_property_readonly("forward_seconds", &BatchedForward::forward_seconds,
+                             "wall time spent in the batched forwards")
+      .def_property_readonly("draft_seconds", &BatchedForward::draft_seconds,
+                             "wall time spent in the batched draft steps");
 }
 
 }  // namespace mtprobe::bindings

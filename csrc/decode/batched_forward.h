@@ -4,7 +4,7 @@
 // Why this shape: a decode step on a CPU streams every weight of the target from memory; B sequences
 // decoded one after another stream them B times, in one forward once. The loops run on one thread each;
 // a loop's forward (forward_for(row)) hands its block in and waits. When every loop still running has
-// handed one in, the last to arrive runs TargetForward::forward_batch over all of them (their rows packed,
+// handed one in, run()'s thread runs TargetForward::forward_batch over all of them (their rows packed,
 // each block attending over its own cache) and hands each loop its logits. A loop that finishes leaves
 // (it no longer holds the others back), and one that runs a step elsewhere (HF's forward deciding a
 // near-tie) simply arrives later. Everything else a loop does stays its own: the batch changes which
@@ -12,12 +12,19 @@
 //
 // Each row's cache is its HF adapter's (mtprobe.target_model.cache.TreeKVCache) allocated at its full
 // capacity before the loops start, so its buffers never move while they run.
+//
+// The quantized self-draft's one-token forwards meet the same way (draft_step): a row whose drafter runs
+// one hands in its token and its draft cache and waits; once every live row waits (on a draft step or on
+// the target), the draft steps run first, one QuantizedDecoder::step_rows per decoder for all of them, so
+// B rows drafting read the 4-bit weights once per depth instead of B times. The target's forward runs
+// once no row is drafting any more: rows at the same depth of their chains draft together.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +32,7 @@
 #include <vector>
 
 #include "decode/decode_loop.h"
+#include "decode/quantized_decoder.h"
 #include "decode/target_forward.h"
 #include "runtime/callbacks.h"
 
@@ -53,8 +61,24 @@ class BatchedForward {
   std::vector<DecodeResult> run(const std::vector<DecodeLoop*>& loops,
                                 const std::vector<at::Tensor>& prompts);
 
+  // `fn` (a row's forward of its own: HF's forward deciding a near-tie) made to run on run()'s thread, once
+  // every live row waits, as the batched forwards do: a loop's thread runs no parallel work of its own (see
+  // run()). Calls from row `row`'s loop only, while the batch runs.
+  ForwardFn on_runner(int64_t row, ForwardFn fn);
+
+  // Row `row`'s draft step: logits [vocab] float32 of `token` at `position` through `decoder`, its keys and
+  // values written into the row's draft cache (keys[l], values[l]: QuantizedDecoder::step's layout). Blocks
+  // until every live row waits, then runs with every other row's pending draft step on the same decoder.
+  // Called from a row's loop only (its thread), while the batch runs.
+  at::Tensor draft_step(int64_t row, const std::shared_ptr<QuantizedDecoder>& decoder, int64_t token,
+                        int64_t position, std::vector<at::Tensor> keys, std::vector<at::Tensor> values);
+
   int64_t rows() const { return static_cast<int64_t>(rows_.size()); }
-  int64_t forwards() const { return forwards_; }  // batched forwards run so far
+  int64_t forwards() const { return forwards_; }               // batched forwards run so far
+  int64_t draft_steps() const { return draft_steps_; }         // batched draft steps (step_rows calls) so far
+  int64_t draft_rows() const { return draft_rows_; }           // rows those draft steps ran
+  double forward_seconds() const { return forward_seconds_; }  // wall time in the batched forwards
+  double draft_seconds() const { return draft_seconds_; }      // wall time in the batched draft steps
 
  private:
   using Output = std::tuple<at::Tensor, std::optional<at::Tensor>>;
@@ -64,21 +88,56 @@ class BatchedForward {
     Output out;
     std::exception_ptr error;
   };
+  struct DraftPending {
+    std::shared_ptr<QuantizedDecoder> decoder;
+    int64_t token = 0, position = 0;
+    std::vector<at::Tensor> keys, values;
+    bool done = false;
+    at::Tensor out;  // [vocab]
+    std::exception_ptr error;
+  };
+  struct Task {
+    std::function<Output()> fn;
+    bool done = false;
+    Output out;
+    std::exception_ptr error;
+  };
   Output submit(int64_t row, TargetBlock block);
+  // With the lock held, `slot` just filled: wakes run()'s thread if every live row now waits, waits until
+  // the slot's work has run, empties it and returns its output (or rethrows its error).
+  template <typename Slot>
+  auto wait_until_run(std::unique_lock<std::mutex>& lock, std::optional<Slot>& slot) {
+    if (complete()) runner_cv_.notify_one();
+    cv_.wait(lock, [&] { return slot->done; });
+    Slot taken = std::move(*slot);
+    slot.reset();
+    if (taken.error) std::rethrow_exception(taken.error);
+    return std::move(taken.out);
+  }
   void leave(int64_t row);
-  // With the lock held: when every live row has a block in, run them all and wake the waiting rows.
-  void run_if_complete();
+  // With the lock held: whether every live row waits (and one at least), so that run()'s thread runs the
+  // pending draft steps (if any), else the target's forward over every block handed in.
+  bool complete() const;
+  void run_tasks();
+  void run_draft_steps();
+  void run_forward();
 
   std::shared_ptr<TargetForward> target_;
   std::vector<BatchRow> rows_;
   at::ScalarType hidden_dtype_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;         // the rows wait on it for their outputs
+  std::condition_variable runner_cv_;  // run()'s thread waits on it for every live row to wait
   std::vector<bool> live_;
   int64_t live_count_ = 0;
   std::vector<std::optional<Pending>> pending_;  // per row: the block it handed in, until it takes its output
   int64_t submitted_ = 0;                        // live rows with a block not yet run
-  int64_t forwards_ = 0;
+  std::vector<std::optional<DraftPending>> drafts_;  // per row: its draft step, until it takes the logits
+  int64_t drafting_ = 0;                             // live rows with a draft step not yet run
+  std::vector<std::optional<Task>> tasks_;           // per row: its own forward to run on run()'s thread
+  int64_t tasked_ = 0;                               // live rows with a task not yet run
+  int64_t forwards_ = 0, draft_steps_ = 0, draft_rows_ = 0;
+  double forward_seconds_ = 0.0, draft_seconds_ = 0.0;
 };
 
 }  // namespace mtprobe

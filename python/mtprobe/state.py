@@ -47,9 +47,9 @@ class ModelState:
     """Why HF's forward runs (``""`` where ``native`` does; None: not decided yet)."""
     ngram_memories: dict[tuple[int, int, int], Any] = field(default_factory=dict)
     """The cross-request n-gram memories, by (memory_size, max_ngram, table_size) (:mod:`mtprobe.drafters.stand`)."""
-    carried: dict[tuple[Any, bool], tuple[Any, float]] = field(default_factory=dict)
-    """What AutoConfig measured of each draft model: (configuration, sampling) -> (acceptance counts,
-    seconds per draft) (:mod:`mtprobe.drafters.auto`)."""
+    carried: dict[tuple[Any, bool, int], tuple[Any, float]] = field(default_factory=dict)
+    """What AutoConfig measured of each draft model: (configuration, sampling, rows decoded together) ->
+    (acceptance counts, seconds per draft) (:mod:`mtprobe.drafters.auto`)."""
 
 
 _STATES: weakref.WeakKeyDictionary[Any, ModelState] = weakref.WeakKeyDictionary()

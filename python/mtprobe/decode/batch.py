@@ -5,8 +5,12 @@ A decode step on a CPU streams every weight of the target from memory; a batch o
 keeps its own decode loop, drafter and KV cache, as when decoded alone, and the loops meet at their target
 forwards: :class:`mtprobe._C.BatchedForward` (``csrc/decode/batched_forward.h``) runs one loop per thread,
 and when every loop still running has handed in its block, one C++ forward runs all of them, their rows
-packed through every linear layer and each block attending over its own cache. A finished sequence leaves
-the batch; a step whose near-tie HF's forward decides runs apart and joins the next forward late.
+packed through every linear layer and each block attending over its own cache. The quantized self-draft's
+one-token steps meet the same way (``BatchedForward.draft_step``: one ``QuantizedDecoder.step_rows`` per
+depth for every row still drafting, its 4-bit weights read once), and AutoConfig prices a row's step as the
+batch's forward (``ForwardProfile.for_rows``), so that it drafts less the more rows share a forward. Every
+batched forward, draft step and near-tie's HF forward runs on the calling thread, so that one warm team of
+intra-op threads does all the parallel work. A finished sequence leaves the batch.
 
 Each sequence's tokens are what decoding it alone gives: greedy, HF greedy's on its prompt alone (the
 same C++ forward, the same margin check). Where it does not apply (:func:`why_not_batched`), the
@@ -42,8 +46,8 @@ def why_not_batched(
     call's drafter asks of the target's forward (calibrated masks' hooks and temperatures, another layer's
     hidden states), which only HF's forward, run by each sequence's adapter, computes; ``shares_memory``:
     its drafters read and fold a cross-request n-gram memory, which one thread at a time may touch;
-    ``draft_model``: one of its drafters runs a draft model (the quantized self-draft: AutoConfig's default
-    candidates include it)."""
+    ``draft_model``: one of its drafters runs a draft model whose forwards run row by row
+    (:func:`mtprobe.drafters.base.drafts_row_by_row`; the quantized self-draft's steps meet in the batch)."""
     if count < 2:
         return "one sequence"
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
@@ -60,9 +64,8 @@ def why_not_batched(
     if shares_memory:
         return "the drafter shares a cross-request n-gram memory (its rows would fold into it at once)"
     if draft_model:
-        # Its draft steps run row by row while the other rows wait, and AutoConfig prices a step as one row's:
-        # measured slower together than one after another (benchmarks/results/batch/bench_batch-off-grid.md).
-        return "a draft model drafts (its one-token forwards run row by row: slower together than apart, for now)"
+        # Its forwards would run row by row through HF's modules while the other rows wait.
+        return "a draft model drafts through HF's modules (its forwards run row by row: batched, the rows would wait)"
     return ""
 
 

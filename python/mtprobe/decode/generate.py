@@ -39,12 +39,12 @@ from mtprobe.decode.output import GenerateOutput, padding_id, per_token, stack_o
 from mtprobe.drafters import (
     as_decoding_config,
     check_decoding_config,
+    drafts_row_by_row,
     hidden_layer,
     make_drafter,
     mask_adaptation,
     max_prompt_logit_rows,
     ngram_memories,
-    runs_draft_model,
 )
 from mtprobe.drafters.from_hf import resolve_config
 from mtprobe.registry import DecodingConfig
@@ -187,7 +187,7 @@ def custom_generate(
         masks=shared.masks,
         hidden_layer=shared.hidden_layer,
         shares_memory=bool(ngram_memories(model, call.config)),
-        draft_model=runs_draft_model(call.config),
+        draft_model=drafts_row_by_row(call.config),
     )
     if not why:  # every sequence at once: one target forward per step for all of them
         outputs = decode_batch(model, call, shared, of_prompt)
@@ -405,15 +405,18 @@ def decode_batch(
 ) -> list[GenerateOutput]:
     """The sequences of ``prompts`` decoded together (:mod:`mtprobe.decode.batch`): each its own adapter,
     drafter and loop, one C++ forward per step for all of them."""
-    seqs = [start_sequence(model, call, shared, prompt, None) for prompt in prompts]
+    seqs = [start_sequence(model, call, shared, prompt, None, batch_rows=len(prompts)) for prompt in prompts]
     capacities = [call.capacities(p.ids.shape[1])[1] for p in prompts]
     batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities)
     loops = [sequence_loop(model, call, s, batched, row) for row, s in enumerate(seqs)]
-    results = batched.run(loops, [p.ids[0] for p in prompts])
-    outputs = [finish_sequence(model, call, shared, s, r) for s, r in zip(seqs, results, strict=True)]
-    for out in outputs:
-        out.batch = len(seqs)
-    return outputs
+    for row, s in enumerate(seqs):
+        s.adapter.batch_row = (batched, row)  # the self-draft's steps meet there too
+    try:
+        results = batched.run(loops, [p.ids[0] for p in prompts])
+    finally:
+        for s in seqs:
+            s.adapter.batch_row = None
+    return [finish_sequence(model, call, shared, s, r) for s, r in zip(seqs, results, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -430,9 +433,15 @@ class SequenceParts:
 
 
 def start_sequence(
-    model: PreTrainedModel, call: Call, shared: Shared, prompt: Prompt, prefill: SharedPrefill | None
+    model: PreTrainedModel,
+    call: Call,
+    shared: Shared,
+    prompt: Prompt,
+    prefill: SharedPrefill | None,
+    batch_rows: int = 1,
 ) -> SequenceParts:
-    """The target adapter of one sequence of ``prompt``, then the drafter handed it."""
+    """The target adapter of one sequence of ``prompt``, then the drafter handed it; ``batch_rows``: the
+    sequences decoded together with it (:func:`decode_batch`), whose forwards its own share."""
     config, device, processors = call.config, call.device, shared.logits_processor
     prompt_len = prompt.ids.shape[1]
     rows = shared.prompt_logit_rows
@@ -466,6 +475,7 @@ def start_sequence(
         native=shared.native,
     )
     adapter.hidden_layer = shared.hidden_layer
+    adapter.batch_rows = batch_rows
     adapter.set_mask_layer_offsets(shared.masks.offsets)
     adapter.set_mask_lora(shared.masks.lora)
     adapter.set_mask_temperature(shared.masks.temperature)
@@ -556,6 +566,7 @@ def finish_sequence(
         scores=per_token(result.scores),
         logits=per_token(result.logits),
     )
+    output.batch = adapter.batch_rows
     finish = registry.method_of(config).finish
     if finish is not None:  # the method's own fields: a scheduler's choices, a bank's trees
         finish(model, config, drafter, output, call.do_sample)

@@ -47,7 +47,7 @@ from mtprobe.drafters.base import (  # isort: skip
     mask_adaptation,
     max_prompt_logit_rows,
     ngram_memories,
-    runs_draft_model,
+    drafts_row_by_row,
 )
 
 __all__ = [
@@ -83,6 +83,6 @@ __all__ = [
     "ngram_memory",
     "plain_drafter",
     "prompt_lookup_drafter",
-    "runs_draft_model",
+    "drafts_row_by_row",
     "stand_drafter",
 ]

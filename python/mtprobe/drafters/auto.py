@@ -204,17 +204,22 @@ def auto_candidates(model: PreTrainedModel, config: AutoConfig) -> tuple[Decodin
 
 
 def carry_auto_measurements(
-    model: PreTrainedModel, candidates: Sequence[DecodingConfig], drafter: _C.AutoDrafter, do_sample: bool
+    model: PreTrainedModel,
+    candidates: Sequence[DecodingConfig],
+    drafter: _C.AutoDrafter,
+    do_sample: bool,
+    rows: int = 1,
 ) -> None:
     """Keep what ``drafter`` (built by :func:`auto_drafter` for ``model`` over ``candidates``, its
     :func:`auto_candidates`) measured of its drafters with own forwards, in the model's state
     (:mod:`mtprobe.state`): the model's next AutoConfig generation in this process starts from it
-    (csrc/drafters/auto.h) instead of exploring the draft model from nothing."""
+    (csrc/drafters/auto.h) instead of exploring the draft model from nothing. Kept per batch size
+    ``rows``: a draft step of a batch of 8 costs several times one sequence's."""
     carried = state_of(model).carried
     for i, c in enumerate(candidates):
         if registry.method_of(c).own_forwards and drafter.draft_costs[i] > 0:
             stats = drafter.stats[i]
-            carried[(c, do_sample)] = ((stats.trials, stats.accepts), drafter.draft_costs[i])
+            carried[(c, do_sample, rows)] = ((stats.trials, stats.accepts), drafter.draft_costs[i])
 
 
 def auto_drafter(
@@ -229,8 +234,15 @@ def auto_drafter(
 ) -> _C.AutoDrafter:
     """The scheduling drafter over :func:`auto_candidates`, priced by ``model``'s forward profile (and a
     draft model by the measured seconds of its own forwards); ``target`` goes to the drafters that
-    take it."""
+    take it. A row of a batch (``target.batch_rows`` > 1) prices a step as the batch's forward
+    (:meth:`~mtprobe.target_model.profile.ForwardProfile.for_rows`); its draft model's measured seconds are
+    the batch's draft steps already (every row's step of a depth runs together)."""
     profile = forward_profile(model, config)
+    rows = target.batch_rows if target is not None else 1
+    if (
+        rows > 1
+    ):  # a row of a batch decoded together: its step is the batch's forward (ForwardProfile.for_rows)
+        profile = profile.for_rows(rows)
     cost = _C.CostTable(
         list(profile.block_sizes), list(profile.context_lengths), [s for row in profile.seconds for s in row]
     )
@@ -256,7 +268,8 @@ def auto_drafter(
     budgets = [c.block_complexity for c in candidates]
     kept = state_of(model).carried
     carried = [
-        kept.get((c, do_sample)) if own else None for c, own in zip(candidates, own_forwards, strict=True)
+        kept.get((c, do_sample, rows)) if own else None
+        for c, own in zip(candidates, own_forwards, strict=True)
     ]
     decay = float(config.decay)
     return _C.AutoDrafter(
@@ -268,6 +281,7 @@ def auto_drafter(
         own_forwards=own_forwards,
         carried_stats=[_C.AcceptanceStats(decay, *m[0]) if m else _C.AcceptanceStats(decay) for m in carried],
         carried_costs=[m[1] if m else 0.0 for m in carried],
+        measure_overhead=rows == 1,  # a row of a batch also waits on the others (csrc/drafters/auto.h)
     )
 
 
@@ -283,7 +297,7 @@ def finish(
     output.timings["draft_s"] = drafter.draft_seconds
     output.timings["schedule_s"] = drafter.schedule_seconds
     output.timings["step_overhead_s"] = drafter.step_overhead
-    carry_auto_measurements(model, candidates, drafter, do_sample)
+    carry_auto_measurements(model, candidates, drafter, do_sample, output.batch)
 
 
 def drafter_configs(text: str) -> tuple[Any, ...]:

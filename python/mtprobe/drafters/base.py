@@ -288,10 +288,15 @@ def leaves(config: object) -> tuple[Any, ...]:
     return tuple(children(config)) if children is not None else (config,)
 
 
-def runs_draft_model(config: object) -> bool:
+def drafts_row_by_row(config: object) -> bool:
     """Whether one of the drafters ``config`` runs (a scheduler's children included) drafts with a draft model
-    handed the target (``takes_target``: the quantized self-draft, a draft model), in forwards of its own."""
-    return any(registry.method_of(c).takes_target for c in leaves(config))
+    handed the target (``takes_target``) whose forwards a batch's rows cannot run together: a draft model of
+    the user's or the layer-truncated self-draft (HF's modules, row by row); the quantized self-draft's steps
+    meet (its configuration's ``steps_meet_in_batch``)."""
+    return any(
+        registry.method_of(c).takes_target and not getattr(c, "steps_meet_in_batch", False)
+        for c in leaves(config)
+    )
 
 
 def hidden_layer(model: PreTrainedModel, config: DecodingConfig) -> int:

@@ -131,6 +131,13 @@ class DraftModelConfig(ConfigData):
                 f"got {type(self.draft_model).__name__}"
             )
 
+    @property
+    def steps_meet_in_batch(self) -> bool:
+        """Whether the rows of a batch decoded together run this draft's one-token forwards together: the
+        quantized self-draft's C++ decoder steps every row at once (``BatchedForward.draft_step``); any other
+        draft model runs each row's forwards through HF's modules, one row at a time."""
+        return self.draft_model is None and self.self_draft == "quantized"
+
     def to_dict(self) -> dict[str, Any]:
         """As for every configuration; a live ``draft_model`` has no identity a dict can hold, so it
         is refused (the layer-truncated self-draft, ``draft_model=None``, serialises)."""
@@ -221,8 +228,13 @@ def draft_model_drafter(
             adapter.reserve(prefix_len + rows)
             if layers[0].is_initialized:  # after the draft's first forward through HF (or the copy)
                 keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
+                # A row of a batch steps with the other rows' drafts: the 4-bit weights read once for all.
+                batch = target.batch_row if target is not None else None
                 for i, token in enumerate(tokens.tolist()):
-                    logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
+                    if batch is not None:
+                        logits = batch[0].draft_step(batch[1], decoder, token, prefix_len + i, keys, values)
+                    else:
+                        logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
                 adapter.cache.set_length(prefix_len + rows)
                 return logits.unsqueeze(0).expand(n, -1), None  # the drafter reads the last row only
         # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's

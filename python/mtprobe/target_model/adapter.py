@@ -297,6 +297,12 @@ class HFAdapter:
         # that takes the target's entries, drafters.draft_model_drafter). A tensor, so that a batched forward
         # (mtprobe._C.BatchedForward), which runs the prefill without this adapter, sets it too.
         self.prefilled_flag = torch.zeros((), dtype=torch.bool)
+        # While this sequence decodes as row ``batch_row[1]`` of a batch (``batch_row[0]``, a
+        # mtprobe._C.BatchedForward), its quantized self-draft's steps meet the other rows' there (None: alone).
+        self.batch_row: tuple[Any, int] | None = None
+        # How many sequences' blocks share this sequence's target forwards (a batch decoded together: set
+        # before its drafter is made, whose scheduler prices a step as the batch's forward), else 1.
+        self.batch_rows = 1
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)

@@ -195,6 +195,22 @@ class ForwardProfile:
         """t(block_size, context) / t(1, context): the cost of a block in plain-decoding steps."""
         return self.time(block_size, context) / self.time(1, context)
 
+    def for_rows(self, rows: int) -> ForwardProfile:
+        """The profile as one row of a batch of ``rows`` sequences decoded together sees it: there a
+        row's block of T inputs runs in one forward with every other row's, and each row waits out that
+        forward, so its step costs t(rows x T) (every row's block taken as large as its own). Priced so, a
+        row's scheduler drafts less the more rows share the forward: on a CPU a forward of many inputs is
+        bound by arithmetic, not by reading the weights, and the drafts the others verify cost every row."""
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows={rows!r} must be an int >= 1 (the sequences sharing each forward)")
+        if rows == 1:
+            return self
+        # Grid points where the measured ones fall (rows x T on a measured block size), so that between them
+        # the line is the measured one's.
+        sizes = tuple(sorted({*self.block_sizes, *(max(1, round(b / rows)) for b in self.block_sizes)}))
+        seconds = tuple(tuple(self.time(rows * b, c) for b in sizes) for c in self.context_lengths)
+        return dataclasses.replace(self, block_sizes=sizes, seconds=seconds)
+
     def check(self, model: Any) -> None:
         """Raise ValueError naming every field on which ``model`` (as loaded now) differs from the
         profile's key: a profile from another model, device, dtype or thread count misleads."""
