@@ -170,6 +170,13 @@ def test_autoconfig_prices_a_batch_step_as_the_batch_forward(monkeypatch):
     alone = mtprobe.generate(model, IDS[:1], config, **{**kw, "attention_mask": MASK[:1]})
     assert alone.batch == 1
     assert {key[2] for key in carried} == {1, len(ROWS)}
+    # A batch size not measured yet starts from the nearest batch's measurements, never a single sequence's.
+    from mtprobe.drafters.auto import _carried
+
+    draft = next(key[0] for key in carried)
+    assert _carried(carried, draft, False, 2) is carried[(draft, False, len(ROWS))]
+    assert _carried(carried, draft, False, 1) is carried[(draft, False, 1)]
+    assert _carried(carried, draft, True, 2) is None  # nothing measured under sampling
 
 
 def test_one_after_another_where_a_batch_cannot_run_together(monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,22 @@ def carry_auto_measurements(
             carried[(c, do_sample, rows)] = ((stats.trials, stats.accepts), drafter.draft_costs[i])
 
 
+def _carried(kept: dict, config: DecodingConfig, do_sample: bool, rows: int) -> Any:
+    """What an earlier generation of ``rows`` sequences measured of the draft model ``config``; for a batch
+    of a size not measured yet, the nearest batch size's (its acceptance holds, its seconds per draft are
+    re-measured at the first draft): else its first step would explore with every draft it may make, for
+    every row. A single sequence starts from a single sequence's only (a batch's draft step costs several
+    times one row's)."""
+    exact = kept.get((config, do_sample, rows))
+    if exact is not None or rows == 1:
+        return exact
+    sizes = [r for (c, sampled, r) in kept if c == config and sampled == do_sample and r > 1]
+    if not sizes:
+        return None
+    nearest = min(sizes, key=lambda r: (abs(math.log(r / rows)), r))
+    return kept[(config, do_sample, nearest)]
+
+
 def auto_drafter(
     model: PreTrainedModel,
     config: AutoConfig,
@@ -268,7 +285,7 @@ def auto_drafter(
     budgets = [c.block_complexity for c in candidates]
     kept = state_of(model).carried
     carried = [
-        kept.get((c, do_sample, rows)) if own else None
+        _carried(kept, c, do_sample, rows) if own else None
         for c, own in zip(candidates, own_forwards, strict=True)
     ]
     decay = float(config.decay)
