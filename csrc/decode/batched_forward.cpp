@@ -240,10 +240,10 @@ std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& lo
 #ifdef _OPENMP
       // A loop's own ops (its drafter's argmax over the vocabulary, verification) run on its thread alone:
       // an OpenMP team per loop thread would put more of libgomp's threads than cores in the process, and
-      // libgomp then lets every idle worker sleep at once instead of spinning, so that each parallel region
-      // of the batched forwards (hundreds a draft step) waits on a wake-up: measured 18 ms a draft step of 4
-      // rows against 8 (omp_set_num_threads sets this thread's own setting, not the process's; ATen sets it
-      // once per thread at the thread's first parallel call, so that comes first).
+      // libgomp then all but stops spinning, so that each parallel region of the batched forwards (hundreds
+      // a draft step) waits on a wake-up: step_rows of 4 rows took 8.7 ms alone, 22.4 ms beside four idle
+      // threads that had run one parallel op. (omp_set_num_threads sets this thread's own setting, not the
+      // process's; ATen sets it once per thread at the thread's first parallel call, so that comes first.)
       (void)at::get_num_threads();
       omp_set_num_threads(1);
 #endif
@@ -255,12 +255,12 @@ std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& lo
       leave(static_cast<int64_t>(i));  // finished or failed: the others go on without this row
     });
   }
-  // This thread runs every batched forward and draft step, once every live row waits (none can move until
-  // something runs). One thread, not whichever row arrived last: the intra-op workers (OpenMP's team is per
-  // calling thread) stay the same warm ones, where a new caller each time left the last caller's workers
-  // spinning against the new ones: a draft step measured twice as slow (8 ms for 4 rows from one thread,
-  // 17.5 ms taking turns on four). The draft steps run first: their rows go on drafting and hand in their
-  // blocks later, and the target's forward waits for them, so that it takes every row's block at once.
+  // This thread runs every batched forward, draft step and row's own forward (on_runner), once every live
+  // row waits (none can move until something runs). One thread, not whichever row arrived last: OpenMP's
+  // team is per calling thread, and one team is all the process should hold (see the loops' threads above):
+  // a 4-row draft step measured 8 ms from one thread, 17.5 ms taking turns on four. The draft steps run
+  // before the target's forward: their rows go on drafting and hand in their blocks later, and the forward
+  // waits for them, so that it takes every row's block at once.
   {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
