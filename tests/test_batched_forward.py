@@ -154,17 +154,21 @@ def test_the_self_drafts_steps_of_a_batch_run_together(monkeypatch):
 
 
 def test_autoconfig_prices_a_batch_step_as_the_batch_forward(monkeypatch):
-    """A row of a batch of B is priced by the forward of B blocks (ForwardProfile.for_rows), measures no step
-    overhead (its waits on the other rows are not its own), and keeps its draft model's measurements apart
-    from a single sequence's."""
+    """A row of a batch of B is priced by the forward of B blocks (ForwardProfile.for_rows) and by the batch
+    step's overhead as the batched forward measures it (its own wall time includes its waits on the other
+    rows), and keeps its draft model's measurements apart from a single sequence's."""
     from mtprobe.state import state_of
 
     model = tiny_llama()
+    built = _capture_batched(monkeypatch)
     config = mtprobe.AutoConfig()
     kw = dict(attention_mask=MASK, do_sample=False, max_new_tokens=10, eos_token_id=None, pad_token_id=PAD)
     out = mtprobe.generate(model, IDS, config, **kw)
     assert out.batch == len(ROWS)
-    assert all(o.timings["step_overhead_s"] == 0.0 for o in out.sequence_outputs)
+    overhead = built[-1].step_overhead
+    assert overhead > 0
+    # Each row's scheduler reports (and priced) the batch's, read after the batch ran.
+    assert all(o.timings["step_overhead_s"] == overhead for o in out.sequence_outputs)
     carried = state_of(model).carried
     assert {key[2] for key in carried} == {len(ROWS)}  # (configuration, sampling, rows)
     alone = mtprobe.generate(model, IDS[:1], config, **{**kw, "attention_mask": MASK[:1]})

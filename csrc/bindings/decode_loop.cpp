@@ -87,7 +87,7 @@ void bind_decode_loop(py::module_& m) {
       "each loop runs on its own thread and its forward waits for the others'.")
       .def(py::init([](std::shared_ptr<TargetForward> target, std::vector<std::vector<at::Tensor>> keys,
                        std::vector<std::vector<at::Tensor>> values, std::vector<int64_t> prefill_logits_from,
-                       std::vector<at::Tensor> prefilled) {
+                       std::vector<at::Tensor> prefilled, std::shared_ptr<SharedSeconds> overhead) {
              TORCH_CHECK_VALUE(
                  values.size() == keys.size() && prefill_logits_from.size() == keys.size() &&
                      prefilled.size() == keys.size(),
@@ -99,10 +99,10 @@ void bind_decode_loop(py::module_& m) {
              for (size_t r = 0; r < keys.size(); ++r)
                rows.push_back(
                    {std::move(keys[r]), std::move(values[r]), prefill_logits_from[r], prefilled[r]});
-             return std::make_shared<BatchedForward>(std::move(target), std::move(rows));
+             return std::make_shared<BatchedForward>(std::move(target), std::move(rows), std::move(overhead));
            }),
            py::arg("target"), py::kw_only(), py::arg("keys"), py::arg("values"),
-           py::arg("prefill_logits_from"), py::arg("prefilled"))
+           py::arg("prefill_logits_from"), py::arg("prefilled"), py::arg("overhead") = nullptr)
       .def("run", &BatchedForward::run, py::arg("loops"), py::arg("prompts"),
            "Runs loops[i].run(prompts[i]) on one thread each (loop i built with batched=self, row=i) until "
            "all "
@@ -122,6 +122,9 @@ void bind_decode_loop(py::module_& m) {
       .def_property_readonly("draft_rows", &BatchedForward::draft_rows, "rows those draft steps ran")
       .def_property_readonly("forward_seconds", &BatchedForward::forward_seconds,
                              "wall time spent in the batched forwards")
+      .def_property_readonly(
+          "step_overhead", &BatchedForward::step_overhead,
+          "seconds a batch step spends besides its forward and draft steps (moving average)")
       .def_property_readonly("draft_seconds", &BatchedForward::draft_seconds,
                              "wall time spent in the batched draft steps");
 }

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 
+#include <algorithm>
 #include <chrono>
 
 #ifdef _OPENMP
@@ -15,8 +16,15 @@
 
 namespace mtprobe {
 
-BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows)
-    : target_(std::move(target)), rows_(std::move(rows)) {
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
+                               std::shared_ptr<SharedSeconds> overhead)
+    : target_(std::move(target)), rows_(std::move(rows)), overhead_(std::move(overhead)) {
   TORCH_CHECK_VALUE(target_ != nullptr, "BatchedForward: no target forward");
   TORCH_CHECK_VALUE(!rows_.empty(), "BatchedForward: a batch needs at least one row");
   for (size_t r = 0; r < rows_.size(); ++r) {
@@ -97,6 +105,7 @@ ForwardFn BatchedForward::on_runner(int64_t row, ForwardFn fn) {
 }
 
 void BatchedForward::run_tasks() {
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t r = 0; r < rows(); ++r) {
     if (!tasks_[r].has_value() || tasks_[r]->done) continue;
     try {
@@ -107,6 +116,7 @@ void BatchedForward::run_tasks() {
     tasks_[r]->done = true;
   }
   tasked_ = 0;
+  other_work_ += seconds_since(start);
 }
 
 at::Tensor BatchedForward::draft_step(int64_t row, const std::shared_ptr<QuantizedDecoder>& decoder,
@@ -131,12 +141,6 @@ at::Tensor BatchedForward::draft_step(int64_t row, const std::shared_ptr<Quantiz
   ++drafting_;
   return wait_until_run(lock, drafts_[row]);
 }
-
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-}  // namespace
 
 void BatchedForward::run_draft_steps() {
   const auto start = std::chrono::steady_clock::now();
@@ -168,7 +172,9 @@ void BatchedForward::run_draft_steps() {
     draft_rows_ += static_cast<int64_t>(order.size());
   }
   drafting_ = 0;
-  draft_seconds_ += seconds_since(start);
+  const double seconds = seconds_since(start);
+  draft_seconds_ += seconds;
+  other_work_ += seconds;
 }
 
 void BatchedForward::leave(int64_t row) {
@@ -194,6 +200,11 @@ void BatchedForward::run_forward() {
     }
   }
   const auto start = std::chrono::steady_clock::now();
+  if (last_forward_end_.has_value()) {  // the step since the last forward, less its forward and draft steps
+    const double sample = std::max(0.0, seconds_since(*last_forward_end_) - other_work_);
+    step_overhead_ = overhead_samples_++ == 0 ? sample : 0.9 * step_overhead_ + 0.1 * sample;
+    if (overhead_) overhead_->set(step_overhead_);
+  }
   try {
     auto outs = target_->forward_batch(blocks);
     for (size_t i = 0; i < order.size(); ++i) pending_[order[i]]->out = std::move(outs[i]);
@@ -206,6 +217,8 @@ void BatchedForward::run_forward() {
   submitted_ = 0;
   ++forwards_;
   forward_seconds_ += seconds_since(start);
+  last_forward_end_ = std::chrono::steady_clock::now();
+  other_work_ = 0.0;
 }
 
 std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& loops,
@@ -223,6 +236,8 @@ std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& lo
     submitted_ = 0;
     drafting_ = 0;
     tasked_ = 0;
+    last_forward_end_.reset();
+    other_work_ = 0.0;
     for (auto& p : pending_) p.reset();
     for (auto& d : drafts_) d.reset();
     for (auto& t : tasks_) t.reset();

@@ -22,6 +22,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -35,6 +36,7 @@
 #include "decode/quantized_decoder.h"
 #include "decode/target_forward.h"
 #include "runtime/callbacks.h"
+#include "runtime/shared_seconds.h"
 
 namespace mtprobe {
 
@@ -50,7 +52,9 @@ struct BatchRow {
 
 class BatchedForward {
  public:
-  BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows);
+  // overhead (or null): where to publish the batch step's overhead as measured here (step_overhead()).
+  BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
+                 std::shared_ptr<SharedSeconds> overhead = nullptr);
 
   // Row `row`'s forward, the ForwardFn its decode loop calls: (logits [T, vocab] float32, final hidden
   // states [T, hidden] in the model's dtype when asked). Blocks until the batch's forward has run.
@@ -79,6 +83,9 @@ class BatchedForward {
   int64_t draft_rows() const { return draft_rows_; }           // rows those draft steps ran
   double forward_seconds() const { return forward_seconds_; }  // wall time in the batched forwards
   double draft_seconds() const { return draft_seconds_; }      // wall time in the batched draft steps
+  // Seconds a batch step spends besides its forward and its draft steps (the rows' own work between two
+  // forwards): a moving average over the steps of run(), 0 before its second forward.
+  double step_overhead() const { return step_overhead_; }
 
  private:
   using Output = std::tuple<at::Tensor, std::optional<at::Tensor>>;
@@ -138,6 +145,13 @@ class BatchedForward {
   int64_t tasked_ = 0;                               // live rows with a task not yet run
   int64_t forwards_ = 0, draft_steps_ = 0, draft_rows_ = 0;
   double forward_seconds_ = 0.0, draft_seconds_ = 0.0;
+  std::shared_ptr<SharedSeconds> overhead_;
+  double step_overhead_ = 0.0;
+  int64_t overhead_samples_ = 0;
+  // Since the last forward of run() ended (none yet: no gap to measure): when, and the seconds run() spent on
+  // draft steps and rows' own forwards since.
+  std::optional<std::chrono::steady_clock::time_point> last_forward_end_;
+  double other_work_ = 0.0;
 };
 
 }  // namespace mtprobe

@@ -115,7 +115,7 @@ std::pair<int64_t, int64_t> AutoDrafter::forecast(const at::Tensor& committed, i
     if (most < 1) continue;
     if (draft_costs_[i] <= 0) return {static_cast<int64_t>(i), most};  // unmeasured: explore, every draft
     const core::ChainForecast f = core::forecast_chain(stats_[i], cost_, draft_costs_[i], most,
-                                                       static_cast<double>(prefix_len), overhead_);
+                                                       static_cast<double>(prefix_len), step_overhead());
     if (idle_[i] >= options_.explore_every) return {static_cast<int64_t>(i), std::max<int64_t>(1, f.drafts)};
     if (f.drafts > 0 && f.score > score) {
       chosen = static_cast<int64_t>(i);
@@ -157,7 +157,7 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
   core::Cut best;
   best.inputs = c;
   const double context = static_cast<double>(prefix_len);
-  best.score = 1.0 / cost_.relative(static_cast<double>(c), context, overhead_);
+  best.score = 1.0 / cost_.relative(static_cast<double>(c), context, step_overhead());
   int64_t explore = -1;
   for (size_t i = 0; i < children_.size(); ++i) {
     if (own_forwards(i)) continue;
@@ -166,7 +166,7 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
     const int64_t extra = p.block.num_inputs() - p.block.num_nodes;
     if (extra > 0 && idle_[i] >= options_.explore_every && explore < 0) explore = static_cast<int64_t>(i);
     const core::Cut cut = core::best_cut(stats_[i], cost_, c, p.parents, extra,
-                                         !p.block.draft_probs.has_value(), context, overhead_);
+                                         !p.block.draft_probs.has_value(), context, step_overhead());
     if (cut.score > best.score) {
       best = cut;
       current_ = ScheduleChoice{static_cast<int64_t>(i), cut.inputs, cut.nodes};

@@ -38,6 +38,7 @@
 
 #include "core/schedule.h"
 #include "drafters/drafter.h"
+#include "runtime/shared_seconds.h"
 
 namespace mtprobe {
 
@@ -58,6 +59,9 @@ struct AutoOptions {
   // as its own overhead that would make every row draft because the others do (measured: a batch of 8 then
   // drafted whole chains, 3.4 s against 2.4 s decoding plainly).
   bool measure_overhead = true;
+  // For a row of a batch: the batch step's overhead as BatchedForward measures it, priced instead of the
+  // row's own (or null).
+  std::shared_ptr<SharedSeconds> batch_overhead;
 };
 
 // One decode step's choice.
@@ -86,7 +90,9 @@ class AutoDrafter : public Drafter {
   // Seconds a decode step spends besides its forward's profiled time (verification, the drafters',
   // the loop's and Python's work): measured between proposals, a moving average; each block's cost
   // includes it (core::best_cut), so blocks that gain more per step are worth more.
-  double step_overhead() const { return overhead_; }
+  double step_overhead() const {
+    return options_.batch_overhead ? options_.batch_overhead->get() : overhead_;
+  }
   double draft_seconds() const { return draft_seconds_; }        // children's propose and observe
   double schedule_seconds() const { return schedule_seconds_; }  // the scheduler's own work
 

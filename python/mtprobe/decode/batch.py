@@ -69,10 +69,13 @@ def why_not_batched(
     return ""
 
 
-def batched_forward(native: Any, adapters: Sequence[Any], capacities: Sequence[int]) -> Any:
+def batched_forward(
+    native: Any, adapters: Sequence[Any], capacities: Sequence[int], overhead: Any = None
+) -> Any:
     """The batched forward over ``adapters`` (each sequence's :class:`~mtprobe.target_model.adapter.HFAdapter`),
     each one's cache allocated now at its ``capacities`` entries (the most its sequence can need), so that no
-    buffer moves while the loops run."""
+    buffer moves while the loops run; ``overhead`` (a :class:`mtprobe._C.SharedSeconds` or None) gets the
+    batch step's measured overhead, which the rows' schedulers price."""
     for adapter, capacity in zip(adapters, capacities, strict=True):
         adapter.allocate_native_cache(capacity)
     return _C.BatchedForward(
@@ -81,4 +84,5 @@ def batched_forward(native: Any, adapters: Sequence[Any], capacities: Sequence[i
         values=[[layer.values for layer in a.cache.layers] for a in adapters],
         prefill_logits_from=[a.prefill_logits_from for a in adapters],
         prefilled=[a.prefilled_flag for a in adapters],
+        overhead=overhead,
     )

@@ -405,9 +405,14 @@ def decode_batch(
 ) -> list[GenerateOutput]:
     """The sequences of ``prompts`` decoded together (:mod:`mtprobe.decode.batch`): each its own adapter,
     drafter and loop, one C++ forward per step for all of them."""
-    seqs = [start_sequence(model, call, shared, prompt, None, batch_rows=len(prompts)) for prompt in prompts]
+    # The batch step's overhead, measured by the batched forward and priced by every row's scheduler.
+    overhead = _C.SharedSeconds()
+    seqs = [
+        start_sequence(model, call, shared, prompt, None, batch_rows=len(prompts), batch_overhead=overhead)
+        for prompt in prompts
+    ]
     capacities = [call.capacities(p.ids.shape[1])[1] for p in prompts]
-    batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities)
+    batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities, overhead)
     loops = [sequence_loop(model, call, s, batched, row) for row, s in enumerate(seqs)]
     for row, s in enumerate(seqs):
         s.adapter.batch_row = (batched, row)  # the self-draft's steps meet there too
@@ -439,9 +444,11 @@ def start_sequence(
     prompt: Prompt,
     prefill: SharedPrefill | None,
     batch_rows: int = 1,
+    batch_overhead: Any = None,
 ) -> SequenceParts:
     """The target adapter of one sequence of ``prompt``, then the drafter handed it; ``batch_rows``: the
-    sequences decoded together with it (:func:`decode_batch`), whose forwards its own share."""
+    sequences decoded together with it (:func:`decode_batch`), whose forwards its own share, and
+    ``batch_overhead`` their step's measured overhead (a :class:`mtprobe._C.SharedSeconds`)."""
     config, device, processors = call.config, call.device, shared.logits_processor
     prompt_len = prompt.ids.shape[1]
     rows = shared.prompt_logit_rows
@@ -476,6 +483,7 @@ def start_sequence(
     )
     adapter.hidden_layer = shared.hidden_layer
     adapter.batch_rows = batch_rows
+    adapter.batch_overhead = batch_overhead
     adapter.set_mask_layer_offsets(shared.masks.offsets)
     adapter.set_mask_lora(shared.masks.lora)
     adapter.set_mask_temperature(shared.masks.temperature)

@@ -252,8 +252,9 @@ def auto_drafter(
     """The scheduling drafter over :func:`auto_candidates`, priced by ``model``'s forward profile (and a
     draft model by the measured seconds of its own forwards); ``target`` goes to the drafters that
     take it. A row of a batch (``target.batch_rows`` > 1) prices a step as the batch's forward
-    (:meth:`~mtprobe.target_model.profile.ForwardProfile.for_rows`); its draft model's measured seconds are
-    the batch's draft steps already (every row's step of a depth runs together)."""
+    (:meth:`~mtprobe.target_model.profile.ForwardProfile.for_rows`) plus the batch step's overhead as the
+    batched forward measures it (``target.batch_overhead``); its draft model's measured seconds are the
+    batch's draft steps already (every row's step of a depth runs together)."""
     profile = forward_profile(model, config)
     rows = target.batch_rows if target is not None else 1
     if (
@@ -298,7 +299,9 @@ def auto_drafter(
         own_forwards=own_forwards,
         carried_stats=[_C.AcceptanceStats(decay, *m[0]) if m else _C.AcceptanceStats(decay) for m in carried],
         carried_costs=[m[1] if m else 0.0 for m in carried],
-        measure_overhead=rows == 1,  # a row of a batch also waits on the others (csrc/drafters/auto.h)
+        # A row of a batch also waits on the others: it prices the batch step's overhead, measured there.
+        measure_overhead=rows == 1,
+        batch_overhead=target.batch_overhead if rows > 1 else None,
     )
 
 

@@ -303,6 +303,9 @@ class HFAdapter:
         # How many sequences' blocks share this sequence's target forwards (a batch decoded together: set
         # before its drafter is made, whose scheduler prices a step as the batch's forward), else 1.
         self.batch_rows = 1
+        self.batch_overhead: Any = (
+            None  # that batch's step overhead (mtprobe._C.SharedSeconds), measured there
+        )
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
