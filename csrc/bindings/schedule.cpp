@@ -46,19 +46,18 @@ void bind_schedule(py::module_& m) {
       .def(py::init([](std::vector<std::shared_ptr<Drafter>> children, core::CostTable cost, double decay,
                        int64_t explore_every, std::vector<int64_t> budgets, std::vector<bool> own_forwards,
                        std::vector<core::AcceptanceStats> carried_stats, std::vector<double> carried_costs,
-                       bool measure_overhead, std::shared_ptr<SharedSeconds> batch_overhead) {
+                       std::shared_ptr<SharedSeconds> batch_overhead) {
              return std::make_shared<AutoDrafter>(
                  std::move(children), std::move(cost),
                  AutoOptions{decay, explore_every, std::move(budgets), std::move(own_forwards),
-                             std::move(carried_stats), std::move(carried_costs), measure_overhead,
-                             std::move(batch_overhead)});
+                             std::move(carried_stats), std::move(carried_costs), std::move(batch_overhead)});
            }),
            py::arg("drafters"), py::arg("cost"), py::kw_only(), py::arg("decay") = 0.95,
            py::arg("explore_every") = 16, py::arg("budgets") = std::vector<int64_t>{},
            py::arg("own_forwards") = std::vector<bool>{},
            py::arg("carried_stats") = std::vector<core::AcceptanceStats>{},
-           py::arg("carried_costs") = std::vector<double>{}, py::arg("measure_overhead") = true,
-           py::arg("batch_overhead") = nullptr, py::keep_alive<1, 2>())
+           py::arg("carried_costs") = std::vector<double>{}, py::arg("batch_overhead") = nullptr,
+           py::keep_alive<1, 2>())
       .def(
           "choices",
           [](const AutoDrafter& d) {

@@ -128,8 +128,7 @@ std::pair<int64_t, int64_t> AutoDrafter::forecast(const at::Tensor& committed, i
 
 DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) {
   auto t0 = Clock::now();
-  if (timing_ &&
-      options_.measure_overhead) {  // the last step, less its forward's profiled seconds and drafts
+  if (timing_ && !options_.batch_overhead) {  // the last step, less its forward's profiled seconds and drafts
     const double sample =
         std::max(0.0, std::chrono::duration<double>(t0 - step_start_).count() - step_forward_ - step_drafts_);
     overhead_ = overhead_samples_++ == 0 ? sample : 0.9 * overhead_ + 0.1 * sample;

@@ -54,13 +54,10 @@ struct AutoOptions {
   // acceptance counts and seconds per draft (0: none), where each generation starts from.
   std::vector<core::AcceptanceStats> carried_stats;
   std::vector<double> carried_costs;
-  // Whether a step's seconds besides its forward and drafts are measured and priced (step_overhead). Off for
-  // a row of a batch decoded together: its step also waits out the other rows' drafts and blocks, and priced
-  // as its own overhead that would make every row draft because the others do (measured: a batch of 8 then
-  // drafted whole chains, 3.4 s against 2.4 s decoding plainly).
-  bool measure_overhead = true;
-  // For a row of a batch: the batch step's overhead as BatchedForward measures it, priced instead of the
-  // row's own (or null).
+  // For a row of a batch decoded together: the batch step's overhead as BatchedForward measures it, priced
+  // instead of a measurement of the row's own (or null: measured here). A row's wall time between steps
+  // includes its waits on the other rows' drafts and blocks; priced as its own overhead that made every row
+  // draft because the others did (a batch of 8 then drafted whole chains, 3.4 s against 2.4 s plainly).
   std::shared_ptr<SharedSeconds> batch_overhead;
 };
 

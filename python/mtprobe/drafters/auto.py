@@ -300,7 +300,6 @@ def auto_drafter(
         carried_stats=[_C.AcceptanceStats(decay, *m[0]) if m else _C.AcceptanceStats(decay) for m in carried],
         carried_costs=[m[1] if m else 0.0 for m in carried],
         # A row of a batch also waits on the others: it prices the batch step's overhead, measured there.
-        measure_overhead=rows == 1,
         batch_overhead=target.batch_overhead if rows > 1 else None,
     )
 
