@@ -384,8 +384,8 @@ def test_a_drafter_with_own_forwards_only_explores_where_it_cannot_pay(monkeypat
 
 
 def test_auto_schedules_the_quantized_self_draft():
-    """AutoConfig's default drafters name the quantized self-draft; on a float32 CPU model it is a
-    candidate (method "sps" in the choices) and the output is greedy's. On a bfloat16 model, which the
+    """AutoConfig's default drafters name the quantized self-draft; on a float32 or bfloat16 CPU model it
+    is a candidate (method "sps" in the choices) and the output is greedy's. On a float16 model, which the
     draft cannot run, it is left out; left with no drafter at all, the configuration is an error."""
     from mtprobe.drafters import auto_candidates
 
@@ -396,11 +396,34 @@ def test_auto_schedules_the_quantized_self_draft():
     out = mtprobe.generate(model, ids, cfg, max_new_tokens=32, eos_token_id=None, pad_token_id=0)
     assert torch.equal(out.sequences, _greedy(model, ids))
     assert "sps" in {m for m, _ in out.choices}  # explored at least
-    half = tiny_llama().to(torch.bfloat16)
+    assert [c.method for c in auto_candidates(tiny_llama().to(torch.bfloat16), cfg)] == [
+        "pld",
+        "stand",
+        "sps",
+    ]
+    half = tiny_llama().to(torch.float16)
     assert [c.method for c in auto_candidates(half, cfg)] == ["pld", "stand"]
     alone = mtprobe.AutoConfig(drafters=(mtprobe.DraftModelConfig(self_draft="quantized"),))
     with pytest.raises(ValueError, match="AutoConfig has no drafter that runs on this model: the quantized"):
         auto_candidates(half, alone)
+
+
+def _no_chain_pays():
+    """A tiny model, a repeating prompt and AutoConfig over the 4-bit self-draft (chains of 6) priced so
+    that no chain pays (t(T) = T t(1)): a scheduler with nothing measured explores the draft at its first
+    step, one that starts from measurements decodes plainly. (model, ids, draft, config, generate kwargs)."""
+    model = tiny_llama()
+    draft = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=6)
+    cfg = mtprobe.AutoConfig(
+        drafters=(draft,), profile=_profile(model, slope=63.0, plain=1.0), explore_every=64
+    )
+    return (
+        model,
+        torch.tensor([REPEATING]),
+        draft,
+        cfg,
+        dict(max_new_tokens=16, eos_token_id=None, pad_token_id=0),
+    )
 
 
 def test_what_auto_measured_of_a_draft_model_carries_to_the_next_generation():
@@ -408,13 +431,7 @@ def test_what_auto_measured_of_a_draft_model_carries_to_the_next_generation():
     step; the next generation of the model starts from those measurements and does not."""
     from mtprobe.state import state_of
 
-    model = tiny_llama()
-    ids = torch.tensor([REPEATING])
-    draft = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=6)
-    cfg = mtprobe.AutoConfig(
-        drafters=(draft,), profile=_profile(model, slope=63.0, plain=1.0), explore_every=64
-    )
-    kw = dict(max_new_tokens=16, eos_token_id=None, pad_token_id=0)
+    model, ids, draft, cfg, kw = _no_chain_pays()
     first = mtprobe.generate(model, ids, cfg, **kw)
     (counts, seconds) = state_of(model).carried[(draft, False, 1)]
     assert seconds > 0 and sum(row[0] for row in counts[0]) >= 1  # trials of the first step's chain

@@ -102,16 +102,22 @@ def test_quantized_copy_in_each_format(tiny, fmt):
     assert state_of(draft).decoder is not None  # its one-token forwards in C++, as the 4-bit draft's
 
 
+def _on_and_off_the_grid():
+    """Two tiny Llamas of the same weights but that one's linear layers (the head aside) are Q4_1 values."""
+    on, off = tiny_llama(seed=8), tiny_llama(seed=8)
+    with torch.no_grad():
+        for module in on.modules():
+            if isinstance(module, torch.nn.Linear) and module is not on.get_output_embeddings():
+                module.weight.copy_(dequantize(quantize(module.weight, "q4_1")))
+    return on, off
+
+
 def test_auto_format_is_four_bits_on_the_grid_and_eight_bits_off_it():
     # The format follows the weights: Q4_1 values already (a GGUF-dequantized checkpoint) -> q4_1, whose
     # draft is then the target up to rounding; anything else (a full-precision checkpoint) -> q8_0.
     from mtprobe.target_model.self_draft import draft_format_for
 
-    off, on = tiny_llama(seed=8), tiny_llama(seed=8)
-    with torch.no_grad():
-        for module in on.modules():
-            if isinstance(module, torch.nn.Linear) and module is not on.get_output_embeddings():
-                module.weight.copy_(dequantize(quantize(module.weight, "q4_1")))
+    on, off = _on_and_off_the_grid()
     assert draft_format_for(on) == "q4_1" and draft_format_for(off) == "q8_0"
     assert quantized(on, format="auto") is quantized(on, format="q4_1")
     assert quantized(off, format="auto") is quantized(off, format="q8_0")
@@ -140,13 +146,54 @@ def test_a_draft_format_that_does_not_exist_is_refused(tiny):
         match=r"draft_format='q8_0' is the quantized self-draft's format: pass self_draft='quantized'",
     ):
         mtprobe.DraftModelConfig(draft_format="q8_0")
-    with pytest.raises(ValueError, match=r"runs on the CPU in float32 .* the model is torch.float64"):
+    with pytest.raises(
+        ValueError, match=r"runs on the CPU for float32 and bfloat16 models .* the model is torch.float64"
+    ):
         quantized(tiny_llama(vocab_size=48, num_hidden_layers=1).double(), format="q8_0")
 
 
 def test_quantized_copy_refuses_other_dtypes(tiny):
-    with pytest.raises(ValueError, match=r"runs on the CPU in float32 .* the model is torch.float64"):
-        quantized(tiny_llama(vocab_size=48, num_hidden_layers=1).double())
+    for dtype in (torch.float64, torch.float16):
+        with pytest.raises(
+            ValueError, match=rf"runs on the CPU for float32 and bfloat16 models .* is {dtype}"
+        ):
+            quantized(tiny_llama(vocab_size=48, num_hidden_layers=1).to(dtype))
+
+
+def test_quantized_copy_of_a_bfloat16_model_is_a_float32_model():
+    # The codes come from the exactly widened weights; the embedding, norms and RoPE table are float32
+    # copies (the C++ decoder's), the target keeps its own bfloat16 tensors, and the prefill path's
+    # weights stay the target's.
+    half = tiny_llama(vocab_size=48, num_hidden_layers=2).to(torch.bfloat16)
+    draft = quantized(half, format="q8_0")
+    assert draft.dtype == torch.float32 and half.dtype == torch.bfloat16
+    assert draft.model.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(draft.model.embed_tokens.weight, half.model.embed_tokens.weight.float())
+    assert half.model.embed_tokens.weight.dtype == torch.bfloat16  # the target's own, untouched
+    assert draft.model.layers[1].post_attention_layernorm.weight.dtype == torch.float32
+    assert half.model.layers[1].post_attention_layernorm.weight.dtype == torch.bfloat16
+    assert draft.model.rotary_emb.inv_freq.dtype == torch.float32
+    up = draft.model.layers[0].mlp.up_proj
+    assert up.weight is half.model.layers[0].mlp.up_proj.weight
+    assert torch.equal(up.codes, quantize(up.weight.float(), "q8_0").codes)
+    assert (
+        state_of(draft).decoder is None
+        and mtprobe.target_model.self_draft.quantized_decoder(draft) is not None
+    )
+    # Through HF's modules and through the C++ decoder alike: the widened model's draft, up to rounding.
+    wide_draft = quantized(copy.deepcopy(half).float(), format="q8_0")
+    ids = torch.randint(0, 47, (1, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(draft(ids).logits, wide_draft(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_format_of_a_bfloat16_model_reads_its_rounded_grid():
+    # A GGUF-dequantized checkpoint stored in bfloat16 holds Q4_1 values rounded to bfloat16: still on the
+    # 4-bit grid (its draft is the target up to that rounding); a bfloat16 full-precision one is not.
+    from mtprobe.target_model.self_draft import draft_format_for
+
+    on, off = (m.to(torch.bfloat16) for m in _on_and_off_the_grid())
+    assert draft_format_for(on) == "q4_1" and draft_format_for(off) == "q8_0"
 
 
 # --- lossless greedy decoding ------------------------------------------------------------------

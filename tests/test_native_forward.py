@@ -585,17 +585,26 @@ def test_bfloat16_forward_is_nearer_float32_than_hf_bfloat16(name):
 
 @pytest.mark.parametrize(
     "config",
-    [mtprobe.PlainConfig(), mtprobe.PromptLookupConfig(), mtprobe.ProbeConfig()],
-    ids=["plain", "pld", "probe"],
+    [
+        mtprobe.PlainConfig(),
+        mtprobe.PromptLookupConfig(),
+        mtprobe.ProbeConfig(),
+        mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4, draft_format="q8_0"),
+        mtprobe.AutoConfig(),
+    ],
+    ids=["plain", "pld", "probe", "self-draft", "auto"],
 )
 def test_bfloat16_greedy_departs_from_hf_only_at_near_ties(config):
     """A bfloat16 model's greedy output through the C++ forward: HF bfloat16 greedy's, or apart from it only
-    where HF's bfloat16 top-2 margin is a bfloat16 near-tie (reported); no step goes back to HF's forward."""
+    where HF's bfloat16 top-2 margin is a bfloat16 near-tie (reported); no step goes back to HF's forward.
+    The quantized self-draft of a bfloat16 model (a float32 draft of its widened weights) drafts as well."""
     half, _ = _bfloat16_pair("llama")
     ids = torch.tensor([[5, 9, 3, 5, 9, 3, 5, 9]])
     want = half.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=None)
     out = mtprobe.generate(half, ids, config, do_sample=False, max_new_tokens=24, eos_token_id=None)
     assert out.target_forward == nf.VERSION and out.exact_steps == 0
+    if isinstance(config, mtprobe.DraftModelConfig):  # the same model in 8 bits: its drafts are kept
+        assert out.summary()["draft_acceptance"] > 0.8, out.summary()
     got, ref = out.sequences[0].tolist(), want[0].tolist()
     first = next((i for i, (g, r) in enumerate(zip(got, ref, strict=True)) if g != r), None)
     if first is not None:

