@@ -19,6 +19,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
 
+# AutoConfig's measurements stay in each test's process (no test starts from what an earlier run left on
+# disk); the tests of the files turn them on in a folder of their own.
+os.environ["MTPROBE_AUTO_CARRY"] = "0"
+
 # Under pytest-xdist the workers share the cores: torch's threads are divided among them, or every
 # forward of every worker would fight for all the cores at once.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -441,6 +441,61 @@ def test_what_auto_measured_of_a_draft_model_carries_to_the_next_generation():
     assert torch.equal(first.sequences, _greedy(model, ids, 16))
 
 
+def test_what_auto_measured_carries_to_a_new_process_through_its_file(tmp_path, monkeypatch):
+    """With the files on, the model's next generation in a new process (here: its state released, as a new
+    process holds none) starts from what the last one kept on disk, and does not explore. The file is
+    keyed by the model, its weights and the machine: other weights start afresh. A file of the user's
+    (carry=PATH) made for another model, dtype or machine is refused with what differs."""
+    import dataclasses
+    import json
+
+    from mtprobe.drafters import auto_carry
+
+    monkeypatch.setenv(auto_carry.ENV, "1")
+    monkeypatch.setattr(auto_carry, "carry_dir", lambda: tmp_path / "auto")
+    model, ids, draft, cfg, kw = _no_chain_pays()
+    first = mtprobe.generate(model, ids, cfg, **kw)
+    assert first.choices[0] == ("sps", 7)  # explored
+    assert len(list((tmp_path / "auto").glob("*.json"))) == 1
+    mtprobe.release(model)
+    second = mtprobe.generate(model, ids, cfg, **kw)
+    assert all(m == "plain" for m, _ in second.choices)  # started from the file
+    assert torch.equal(first.sequences, second.sequences)
+    other = tiny_llama()
+    with torch.no_grad():
+        other.model.layers[0].mlp.up_proj.weight[0, 0] += 1e-3  # other weights: another file
+    assert mtprobe.generate(other, ids, cfg, **kw).choices[0] == ("sps", 7)
+    assert len(list((tmp_path / "auto").glob("*.json"))) == 2
+
+    mine = tmp_path / "mine.json"
+    mtprobe.release(model)
+    mtprobe.generate(model, ids, dataclasses.replace(cfg, carry=mine), **kw)  # written there too
+    data = json.loads(mine.read_text())
+    assert data["entries"][0]["config"] == draft.to_dict() and data["entries"][0]["rows"] == 1
+    data["key"]["profile"]["dtype"] = "bfloat16"
+    mine.write_text(json.dumps(data))
+    mtprobe.release(model)
+    with pytest.raises(
+        ValueError, match=r"another model or machine \(dtype: file 'bfloat16' vs now 'float32'\)"
+    ):
+        mtprobe.generate(model, ids, dataclasses.replace(cfg, carry=str(mine)), **kw)
+    mine.write_text('{"version": 1, "key": {}, "entries": [{"config": 3}]}')
+    mtprobe.release(model)
+    with pytest.raises(ValueError, match="holds AutoConfig's measurements of another model or machine"):
+        mtprobe.generate(model, ids, dataclasses.replace(cfg, carry=str(mine)), **kw)
+    mine.write_text("[1, 2")
+    mtprobe.release(model)
+    with pytest.raises(ValueError, match="is not a file of AutoConfig's measurements"):
+        mtprobe.generate(model, ids, dataclasses.replace(cfg, carry=str(mine)), **kw)
+    # The cache's own file, unreadable: ignored (and rewritten after the generation).
+    for path in (tmp_path / "auto").glob("*.json"):
+        path.write_text("not json")
+    mtprobe.release(model)
+    assert mtprobe.generate(model, ids, cfg, **kw).choices[0] == ("sps", 7)
+    with pytest.raises(TypeError, match="carry must be None .* False .* or the path of a file, got 3"):
+        mtprobe.AutoConfig(carry=3)
+
+
 def test_carried_measurements_are_checked():
     from mtprobe.drafters import make_drafter
 

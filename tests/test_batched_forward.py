@@ -175,12 +175,12 @@ def test_autoconfig_prices_a_batch_step_as_the_batch_forward(monkeypatch):
     assert alone.batch == 1
     assert {key[2] for key in carried} == {1, len(ROWS)}
     # A batch size not measured yet starts from the nearest batch's measurements, never a single sequence's.
-    from mtprobe.drafters.auto import _carried
+    from mtprobe.drafters.auto_carry import carried as carried_for
 
     draft = next(key[0] for key in carried)
-    assert _carried(carried, draft, False, 2) is carried[(draft, False, len(ROWS))]
-    assert _carried(carried, draft, False, 1) is carried[(draft, False, 1)]
-    assert _carried(carried, draft, True, 2) is None  # nothing measured under sampling
+    assert carried_for(model, draft, False, 2) is carried[(draft, False, len(ROWS))]
+    assert carried_for(model, draft, False, 1) is carried[(draft, False, 1)]
+    assert carried_for(model, draft, True, 2) is None  # nothing measured under sampling
 
 
 def test_one_after_another_where_a_batch_cannot_run_together(monkeypatch):

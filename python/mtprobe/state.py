@@ -49,7 +49,11 @@ class ModelState:
     """The cross-request n-gram memories, by (memory_size, max_ngram, table_size) (:mod:`mtprobe.drafters.stand`)."""
     carried: dict[tuple[Any, bool, int], tuple[Any, float]] = field(default_factory=dict)
     """What AutoConfig measured of each draft model: (configuration, sampling, rows decoded together) ->
-    (acceptance counts, seconds per draft) (:mod:`mtprobe.drafters.auto`)."""
+    (acceptance counts, seconds per draft) (:mod:`mtprobe.drafters.auto_carry`)."""
+    carry_loaded: set[Any] = field(default_factory=set)
+    """The ``AutoConfig.carry`` settings whose file was read into ``carried`` already."""
+    weights_fingerprint: str | None = None
+    """A hash of its weights, the key of the measurements kept on disk (:mod:`mtprobe.drafters.auto_carry`)."""
 
 
 _STATES: weakref.WeakKeyDictionary[Any, ModelState] = weakref.WeakKeyDictionary()

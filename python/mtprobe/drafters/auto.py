@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mtprobe import _C, registry
+from mtprobe.drafters import auto_carry
 from mtprobe.drafters.base import ConfigData, check_int, config_from_dict, make_drafter, max_prompt_logit_rows
 from mtprobe.drafters.draft_model import DraftModelConfig
 from mtprobe.drafters.prompt_lookup import PromptLookupConfig
 from mtprobe.drafters.stand import StandConfig
 from mtprobe.registry import DecodingConfig, Method, Option, ProcessFn, register
-from mtprobe.state import state_of
 from mtprobe.target_model.profile import ForwardProfile, profile_forward
 
 if TYPE_CHECKING:
@@ -69,6 +69,10 @@ class AutoConfig(ConfigData):
         decay: per-step decay of the acceptance counts, in (0, 1].
         explore_every: a drafter with auxiliary inputs that has not run for this many steps runs once
             (its masks must run for it to have drafts at all).
+        carry: where what it measured of its draft models is kept for the model's next generations in
+            other processes (:mod:`mtprobe.drafters.auto_carry`): ``None`` a file per model, weights and
+            machine under ``$MTPROBE_CACHE/auto``; the path of a file (one made for another model, weights,
+            dtype, CPU or thread count is refused); ``False`` this process only.
         block_complexity: the most inputs one step may take: the largest of the drafters' (derived).
             Each drafter still drafts within its own ``block_complexity``.
 
@@ -92,6 +96,7 @@ class AutoConfig(ConfigData):
     profile: Any = None
     decay: float = 0.95
     explore_every: int = 16
+    carry: Any = None
     block_complexity: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +137,13 @@ class AutoConfig(ConfigData):
         check_int("explore_every", self.explore_every)
         if self.explore_every < 1:
             raise ValueError(f"explore_every={self.explore_every} must be >= 1")
+        if isinstance(self.carry, os.PathLike):
+            object.__setattr__(self, "carry", os.fspath(self.carry))
+        if not (self.carry is None or self.carry is False or isinstance(self.carry, str)):
+            raise TypeError(
+                f"carry must be None (kept per model and machine under $MTPROBE_CACHE/auto), False (this "
+                f"process only) or the path of a file, got {self.carry!r}"
+            )
         object.__setattr__(self, "block_complexity", max(c.block_complexity for c in drafters))
 
     @property
@@ -205,41 +217,6 @@ def auto_candidates(model: PreTrainedModel, config: AutoConfig) -> tuple[Decodin
     return keep
 
 
-def carry_auto_measurements(
-    model: PreTrainedModel,
-    candidates: Sequence[DecodingConfig],
-    drafter: _C.AutoDrafter,
-    do_sample: bool,
-    rows: int = 1,
-) -> None:
-    """Keep what ``drafter`` (built by :func:`auto_drafter` for ``model`` over ``candidates``, its
-    :func:`auto_candidates`) measured of its drafters with own forwards, in the model's state
-    (:mod:`mtprobe.state`): the model's next AutoConfig generation in this process starts from it
-    (csrc/drafters/auto.h) instead of exploring the draft model from nothing. Kept per batch size
-    ``rows``: a draft step of a batch of 8 costs several times one sequence's."""
-    carried = state_of(model).carried
-    for i, c in enumerate(candidates):
-        if registry.method_of(c).own_forwards and drafter.draft_costs[i] > 0:
-            stats = drafter.stats[i]
-            carried[(c, do_sample, rows)] = ((stats.trials, stats.accepts), drafter.draft_costs[i])
-
-
-def _carried(kept: dict, config: DecodingConfig, do_sample: bool, rows: int) -> Any:
-    """What an earlier generation of ``rows`` sequences measured of the draft model ``config``; for a batch
-    of a size not measured yet, the nearest batch size's (its acceptance holds, its seconds per draft are
-    re-measured at the first draft): else its first step would explore with every draft it may make, for
-    every row. A single sequence starts from a single sequence's only (a batch's draft step costs several
-    times one row's)."""
-    exact = kept.get((config, do_sample, rows))
-    if exact is not None or rows == 1:
-        return exact
-    sizes = [r for (c, sampled, r) in kept if c == config and sampled == do_sample and r > 1]
-    if not sizes:
-        return None
-    nearest = min(sizes, key=lambda r: (abs(math.log(r / rows)), r))
-    return kept[(config, do_sample, nearest)]
-
-
 def auto_drafter(
     model: PreTrainedModel,
     config: AutoConfig,
@@ -285,9 +262,9 @@ def auto_drafter(
             folding.add(id(memory))
     # Each drafter drafts within its own block complexity; the step's budget is the largest of them.
     budgets = [c.block_complexity for c in candidates]
-    kept = state_of(model).carried
+    auto_carry.load(model, config.carry)  # what earlier processes measured, once per model state
     carried = [
-        _carried(kept, c, do_sample, rows) if own else None
+        auto_carry.carried(model, c, do_sample, rows) if own else None
         for c, own in zip(candidates, own_forwards, strict=True)
     ]
     decay = float(config.decay)
@@ -310,14 +287,15 @@ def finish(
 ) -> None:
     """After a generation: what the scheduler chose each step (``output.choices``), its share of the time
     (``draft_s``, ``schedule_s``, ``step_overhead_s`` in ``output.timings``), and its draft models'
-    measurements carried to the model's next generation."""
+    measurements carried to the model's next generation (:mod:`mtprobe.drafters.auto_carry`)."""
     candidates = auto_candidates(model, config)  # the drafter's children, in its order
     names = [registry.method_of(c).name for c in candidates]
     output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
     output.timings["draft_s"] = drafter.draft_seconds
     output.timings["schedule_s"] = drafter.schedule_seconds
     output.timings["step_overhead_s"] = drafter.step_overhead
-    carry_auto_measurements(model, candidates, drafter, do_sample, output.batch)
+    auto_carry.record(model, candidates, drafter, do_sample, output.batch)
+    auto_carry.save(model, config.carry)
 
 
 def drafter_configs(text: str) -> tuple[Any, ...]:
