@@ -17,7 +17,7 @@ decides). Every answer must be token-identical to HF greedy's.
     python benchmarks/bench_native_forward.py --margins --question-file ../shared/specbench/question-dev.jsonl \\
         --per-category 5 --out benchmarks/results/native_forward/margins.md
 
-``--kernels``: the model's linear layers over T inputs through torch's linear and the small-batch kernel's
+``--kernels``: the model's linear layers over T inputs through torch's linear, oneDNN's and the small-batch kernel's
 AVX2 and AVX-512 forms (what ``TargetForward``'s ``small_rows`` and ``wide_rows`` choose between).
 ``--prefill``: one prompt's prefill through HF's forward and the C++ forward.
 """
@@ -87,8 +87,8 @@ def curve(model: torch.nn.Module, contexts: list[int], repeats: int) -> list[str
 
 
 def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
-    """Every linear layer of the model once over T inputs: torch's linear, and the small-batch kernel's AVX2
-    and AVX-512 forms (what the C++ forward chooses between)."""
+    """Every linear layer of the model once over T inputs: torch's linear (MKL's GEMM), oneDNN's, and the
+    small-batch kernel's AVX2 and AVX-512 forms (what the C++ forward chooses between)."""
     from mtprobe import _C
 
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -98,16 +98,18 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
         f"Best of {repeats} passes, ms, over the model's {len(linears)} linear layers ({mb:.0f} MB of float32 "
         "weights), each once over T random inputs.",
         "",
-        "| T | torch linear | small-batch AVX2 | small-batch AVX-512 |",
-        "|---|---|---|---|",
+        "| T | torch linear | oneDNN | small-batch AVX2 | small-batch AVX-512 |",
+        "|---|---|---|---|---|",
     ]
     runs = {
         "torch": lambda x, m: torch.nn.functional.linear(x, m.weight, m.bias),
+        # what the C++ forward's GEMM path calls (csrc/runtime/onednn_linear.h)
+        "onednn": lambda x, m: torch.ops.mkldnn._linear_pointwise(x, m.weight, m.bias, "none", [], ""),
         "avx2": lambda x, m: _C.small_batch_linear_at_level(x, m.weight, m.bias, 1),
         "avx512": lambda x, m: _C.small_batch_linear_at_level(x, m.weight, m.bias, 2),
     }
     with torch.inference_mode():
-        for t in (1, 2, 4, 8, 13, 16, 24, 32, 48, 64):
+        for t in (1, 2, 4, 8, 13, 16, 24, 32, 40, 48, 64, 128, 700):
             xs = [torch.randn(t, m.in_features) for m in linears]
             best = {}
             for name, run in runs.items():
@@ -118,7 +120,9 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
                         run(x, m)
                     times.append(time.perf_counter() - t0)
                 best[name] = 1e3 * min(times)
-            lines.append(f"| {t} | {best['torch']:.1f} | {best['avx2']:.1f} | {best['avx512']:.1f} |")
+            lines.append(
+                f"| {t} | {best['torch']:.1f} | {best['onednn']:.1f} | {best['avx2']:.1f} | {best['avx512']:.1f} |"
+            )
     return lines
 
 

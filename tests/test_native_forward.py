@@ -144,11 +144,20 @@ def test_logits_and_kv_match_hf(arch, block, prefix):
         )
 
 
-@pytest.mark.parametrize("length", [1, 9, 130], ids=["1 token", "9 tokens", "130 tokens (GEMM path)"])
+@pytest.mark.parametrize(
+    "length, onednn",
+    [(1, True), (9, True), (130, True), (130, False)],
+    ids=["1 token", "9 tokens", "130 tokens (oneDNN's GEMM)", "130 tokens (at::mm, oneDNN off)"],
+)
 @pytest.mark.parametrize("logits_from", ["all rows", "last row"])
-def test_prefill_matches_hf(arch, length, logits_from):
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")  # torch's flags() context says it
+def test_prefill_matches_hf(arch, length, onednn, logits_from):
     """A prompt's prefill through the C++ forward (its cache allocated by it) against HF's: logits (the
-    rows before logits_from zeros, as HF's logits_to_keep leaves them), final hidden states and KV rows."""
+    rows before logits_from zeros, as HF's logits_to_keep leaves them), final hidden states and KV rows.
+    Blocks past SMALL_ROWS take oneDNN's GEMM, or at::mm where torch's oneDNN is off."""
+    if not onednn:
+        with torch.backends.mkldnn.flags(enabled=False):
+            return test_prefill_matches_hf(arch, length, True, logits_from)
     _, model = arch
     ids = torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(3))
     native = nf.native_forward(model)

@@ -67,6 +67,22 @@ __attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+// y = silu(gate) * up = gate * sigmoid(gate) * up, 8 at a time: sigmoid from e = e^-|gate| (exp_avx2's
+// range), 1 / (1 + e) for gate >= 0 and e / (1 + e) below. A one-token forward runs 46k of them (SmolLM2),
+// which through libm's expf one at a time cost about as much as a layer's attention.
+__attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const float* up, int64_t n,
+                                                       float* y) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_avx2(_mm256_or_ps(g, sign));                                    // e^-|g|
+    const __m256 s = _mm256_div_ps(_mm256_blendv_ps(one, e, g), _mm256_add_ps(one, e));  // blend on g's sign
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
 // scores[j] <- e^(scores[j] - top) for j < len; returns their sum.
 __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* scores, int64_t len, float top) {
   const __m256 t = _mm256_set1_ps(top);
@@ -299,6 +315,9 @@ void merge_attention(const float* outs, const float* lses, int64_t chunks, int64
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* y) {
+#ifdef MTPROBE_X86_SIMD
+  if (has_avx2()) return silu_mul_avx2(gate, up, n, y);
+#endif
   for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 

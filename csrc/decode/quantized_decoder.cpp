@@ -104,19 +104,33 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
   xsum_.resize(std::max(hidden_, std::max(intermediate_, q_out)) / G);
 }
 
-void QuantizedDecoder::linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y) {
-  const int64_t in = w.in_features(), out = w.out_features();
-  const bool q4 = is_q4(w);
-  if (q4) core::quantized_group_sums(x, rows, in, xsum_.data());
-  const void* codes = w.codes.const_data_ptr();
-  const float* scale = w.scale.const_data_ptr<float>();
-  const float* min = q4 ? w.min.const_data_ptr<float>() : nullptr;
-  const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
-  const auto format = q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
-  const float* xsum = q4 ? xsum_.data() : nullptr;
+void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
+                              std::initializer_list<float*> ys) {
+  const QuantizedWeights* const* w = ws.begin();
+  float* const* y = ys.begin();
+  const int64_t n = static_cast<int64_t>(ws.size()), in = w[0]->in_features();
+  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= 4);
+  int64_t first[5] = {0};  // layer i's columns are [first[i], first[i + 1]) of the range
+  bool any_q4 = false;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_INTERNAL_ASSERT(w[i]->in_features() == in);
+    first[i + 1] = first[i] + w[i]->out_features();
+    any_q4 = any_q4 || is_q4(*w[i]);
+  }
+  if (any_q4) core::quantized_group_sums(x, rows, in, xsum_.data());  // x's, shared by the layers
   // A grain of 64 columns, as the quantized_linear op; every row in one pass over the weights.
-  at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    core::quantized_linear(x, xsum, rows, in, codes, format, scale, min, bias, y, out, begin, end);
+  at::parallel_for(0, first[n], 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t from = std::max(begin, first[i]) - first[i], to = std::min(end, first[i + 1]) - first[i];
+      if (from >= to) continue;
+      const QuantizedWeights& L = *w[i];
+      const bool q4 = is_q4(L);
+      core::quantized_linear(x, q4 ? xsum_.data() : nullptr, rows, in, L.codes.const_data_ptr(),
+                             q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0,
+                             L.scale.const_data_ptr<float>(), q4 ? L.min.const_data_ptr<float>() : nullptr,
+                             L.bias.defined() ? L.bias.const_data_ptr<float>() : nullptr, y[i],
+                             L.out_features(), from, to);
+    }
   });
 }
 
@@ -200,9 +214,7 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
     for (int64_t r = 0; r < B; ++r)
       core::rms_norm(x_.data() + r * hidden_, L.input_norm.const_data_ptr<float>(), config_.eps, hidden_,
                      h_.data() + r * hidden_);
-    linear(L.q, h_.data(), B, q_.data());
-    linear(L.k, h_.data(), B, k_.data());
-    linear(L.v, h_.data(), B, v_.data());
+    linear({&L.q, &L.k, &L.v}, h_.data(), B, {q_.data(), k_.data(), v_.data()});
     for (int64_t r = 0; r < B; ++r) {
       core::rotate_half(q_.data() + r * q_out, heads, d, cos.data() + r * half, sin.data() + r * half);
       core::rotate_half(k_.data() + r * kv_out, kv, d, cos.data() + r * half, sin.data() + r * half);
@@ -249,8 +261,7 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
     for (int64_t r = 0; r < B; ++r)
       core::rms_norm(x_.data() + r * hidden_, L.post_norm.const_data_ptr<float>(), config_.eps, hidden_,
                      h_.data() + r * hidden_);
-    linear(L.gate, h_.data(), B, gate_.data());
-    linear(L.up, h_.data(), B, up_.data());
+    linear({&L.gate, &L.up}, h_.data(), B, {gate_.data(), up_.data()});
     core::silu_mul(gate_.data(), up_.data(), B * intermediate_, gate_.data());
     linear(L.down, gate_.data(), B, out_.data());
     for (int64_t i = 0; i < B * hidden_; ++i) x_[i] += out_[i];

@@ -18,6 +18,7 @@
 
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <mutex>
 #include <vector>
 
@@ -65,7 +66,14 @@ class QuantizedDecoder {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
-  void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y);
+  // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i].out_features()], in one
+  // parallel region: their output columns are one range split across the threads (q, k and v; gate and
+  // up), so that a step pays one fork and join for them, and a small layer (k, v) leaves no thread idle.
+  void linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
+              std::initializer_list<float*> ys);
+  void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y) {
+    linear({&w}, x, rows, {y});
+  }
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t position) const;
 
   at::Tensor embed_, final_norm_, inv_freq_;

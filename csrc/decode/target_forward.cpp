@@ -10,6 +10,7 @@
 #include "core/bf16.h"
 #include "core/decoder_step.h"
 #include "core/small_batch_linear.h"
+#include "runtime/onednn_linear.h"
 
 namespace mtprobe {
 namespace {
@@ -149,23 +150,42 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
   small_kernel_ = core::small_batch_linear_simd();
 }
 
-void TargetForward::linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const {
-  const int64_t in = w.in_features(), out = w.out_features();
-  const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
+void TargetForward::linear(std::initializer_list<const TargetLinear*> ws, const float* x, int64_t rows,
+                           std::initializer_list<float*> ys) const {
+  const TargetLinear* const* layers = ws.begin();
+  float* const* outs = ys.begin();
+  const int64_t n = static_cast<int64_t>(ws.size()), in = layers[0]->in_features();
+  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= 4);
   const bool bf16 = dtype_ == at::kBFloat16;
   if ((small_kernel_ || bf16) && rows <= config_.small_rows) {
+    int64_t first[5] = {0};  // layer i's columns are [first[i], first[i + 1]) of the range
+    for (int64_t i = 0; i < n; ++i) first[i + 1] = first[i] + layers[i]->out_features();
     // A grain of 64 columns, as the small_batch_linear op: each thread streams its own weight rows.
     const auto level = rows <= config_.wide_rows ? core::SimdLevel::kAvx512 : core::SimdLevel::kAvx2;
-    at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-      if (bf16) {
-        core::small_batch_linear(x, rows, in, bf16_bits(w.weight), bias, y, out, begin, end, level);
-      } else {
-        core::small_batch_linear(x, rows, in, w.weight.const_data_ptr<float>(), bias, y, out, begin, end,
-                                 level);
+    at::parallel_for(0, first[n], 64, [&](int64_t begin, int64_t end) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t from = std::max(begin, first[i]) - first[i],
+                      to = std::min(end, first[i + 1]) - first[i];
+        if (from >= to) continue;
+        const TargetLinear& w = *layers[i];
+        const int64_t out = w.out_features();
+        const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
+        if (bf16) {
+          core::small_batch_linear(x, rows, in, bf16_bits(w.weight), bias, outs[i], out, from, to, level);
+        } else {
+          core::small_batch_linear(x, rows, in, w.weight.const_data_ptr<float>(), bias, outs[i], out, from,
+                                   to, level);
+        }
       }
     });
     return;
   }
+  for (int64_t i = 0; i < n; ++i) gemm(*layers[i], x, rows, outs[i]);
+}
+
+void TargetForward::gemm(const TargetLinear& w, const float* x, int64_t rows, float* y) const {
+  const int64_t in = w.in_features(), out = w.out_features();
+  const bool bf16 = dtype_ == at::kBFloat16;
   // A prefill's rows: compute-bound, BLAS's GEMM (packing the weight once pays for many rows).
   at::Tensor X = at::from_blob(const_cast<float*>(x), {rows, in}, at::kFloat);
   at::Tensor Y = at::from_blob(y, {rows, out}, at::kFloat);
@@ -177,7 +197,11 @@ void TargetForward::linear(const TargetLinear& w, const float* x, int64_t rows, 
     if (w.bias.defined()) Y.add_(w.bias);
     return;
   }
-  if (w.bias.defined()) {
+  // float32: oneDNN's matmul where torch has it, twice MKL's rate on an AMD CPU (runtime/onednn_linear.h).
+  const at::Tensor fast = onednn_linear(X, w.weight, w.bias);
+  if (fast.defined()) {
+    Y.copy_(fast);
+  } else if (w.bias.defined()) {
     at::addmm_out(Y, w.bias, X, w.weight.t());
   } else {
     at::mm_out(Y, X, w.weight.t());
@@ -414,9 +438,7 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
     const TargetLayer& L = layers_[l];
     // Every linear layer once over the rows of every block: its weights read once for all of them.
     rows_norm(L.input_norm.const_data_ptr<float>(), 0, T);
-    linear(L.q, h_.data(), T, q_.data());
-    linear(L.k, h_.data(), T, k_.data());
-    linear(L.v, h_.data(), T, v_.data());
+    linear({&L.q, &L.k, &L.v}, h_.data(), T, {q_.data(), k_.data(), v_.data()});
     for (size_t i = 0; i < blocks.size(); ++i) {
       const Prepared& p = prep[i];
       const at::Tensor& keys = blocks[i].keys[l];
@@ -462,8 +484,7 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
     linear(L.o, att_.data(), T, out_.data());
     for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
     rows_norm(L.post_norm.const_data_ptr<float>(), 0, T);
-    linear(L.gate, h_.data(), T, gate_.data());
-    linear(L.up, h_.data(), T, up_.data());
+    linear({&L.gate, &L.up}, h_.data(), T, {gate_.data(), up_.data()});
     at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
       core::silu_mul(gate_.data() + b * intermediate_, up_.data() + b * intermediate_,
                      (e - b) * intermediate_, gate_.data() + b * intermediate_);

@@ -8,7 +8,8 @@
 // what streaming its 538 MB of weights does (torch's float32 GEMV reads at a third of the memory's
 // pace, and module calls and small tensor ops add the rest). Here every linear layer of a block of up
 // to 64 inputs runs the small-batch kernel (csrc/core/small_batch_linear.h: each weight read once for
-// every input), larger blocks (a prefill) ATen's GEMM, and the rest of a layer is a few loops over the
+// every input), larger blocks (a prefill) a GEMM (oneDNN's float32 matmul where torch has it:
+// runtime/onednn_linear.h), and the rest of a layer is a few loops over the
 // block's rows; no Python, no per-op dispatch.
 //
 // What it computes is what HF's LlamaDecoderLayer stack computes, up to float32 rounding (the sums run
@@ -30,6 +31,7 @@
 
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -56,11 +58,11 @@ struct TargetForwardConfig {
   float eps = 1e-5f;                // RMSNorm's
   float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
   float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
-  // Blocks of up to this many inputs run the small-batch kernel (weights read once), larger ones
-  // ATen's GEMM; 0: GEMM always (a CPU without AVX2 and FMA, where the kernel's portable loop is slow).
-  // On a 2-core AMD EPYC Zen 5 the kernel beat GEMM at every size up to 64 inputs (60.2 against 104.0 ms for
-  // SmolLM2's 211 linear layers at 48; benchmarks/results/native_forward/kernels.md).
-  int64_t small_rows = 64;
+  // Blocks of up to this many inputs run the small-batch kernel (weights read once), larger ones a GEMM
+  // (oneDNN's, else ATen's); 0: GEMM always (a CPU without AVX2 and FMA, where the kernel's portable loop is
+  // slow). Python passes native_forward.SMALL_ROWS, where the crossover measured on a 2-core AMD EPYC Zen 5
+  // is written down.
+  int64_t small_rows = 40;
   // Blocks of up to this many inputs take the kernel's AVX-512 form where the CPU has it, larger ones its
   // AVX2 form: on that EPYC the AVX-512 form streamed a one-input forward's weights in 14.5 ms against
   // 17.3 (4 inputs: 11.6 against 19.3) and lost from 8 inputs on (its register blocks are narrower).
@@ -130,7 +132,17 @@ class TargetForward {
     BlockPattern pattern;
   };
   Prepared prepare(const TargetBlock& block, const std::string& who) const;
-  void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const;
+  // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i]->out_features()]. Blocks the
+  // small-batch kernel takes run in one parallel region, their output columns one range split across the
+  // threads (q, k and v; gate and up): one fork and join for them, and no thread idle on a small layer (k,
+  // v).
+  void linear(std::initializer_list<const TargetLinear*> ws, const float* x, int64_t rows,
+              std::initializer_list<float*> ys) const;
+  void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const {
+    linear({&w}, x, rows, {y});
+  }
+  // One layer through BLAS's GEMM (a prefill's rows: compute-bound, the weight packed once for many rows).
+  void gemm(const TargetLinear& w, const float* x, int64_t rows, float* y) const;
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t needed) const;
   // Attention of the block's queries q [T, heads * head_dim] over layer l's cache into att (same shape).
   void attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T, int64_t prefix,

@@ -140,9 +140,16 @@ void test_merge_attention_of_ranges() {
 }
 
 void test_silu_mul_against_double() {
-  std::vector<float> g = normal(100, 7), u = normal(100, 8), y(100);
-  silu_mul(g.data(), u.data(), 100, y.data());
-  for (int i = 0; i < 100; ++i) CHECK(close(y[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i]));
+  // 101 inputs (a tail past the vector width), gates from -100 to 100 (e^-|g| underflows at both ends), and
+  // in place (y = gate), as the decoders call it.
+  std::vector<float> g = normal(101, 7), u = normal(101, 8), y(101);
+  for (int i = 0; i < 101; i += 5) g[i] *= 50.0f;
+  g[1] = -100.0f, g[2] = 100.0f, g[3] = 0.0f;
+  silu_mul(g.data(), u.data(), 101, y.data());
+  for (int i = 0; i < 101; ++i) CHECK(close(y[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i]));
+  std::vector<float> same = g;
+  silu_mul(same.data(), u.data(), 101, same.data());
+  for (int i = 0; i < 101; ++i) CHECK(same[i] == y[i]);
 }
 
 }  // namespace

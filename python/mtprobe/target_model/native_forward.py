@@ -6,8 +6,9 @@ calls and small tensor ops add the rest. :class:`mtprobe._C.TargetForward` (``cs
 runs a verification block of T inputs through the same decoder layers in one C++ call, reading the model's
 own weight tensors (shared, never copied): every linear layer of a block of up to 64 inputs reads its
 weights once for all of them (the small-batch kernel), and a layer's other work is a few loops over the
-block's rows. The prompt's prefill runs through it too (ATen's GEMM for its linear layers past 64 inputs;
-5-13 % faster than HF's prefill, benchmarks/results/native_forward/prefill.md), and it writes the KV layout
+block's rows. The prompt's prefill runs through it too (oneDNN's float32 GEMM for its linear layers past
+:data:`SMALL_ROWS` inputs, where HF's linears take MKL's, which on an AMD CPU runs at half oneDNN's rate:
+1.6-1.8x faster than HF's prefill there, benchmarks/results/native_forward/prefill.md), and it writes the KV layout
 HF's forward reads, so either can run any step.
 
 **Exactly HF's tokens.** The C++ forward sums in another order than HF's, so its logits differ from HF's
@@ -71,8 +72,10 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 ENV = "MTPROBE_NATIVE_FORWARD"
 """``0``: HF's forward always; ``1``: the C++ forward, an unsupported model an error; unset: where it applies."""
 
-VERSION = "native v1"
-"""The forward's version, part of a forward profile's key (a profile of HF's forward is not this one's)."""
+VERSION = "native v2"
+"""The forward's version, part of a forward profile's key (a profile of HF's forward is not this one's). v2
+(2026-11-29): blocks of more than :data:`SMALL_ROWS` inputs through oneDNN's float32 GEMM, the layers of one
+input (q, k, v; gate, up) in one parallel region."""
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """Architectures the C++ forward computes: pre-norm RMSNorm decoder layers, rotate-half RoPE, grouped-query
@@ -86,10 +89,13 @@ dev answers of SmolLM2-135M, plain decoding and AutoConfig alike (99.9th percent
 1e-4 on the tiny random models of the tests: the bound leaves a factor of 125. 0.53 % of those positions had
 a margin below it (benchmarks/results/native_forward/margins.md)."""
 
-SMALL_ROWS = 64
-"""Blocks of up to this many inputs run the small-batch kernel (weights read once); larger ones BLAS's GEMM.
-On a 2-core AMD EPYC Zen 5 the kernel beat torch's GEMM at every size up to 64 (SmolLM2's 211 linear layers:
-33.7 against 81.1 ms at 24 inputs, 60.2 against 104.0 at 48; benchmarks/results/native_forward/kernels.md)."""
+SMALL_ROWS = 40
+"""Blocks of up to this many inputs run the small-batch kernel (weights read once); larger ones a GEMM:
+oneDNN's float32 matmul where torch has it (``csrc/runtime/onednn_linear.h``; on an AMD CPU twice the rate of
+the MKL GEMM at::mm takes), else at::mm. On a 2-core AMD EPYC Zen 5, SmolLM2's 211 linear layers: the kernel
+33.0 against oneDNN's 36.5 ms at 24 inputs, even from 32 to 48, oneDNN 74.4 against 80.4 at 64
+(benchmarks/results/native_forward/kernels-onednn.md; against MKL's GEMM the kernel had won up to 64,
+kernels.md)."""
 
 
 SMALL_ROWS_BF16 = 16
