@@ -84,10 +84,11 @@ attention (Qwen2's q/k/v biases, Qwen3's per-head q/k norms), a SiLU-gated MLP."
 MARGIN_BOUND = 1e-2
 """A greedy step is decided by the C++ forward only where every row that chose a token has a top-2 score
 margin of at least this; below it, HF's forward decides the step. The C++ forward's logits differ from HF
-greedy's own (one-token forwards on its own cache) by at most 8.0e-5 over 2,079 positions of 35 Spec-Bench
-dev answers of SmolLM2-135M, plain decoding and AutoConfig alike (99.9th percentile 7.1e-5), and by at most
-1e-4 on the tiny random models of the tests: the bound leaves a factor of 125. 0.53 % of those positions had
-a margin below it (benchmarks/results/native_forward/margins.md)."""
+greedy's own (one-token forwards on its own cache) by at most 1.14e-4 over 2,079 positions of 35 Spec-Bench
+dev answers of SmolLM2-135M with the prefill through oneDNN's GEMM (forward v2; 99.9th percentile 9.6e-5;
+8.0e-5 with v1's MKL GEMM), plain decoding and AutoConfig alike, and by at most 1e-4 on the tiny random models
+of the tests: the bound leaves a factor of 88. 0.53 % of those positions had a margin below it
+(benchmarks/results/native_forward/margins-onednn.md, margins.md)."""
 
 SMALL_ROWS = 40
 """Blocks of up to this many inputs run the small-batch kernel (weights read once); larger ones a GEMM:
