@@ -492,8 +492,11 @@ def test_what_auto_measured_carries_to_a_new_process_through_its_file(tmp_path, 
         path.write_text("not json")
     mtprobe.release(model)
     assert mtprobe.generate(model, ids, cfg, **kw).choices[0] == ("sps", 7)
-    with pytest.raises(TypeError, match="carry must be None .* False .* or the path of a file, got 3"):
-        mtprobe.AutoConfig(carry=3)
+    with pytest.raises(ValueError, match="carry='.*' is a directory; pass the path of a file"):
+        mtprobe.generate(model, ids, dataclasses.replace(cfg, carry=str(tmp_path)), **kw)
+    for bad in (3, "", True):
+        with pytest.raises(TypeError, match="carry must be None .* False .* or the path of a file, got"):
+            mtprobe.AutoConfig(carry=bad)
 
 
 def test_carried_measurements_are_checked():

@@ -139,7 +139,7 @@ class AutoConfig(ConfigData):
             raise ValueError(f"explore_every={self.explore_every} must be >= 1")
         if isinstance(self.carry, os.PathLike):
             object.__setattr__(self, "carry", os.fspath(self.carry))
-        if not (self.carry is None or self.carry is False or isinstance(self.carry, str)):
+        if not (self.carry is None or self.carry is False or (isinstance(self.carry, str) and self.carry)):
             raise TypeError(
                 f"carry must be None (kept per model and machine under $MTPROBE_CACHE/auto), False (this "
                 f"process only) or the path of a file, got {self.carry!r}"

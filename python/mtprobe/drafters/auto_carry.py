@@ -123,6 +123,13 @@ def load(model: PreTrainedModel, carry: Any) -> None:
     state.carry_loaded.add(carry)
     if path is None or key is None or not path.exists():
         return
+    if path.is_dir():
+        if carry is not None:
+            raise ValueError(
+                f"carry={str(carry)!r} is a directory; pass the path of a file (made if missing)"
+            )
+        logger.warning("mtprobe: ignoring %s (a directory where AutoConfig's measurements go)", path)
+        return
     try:
         data = read_json(path, "file of AutoConfig's measurements", "")
         if (
@@ -138,9 +145,11 @@ def load(model: PreTrainedModel, carry: Any) -> None:
                 "would mislead its scheduler; pass another file, or carry=None to keep them per model and machine"
             )
         entries = [_entry(e, path) for e in data.get("entries", [])]
-    except ValueError:
-        if carry is not None:
+    except (ValueError, OSError) as e:
+        if carry is not None and isinstance(e, ValueError):
             raise
+        if carry is not None:
+            raise ValueError(f"carry={str(carry)!r}: cannot read it ({e})") from None
         logger.warning("mtprobe: ignoring %s (unreadable AutoConfig measurements)", path, exc_info=True)
         return
     for k, v in entries:
