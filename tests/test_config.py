@@ -89,6 +89,7 @@ NON_DEFAULT = {
         ),
         decay=0.8,
         explore_every=5,
+        carry=False,
     ),
     "heads": mtprobe.HeadsConfig(
         path=str(HEAD),

@@ -158,6 +158,7 @@ class AutoConfig(ConfigData):
             "profile": profile,
             "decay": self.decay,
             "explore_every": self.explore_every,
+            "carry": self.carry,
         }
 
     @classmethod
@@ -168,7 +169,7 @@ class AutoConfig(ConfigData):
             raise ValueError(
                 f"AutoConfig.from_dict got method={data.get('method')!r}; use mtprobe.config_from_dict"
             )
-        valid = ("drafters", "profile", "decay", "explore_every")
+        valid = ("drafters", "profile", "decay", "explore_every", "carry")
         values = {k: v for k, v in data.items() if k not in ("method", "block_complexity")}
         unknown = sorted(set(values) - set(valid), key=str)
         if unknown:
