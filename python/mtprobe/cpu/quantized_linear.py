@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mtprobe import _C
+from mtprobe.cpu.onednn_linear import onednn_linear
 
 GROUP = 32
 """Inputs per group (one scale each)."""
@@ -52,8 +53,10 @@ DTYPES = (torch.float32, torch.bfloat16)
 quantized; the codes then run on float32 inputs, as for a float32 layer)."""
 
 MAX_ROWS = 8
-"""The most inputs a :class:`QuantizedLinear` runs on its codes; more (a prompt's prefill) go through
-the float32 weight it shares with the target, which is then exactly the target's own prefill."""
+"""The most inputs a :class:`QuantizedLinear` runs on its codes; more (a prompt's prefill) go through the
+weight it shares with the target: the target's own prefill up to rounding (a float32 weight through oneDNN's
+GEMM where torch has it, :func:`mtprobe.cpu.onednn_linear.onednn_linear`: on AMD CPUs twice the rate of the
+MKL GEMM ``F.linear`` takes, benchmarks/results/native_forward/kernels-onednn.md)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,9 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() > self._max_numel:
+            fast = onednn_linear(x, self.weight, self.bias)
+            if fast is not None:
+                return fast
             if x.dtype == self.weight.dtype:
                 return F.linear(x, self.weight, self.bias)
             return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
