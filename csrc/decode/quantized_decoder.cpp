@@ -8,6 +8,7 @@
 
 #include "core/decoder_step.h"
 #include "core/quantized_linear.h"
+#include "decode/layer_columns.h"
 
 namespace mtprobe {
 namespace {
@@ -109,20 +110,18 @@ void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws,
   const QuantizedWeights* const* w = ws.begin();
   float* const* y = ys.begin();
   const int64_t n = static_cast<int64_t>(ws.size()), in = w[0]->in_features();
-  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= 4);
-  int64_t first[5] = {0};  // layer i's columns are [first[i], first[i + 1]) of the range
+  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
+  LayerColumns columns;
   bool any_q4 = false;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_INTERNAL_ASSERT(w[i]->in_features() == in);
-    first[i + 1] = first[i] + w[i]->out_features();
+    columns.add(w[i]->out_features());
     any_q4 = any_q4 || is_q4(*w[i]);
   }
   if (any_q4) core::quantized_group_sums(x, rows, in, xsum_.data());  // x's, shared by the layers
   // A grain of 64 columns, as the quantized_linear op; every row in one pass over the weights.
-  at::parallel_for(0, first[n], 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t from = std::max(begin, first[i]) - first[i], to = std::min(end, first[i + 1]) - first[i];
-      if (from >= to) continue;
+  at::parallel_for(0, columns.total(), 64, [&](int64_t begin, int64_t end) {
+    columns.each(begin, end, [&](int64_t i, int64_t from, int64_t to) {
       const QuantizedWeights& L = *w[i];
       const bool q4 = is_q4(L);
       core::quantized_linear(x, q4 ? xsum_.data() : nullptr, rows, in, L.codes.const_data_ptr(),
@@ -130,7 +129,7 @@ void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws,
                              L.scale.const_data_ptr<float>(), q4 ? L.min.const_data_ptr<float>() : nullptr,
                              L.bias.defined() ? L.bias.const_data_ptr<float>() : nullptr, y[i],
                              L.out_features(), from, to);
-    }
+    });
   });
 }
 

@@ -67,8 +67,7 @@ class QuantizedDecoder {
 
  private:
   // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i].out_features()], in one
-  // parallel region: their output columns are one range split across the threads (q, k and v; gate and
-  // up), so that a step pays one fork and join for them, and a small layer (k, v) leaves no thread idle.
+  // parallel region, their output columns one range split across the threads (decode/layer_columns.h).
   void linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
               std::initializer_list<float*> ys);
   void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y) {

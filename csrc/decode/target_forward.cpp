@@ -10,6 +10,7 @@
 #include "core/bf16.h"
 #include "core/decoder_step.h"
 #include "core/small_batch_linear.h"
+#include "decode/layer_columns.h"
 #include "runtime/onednn_linear.h"
 
 namespace mtprobe {
@@ -155,18 +156,15 @@ void TargetForward::linear(std::initializer_list<const TargetLinear*> ws, const 
   const TargetLinear* const* layers = ws.begin();
   float* const* outs = ys.begin();
   const int64_t n = static_cast<int64_t>(ws.size()), in = layers[0]->in_features();
-  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= 4);
+  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
   const bool bf16 = dtype_ == at::kBFloat16;
   if ((small_kernel_ || bf16) && rows <= config_.small_rows) {
-    int64_t first[5] = {0};  // layer i's columns are [first[i], first[i + 1]) of the range
-    for (int64_t i = 0; i < n; ++i) first[i + 1] = first[i] + layers[i]->out_features();
+    LayerColumns columns;
+    for (int64_t i = 0; i < n; ++i) columns.add(layers[i]->out_features());
     // A grain of 64 columns, as the small_batch_linear op: each thread streams its own weight rows.
     const auto level = rows <= config_.wide_rows ? core::SimdLevel::kAvx512 : core::SimdLevel::kAvx2;
-    at::parallel_for(0, first[n], 64, [&](int64_t begin, int64_t end) {
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t from = std::max(begin, first[i]) - first[i],
-                      to = std::min(end, first[i + 1]) - first[i];
-        if (from >= to) continue;
+    at::parallel_for(0, columns.total(), 64, [&](int64_t begin, int64_t end) {
+      columns.each(begin, end, [&](int64_t i, int64_t from, int64_t to) {
         const TargetLinear& w = *layers[i];
         const int64_t out = w.out_features();
         const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
@@ -176,7 +174,7 @@ void TargetForward::linear(std::initializer_list<const TargetLinear*> ws, const 
           core::small_batch_linear(x, rows, in, w.weight.const_data_ptr<float>(), bias, outs[i], out, from,
                                    to, level);
         }
-      }
+      });
     });
     return;
   }

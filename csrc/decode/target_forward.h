@@ -134,8 +134,7 @@ class TargetForward {
   Prepared prepare(const TargetBlock& block, const std::string& who) const;
   // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i]->out_features()]. Blocks the
   // small-batch kernel takes run in one parallel region, their output columns one range split across the
-  // threads (q, k and v; gate and up): one fork and join for them, and no thread idle on a small layer (k,
-  // v).
+  // threads (decode/layer_columns.h); larger ones one GEMM per layer.
   void linear(std::initializer_list<const TargetLinear*> ws, const float* x, int64_t rows,
               std::initializer_list<float*> ys) const;
   void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const {

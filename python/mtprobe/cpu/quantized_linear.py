@@ -125,7 +125,8 @@ class QuantizedLinear(nn.Module):
     """An ``nn.Linear`` whose few-row forwards run on a group-quantized copy of its weight.
 
     The ``weight`` and ``bias`` are the original layer's own tensors (no copy): inputs of more than
-    :data:`MAX_ROWS` rows go through them with ``F.linear``, in the weight's dtype (a bfloat16 layer's rows
+    :data:`MAX_ROWS` rows go through them (oneDNN's GEMM for a float32 weight where torch has it, else
+    ``F.linear``), in the weight's dtype (a bfloat16 layer's rows
     rounded to bfloat16 there, as the layer itself computes them) and back in the input's. Few rows run on
     the codes in float32. Inference only, on the CPU (:func:`quantizable`).
     """

@@ -7,10 +7,11 @@ measured, per draft configuration, sampling or not, and batch size, starts the n
 
 - in the process, in the model's state (:mod:`mtprobe.state`, ``ModelState.carried``);
 - across processes, in a JSON file beside the forward profiles (``$MTPROBE_CACHE/auto/``), named by what
-  the measurements depend on: the profile's key (architecture, CPU or GPU, instruction set, dtype,
-  threads, the forward that runs) and the weights' fingerprint (acceptance depends on the weights: the
-  4-bit self-draft of a checkpoint on the 4-bit grid accepts every draft, off it far fewer). A new
-  process's first generation then starts where the last one stopped.
+  the measurements depend on: the model's architecture, the CPU or GPU and its instruction set, dtype and
+  threads (a draft's seconds), and the weights' fingerprint (its acceptance: the 4-bit self-draft of a
+  checkpoint on the 4-bit grid accepts every draft, off it far fewer). Not the target's forward or linear
+  routes, which price the verification, not the draft. A new process's first generation then starts where
+  the last one stopped.
 
 ``AutoConfig(carry=...)`` chooses: ``None`` (the default) the file above, a path a file of the user's
 (refused, with what differs, when it was made for another model, weights, dtype, CPU or thread count),
@@ -26,7 +27,6 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +34,12 @@ import torch
 
 from mtprobe import _C, registry
 from mtprobe._jsonl import read_json, write_json
+from mtprobe.cpu.machine import architecture, cpu_isa, device_name
 from mtprobe.drafters.base import config_from_dict
 from mtprobe.identity import model_identity
 from mtprobe.models.cache import cache_root
 from mtprobe.registry import DecodingConfig
 from mtprobe.state import state_of
-from mtprobe.target_model.profile import ProfileKey
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -53,9 +53,6 @@ ENV = "MTPROBE_AUTO_CARRY"
 
 VERSION = 1
 """The files' format."""
-
-# (configuration, sampling, rows decoded together) -> ((trials, accepts) by depth and rank, seconds per draft)
-Carried = dict[tuple[Any, bool, int], tuple[tuple[list[list[float]], list[list[float]]], float]]
 
 
 def carry_dir() -> Path:
@@ -78,14 +75,21 @@ def weights_fingerprint(model: PreTrainedModel) -> str:
 
 
 def carry_key(model: PreTrainedModel) -> dict[str, Any]:
-    """What the measurements depend on: the forward profile's key (``torch`` aside) and the weights'
-    fingerprint."""
+    """What the measurements depend on (named as a forward profile's key names them): the architecture,
+    device, instruction set, dtype and threads, and the weights' fingerprint. Cheap after the first call
+    on a model (the fingerprint is kept): it is read at every AutoConfig generation."""
     state = state_of(model)
     if state.weights_fingerprint is None:
         state.weights_fingerprint = weights_fingerprint(model)
-    key = asdict(ProfileKey.of(model))
-    key.pop("torch")
-    return {"profile": key, "weights": state.weights_fingerprint}
+    device = next(model.parameters()).device
+    machine = {
+        "model": architecture(model),
+        "device": device_name(device),
+        "isa": cpu_isa() if device.type == "cpu" else "",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads() if device.type == "cpu" else 0,
+    }
+    return {"profile": machine, "weights": state.weights_fingerprint}
 
 
 def _path(model: PreTrainedModel, carry: Any) -> tuple[Path | None, dict[str, Any] | None]:
@@ -146,12 +150,12 @@ def load(model: PreTrainedModel, carry: Any) -> None:
             )
         entries = [_entry(e, path) for e in data.get("entries", [])]
     except (ValueError, OSError) as e:
-        if carry is not None and isinstance(e, ValueError):
-            raise
-        if carry is not None:
+        if carry is None:  # the cache's own file: rewritten after this generation
+            logger.warning("mtprobe: ignoring %s (unreadable AutoConfig measurements)", path, exc_info=True)
+            return
+        if isinstance(e, OSError):
             raise ValueError(f"carry={str(carry)!r}: cannot read it ({e})") from None
-        logger.warning("mtprobe: ignoring %s (unreadable AutoConfig measurements)", path, exc_info=True)
-        return
+        raise
     for k, v in entries:
         state.carried.setdefault(k, v)
 
