@@ -18,7 +18,8 @@ decides). Every answer must be token-identical to HF greedy's.
         --per-category 5 --out benchmarks/results/native_forward/margins.md
 
 ``--kernels``: the model's linear layers over T inputs through torch's linear, oneDNN's and the small-batch kernel's
-AVX2 and AVX-512 forms (what ``TargetForward``'s ``small_rows`` and ``wide_rows`` choose between).
+AVX2 and AVX-512 forms (what ``TargetForward``'s ``small_rows`` and ``wide_rows`` choose between), the weights
+streamed from memory; then each layer shape's arithmetic with its weight in cache.
 ``--prefill``: one prompt's prefill through HF's forward and the C++ forward.
 """
 
@@ -34,17 +35,19 @@ import torch
 
 import mtprobe
 from _common import OFF_GRID_HELP, first_turn_prompts, off_grid, off_grid_seed, run_lines, write_report
-from mtprobe import models
+from mtprobe import _C, models
 from mtprobe.cpu import linear_routes
 from mtprobe.specbench.questions import first_per_category, load_questions
 from mtprobe.target_model import native_forward as nf
 from mtprobe.target_model.adapter import HFAdapter
 from mtprobe.target_model.profile import chain_mask, choose_linear_routes
 
-SIZES = (1, 2, 4, 8, 13, 16, 24, 32, 48, 64)
+SIZES = (1, 2, 4, 6, 7, 8, 13, 16, 24, 32, 48, 64)
 
 
-def curve(model: torch.nn.Module, contexts: list[int], repeats: int) -> list[str]:
+def curve(
+    model: torch.nn.Module, contexts: list[int], repeats: int, wide_rows: list[int] | None = None
+) -> list[str]:
     routes = choose_linear_routes(model)
     vocab = model.get_input_embeddings().weight.shape[0]
     capacity = max(contexts) + SIZES[-1]
@@ -55,6 +58,11 @@ def curve(model: torch.nn.Module, contexts: list[int], repeats: int) -> list[str
         "HF stock": HFAdapter(model, capacity, checked=True),
         "mtprobe C++": HFAdapter(model, capacity, checked=True, native=native),
     }
+    # The C++ forward again with its AVX-512 kernel up to other block sizes (TargetForward's wide_rows).
+    for w in wide_rows or []:
+        args, kwargs = nf.arguments(model)
+        other = _C.TargetForward(*args, **(kwargs | {"wide_rows": w}))
+        rows[f"C++ wide_rows={w}"] = HFAdapter(model, capacity, checked=True, native=other)
     lines = [
         "",
         "Median ms of one forward of T inputs (a chain) after C cached positions; rows interleaved forward "
@@ -123,6 +131,35 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
             lines.append(
                 f"| {t} | {best['torch']:.1f} | {best['onednn']:.1f} | {best['avx2']:.1f} | {best['avx512']:.1f} |"
             )
+    # The arithmetic alone: one layer of each shape, its weight in cache (run 50 times in a row).
+    shapes = sorted({(m.out_features, m.in_features) for m in linears if m.out_features < 10_000})
+    lines += [
+        "",
+        f"From cache: GFLOP/s of one layer's weight ({', '.join(f'{o}x{i}' for o, i in shapes)}: out x in) run 50 "
+        f"times over the same T random inputs, best of {repeats}; the kernels' arithmetic without the weights' "
+        "stream.",
+        "",
+        "| out x in | T | oneDNN | small-batch AVX2 | small-batch AVX-512 |",
+        "|---|---|---|---|---|",
+    ]
+    with torch.inference_mode():
+        for o, i in shapes:
+            m = torch.nn.Linear(i, o, bias=False)
+            for t in (1, 4, 8, 13, 16, 24, 32):
+                x = torch.randn(t, i)
+                rate = {}
+                for name in ("onednn", "avx2", "avx512"):
+                    times = []
+                    for _ in range(repeats):
+                        runs[name](x, m)
+                        t0 = time.perf_counter()
+                        for _ in range(50):
+                            runs[name](x, m)
+                        times.append((time.perf_counter() - t0) / 50)
+                    rate[name] = 2 * t * o * i / min(times) / 1e9
+                lines.append(
+                    f"| {o}x{i} | {t} | {rate['onednn']:.0f} | {rate['avx2']:.0f} | {rate['avx512']:.0f} |"
+                )
     return lines
 
 
@@ -259,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's (--curve, --prefill)"
     )
     p.add_argument("--contexts", default="128,512", help="cached positions before the block (--curve)")
+    p.add_argument(
+        "--wide-rows",
+        help="--curve: also the C++ forward with its AVX-512 kernel up to each of these block sizes, e.g. 4,8 "
+        "(TargetForward's wide_rows; the default is the row 'mtprobe C++')",
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--question-file", help="Spec-Bench questions (--margins)")
     p.add_argument("--per-category", type=int, default=5)
@@ -288,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# {title}", "", *run_lines(args.model, args.dtype), f"- weights: {weights}"]
     lines.append(f"- {linear_routes.ENV}={os.environ.get(linear_routes.ENV, '(unset)')}")
     if args.curve:
-        lines += curve(model, [int(c) for c in args.contexts.split(",")], args.repeats)
+        wide = [int(w) for w in args.wide_rows.split(",")] if args.wide_rows else None
+        lines += curve(model, [int(c) for c in args.contexts.split(",")], args.repeats, wide)
         if args.llama_cpp_bench:
             lines += llama_cpp(args.llama_cpp_bench, args.gguf, args.threads)
     elif args.kernels:

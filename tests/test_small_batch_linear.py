@@ -37,6 +37,14 @@ SHAPES = [  # (leading dims of x, in_features, out_features)
     ((1, 4), 576, 192),  # [batch, T, in], as a model calls it
     ((2, 3), 33, 1),
     ((0,), 16, 8),  # no rows
+    # The AVX-512 kernel's blocks: 8 weight rows for 1-2 inputs, 5 for 3, 4 for more, in passes of 3 to 6
+    # inputs; groups cut short run column by column; `in` past whole vectors takes a masked step.
+    ((2,), 16, 17),  # two 8-row groups, 1 column left
+    ((3,), 32, 13),  # two 5-row groups, 3 columns left
+    ((6,), 48, 41),  # one pass of 6
+    ((7,), 40, 10),  # passes of 3 and 4; a masked tail of 8
+    ((13,), 80, 9),  # passes of 4, 4 and 5
+    ((25,), 33, 6),  # five passes of 5; a masked tail of 1
 ]
 
 
@@ -195,6 +203,19 @@ def test_every_kernel_matches_the_reference(level):
     assert ((got - want).abs() <= bound).all()
     with pytest.raises(ValueError, match="level must be 0"):
         _C.small_batch_linear_at_level(x, w, b, 4)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2], ids=["portable", "avx2", "avx512"])
+@pytest.mark.parametrize(
+    "lead,k,n", SHAPES, ids=[f"{'x'.join(map(str, s[0]))}-{s[1]}-{s[2]}" for s in SHAPES]
+)
+def test_every_kernel_on_every_shape(lead, k, n, level):
+    x, w, b = _case(lead, k, n, bias=True, seed=k + n)
+    got = _C.small_batch_linear_at_level(x.reshape(-1, k), w, b, level)  # [rows, out]
+    want = reference(x.reshape(-1, k), w, b)
+    bound = rounding_bound(x.reshape(-1, k), w) + 1e-6 * want.abs()
+    assert got.shape == want.shape
+    assert ((got - want).abs() <= bound).all()
 
 
 def test_the_default_kernel_is_named():

@@ -76,7 +76,7 @@ void bind_target_forward(py::module_& m) {
            }),
            py::arg("embed"), py::arg("layers"), py::arg("final_norm"), py::arg("head"), py::arg("inv_freq"),
            py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
-           py::arg("rope_scaling"), py::arg("small_rows") = 64, py::arg("wide_rows") = 4)
+           py::arg("rope_scaling"), py::arg("small_rows") = 64, py::arg("wide_rows") = 6)
       .def("forward", &TargetForward::forward, py::arg("tokens"), py::arg("embeds"), py::arg("positions"),
            py::arg("mask"), py::arg("prefix_len"), py::arg("keys"), py::arg("values"), py::arg("want_hidden"),
            py::arg("logits_from") = 0,

@@ -123,11 +123,21 @@ Block<W> avx2_block(int nc, int rr) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// The AVX-512 form of block_avx2: 16 lanes, NC = 4 weight rows against RR = 4 inputs (16 accumulators,
-// 4 weight vectors and one input vector of the 32 registers). The tail of `in` is a masked load, so
-// every k runs through the FMAs; 16 partial sums per output, then added by the reduction, so the
-// rounding differs from the AVX2 path's (both within the same float32 bound of the tests).
-// 16 weights as float32 under mask m (the lanes past it zero).
+// The AVX-512 form of block_avx2: 16 lanes, NC weight rows against RR inputs. The main loop loads whole
+// vectors unmasked and only the tail of `in` (in % 16 inputs) runs a masked step: on an AMD EPYC (Zen 5) a
+// masked load in every step had halved the block's multiply-add rate (from cache it now runs at 300-340
+// GFLOP/s on 2 cores, benchmarks/results/native_forward/kernels-avx512.md). 16 or more accumulators keep
+// both FMA pipes busy (12 ran at half their rate there); 16
+// partial sums per output, then added by the reduction, so the rounding differs from the AVX2 path's (both
+// within the same float32 bound of the tests).
+// 16 weights as float32, whole or under mask m (the lanes past it zero).
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const float* w) {
+  return _mm512_loadu_ps(w);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const uint16_t* w) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(__mmask16 m, const float* w) {
   return _mm512_maskz_loadu_ps(m, w);
 }
@@ -146,17 +156,26 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void block_avx512(const flo
   for (int c = 0; c < NC; ++c) {
     for (int r = 0; r < RR; ++r) acc[c][r] = _mm512_setzero_ps();
   }
-  for (int64_t k = 0; k < in; k += 16) {
-    const __mmask16 m =
-        in - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (in - k)) - 1);
+  const int64_t whole = in & ~int64_t{15};
+  int64_t k = 0;
+  for (; k < whole; k += 16) {
     __m512 wv[NC];
-    for (int c = 0; c < NC; ++c) wv[c] = load16(m, wn + c * in + k);
+    for (int c = 0; c < NC; ++c) wv[c] = load16(wn + c * in + k);
     // NC cache lines of this group per step: as many of the next group's, so that all of it is
     // requested before this group's compute ends.
     for (int c = 0; c < NC && pf < pf_end; ++c) {
       _mm_prefetch(pf, _MM_HINT_T0);
       pf += 64;
     }
+    for (int r = 0; r < RR; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
+      for (int c = 0; c < NC; ++c) acc[c][r] = _mm512_fmadd_ps(xv, wv[c], acc[c][r]);
+    }
+  }
+  if (k < in) {
+    const auto m = static_cast<__mmask16>((1u << (in - k)) - 1);
+    __m512 wv[NC];
+    for (int c = 0; c < NC; ++c) wv[c] = load16(m, wn + c * in + k);
     for (int r = 0; r < RR; ++r) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
       for (int c = 0; c < NC; ++c) acc[c][r] = _mm512_fmadd_ps(xv, wv[c], acc[c][r]);
@@ -172,47 +191,88 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void block_avx512(const flo
 
 #pragma GCC diagnostic pop
 
-constexpr int kBlockCols512 = 4;
+// The AVX-512 blocks by inputs per pass: NC x RR of at least 16 accumulators where the inputs allow.
+// One or two inputs: 8 weight rows (8 or 16 accumulators, 8 weight vectors). Three: 5 rows (15). Four
+// to six: 4 rows (16 to 24; 4 weight vectors, one input vector: at most 29 of the 32 registers).
+constexpr int kMaxRowsPerPass512 = 6;
 
+// NC weight rows against 1 to kMaxRowsPerPass512 inputs.
 template <typename W, int NC>
-Block<W> avx512_block_rows(int rr) {
-  static constexpr Block<W> table[kBlockRows + 1] = {nullptr, block_avx512<W, NC, 1>, block_avx512<W, NC, 2>,
-                                                     block_avx512<W, NC, 3>, block_avx512<W, NC, 4>};
+Block<W> avx512_rows(int rr) {
+  static constexpr Block<W> table[kMaxRowsPerPass512 + 1] = {nullptr,
+                                                             block_avx512<W, NC, 1>,
+                                                             block_avx512<W, NC, 2>,
+                                                             block_avx512<W, NC, 3>,
+                                                             block_avx512<W, NC, 4>,
+                                                             block_avx512<W, NC, 5>,
+                                                             block_avx512<W, NC, 6>};
   return table[rr];
 }
 
 template <typename W>
-Block<W> avx512_block(int nc, int rr) {
-  switch (nc) {
-    case 1:
-      return avx512_block_rows<W, 1>(rr);
-    case 2:
-      return avx512_block_rows<W, 2>(rr);
-    case 3:
-      return avx512_block_rows<W, 3>(rr);
-    default:
-      return avx512_block_rows<W, 4>(rr);
-  }
+Block<W> avx512_block_for(int nc, int rr) {
+  if (nc == 8 && rr == 1) return block_avx512<W, 8, 1>;
+  if (nc == 8 && rr == 2) return block_avx512<W, 8, 2>;
+  if (nc == 5 && rr == 3) return block_avx512<W, 5, 3>;
+  if (nc == 4) return avx512_rows<W, 4>(rr);
+  // A narrower group (the last of a thread's columns) runs column by column through the 1-column form.
+  return avx512_rows<W, 1>(rr);
 }
 
+// The weight rows after a group's, [n + cols, n + 2 cols) within [.., end), as bytes split over the group's
+// `passes` in whole cache lines: each pass prefetches its part while it computes, so that all of the next
+// group is requested before this one's compute ends rather than after it.
+struct NextGroup {
+  const char* next;
+  const char* stop;
+  int64_t part;
+
+  template <typename W>
+  NextGroup(const W* weight, int64_t n, int64_t cols, int64_t end, int64_t in, int64_t passes)
+      : next(reinterpret_cast<const char*>(weight + std::min(end, n + cols) * in)),
+        stop(reinterpret_cast<const char*>(weight + std::min(end, n + 2 * cols) * in)),
+        part(((stop - next) / passes + 63) / 64 * 64) {}
+  const char* from(int64_t p) const { return std::min(stop, next + p * part); }
+  const char* to(int64_t p) const { return std::min(stop, from(p) + part); }
+};
+
 // Weight rows [begin, end) in groups of `cols` (the register block's NC); each group's rows are read from
-// memory once and reused from cache by its ceil(rows / kBlockRows) blocks, which prefetch the next group
-// in equal parts.
+// memory once and reused from cache by its ceil(rows / kBlockRows) blocks.
 template <typename W>
 void linear_blocked(const float* x, int64_t rows, int64_t in, const W* weight, const float* bias, float* y,
                     int64_t out, int64_t begin, int64_t end, int cols, Block<W> (*block)(int, int)) {
   const int64_t passes = (rows + kBlockRows - 1) / kBlockRows;
   for (int64_t n = begin; n < end; n += cols) {
     const int nc = static_cast<int>(std::min<int64_t>(cols, end - n));
-    const char* next = reinterpret_cast<const char*>(weight + std::min(end, n + cols) * in);
-    const char* next_end = reinterpret_cast<const char*>(weight + std::min(end, n + 2 * cols) * in);
-    const int64_t part = ((next_end - next) / passes + 63) / 64 * 64;  // bytes, whole cache lines
+    const NextGroup pf(weight, n, cols, end, in, passes);
     for (int64_t p = 0; p < passes; ++p) {
       const int64_t r0 = p * kBlockRows;
       const int rr = static_cast<int>(std::min<int64_t>(kBlockRows, rows - r0));
-      const char* pf = std::min(next_end, next + p * part);
       block(nc, rr)(x + r0 * in, in, in, weight + n * in, bias ? bias + n : nullptr, y + r0 * out + n, out,
-                    pf, std::min(next_end, pf + part));
+                    pf.from(p), pf.to(p));
+    }
+  }
+}
+
+// The AVX-512 kernel over weight rows [begin, end): groups of 8 weight rows for one or two inputs, 5 for
+// three, else 4, each group read from memory once and reused from cache by its passes over the inputs
+// (ceil(rows / 6) passes of 3 to 6 inputs, split evenly). A group cut short by `end` runs column by column.
+template <typename W>
+void linear_blocked512(const float* x, int64_t rows, int64_t in, const W* weight, const float* bias, float* y,
+                       int64_t out, int64_t begin, int64_t end) {
+  const int cols = rows <= 2 ? 8 : rows == 3 ? 5 : 4;
+  const int64_t passes = (rows + kMaxRowsPerPass512 - 1) / kMaxRowsPerPass512;
+  for (int64_t n = begin; n < end; n += cols) {
+    const int nc = static_cast<int>(std::min<int64_t>(cols, end - n));
+    const NextGroup pf(weight, n, cols, end, in, passes);
+    for (int64_t p = 0; p < passes; ++p) {
+      const int64_t r0 = p * rows / passes;
+      const int rr = static_cast<int>((p + 1) * rows / passes - r0);
+      for (int c = 0; c < nc; c += nc == cols ? nc : 1) {
+        avx512_block_for<W>(nc == cols ? nc : 1, rr)(x + r0 * in, in, in, weight + (n + c) * in,
+                                                     bias ? bias + n + c : nullptr, y + r0 * out + n + c, out,
+                                                     pf.from(p), pf.to(p));
+      }
     }
   }
 }
@@ -270,8 +330,11 @@ bool small_batch_linear_supported(SimdLevel level) {
 }
 
 SimdLevel small_batch_linear_default() {
-  // Not AVX-512 where the CPU has it: on a 2-core Xeon with AVX-512 the AVX-512 kernel read the weights
-  // no faster than the AVX2 one, and slower for 8 or more inputs (benchmarks/results/linear_routes.md).
+  // AVX2 also where the CPU has AVX-512: with the weights streamed from memory (a forward's linears, more
+  // than L3 holds) the two ran within about 10 % of each other on a 2-core AMD EPYC (Zen 5), though from
+  // cache the AVX-512 kernel multiplies 1.5x faster at 8 to 32 inputs: the stream sets the pace. Callers
+  // that measured otherwise ask for a level (TargetForward's wide_rows;
+  // benchmarks/results/native_forward/kernels-avx512.md, curve-wide-rows.md).
   return small_batch_linear_supported(SimdLevel::kAvx2) ? SimdLevel::kAvx2 : SimdLevel::kScalar;
 }
 
@@ -285,8 +348,7 @@ void linear_any(const float* x, int64_t rows, int64_t in_features, const W* weig
     level = small_batch_linear_default();
 #ifdef MTPROBE_X86_SIMD
   if (level == SimdLevel::kAvx512) {
-    linear_blocked(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end, kBlockCols512,
-                   avx512_block<W>);
+    linear_blocked512(x, rows, in_features, weight, bias, y, out_features, out_begin, out_end);
     return;
   }
   if (level == SimdLevel::kAvx2) {

@@ -35,7 +35,7 @@ enum class SimdLevel : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kDefault = 3 }
 bool small_batch_linear_supported(SimdLevel level);
 
 // The kernel kDefault runs: kAvx2 where the CPU has AVX2 and FMA (also on AVX-512 CPUs, where the
-// AVX-512 kernel measured no faster), else kScalar.
+// AVX-512 kernel measured no faster with the weights streamed from memory), else kScalar.
 SimdLevel small_batch_linear_default();
 
 // Computes output columns [out_begin, out_end) of y for every row: callers split the columns

@@ -180,7 +180,7 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
   const int64_t d = head_dim_, half = d / 2, heads = config_.heads, kv = config_.kv_heads;
   const int64_t group = heads / kv, q_out = heads * d, kv_out = kv * d;
   // Scratch for B rows ([B, width] each), grown as needed and kept.
-  auto fit = [](std::vector<float>& v, int64_t n) {
+  auto fit = [](core::AlignedFloats& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(n);
   };
   fit(x_, B * hidden_), fit(h_, B * hidden_), fit(out_, B * hidden_), fit(q_, B * q_out),

@@ -22,6 +22,8 @@
 #include <mutex>
 #include <vector>
 
+#include "core/aligned.h"
+
 namespace mtprobe {
 
 // One linear layer: Q4_1 (uint8 codes [out, in / 2], scale and min [out, in / 32]) or Q8_0 (int8 codes
@@ -83,7 +85,7 @@ class QuantizedDecoder {
   // Scratch, grown as rows and contexts need: x, the normed x, q, k, v, the attention output, o/down's
   // output, gate, up, Q4_1's group sums of the input ([rows, width] each); scores; the attention's
   // per-range outputs [items, group, head_dim] and log-sum-exps [items, group].
-  std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, xsum_, scores_, part_out_, part_lse_;
+  core::AlignedFloats x_, h_, q_, k_, v_, att_, out_, gate_, up_, xsum_, scores_, part_out_, part_lse_;
   std::mutex busy_;
 };
 

@@ -38,6 +38,8 @@
 #include <tuple>
 #include <vector>
 
+#include "core/aligned.h"
+
 namespace mtprobe {
 
 // One linear layer as nn.Linear holds it: weight [out, in] of the model's dtype, bias [out] or undefined.
@@ -64,9 +66,11 @@ struct TargetForwardConfig {
   // is written down.
   int64_t small_rows = 40;
   // Blocks of up to this many inputs take the kernel's AVX-512 form where the CPU has it, larger ones its
-  // AVX2 form: on that EPYC the AVX-512 form streamed a one-input forward's weights in 14.5 ms against
-  // 17.3 (4 inputs: 11.6 against 19.3) and lost from 8 inputs on (its register blocks are narrower).
-  int64_t wide_rows = 4;
+  // AVX2 form. On that EPYC, in the forward (weights streamed from memory, the stream sets the pace), the
+  // two forms ran within a few per cent of each other at every block size but 7 inputs, where the AVX-512
+  // form's passes of 3 and 4 inputs (12 accumulators in the first) were 22 % slower; 6 inputs, 14.8 against
+  // 15.4 ms (benchmarks/results/native_forward/curve-wide-rows.md).
+  int64_t wide_rows = 6;
 };
 
 // Which block rows each input of a block attends to, read from its mask once per forward. A causal chain
@@ -163,7 +167,7 @@ class TargetForward {
   std::mutex busy_;    // one forward at a time: the scratch below is the object's
   // Scratch, grown to the largest block seen: x, normed x, q, k, v, attention output, o/down output,
   // gate, up; the attention's partial outputs and log-sum-exps; RoPE's cos and sin per input.
-  std::vector<float> x_, h_, q_, k_, v_, att_, out_, gate_, up_, part_out_, part_lse_, cos_, sin_;
+  core::AlignedFloats x_, h_, q_, k_, v_, att_, out_, gate_, up_, part_out_, part_lse_, cos_, sin_;
 };
 
 }  // namespace mtprobe
