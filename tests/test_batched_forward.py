@@ -132,6 +132,27 @@ def _capture_batched(monkeypatch) -> list:
     return built
 
 
+@pytest.mark.parametrize("config", [mtprobe.PlainConfig(), mtprobe.StandConfig(block_complexity=10)])
+def test_the_sampled_sequences_of_a_prompt_share_its_prefill(monkeypatch, config):
+    """num_return_sequences sampled together: each prompt's prefill runs once and its other sequences take
+    copies of its cache entries and logits; what every row samples is what it samples after a prefill of its
+    own."""
+    model = tiny_llama()
+    built = _capture_batched(monkeypatch)
+    kw = dict(attention_mask=MASK[:2], max_new_tokens=6, do_sample=True, eos_token_id=None, pad_token_id=PAD)
+    torch.manual_seed(3)
+    out = mtprobe.generate(model, IDS[:2], config, num_return_sequences=3, **kw)
+    assert [o.batch for o in out.sequence_outputs] == [6] * 6
+    assert built[-1].shared_prefills == 4  # 2 prompts x (3 - 1) sequences
+    assert len({tuple(o.sequences[0].tolist()) for o in out.sequence_outputs}) == 6  # samples, not copies
+    # Each row running its own prefill instead draws the same tokens: the copies are the prefill's own.
+    monkeypatch.setattr(batch_module, "SHARE_PREFILLS", False)
+    torch.manual_seed(3)
+    apart = mtprobe.generate(model, IDS[:2], config, num_return_sequences=3, **kw)
+    assert built[-1].shared_prefills == 0
+    assert torch.equal(apart.sequences, out.sequences)
+
+
 def test_the_self_drafts_steps_of_a_batch_run_together(monkeypatch):
     """Every row drafts its chain with the quantized self-draft: each depth's steps of the rows still drafting
     run in one QuantizedDecoder.step_rows (BatchedForward.draft_step), and every row stays greedy's."""
@@ -194,12 +215,20 @@ def test_one_after_another_where_a_batch_cannot_run_together(monkeypatch):
     monkeypatch.delenv(batch_module.ENV)
     torch.manual_seed(0)
     sampled = mtprobe.generate(model, IDS, mtprobe.PlainConfig(), do_sample=True, **kw)
-    assert sampled.batch == 1  # sampling: one after another, so that a seeded call repeats
+    assert sampled.batch == len(ROWS)  # sampled rows together too, each drawing from its own generator
+    torch.manual_seed(0)
+    again = mtprobe.generate(model, IDS, mtprobe.PlainConfig(), do_sample=True, **kw)
+    assert torch.equal(again.sequences, sampled.sequences)  # a seeded call repeats
+    monkeypatch.setattr(batch_module, "MAX_ROWS", 2)  # groups of 2 rows, one after another
+    torch.manual_seed(0)
+    grouped = mtprobe.generate(model, IDS, mtprobe.PlainConfig(), do_sample=False, **kw)
+    assert [o.batch for o in grouped.sequence_outputs] == [2, 2, 2, 2]  # 4 rows
+    assert torch.equal(grouped.sequences, together.sequences)
     masks = type("Masks", (), {"offsets": None, "lora": None, "temperature": None})()
-    why = batch_module.why_not_batched(3, None, do_sample=False, masks=masks, hidden_layer=-1)
+    why = batch_module.why_not_batched(3, None, masks=masks, hidden_layer=-1)
     assert "HF's modules" in why
-    assert batch_module.why_not_batched(1, object(), do_sample=False, masks=masks, hidden_layer=-1)
-    kw = dict(do_sample=False, masks=masks, hidden_layer=-1)
+    assert batch_module.why_not_batched(1, object(), masks=masks, hidden_layer=-1)
+    kw = dict(masks=masks, hidden_layer=-1)
     assert "a draft model drafts" in batch_module.why_not_batched(3, object(), **kw, draft_model=True)
     assert "n-gram memory" in batch_module.why_not_batched(3, object(), **kw, shares_memory=True)
     assert batch_module.why_not_batched(3, object(), **kw) == ""

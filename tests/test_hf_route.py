@@ -372,10 +372,12 @@ def test_sampling_source_is_logged_only_when_the_model_chose_it(sampling_model, 
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_num_return_sequences_samples_each_sequence_in_turn(tiny, route):
-    # n sequences are n generations in turn, each with its own drafter and KV cache: under one seed they
-    # are the texts n single calls would sample one after another, stacked and padded as HF pads them.
-    # A third of the vocabulary ends a sequence, so the sequences stop at different lengths.
+def test_num_return_sequences_samples_each_sequence_in_turn(tiny, route, monkeypatch):
+    # Decoded one after another (MTPROBE_BATCH=0, or where a batch cannot run together), n sequences are n
+    # generations in turn, each with its own drafter and KV cache: under one seed they are the texts n single
+    # calls would sample one after another, stacked and padded as HF pads them. A third of the vocabulary
+    # ends a sequence, so the sequences stop at different lengths.
+    monkeypatch.setenv("MTPROBE_BATCH", "0")
     kw = dict(
         max_new_tokens=6, do_sample=True, temperature=1.5, eos_token_id=list(range(32)), pad_token_id=95
     )
@@ -395,6 +397,30 @@ def test_num_return_sequences_samples_each_sequence_in_turn(tiny, route):
     assert out.forward_calls == sum(s.forward_calls for s in singles) - 3  # one prefill for the four
     assert out.new_tokens == sum(s.new_tokens for s in singles)
     assert out.stop_reason == ",".join(sorted({s.stop_reason for s in singles}))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_num_return_sequences_sampled_together(tiny, route):
+    # Decoded together (the default where the C++ forward runs), the n sequences share one prefill and each
+    # draws from a generator of its own: a seeded call repeats, and the output is laid out as above.
+    kw = dict(
+        max_new_tokens=6, do_sample=True, temperature=1.5, eos_token_id=list(range(32)), pad_token_id=95
+    )
+    cfg = mtprobe.StandConfig(block_complexity=10)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(4)
+        runs.append(ROUTES[route](tiny, IDS, cfg, num_return_sequences=4, **kw))
+    out = runs[0]
+    assert torch.equal(out.sequences, runs[1].sequences)
+    assert {o.batch for o in out.sequence_outputs} == {4}
+    lengths = [o.sequences.shape[1] for o in out.sequence_outputs]
+    assert out.sequences.shape == (4, max(lengths))
+    for row, part in zip(out.sequences, out.sequence_outputs, strict=True):
+        n = part.sequences.shape[1]
+        assert torch.equal(row[:n], part.sequences[0]) and (row[n:] == 95).all()
+        assert torch.equal(part.sequences[0, : IDS.shape[1]], IDS[0])
+    assert len({tuple(o.sequences[0].tolist()) for o in out.sequence_outputs}) > 1  # samples, not copies
 
 
 QUANTIZED_SELF_DRAFT = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3)

@@ -436,6 +436,53 @@ def test_other_drafters_sampling_is_exact(tiny, tiny_draft, name):
     assert p > ALPHA, f"{name}: sampled pairs differ from the target distribution (chi-square p = {p:.2e})"
 
 
+# Since sampled rows are decoded together (mtprobe.decode.batch), num_return_sequences=N_SAMPLES above runs
+# in groups of MAX_ROWS rows, each drawing from a generator of its own: the tests above prove that path for
+# every drafter a batch runs together. The two below prove rows of different prompts in one batch, and the
+# one-after-another path that a single sequence (or a batch that cannot run together) takes.
+BATCH_CONFIGS = {
+    "prompt_lookup": lambda: mtprobe.PromptLookupConfig(num_tokens=3),
+    # rejection sampling: the draft's own draws take the row's generator too
+    "draft_model_self_quantized": lambda: mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3),
+}
+
+
+@pytest.mark.parametrize("name", list(BATCH_CONFIGS))
+def test_each_row_of_a_batch_of_prompts_samples_exactly(tiny, name):
+    from mtprobe.decode.batch import MAX_ROWS
+
+    prompts = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2], [7, 1, 3, 7, 1, 3, 7, 1]])
+    batch = prompts.repeat(N_SAMPLES // 2, 1)  # [N_SAMPLES, 8]: the two prompts alternate, row by row
+    torch.manual_seed(11)
+    out = mtprobe.generate(
+        tiny,
+        batch,
+        BATCH_CONFIGS[name](),
+        attention_mask=torch.ones_like(batch),
+        max_new_tokens=2,
+        do_sample=True,
+        **SAMPLE_KW,
+    )
+    assert max(o.batch for o in out.sequence_outputs) == MAX_ROWS  # groups of rows, both prompts in each
+    pairs = out.sequences[:, -2:].view(N_SAMPLES // 2, 2, 2)  # [sample, prompt, token]
+    for i in range(2):
+        x = pairs[:, i]
+        counts = torch.bincount(x[:, 0] * V + x[:, 1], minlength=V * V).view(V, V)
+        p = chi_square_pvalue(counts, exact_pair_distribution(tiny, prompts[i : i + 1]))
+        assert p > ALPHA, f"{name}, prompt {i}: sampled pairs differ from its distribution (p = {p:.2e})"
+
+
+@pytest.mark.parametrize("name", list(BATCH_CONFIGS))
+def test_sequences_sampled_one_after_another_are_exact(tiny, name, monkeypatch):
+    from mtprobe.decode import batch as batch_module
+
+    monkeypatch.setenv(batch_module.ENV, "0")  # torch's default generator, one sequence at a time
+    prompt = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2]])
+    counts = sample_pairs(tiny, prompt, BATCH_CONFIGS[name](), seed=7)
+    p = chi_square_pvalue(counts, exact_pair_distribution(tiny, prompt))
+    assert p > ALPHA, f"{name}: sampled pairs differ from the target distribution (chi-square p = {p:.2e})"
+
+
 @pytest.mark.parametrize("told_q", ["true_q", "wrong_q"])
 def test_rejection_rule_with_sibling_drafts_is_exact(told_q):
     # verify_rejection alone: a root with three children drawn i.i.d. from q (SpecInfer's multi-draft

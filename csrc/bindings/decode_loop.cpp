@@ -39,7 +39,8 @@ void bind_decode_loop(py::module_& m) {
                        bool do_sample, std::optional<ProcessFn> process, std::optional<StopFn> stop,
                        std::optional<StreamFn> stream, bool ancestor_bits, int64_t vocab_size,
                        bool keep_scores, bool keep_logits, std::optional<ForwardFn> exact_forward,
-                       double margin_bound, std::shared_ptr<BatchedForward> batched, int64_t row) {
+                       double margin_bound, std::shared_ptr<BatchedForward> batched, int64_t row,
+                       std::optional<at::Generator> generator) {
              // The target's forward: a Python callable (an HFAdapter's), or row `row` of a batched forward.
              TORCH_CHECK_VALUE(forward.has_value() != (batched != nullptr),
                                "DecodeLoop: give either a forward or a batched forward and its row, not ",
@@ -64,6 +65,7 @@ void bind_decode_loop(py::module_& m) {
              o.keep_scores = keep_scores;
              o.keep_logits = keep_logits;
              o.margin_bound = margin_bound;
+             o.generator = std::move(generator);
              return std::make_unique<DecodeLoop>(std::move(drafter), std::move(fn), std::move(kv_buffers),
                                                  std::move(o), std::move(process), std::move(stop),
                                                  std::move(stream), std::move(exact_forward));
@@ -75,7 +77,7 @@ void bind_decode_loop(py::module_& m) {
            py::arg("stop") = py::none(), py::arg("stream") = py::none(), py::arg("ancestor_bits") = false,
            py::arg("vocab_size") = 0, py::arg("keep_scores") = false, py::arg("keep_logits") = false,
            py::arg("exact_forward") = py::none(), py::arg("margin_bound") = 0.0, py::arg("batched") = nullptr,
-           py::arg("row") = -1,
+           py::arg("row") = -1, py::arg("generator") = py::none(),
            // The loop holds the drafter: a Python drafter passed as a temporary must outlive it; and its
            // batched forward (argument 23, after self and 21 others), whose row function it calls.
            py::keep_alive<1, 2>(), py::keep_alive<1, 23>())
@@ -87,7 +89,8 @@ void bind_decode_loop(py::module_& m) {
       "each loop runs on its own thread and its forward waits for the others'.")
       .def(py::init([](std::shared_ptr<TargetForward> target, std::vector<std::vector<at::Tensor>> keys,
                        std::vector<std::vector<at::Tensor>> values, std::vector<int64_t> prefill_logits_from,
-                       std::vector<at::Tensor> prefilled, std::shared_ptr<SharedSeconds> overhead) {
+                       std::vector<at::Tensor> prefilled, std::shared_ptr<SharedSeconds> overhead,
+                       bool share_prefills) {
              TORCH_CHECK_VALUE(
                  values.size() == keys.size() && prefill_logits_from.size() == keys.size() &&
                      prefilled.size() == keys.size(),
@@ -99,10 +102,12 @@ void bind_decode_loop(py::module_& m) {
              for (size_t r = 0; r < keys.size(); ++r)
                rows.push_back(
                    {std::move(keys[r]), std::move(values[r]), prefill_logits_from[r], prefilled[r]});
-             return std::make_shared<BatchedForward>(std::move(target), std::move(rows), std::move(overhead));
+             return std::make_shared<BatchedForward>(std::move(target), std::move(rows), std::move(overhead),
+                                                     share_prefills);
            }),
            py::arg("target"), py::kw_only(), py::arg("keys"), py::arg("values"),
-           py::arg("prefill_logits_from"), py::arg("prefilled"), py::arg("overhead") = nullptr)
+           py::arg("prefill_logits_from"), py::arg("prefilled"), py::arg("overhead") = nullptr,
+           py::arg("share_prefills") = true)
       .def("run", &BatchedForward::run, py::arg("loops"), py::arg("prompts"),
            "Runs loops[i].run(prompts[i]) on one thread each (loop i built with batched=self, row=i) until "
            "all "
@@ -120,6 +125,8 @@ void bind_decode_loop(py::module_& m) {
       .def_property_readonly("draft_steps", &BatchedForward::draft_steps,
                              "batched draft steps (QuantizedDecoder.step_rows calls) run so far")
       .def_property_readonly("draft_rows", &BatchedForward::draft_rows, "rows those draft steps ran")
+      .def_property_readonly("shared_prefills", &BatchedForward::shared_prefills,
+                             "rows whose prefill another row's identical one ran for (copied)")
       .def_property_readonly("forward_seconds", &BatchedForward::forward_seconds,
                              "wall time spent in the batched forwards")
       .def_property_readonly(

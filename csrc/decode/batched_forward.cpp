@@ -20,11 +20,29 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+bool same_tensor(const std::optional<at::Tensor>& a, const std::optional<at::Tensor>& b) {
+  const bool ha = a.has_value() && a->defined(), hb = b.has_value() && b->defined();
+  if (!ha || !hb) return ha == hb;
+  return a->sizes() == b->sizes() && a->scalar_type() == b->scalar_type() && at::equal(*a, *b);
+}
+
+// Whether two rows' blocks are the same prefill (the sequences of one prompt, num_return_sequences): the
+// same inputs at the same positions with nothing cached, so that one forward computes both.
+bool same_prefill(const TargetBlock& a, const TargetBlock& b) {
+  return a.prefix_len == 0 && b.prefix_len == 0 && a.want_hidden == b.want_hidden &&
+         a.logits_from == b.logits_from && same_tensor(a.tokens, b.tokens) &&
+         same_tensor(a.positions, b.positions) && same_tensor(a.embeds, b.embeds) &&
+         same_tensor(a.mask, b.mask);
+}
 }  // namespace
 
 BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
-                               std::shared_ptr<SharedSeconds> overhead)
-    : target_(std::move(target)), rows_(std::move(rows)), overhead_(std::move(overhead)) {
+                               std::shared_ptr<SharedSeconds> overhead, bool share_prefills)
+    : target_(std::move(target)),
+      rows_(std::move(rows)),
+      overhead_(std::move(overhead)),
+      share_prefills_(share_prefills) {
   TORCH_CHECK_VALUE(target_ != nullptr, "BatchedForward: no target forward");
   TORCH_CHECK_VALUE(!rows_.empty(), "BatchedForward: a batch needs at least one row");
   for (size_t r = 0; r < rows_.size(); ++r) {
@@ -206,8 +224,40 @@ void BatchedForward::run_forward() {
     if (overhead_) overhead_->set(step_overhead_);
   }
   try {
-    auto outs = target_->forward_batch(blocks);
-    for (size_t i = 0; i < order.size(); ++i) pending_[order[i]]->out = std::move(outs[i]);
+    // A prefill identical to an earlier row's runs once: the others take copies of its cache entries and
+    // outputs, as the sequences of one prompt decoded one after another share its prefill.
+    std::vector<int64_t> copies(blocks.size(), -1);  // the block whose prefill block i copies, or -1
+    std::vector<TargetBlock> run;
+    std::vector<size_t> ran;  // run[k] is blocks[ran[k]]
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      for (size_t j = 0; share_prefills_ && j < i && blocks[i].prefix_len == 0; ++j) {
+        if (copies[j] < 0 && same_prefill(blocks[i], blocks[j])) {
+          copies[i] = static_cast<int64_t>(j);
+          break;
+        }
+      }
+      if (copies[i] < 0) {
+        ran.push_back(i);
+        run.push_back(blocks[i]);
+      }
+    }
+    auto outs = target_->forward_batch(run);
+    std::vector<Output> by_block(blocks.size());
+    for (size_t k = 0; k < ran.size(); ++k) by_block[ran[k]] = std::move(outs[k]);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (copies[i] < 0) continue;
+      const TargetBlock& from = blocks[copies[i]];
+      const int64_t T = from.positions.size(0);
+      for (size_t l = 0; l < from.keys.size(); ++l) {
+        blocks[i].keys[l].narrow(2, 0, T).copy_(from.keys[l].narrow(2, 0, T));
+        blocks[i].values[l].narrow(2, 0, T).copy_(from.values[l].narrow(2, 0, T));
+      }
+      const auto& [logits, hidden] = by_block[copies[i]];
+      by_block[i] = Output{logits.clone(),
+                           hidden.has_value() ? std::optional<at::Tensor>(hidden->clone()) : std::nullopt};
+      ++shared_prefills_;
+    }
+    for (size_t i = 0; i < order.size(); ++i) pending_[order[i]]->out = std::move(by_block[i]);
   } catch (...) {
     // A bad block fails the forward of every row in it: each loop raises it (the first is rethrown by run).
     const std::exception_ptr error = std::current_exception();

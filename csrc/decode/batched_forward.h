@@ -53,8 +53,10 @@ struct BatchRow {
 class BatchedForward {
  public:
   // overhead (or null): where to publish the batch step's overhead as measured here (step_overhead()).
+  // share_prefills: rows handing in the same prefill block (the sequences of one prompt) run it once, the
+  // others taking copies of its cache entries and outputs (shared_prefills() counts them).
   BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
-                 std::shared_ptr<SharedSeconds> overhead = nullptr);
+                 std::shared_ptr<SharedSeconds> overhead = nullptr, bool share_prefills = true);
 
   // Row `row`'s forward, the ForwardFn its decode loop calls: (logits [T, vocab] float32, final hidden
   // states [T, hidden] in the model's dtype when asked). Blocks until the batch's forward has run.
@@ -78,9 +80,11 @@ class BatchedForward {
                         int64_t position, std::vector<at::Tensor> keys, std::vector<at::Tensor> values);
 
   int64_t rows() const { return static_cast<int64_t>(rows_.size()); }
-  int64_t forwards() const { return forwards_; }               // batched forwards run so far
-  int64_t draft_steps() const { return draft_steps_; }         // batched draft steps (step_rows calls) so far
-  int64_t draft_rows() const { return draft_rows_; }           // rows those draft steps ran
+  int64_t forwards() const { return forwards_; }        // batched forwards run so far
+  int64_t draft_steps() const { return draft_steps_; }  // batched draft steps (step_rows calls) so far
+  int64_t draft_rows() const { return draft_rows_; }    // rows those draft steps ran
+  // Rows whose prefill another row's identical one ran for (the sequences of one prompt): they took copies.
+  int64_t shared_prefills() const { return shared_prefills_; }
   double forward_seconds() const { return forward_seconds_; }  // wall time in the batched forwards
   double draft_seconds() const { return draft_seconds_; }      // wall time in the batched draft steps
   // Seconds a batch step spends besides its forward and its draft steps (the rows' own work between two
@@ -143,7 +147,8 @@ class BatchedForward {
   int64_t drafting_ = 0;                             // live rows with a draft step not yet run
   std::vector<std::optional<Task>> tasks_;           // per row: its own forward to run on run()'s thread
   int64_t tasked_ = 0;                               // live rows with a task not yet run
-  int64_t forwards_ = 0, draft_steps_ = 0, draft_rows_ = 0;
+  int64_t forwards_ = 0, draft_steps_ = 0, draft_rows_ = 0, shared_prefills_ = 0;
+  bool share_prefills_ = true;
   double forward_seconds_ = 0.0, draft_seconds_ = 0.0;
   std::shared_ptr<SharedSeconds> overhead_;
   double step_overhead_ = 0.0;

@@ -9,6 +9,7 @@
 #include "core/verify.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+#include "runtime/sampling_generator.h"
 
 namespace mtprobe {
 
@@ -221,7 +222,8 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
       // stay there; the path and the bonus come back in one read. It checks q's shape and that every
       // draft has q > 0.
       const at::Device dev = p.device();
-      at::Tensor u = at::rand({n + 1}, at::TensorOptions().dtype(at::kDouble).device(dev));  // [n + 1]
+      at::Tensor u = at::rand({n + 1}, sampling_generator(dev),
+                              at::TensorOptions().dtype(at::kDouble).device(dev));  // [n + 1]
       auto [path_t, token_t] = ops::dispatch::verify_rejection(
           long_tensor(std::vector<int64_t>(tokens.begin() + root, tokens.end())).to(dev),
           long_tensor(parents).to(dev), p, block.draft_probs->to(dev), u);
@@ -238,12 +240,12 @@ DecodeLoop::Verdict DecodeLoop::verify(const at::Tensor& logits, const DraftBloc
       // multinomial checks on the CPU), so the draw waits for nothing and the maxima decide after; a
       // block found unusable puts the generator back, so that the re-run draws what plain sampling
       // would have drawn (the drafts change nothing, not even the random stream).
-      at::Generator gen = at::globalContext().defaultGenerator(p.device());
+      at::Generator gen = sampling_generator_or_default(p.device());  // the row's, in a batch
       at::Tensor rng_state = gen.get_state();
       at::Tensor bad = at::isnan(best).logical_or(best == std::numeric_limits<double>::infinity());  // [n]
       at::Tensor safe = at::where(bad.unsqueeze(-1), at::ones_like(p), p);  // [n, vocab]
-      at::Tensor both =
-          read(at::stack({at::multinomial(safe, 1).squeeze(-1).to(at::kDouble), best}));  // [2, n]
+      at::Tensor both = read(
+          at::stack({at::multinomial(safe, 1, false, gen).squeeze(-1).to(at::kDouble), best}));  // [2, n]
       const double* b = both.data_ptr<double>();
       if (!usable(b + n)) {
         gen.set_state(rng_state);
@@ -297,6 +299,7 @@ DecodeResult DecodeLoop::run(const at::Tensor& prompt_in) {
   prompt_len_ = static_cast<int64_t>(sequence_.size());
   finished_ = false;
   host_reads_ = 0;
+  const SamplingGeneratorScope sampling(options_.generator);  // this thread's draws, drafters' included
   TreeMaskBuilder masks(options_.kv_capacity, options_.mask_dtype, options_.device,
                         options_.incremental_masks, options_.ancestor_bits);
   std::vector<at::Tensor> kv;  // the cache's KV tensors, fetched after the first forward

@@ -43,6 +43,9 @@ struct DecodeOptions {
   // reference one by rounding (the target's C++ forward against HF's): a bound above that rounding makes
   // every token the reference forward's.
   double margin_bound = 0;
+  // Sampling: the generator the loop's draws and its drafters' take (runtime/sampling_generator.h), e.g. a
+  // row's own in a batch decoded together; none: torch's default generator for the device.
+  std::optional<at::Generator> generator;
 };
 
 struct DecodeResult {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/sampling_generator.h"
+
 namespace mtprobe {
 
 DraftModelDrafter::DraftModelDrafter(ForwardFn forward, DraftModelOptions options,
@@ -58,7 +60,9 @@ DraftBlock DraftModelDrafter::propose(const at::Tensor& committed, int64_t prefi
     if (options_.do_sample) {
       at::Tensor q = scores.softmax(-1);  // [1, vocab]
       // The chain's token and, at the root, the siblings: 1 + extra independent draws from q_1.
-      at::Tensor draws = at::multinomial(q, i == 0 ? 1 + extra : 1, /*replacement=*/true).to(at::kCPU);
+      at::Tensor draws =
+          at::multinomial(q, i == 0 ? 1 + extra : 1, /*replacement=*/true, sampling_generator(q.device()))
+              .to(at::kCPU);
       token = draws[0][0].item<int64_t>();
       q_rows.push_back(q[0]);
       for (int64_t s = 1; i == 0 && s <= extra; ++s) siblings.push_back(draws[0][s].item<int64_t>());

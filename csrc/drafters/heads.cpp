@@ -6,6 +6,8 @@
 #include <queue>
 #include <stdexcept>
 
+#include "runtime/sampling_generator.h"
+
 namespace mtprobe {
 
 namespace {
@@ -251,7 +253,8 @@ DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len
   // A root the circuit gives probability 0 (an emission underflowed) leaves its conditionals undefined:
   // no drafts this step, rather than an error.
   if (!(q_root.sum().item<float>() > 0.5f)) return token_block(committed, {}, {});
-  at::Tensor firsts = at::multinomial(q_root, m, /*replacement=*/true);  // [m]
+  const std::optional<at::Generator> gen = sampling_generator(q_root.device());
+  at::Tensor firsts = at::multinomial(q_root, m, /*replacement=*/true, gen);  // [m]
   std::vector<at::Tensor> rows;  // [N] the q each draft was drawn from
   for (int64_t chain = 0; chain < m; ++chain) {
     std::vector<int64_t> prefix{root_, firsts[chain].item<int64_t>()};
@@ -261,7 +264,7 @@ DraftBlock HeadsDrafter::propose(const at::Tensor& committed, int64_t prefix_len
     for (int64_t k = 1; k < d; ++k) {
       at::Tensor q = conditional(prefix);
       if (!(q.sum().item<float>() > 0.5f)) break;  // the chain reached probability 0: stop it
-      prefix.push_back(at::multinomial(q, 1, /*replacement=*/true).item<int64_t>());
+      prefix.push_back(at::multinomial(q, 1, /*replacement=*/true, gen).item<int64_t>());
       tokens.push_back(prefix.back());
       parents.push_back(static_cast<int64_t>(tokens.size()) - 2);
       rows.push_back(q);

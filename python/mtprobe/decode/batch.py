@@ -13,7 +13,9 @@ batched forward, draft step and near-tie's HF forward runs on the calling thread
 intra-op threads does all the parallel work. A finished sequence leaves the batch.
 
 Each sequence's tokens are what decoding it alone gives: greedy, HF greedy's on its prompt alone (the
-same C++ forward, the same margin check). Where it does not apply (:func:`why_not_batched`), the
+same C++ forward, the same margin check); sampled, a sample of the model's own distribution, each row
+drawing from a generator of its own seeded from torch's (:func:`row_generators`), so that a seeded call
+repeats. At most :data:`MAX_ROWS` sequences run together; more run in groups of that many. Where it does not apply (:func:`why_not_batched`), the
 sequences are decoded one after another as before.
 """
 
@@ -23,19 +25,37 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from mtprobe import _C
 
-__all__ = ["ENV", "batched_forward", "why_not_batched"]
+__all__ = ["ENV", "MAX_ROWS", "SHARE_PREFILLS", "batched_forward", "row_generators", "why_not_batched"]
 
 ENV = "MTPROBE_BATCH"
 """``0``: decode a batch's sequences one after another even where one forward could run them together."""
+
+SHARE_PREFILLS = True
+"""Rows handing in the same prefill (the sequences of one prompt, ``num_return_sequences``) run it once, the
+others taking copies of its cache entries and logits (``BatchedForward.shared_prefills`` counts them)."""
+
+MAX_ROWS = 32
+"""The most sequences decoded together (each on a thread of its own, with its KV cache allocated for the
+whole generation); a larger batch, or ``num_return_sequences`` of many samples, runs in groups of this
+many, one group after another (benchmarks/results/batch/ measured up to 32 rows)."""
+
+
+def row_generators(count: int) -> list[torch.Generator]:
+    """One CPU generator per row of a sampled batch, seeded from torch's default generator: a call under
+    ``torch.manual_seed`` repeats, and each row draws its own stream (the rows' loops run on threads of
+    their own, whose draws from one shared generator would interleave in no fixed order)."""
+    seeds = torch.randint(0, 2**62, (count,), dtype=torch.int64).tolist()
+    return [torch.Generator().manual_seed(s) for s in seeds]
 
 
 def why_not_batched(
     count: int,
     native: Any,
     *,
-    do_sample: bool,
     masks: Any,
     hidden_layer: int,
     shares_memory: bool = False,
@@ -54,9 +74,6 @@ def why_not_batched(
         return f"{ENV}=0"
     if native is None:
         return "the target's forwards run through HF's modules (batching takes the C++ forward)"
-    if do_sample:
-        # Threads would interleave the rows' draws from torch's generator: a seeded call would not repeat.
-        return "sampling (a batch is decoded together under greedy decoding only, so that seeded sampling repeats)"
     if masks.offsets is not None or masks.lora is not None or masks.temperature is not None:
         return "calibrated masks with layer offsets, a LoRA or temperatures (hooks in HF's forward)"
     if hidden_layer != -1:
@@ -85,4 +102,5 @@ def batched_forward(
         prefill_logits_from=[a.prefill_logits_from for a in adapters],
         prefilled=[a.prefilled_flag for a in adapters],
         overhead=overhead,
+        share_prefills=SHARE_PREFILLS,
     )

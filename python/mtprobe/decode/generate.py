@@ -23,8 +23,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from mtprobe import _C, registry
+from mtprobe.decode import batch as batching
 from mtprobe.decode import checks
-from mtprobe.decode.batch import batched_forward, why_not_batched
+from mtprobe.decode.batch import batched_forward, row_generators, why_not_batched
 from mtprobe.decode.hf_arguments import check_call_arguments, check_refused
 from mtprobe.decode.hf_call import (
     Prompt,
@@ -183,14 +184,15 @@ def custom_generate(
     why = why_not_batched(
         len(of_prompt),
         shared.native,
-        do_sample=call.do_sample,
         masks=shared.masks,
         hidden_layer=shared.hidden_layer,
         shares_memory=bool(ngram_memories(model, call.config)),
         draft_model=drafts_row_by_row(call.config),
     )
-    if not why:  # every sequence at once: one target forward per step for all of them
-        outputs = decode_batch(model, call, shared, of_prompt)
+    if not why:  # the sequences together: one target forward per step for up to MAX_ROWS of them
+        outputs, rows = [], batching.MAX_ROWS
+        for start in range(0, len(of_prompt), rows):
+            outputs += decode_batch(model, call, shared, of_prompt[start : start + rows])
     else:
         if len(of_prompt) > 1:
             logger.info("mtprobe: %d sequences decoded one after another: %s", len(of_prompt), why)
@@ -413,7 +415,10 @@ def decode_batch(
     ]
     capacities = [call.capacities(p.ids.shape[1])[1] for p in prompts]
     batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities, overhead)
-    loops = [sequence_loop(model, call, s, batched, row) for row, s in enumerate(seqs)]
+    # Sampling: each row draws from a generator of its own, seeded from torch's (a seeded call repeats; the
+    # rows' threads would interleave their draws from one generator in no fixed order).
+    generators = row_generators(len(seqs)) if call.do_sample else [None] * len(seqs)
+    loops = [sequence_loop(model, call, s, batched, row, generators[row]) for row, s in enumerate(seqs)]
     for row, s in enumerate(seqs):
         s.adapter.batch_row = (batched, row)  # the self-draft's steps meet there too
     try:
@@ -497,10 +502,16 @@ def start_sequence(
 
 
 def sequence_loop(
-    model: PreTrainedModel, call: Call, seq: SequenceParts, batched: Any = None, row: int = -1
+    model: PreTrainedModel,
+    call: Call,
+    seq: SequenceParts,
+    batched: Any = None,
+    row: int = -1,
+    generator: torch.Generator | None = None,
 ) -> Any:
     """The decode loop of ``seq``: its target forward the adapter's, or row ``row`` of ``batched`` (a
-    :class:`mtprobe._C.BatchedForward`: one forward for every row of a batch)."""
+    :class:`mtprobe._C.BatchedForward`: one forward for every row of a batch); ``generator``: what its
+    sampled draws take (None: torch's default generator)."""
     config, adapter = call.config, seq.adapter
     first, _ = call.capacities(seq.prompt.ids.shape[1])
     return _C.DecodeLoop(
@@ -530,6 +541,7 @@ def sequence_loop(
         margin_bound=MARGIN_BOUND if adapter.decides_near_ties and not call.do_sample else 0.0,
         batched=batched,
         row=row,
+        generator=generator,
     )
 
 
