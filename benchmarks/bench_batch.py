@@ -12,7 +12,9 @@ batch: its rows decoded together, one C++ forward per step for all of them), ``m
 same with ``MTPROBE_BATCH=0``: one prompt after another). Each method's tokens/s counts the new tokens of
 its own rows (up to and including an EOS) over the wall time of its calls; τ is mtprobe's tokens gained per
 decode step of a row. HF's batched rows may differ from greedy alone at a near-tie (its padded attention
-rounds differently). This is a benchmark: nothing here asserts a speed.
+rounds differently). ``--sample``: every method samples instead (``SAMPLE_KW``, each call seeded alike), HF's
+batched sampling the baseline; the rows are samples, so none is compared with greedy. This is a benchmark:
+nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ CONFIGS = {
 }
 
 
+SAMPLE_KW = dict(do_sample=True, temperature=0.8, top_p=0.95)
+"""--sample's decoding: what a chat model is often run with."""
+
+
 def left_padded(rows: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[1, L_i]`` prompts as one batch padded on the left: ids ``[B, L]``, attention mask ``[B, L]``."""
     width = max(r.shape[1] for r in rows)
@@ -91,8 +97,10 @@ def main() -> None:
     )
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--off-grid", type=off_grid_seed, default=None, metavar="SEED", help=OFF_GRID_HELP)
+    ap.add_argument("--sample", action="store_true", help="sample (SAMPLE_KW) instead of greedy decoding")
     ap.add_argument("--out")
     args = ap.parse_args()
+    decoding = SAMPLE_KW if args.sample else dict(do_sample=False)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
 
     model, tok = models.load(args.model, dtype=torch.float32)
@@ -106,14 +114,14 @@ def main() -> None:
     load_before = load_average()
 
     def hf_batched(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        seq = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=pad)
+        seq = model.generate(ids, attention_mask=mask, max_new_tokens=n, pad_token_id=pad, **decoding)
         return seq, None
 
     def mtprobe_rows(cfg: Any, apart: bool) -> Any:
         def run(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
             with environ(batch_module.ENV, "0") if apart else contextlib.nullcontext():
                 out = mtprobe.generate(
-                    model, ids, cfg, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=pad
+                    model, ids, cfg, attention_mask=mask, max_new_tokens=n, pad_token_id=pad, **decoding
                 )
             return out.sequences, out
 
@@ -128,7 +136,7 @@ def main() -> None:
     # Greedy on each prompt alone: the reference of every row, and HF's one-at-a-time rate.
     t0 = time.perf_counter()
     alone = [
-        model.generate(p, do_sample=False, max_new_tokens=n, pad_token_id=pad)[0, p.shape[1] :].tolist()
+        model.generate(p, max_new_tokens=n, pad_token_id=pad, **decoding)[0, p.shape[1] :].tolist()
         for p in prompts
     ]
     single_rate = sum(len(a) for a in alone) / (time.perf_counter() - t0)
@@ -150,30 +158,40 @@ def main() -> None:
                 want = alone[start : start + b]
                 ids, mask = left_padded(rows, pad)
                 for name, run in methods.items():
+                    torch.manual_seed(start)  # sampled: every method's call seeded alike
                     t0 = time.perf_counter()
                     seq, out = run(ids, mask)
                     seconds[name, b] += time.perf_counter() - t0
                     got = [new_tokens(row, ids.shape[1], eos) for row in seq]
                     tokens[name, b] += sum(len(g) for g in got)
-                    differ[name, b] += sum(g != w for g, w in zip(got, want, strict=True))
+                    if not args.sample:  # samples are compared with nothing
+                        differ[name, b] += sum(g != w for g, w in zip(got, want, strict=True))
                     if out is not None:
                         gained[name, b] += sum(out.accept_lengths)
                         steps[name, b] += len(out.accept_lengths)
                         together[name, b] = max(together.get((name, b), 1), out.batch)
 
     lines = [
-        "# A batch of prompts: HF batched greedy and mtprobe on the same padded batches",
+        f"# A batch of prompts: HF batched {'sampling' if args.sample else 'greedy'} and mtprobe on the same "
+        "padded batches",
         "",
         *run_lines(args.model),
         f"- weights: {weights}",
         f"- questions: first turns of the first {args.per_category} question(s) of every category of "
         f"`{args.question_file.split('/')[-1]}` ({len(prompts)} prompts, in file order), in consecutive batches of "
-        f"{', '.join(map(str, sizes))} padded on the left; greedy, max_new_tokens={n}; {args.repeats} repeat(s), "
+        f"{', '.join(map(str, sizes))} padded on the left; "
+        f"{'sampled ' + str(SAMPLE_KW) if args.sample else 'greedy'}, max_new_tokens={n}; {args.repeats} repeat(s), "
         "the methods interleaved batch by batch after one warm-up call each",
         "- tok/s: each method's new tokens (up to and including an EOS) over the wall time of its calls; "
-        "rows ≠ alone: rows not token-identical to greedy `model.generate` on the prompt alone; together: the "
+        + (
+            "rows ≠ alone: – (samples are compared with nothing); "
+            if args.sample
+            else "rows ≠ alone: rows not token-identical to greedy `model.generate` on the prompt alone; "
+        )
+        + "together: the "
         "most rows one mtprobe call decoded together (`out.batch`)",
-        f"- HF greedy one prompt at a time (the reference pass): **{single_rate:.1f} tok/s**",
+        f"- HF {'sampling' if args.sample else 'greedy'} one prompt at a time (the reference pass): "
+        f"**{single_rate:.1f} tok/s**",
         f"- load average before / after: {load_before} / {load_average()}",
         "",
         "| batch | method | tok/s | × HF batched | × HF one at a time | τ | together | rows ≠ alone |",
@@ -186,7 +204,7 @@ def main() -> None:
             tau = f"{gained[name, b] / steps[name, b]:.2f}" if steps[name, b] else "–"
             lines.append(
                 f"| {b} | {name} | {rate:.1f} | {rate / base:.2f} | {rate / single_rate:.2f} | {tau} | "
-                f"{together.get((name, b), '–')} | {differ[name, b]} |"
+                f"{together.get((name, b), '–')} | {'–' if args.sample else differ[name, b]} |"
             )
     write_report(args.out, lines)
 
