@@ -238,9 +238,7 @@ def test_the_text_generation_pipeline_batches(smollm2, monkeypatch):
 
     from transformers import pipeline
 
-    module = sys.modules[
-        "mtprobe.decode.generate"
-    ]  # the module (mtprobe.generate is also the function's name)
+    module = sys.modules["mtprobe.decode.call"]  # where a call cuts its batch into prompts
     batches = []
 
     def prompts(input_ids, attention_mask, count):

@@ -121,7 +121,7 @@ def _capture_batched(monkeypatch) -> list:
     """The BatchedForward objects the next generations build, in order."""
     import importlib
 
-    generate_module = importlib.import_module("mtprobe.decode.generate")
+    generate_module = importlib.import_module("mtprobe.decode.sequence")
     built, build = [], generate_module.batched_forward
 
     def capture(*args, **kwargs):

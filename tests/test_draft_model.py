@@ -376,7 +376,7 @@ def test_a_route_measurement_is_not_taken_for_the_targets_first_forward(monkeypa
 
     from mtprobe.target_model.adapter import HFAdapter
 
-    generate_module = importlib.import_module("mtprobe.decode.generate")
+    generate_module = importlib.import_module("mtprobe.decode.call")  # Shared.build measures the routes
     model = tiny_llama(vocab_size=96)
     ids = torch.tensor([[5, 17, 3, 88, 41, 41, 9, 60, 2, 33]])
     cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)

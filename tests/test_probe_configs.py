@@ -18,7 +18,7 @@ import mtprobe
 from conftest import chat_ids, load_benchmark, tiny_llama
 from mtprobe.drafters.mask_probe import MASK_INITS
 
-generate_module = importlib.import_module("mtprobe.decode.generate")
+generate_module = importlib.import_module("mtprobe.decode.sequence")  # where the adapters are made
 
 
 @pytest.fixture(scope="module")
