@@ -146,7 +146,7 @@ def test_plain_steps_still_learn_deep_acceptance(monkeypatch):
     # few ms, more on a loaded machine) would otherwise make a long block cheaper per input than plain.
     table = _C.CostTable([1, 64], [0], [1.0, 64.0])
     auto = _C.AutoDrafter([_ChainOracle(truth)], table, decay=1.0)
-    gen = sys.modules["mtprobe.decode.generate"]
+    gen = sys.modules["mtprobe.decode.sequence"]
     monkeypatch.setattr(gen, "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=63.0)
@@ -181,7 +181,7 @@ def test_sampled_drafts_are_judged_only_where_they_ran(monkeypatch):
     # few ms, more on a loaded machine) would otherwise make a long block cheaper per input than plain.
     table = _C.CostTable([1, 64], [0], [1.0, 64.0])
     auto = _C.AutoDrafter([_SampledChain(truth, model.config.vocab_size)], table, decay=1.0)
-    monkeypatch.setattr(sys.modules["mtprobe.decode.generate"], "make_drafter", lambda *a, **k: auto)
+    monkeypatch.setattr(sys.modules["mtprobe.decode.sequence"], "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=63.0)
     )
@@ -202,7 +202,7 @@ def test_a_partial_cut_verifies_the_kept_subtree(monkeypatch):
     truth = _greedy(model, ids, 40)[0].tolist()
     table = _C.CostTable([1, 64], [0], [0.01, 0.01 * 7.3])  # t(T) = (1 + 0.1 (T - 1)) t(1)
     auto = _C.AutoDrafter([_ChainOracle(truth)], table, decay=1.0)
-    monkeypatch.setattr(sys.modules["mtprobe.decode.generate"], "make_drafter", lambda *a, **k: auto)
+    monkeypatch.setattr(sys.modules["mtprobe.decode.sequence"], "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=6.3)
     )
@@ -349,7 +349,7 @@ def _run_oracle(monkeypatch, table: _C.CostTable, *, explore_every: int = 16):
     auto = _C.AutoDrafter(
         [oracle], table, decay=1.0, explore_every=explore_every, budgets=[7], own_forwards=[True]
     )
-    monkeypatch.setattr(sys.modules["mtprobe.decode.generate"], "make_drafter", lambda *a, **k: auto)
+    monkeypatch.setattr(sys.modules["mtprobe.decode.sequence"], "make_drafter", lambda *a, **k: auto)
     cfg = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(num_tokens=6),), profile=_profile(model, slope=1.0)
     )

@@ -12,7 +12,7 @@ from conftest import tiny_llama
 from mtprobe.target_model.adapter import HFAdapter
 from mtprobe.target_model.cache import TreeKVCache
 
-generate_module = importlib.import_module("mtprobe.decode.generate")  # the module, not mtprobe.generate()
+generate_module = importlib.import_module("mtprobe.decode.call")  # where a call sizes its first KV cache
 
 
 def test_reserve_keeps_what_the_cache_holds():

@@ -14,6 +14,8 @@
 #include <thread>
 #include <utility>
 
+#include "runtime/zeroed.h"
+
 namespace mtprobe {
 
 namespace {
@@ -253,8 +255,12 @@ void BatchedForward::run_forward() {
         blocks[i].values[l].narrow(2, 0, T).copy_(from.values[l].narrow(2, 0, T));
       }
       const auto& [logits, hidden] = by_block[copies[i]];
-      by_block[i] = Output{logits.clone(),
-                           hidden.has_value() ? std::optional<at::Tensor>(hidden->clone()) : std::nullopt};
+      // The rows anyone reads, copied; the prompt's rows before them stay untouched zeros (runtime/zeroed.h).
+      const int64_t read_from = blocks[i].logits_from;
+      at::Tensor copy = zeroed_floats(logits.size(0), logits.size(1));  // [T, vocab]
+      copy.narrow(0, read_from, T - read_from).copy_(logits.narrow(0, read_from, T - read_from));
+      by_block[i] =
+          Output{copy, hidden.has_value() ? std::optional<at::Tensor>(hidden->clone()) : std::nullopt};
       ++shared_prefills_;
     }
     for (size_t i = 0; i < order.size(); ++i) pending_[order[i]]->out = std::move(by_block[i]);

@@ -12,6 +12,7 @@
 #include "core/small_batch_linear.h"
 #include "decode/layer_columns.h"
 #include "runtime/onednn_linear.h"
+#include "runtime/zeroed.h"
 
 namespace mtprobe {
 namespace {
@@ -523,8 +524,8 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
     if (blocks.size() == 1 && from == 0) {
       logits = all;
     } else {
-      logits = at::empty({p.T, vocab_size()}, at::kFloat);
-      if (from > 0) logits.narrow(0, 0, from).zero_();
+      // Rows before `from` stay zeros that nobody writes (runtime/zeroed.h).
+      logits = from > 0 ? zeroed_floats(p.T, vocab_size()) : at::empty({p.T, vocab_size()}, at::kFloat);
       if (n > 0) logits.narrow(0, from, n).copy_(all.narrow(0, at_row, n));
     }
     at_row += n;
