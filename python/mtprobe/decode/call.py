@@ -4,7 +4,6 @@ sequence of it shares (:class:`Shared`). :mod:`mtprobe.decode.generate` builds b
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from mtprobe.decode.hf_call import (
     Prompt,
     call_arguments,
     log_decoding_mode,
+    logger,
     prompts,
     split_stopping_criteria,
 )
@@ -35,8 +35,6 @@ from mtprobe.target_model.native_forward import describe as describe_native
 from mtprobe.target_model.native_forward import native_forward
 from mtprobe.target_model.plan import PlanConfig, plan_for
 from mtprobe.target_model.profile import choose_linear_routes
-
-logger = logging.getLogger("mtprobe.decode.generate")  # one logger for the whole call
 
 # KV entries (and mask columns) allocated beyond the prompt and one block before the buffers double.
 _INITIAL_HEADROOM = 256

@@ -14,7 +14,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-logger = logging.getLogger("mtprobe.decode.generate")
+logger = logging.getLogger("mtprobe.decode.generate")  # the one logger of a call: hf_call, call, sequence
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from mtprobe import _C, registry
 from mtprobe.decode.batch import batched_forward, row_generators
-from mtprobe.decode.hf_call import Prompt, apply_processors
+from mtprobe.decode.hf_call import Prompt, apply_processors, logger
 from mtprobe.decode.output import GenerateOutput, per_token
 from mtprobe.drafters import make_drafter
 from mtprobe.target_model.adapter import HFAdapter, SharedPrefill
@@ -25,7 +25,6 @@ from mtprobe.tree_attention import NAME as TREE_ATTENTION
 if TYPE_CHECKING:
     from mtprobe.decode.call import Call, Shared
 
-logger = logging.getLogger("mtprobe.decode.generate")  # one logger for the whole call, as before
 
 _DTYPE_NAMES = {
     torch.float32: "float32",
