@@ -10,11 +10,17 @@ request are not timed. At concurrency c the questions' first turns go to the eng
 ``generate`` call per wave of c), greedy, ``--max-new-tokens`` each; tokens/s is every generated token
 over the waves' wall time. Every answer is compared with vLLM's without speculation. τ: tokens per
 step and request, 1 + accepted drafts / steps, from vLLM's own counters.
+
+mtprobe's proposers price every step (mtprobe.vllm.pricing) unless labelled "unpriced"; what the price
+measured carries from one concurrency level to the next within an engine, as it would in a server that
+has been running (each level starts with the cross-request memory forgotten); the first level starts
+with nothing measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -46,7 +52,19 @@ CONFIGS: dict[str, dict | None] = {
         "draft_format": "auto",
     },
     "mtprobe AutoConfig": {"method": "auto"},
+    # The same drafters sending every row's whole chain (speculative_config(..., price_steps=False)).
+    "mtprobe prompt lookup, unpriced": {"method": "pld", "price_steps": False},
+    "mtprobe self-draft (K 8), unpriced": {
+        "method": "sps",
+        "self_draft": "quantized",
+        "num_tokens": 8,
+        "draft_format": "auto",
+        "price_steps": False,
+    },
+    "mtprobe AutoConfig, unpriced": {"method": "auto", "price_steps": False},
 }
+# Run unless --configs names others.
+DEFAULT_CONFIGS = [label for label in CONFIGS if "unpriced" not in label]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -58,7 +76,10 @@ def worker(args: argparse.Namespace) -> None:
     from mtprobe.vllm import speculative_config
 
     config = json.loads(args.config) if args.config else None
-    spec = (config["vllm"] if "vllm" in config else speculative_config(config)) if config else None
+    spec = None
+    if config:
+        price_steps = config.pop("price_steps", True)
+        spec = config["vllm"] if "vllm" in config else speculative_config(config, price_steps=price_steps)
     prompts = json.loads(Path(args.prompts).read_text())
     llm = LLM(
         model=args.worker,
@@ -86,6 +107,7 @@ def worker(args: argparse.Namespace) -> None:
     for c in args.concurrency:
         if hasattr(drafter, "forget"):
             drafter.forget()
+            drafter.stats = type(drafter.stats)()  # this level's counts alone
         before, seconds, answers = counters(), 0.0, []
         for i in range(0, len(prompts), c):
             wave = [{"prompt_token_ids": p} for p in prompts[i : i + c]]
@@ -101,6 +123,8 @@ def worker(args: argparse.Namespace) -> None:
             "accepted": delta.get("vllm:spec_decode_num_accepted_tokens", 0),
             "drafted": delta.get("vllm:spec_decode_num_draft_tokens", 0),
             "drafts": delta.get("vllm:spec_decode_num_drafts", 0),
+            "pricer": drafter.pricer.summary() if getattr(drafter, "pricer", None) else None,
+            "proposer": dataclasses.asdict(drafter.stats) if hasattr(drafter, "stats") else None,
         }
     print("RESULT " + json.dumps(out))
 
@@ -131,7 +155,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 12, 16])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS)
     parser.add_argument("--out", default=None)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from _common import OFF_GRID_HELP, off_grid, off_grid_seed
@@ -225,7 +249,39 @@ def report(
             ratio = f"{rate / base_rate:.2f}×" if base_rate else "–"
             lines.append(f"| {label} | {rate:.1f} | {ratio} | {tau} | {share} | {same} |")
         lines.append("")
+        lines += proposer_lines(results, c)
     return lines
+
+
+def proposer_lines(results: dict[str, list[dict]], c: str) -> list[str]:
+    """Where mtprobe's proposers spent their time at concurrency ``c`` (summed over repeats), and the step
+    line the steps' price measured (the last repeat's, in ms)."""
+    rows = []
+    for label, runs in results.items():
+        stats = [run[c].get("proposer") for run in runs]
+        if not all(stats):
+            continue
+        seconds = sum(run[c]["seconds"] for run in runs)
+        own = sum(st["seconds"] for st in stats)
+        prompts = sum(st["prompt_seconds"] for st in stats)
+        priced_out = sum(st["priced_out"] for st in stats)
+        pricer = runs[-1][c].get("pricer")
+        line = "–"
+        if pricer:
+            a, r, d = pricer["step_seconds"]
+            line = f"{a * 1e3:.1f} + {r * 1e3:.2f} × rows + {d * 1e3:.2f} × drafts"
+        rows.append(
+            f"| {label} | {own:.1f} s of {seconds:.1f} s | {prompts:.1f} s | {priced_out:,} | {line} |"
+        )
+    if not rows:
+        return []
+    return [
+        "| proposer | in `propose` | of which the self-draft's prompt forwards | drafts priced out | "
+        "vLLM's step as the price measured it (ms; the last repeat's) |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 if __name__ == "__main__":

@@ -45,12 +45,28 @@ def proposer_for(config, max_model_len: int = 2048, **kwargs) -> Proposer:
     return proposer
 
 
-def run_as_vllm(proposer: Proposer, sequences: list[np.ndarray], prompt_lens: list[int], rows: int = 4):
+class EngineClock:
+    """The time the proposer's steps' price sees: each step of the driven engine takes ``step(tokens)``
+    seconds (the proposer's own work is timed as it runs)."""
+
+    def __init__(self, step) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_as_vllm(
+    proposer: Proposer, sequences: list[np.ndarray], prompt_lens: list[int], rows: int = 4, clock=None
+):
     """Drive ``proposer`` as vLLM's runner does, verifying its chains against the known greedy ``sequences``:
     each step every unfinished request (rows compacted as vLLM compacts them) has its history handed in and
     gains its accepted drafts plus one token. Returns the chains of every step, by request, how many draft
     tokens were accepted, and how many went past the end of the known sequences (neither accepted nor
-    wrong)."""
+    wrong). ``clock``: an :class:`EngineClock` the steps' price reads, advanced by each step's tokens."""
+    if clock is not None:
+        proposer.load_model()
+        proposer.pricer.clock = clock
     lengths = [n + 1 for n in prompt_lens]  # vLLM proposes after the prefill's first token
     chains: list[list[list[int]]] = [[] for _ in sequences]
     accepted_in_all = beyond = 0
@@ -66,6 +82,8 @@ def run_as_vllm(proposer: Proposer, sequences: list[np.ndarray], prompt_lens: li
             counts[j] = lengths[r]
         out = proposer.propose([[1]] * len(live), counts, buffer)
         assert len(out) == len(live)
+        if clock is not None:
+            clock.now += clock.step(len(live) + sum(map(len, out)))
         for j, r in enumerate(live):
             chain = out[j]
             assert len(chain) <= proposer.k and all(isinstance(t, int) for t in chain)
@@ -101,11 +119,15 @@ def greedy_answers(smollm2):
 
 def test_speculative_config_carries_the_configuration():
     for config in HOSTED.values():
-        spec = speculative_config(config)
-        assert spec["method"] == "custom_class"
-        module, _, name = spec["model"].rpartition(".")
-        assert module == "mtprobe.vllm.proposer" and name.isidentifier()
-        assert getattr(importlib.import_module(module), name).config == config
+        for price_steps in (True, False):
+            spec = speculative_config(config, price_steps=price_steps)
+            assert spec["method"] == "custom_class"
+            module, _, name = spec["model"].rpartition(".")
+            assert module == "mtprobe.vllm.proposer" and name.isidentifier()
+            cls = getattr(importlib.import_module(module), name)
+            assert cls.config == config and cls.price_steps is price_steps
+    with pytest.raises(ValueError, match="price_steps"):
+        speculative_config(mtprobe.PromptLookupConfig(), price_steps="no")
     assert speculative_config(mtprobe.PromptLookupConfig(num_tokens=4))["num_speculative_tokens"] == 4
     assert speculative_config(mtprobe.StandConfig(max_depth=6))["num_speculative_tokens"] == 6
     assert speculative_config(mtprobe.AutoConfig())["num_speculative_tokens"] == 24  # the self-draft's chain
@@ -156,8 +178,9 @@ def test_first_chain_follows_first_children():
 
 @pytest.mark.parametrize("name", sorted(HOSTED))
 def test_proposer_drafts_as_vllm_drives_it(name, greedy_answers):
+    """Whole chains (the steps unpriced): every request begins and finishes, the counts add up."""
     sequences, prompt_lens = greedy_answers
-    proposer = proposer_for(HOSTED[name])
+    proposer = proposer_for(HOSTED[name], price_steps=False)
     chains, accepted, beyond = run_as_vllm(proposer, sequences, prompt_lens)
     stats = proposer.stats
     assert stats.requests == len(sequences) and proposer.requests == []  # every request began and finished
@@ -171,13 +194,42 @@ def test_proposer_drafts_as_vllm_drives_it(name, greedy_answers):
         assert accepted > 0  # the sentence repeated twice
 
 
+def test_priced_steps_follow_the_engines_costs(greedy_answers):
+    """AutoConfig with the steps priced: where vLLM's step barely grows with its tokens (a GPU's, or one
+    request on a CPU) its rows draft long self-draft chains, nearly all accepted (the wheel's weights:
+    the draft is the target up to rounding); where every token costs as much as a step (a batch bound by
+    arithmetic) they draft only to measure, and a few chains at that."""
+    sequences, prompt_lens = greedy_answers
+    drafted = {}
+    for name, step in (
+        ("cheap", lambda tokens: 0.02 + 0.0001 * tokens),
+        ("dear", lambda tokens: 0.05 * tokens),
+    ):
+        proposer = proposer_for(mtprobe.AutoConfig())
+        assert len(proposer.options) == 3 and proposer.rows[2] is not None  # PLD, STAND, the self-draft
+        chains, accepted, beyond = run_as_vllm(proposer, sequences, prompt_lens, clock=EngineClock(step))
+        drafted[name] = proposer.stats.drafted
+        if name == "cheap":
+            # The first steps measure prompt lookup's and STAND's chains too (rejected more often).
+            assert accepted >= 0.75 * (proposer.stats.drafted - beyond) > 0
+            assert (
+                proposer.stats.drafted
+                >= sum(len(s) - n - 1 for s, n in zip(sequences, prompt_lens, strict=True)) // 2
+            )
+        summary = proposer.pricer.summary()
+        assert summary["steps_measured"] >= 3
+    assert drafted["dear"] * 4 < drafted["cheap"], drafted
+    # Unpriced, AutoConfig is mtprobe's C++ scheduler per request.
+    assert proposer_for(mtprobe.AutoConfig(), price_steps=False).options == [mtprobe.AutoConfig()]
+
+
 def test_stand_memory_drafts_a_repeated_request_from_the_first_step(greedy_answers):
     """A finished request's text is folded into the proposer's cross-request memory: the same request again
     is drafted from it (without a memory, STAND drafts it as it did the first time)."""
     sequences, prompt_lens = greedy_answers
     counts = {}
     for memory_size in (10_000, None):
-        proposer = proposer_for(mtprobe.StandConfig(memory_size=memory_size))
+        proposer = proposer_for(mtprobe.StandConfig(memory_size=memory_size), price_steps=False)
         counts[memory_size] = [run_as_vllm(proposer, sequences[1:2], prompt_lens[1:2])[1] for _ in range(2)]
     assert counts[None][0] == counts[None][1] == counts[10_000][0]
     assert counts[10_000][1] >= counts[10_000][0] + 20  # 40 tokens: most of them drafted from the memory
@@ -186,7 +238,7 @@ def test_stand_memory_drafts_a_repeated_request_from_the_first_step(greedy_answe
 def test_rows_that_move_keep_their_drafters(greedy_answers):
     """vLLM compacts rows when a request finishes: the drafters follow their histories, not row numbers."""
     sequences, prompt_lens = greedy_answers
-    proposer = proposer_for(HOSTED["self-draft"])
+    proposer = proposer_for(HOSTED["self-draft"], price_steps=False)
     histories = [np.asarray(s[: n + 1]) for s, n in zip(sequences, prompt_lens, strict=True)]
     buffer = np.zeros((4, 2048), dtype=np.int64)
     for j, h in enumerate(histories):
@@ -249,10 +301,10 @@ def test_the_self_draft_drafts_every_row_at_once_as_each_would_alone(greedy_answ
     """The quantized self-draft's rows step together (one C++ decoder step per depth for the batch,
     mtprobe.vllm.self_draft); each row's chains are those of its own drafter driven alone."""
     sequences, prompt_lens = greedy_answers
-    together = proposer_for(HOSTED["self-draft"])
-    assert together.rows is not None
-    alone = proposer_for(HOSTED["self-draft"])
-    alone.rows = None  # a DraftModelDrafter per request, each drafting on its own
+    together = proposer_for(HOSTED["self-draft"], price_steps=False)
+    assert together.rows[0] is not None
+    alone = proposer_for(HOSTED["self-draft"], price_steps=False)
+    alone.rows = [None]  # a DraftModelDrafter per request, each drafting on its own
     assert run_as_vllm(together, sequences, prompt_lens)[0] == run_as_vllm(alone, sequences, prompt_lens)[0]
 
 

@@ -3,8 +3,8 @@
 vLLM instantiates a custom proposer from a class path alone (``Class(vllm_config)``), and its
 ``speculative_config`` has no field for a proposer's own settings. The configuration therefore rides in
 the class name: ``mtprobe.vllm.proposer.<ConfigClass>_<hex>``, the hex being the zlib-compressed JSON of
-``config.to_dict()``; :mod:`mtprobe.vllm.proposer` rebuilds the configuration from it when the engine
-imports the name. Nothing is written to disk and the dict works as it stands with ``vllm serve
+``config.to_dict()`` (with ``"price_steps": false`` added when the steps' pricing is turned off);
+:mod:`mtprobe.vllm.proposer` rebuilds the configuration from it when the engine imports the name. Nothing is written to disk and the dict works as it stands with ``vllm serve
 --speculative-config``.
 """
 
@@ -19,6 +19,8 @@ from mtprobe.drafters.base import as_decoding_config, check_decoding_config, con
 
 # The module whose attributes are the configured proposer classes (see mtprobe.vllm.proposer).
 PROPOSER_MODULE = "mtprobe.vllm.proposer"
+# The key class_path adds to the configuration's JSON when the steps' pricing is off.
+PRICE_STEPS = "price_steps"
 
 
 def why_not_hosted(config: Any) -> str:
@@ -55,11 +57,19 @@ def default_num_tokens(config: Any) -> int:
     return max([d for d in depths if isinstance(d, int)] or [1])
 
 
-def speculative_config(config: Any, *, num_speculative_tokens: int | None = None) -> dict[str, Any]:
+def speculative_config(
+    config: Any, *, num_speculative_tokens: int | None = None, price_steps: bool = True
+) -> dict[str, Any]:
     """``vllm.LLM(..., speculative_config=...)``'s value that drafts with ``config`` (a decoding
     configuration or its ``to_dict()`` form): ``{"method": "custom_class", "model": <class path>,
     "num_speculative_tokens": k}``, k the longest chain ``config`` drafts unless given. ValueError naming
-    the drafter and the reason when vLLM cannot host it (:func:`why_not_hosted`)."""
+    the drafter and the reason when vLLM cannot host it (:func:`why_not_hosted`).
+
+    ``price_steps`` (default): each step sends only the drafts expected to raise the batch's tokens per
+    second, by vLLM's step times and the drafts' acceptance as measured while it runs
+    (:mod:`mtprobe.vllm.pricing`); False sends every row the whole chain its drafter makes."""
+    if not isinstance(price_steps, bool):
+        raise ValueError(f"price_steps={price_steps!r} must be True or False")
     config = as_decoding_config(config)
     reason = why_not_hosted(config)
     if reason:
@@ -70,21 +80,25 @@ def speculative_config(config: Any, *, num_speculative_tokens: int | None = None
             f"num_speculative_tokens={num_speculative_tokens!r} must be a positive int (the longest chain a "
             "step verifies), or None for the configuration's own"
         )
-    return {"method": "custom_class", "model": class_path(config), "num_speculative_tokens": k}
+    return {"method": "custom_class", "model": class_path(config, price_steps), "num_speculative_tokens": k}
 
 
-def class_path(config: Any) -> str:
-    """The proposer class path that carries ``config`` (see the module's docstring)."""
-    text = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+def class_path(config: Any, price_steps: bool = True) -> str:
+    """The proposer class path that carries ``config`` and ``price_steps`` (see the module's docstring)."""
+    data = config.to_dict()
+    if not price_steps:
+        data[PRICE_STEPS] = False
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return f"{PROPOSER_MODULE}.{type(config).__name__}_{zlib.compress(text.encode(), 9).hex()}"
 
 
-def config_of(name: str) -> Any:
-    """The configuration a proposer class name of :func:`class_path` carries; ValueError for a name that is
-    not one."""
+def config_of(name: str) -> tuple[Any, bool]:
+    """The configuration a proposer class name of :func:`class_path` carries, and its ``price_steps``;
+    ValueError for a name that is not one."""
     kind, _, payload = name.rpartition("_")
     try:
         data = json.loads(zlib.decompress(bytes.fromhex(payload)))
+        price_steps = data.pop(PRICE_STEPS, True) if isinstance(data, dict) else True
         config = config_from_dict(data)
     except (ValueError, zlib.error) as e:
         raise ValueError(
@@ -93,4 +107,4 @@ def config_of(name: str) -> Any:
         ) from None
     if type(config).__name__ != kind:
         raise ValueError(f"{name!r} names {kind} but carries a {type(config).__name__}")
-    return config
+    return config, price_steps is not False

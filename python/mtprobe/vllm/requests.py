@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from mtprobe.vllm.pricing import NEW
+
 
 class SeenRequest:
-    """``tokens``: the history seen so far ([n] int64); ``sent``: the chain of the last proposal."""
+    """``tokens``: the history seen so far ([n] int64); ``sent``: the chain of the last proposal;
+    ``state``: the outcome of the last verified chain, which prices the next (mtprobe.vllm.pricing)."""
 
     def __init__(self, history: np.ndarray) -> None:
         self.tokens = history.copy()
         self.sent: list[int] = []
+        self.state = NEW
 
     def extended_by(self, history: np.ndarray) -> bool:
         n = self.tokens.shape[0]

@@ -6,13 +6,15 @@ times per depth. Here every row's token of a depth runs in one ``QuantizedDecode
 reads the weights once for all of them (csrc/decode/quantized_decoder.h). Each request keeps its own draft
 KV cache (an :class:`~mtprobe.target_model.adapter.HFAdapter` over the quantized twin, whose buffers the
 decoder writes): a new request's history runs once through transformers' modules on the twin (its prefill),
-after which every step feeds the one or two tokens vLLM added, then drafts greedily. The bookkeeping is
-``DraftModelDrafter``'s (csrc/drafters/draft_model.h): after a step that accepted a of the K drafts, the
-cache's first len + min(a, K - 1) entries are still right.
+after which every step it drafts in feeds the tokens vLLM added since (one or two, more after steps it sent
+no drafts in), then drafts greedily. The bookkeeping is ``DraftModelDrafter``'s
+(csrc/drafters/draft_model.h): after a step that accepted a of the K drafts, the cache's first
+len + min(a, K - 1) entries are still right.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,12 @@ from mtprobe import _C
 from mtprobe.target_model.adapter import HFAdapter
 from mtprobe.target_model.self_draft import is_full_depth, quantized, quantized_decoder
 from mtprobe.vllm.requests import SeenRequest
+
+# Tokens a request's cache catches up by through decoder steps (one per position, every row at once): the
+# one or two vLLM adds a step, or a few more after steps priced out of drafting; more run as a prompt.
+SHORT_FEED = 8
+# Tokens of the prompt the decoder's cost is first measured on as it loads.
+CALIBRATION_PROMPT = 64
 
 
 def batched_self_draft(model: Any, config: Any) -> SelfDraftRows | None:
@@ -56,16 +64,54 @@ class SelfDraftRows:
     def __init__(self, twin: Any, decoder: _C.QuantizedDecoder) -> None:
         self.twin = twin  # the quantized twin (self_draft.quantized), whose HF modules run the prompts
         self.decoder = decoder
+        # Seconds the last draft call spent on prompts (a request's first forward, or its catching up):
+        # a one-time cost per request, which the steps' price keeps apart from a draft's.
+        self.prompt_seconds = 0.0
+        self._prompts = [0.0, 0]  # seconds and tokens of every prompt forward so far
 
     def new_request(self, history: np.ndarray, capacity: int) -> SelfDraftRequest:
         return SelfDraftRequest(self.twin, history, capacity)
+
+    def seconds_per_draft(self) -> float:
+        """Seconds of one row's draft (a decoder step), timed on a short request of its own: the prior of
+        the steps' price (mtprobe.vllm.pricing) until drafts in vLLM are timed. Its second prompt forward
+        starts the seconds per prompt token (the first warms the modules up)."""
+        times = []
+        with torch.inference_mode():
+            for _ in range(2):
+                request = self.new_request(
+                    np.zeros(CALIBRATION_PROMPT, dtype=np.int64), 2 * CALIBRATION_PROMPT
+                )
+                self._prompts = [0.0, 0]
+                self._prefill(request, request.tokens)
+            for _ in range(4):
+                start = time.perf_counter()
+                self._step([request], [0])
+                times.append(time.perf_counter() - start)
+        return sorted(times[1:])[1]  # the median of three, past the first
+
+    @staticmethod
+    def caught_up(request: SelfDraftRequest, history: np.ndarray) -> bool:
+        """Whether ``request`` would draft after ``history`` without a prompt's forward first: its cache
+        began and lags the history by at most :data:`SHORT_FEED` tokens."""
+        return request.cached > 0 and history.shape[0] - request.cached <= SHORT_FEED
+
+    def setup_seconds(self, request: SelfDraftRequest, history: np.ndarray) -> float:
+        """Seconds ``request`` would spend catching up before drafting after ``history``: 0 when caught up,
+        else its lag at the measured seconds per prompt token (calibrated as the decoder loads)."""
+        if self.caught_up(request, history):
+            return 0.0
+        seconds, tokens = self._prompts
+        return (history.shape[0] - request.cached) * seconds / max(tokens, 1)
 
     def draft(
         self, requests: list[SelfDraftRequest], histories: list[np.ndarray], ks: list[int]
     ) -> list[int]:
         """Each request's chain of ``ks[i]`` greedy drafts after ``histories[i]`` (its chain left in
-        ``requests[i].sent``); returns how many of each request's last chain the history accepted."""
+        ``requests[i].sent``); returns how many of each request's last chain the history accepted. A row
+        with ``ks[i]`` = 0 runs nothing: its cache catches up with its history when it next drafts."""
         accepted_counts, feeds = [], []
+        self.prompt_seconds = 0.0
         for request, history in zip(requests, histories, strict=True):
             accepted = request.accepted(history[request.tokens.shape[0] :])
             # Asked again without progress, the last token runs again (rewriting its own entry): every row
@@ -78,11 +124,13 @@ class SelfDraftRows:
         with torch.inference_mode():
             short = []
             for i, (request, feed) in enumerate(zip(requests, feeds, strict=True)):
-                if request.cached == 0 or feed.shape[0] > 2:  # a prompt: through the twin's HF modules
+                if ks[i] == 0:
+                    continue
+                if request.cached == 0 or feed.shape[0] > SHORT_FEED:  # a prompt: the twin's HF modules
                     last[i] = self._prefill(request, feed)
                 else:
                     short.append(i)
-            for j in range(2):  # the one or two tokens vLLM added: a decoder step per position, all rows
+            for j in range(SHORT_FEED):  # the tokens vLLM added: a decoder step per position, all rows
                 rows = [i for i in short if feeds[i].shape[0] > j]
                 if rows:
                     logits = self._step(
@@ -104,12 +152,17 @@ class SelfDraftRows:
         return accepted_counts
 
     def _prefill(self, request: SelfDraftRequest, feed: np.ndarray) -> torch.Tensor:
+        begun = time.perf_counter()
         adapter, start = request.adapter, request.cached
         n = feed.shape[0]
         adapter.prefill_logits_from = n - 1  # only the last row's logits are read
         positions = torch.arange(start, start + n).view(1, n)
         logits, _ = adapter.forward(torch.from_numpy(feed.copy()), None, positions, None, start, False)
         request.cached = start + n
+        seconds = time.perf_counter() - begun
+        self.prompt_seconds += seconds
+        self._prompts[0] += seconds
+        self._prompts[1] += n
         return logits[-1]
 
     def _step(self, requests: list[SelfDraftRequest], tokens: list[int]) -> torch.Tensor:
