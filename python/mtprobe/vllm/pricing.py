@@ -11,9 +11,9 @@ maximise ``E / T`` exactly.
 Both sides are measured while vLLM runs; nothing is assumed of the engine or the hardware:
 
 - the step's seconds as ``a + r * rows + d * drafts`` (:class:`Plane`), from the wall time between two
-  ``propose`` calls less the proposer's own, the rows the step verified and the drafts they sent (a draft
-  costs vLLM more than a row's own token: its verification and rejection sampling); steps that ran a
-  prompt (a request joined) are left out;
+  ``propose`` calls less the proposer's own, the rows the step verified and the drafts they sent (a row
+  and a draft cost vLLM differently: a row has its own sampling and bookkeeping, a draft its rejection
+  sampling); steps that ran a prompt (a request joined) are left out;
 - the proposer's own seconds as ``a + c * drafts`` (the self-draft's forwards are most of it);
 - a draft's acceptance at depth ``j`` of its chain given its request's last outcome (:data:`STATES`),
   counted over every request: each state's count leans on every state's at that depth, those on the
@@ -52,7 +52,7 @@ MIN_TRIES = 4
 EXPLORE = 1 / 256
 # Weight of every earlier observation after each new one (about the last 50 steps count).
 DECAY = 0.98
-# The weight of each of a Line's two prior points, in observations.
+# The weight of each of a Line's or Plane's prior points, in observations.
 PRIOR_WEIGHT = 0.5
 # A drafter's one-time setup for a request (the self-draft's prompt forward) is priced over the steps the
 # request is expected to have left (Candidate); SETUP_STEPS until MIN_LENGTHS requests have finished.

@@ -166,6 +166,7 @@ class Proposer:
         self.requests: list[HostedRequest] = []  # one per live request
         self.stats = ProposerStats()
         self.pricer: StepPricer | None = None  # the steps' price (None: whole chains)
+        self.clock = time.perf_counter  # what the proposer and its price time themselves by
 
     def load_model(self, model: Any = None) -> None:
         """vLLM hands its own model module here; the drafters that run a model (the self-drafts, a
@@ -188,7 +189,7 @@ class Proposer:
             self.rows.append(rows)
             draft_seconds.append(rows.seconds_per_draft() if rows is not None else None)
         if self.price_steps:
-            self.pricer = StepPricer(len(self.options), self.k, time.perf_counter, draft_seconds)
+            self.pricer = StepPricer(len(self.options), self.k, self.clock, draft_seconds)
 
     def propose(
         self,
@@ -198,7 +199,7 @@ class Proposer:
         **_: Any,
     ) -> list[list[int]]:
         self.load_model()
-        entered = time.perf_counter()
+        entered = self.clock()
         free = list(self.requests)  # not yet claimed by a row this step
         kept: list[HostedRequest] = []
         live: list[tuple[int, HostedRequest, np.ndarray, int]] = []  # (row, request, history, k) that draft
@@ -244,7 +245,7 @@ class Proposer:
         if self.pricer is not None:
             # Every row verifies its token and its chain; a row still prefilling, an unknown number.
             self.pricer.ended(len(chains), sum(map(len, chains)), known=len(live) == len(sampled_token_ids))
-        self.stats.seconds += time.perf_counter() - entered
+        self.stats.seconds += self.clock() - entered
         return chains
 
     def _draft(self, drafting: list[tuple[int, HostedRequest, np.ndarray, int]]) -> list[list[int]]:
@@ -256,10 +257,10 @@ class Proposer:
             if self.rows[o] is not None:
                 offered.append([None] * len(drafting))
                 continue
-            t0 = time.perf_counter()
+            t0 = self.clock()
             offered.append([r.parts[o].step(h, k, self.budget)[0] for _, r, h, k in drafting])
             if self.pricer is not None:
-                self.pricer.timed(o, sum(map(len, offered[o])), time.perf_counter() - t0)
+                self.pricer.timed(o, sum(map(len, offered[o])), self.clock() - t0)
         if self.pricer is None:
             plans = [(0, k) for *_, k in drafting]
         else:
@@ -284,13 +285,13 @@ class Proposer:
         for o, rows in enumerate(self.rows):
             if rows is None:
                 continue
-            t0 = time.perf_counter()
+            t0 = self.clock()
             ks = [n if choice == o else 0 for choice, n in plans]
             rows.draft([r.parts[o] for _, r, _, _ in drafting], [h for _, _, h, _ in drafting], ks)
             offered[o] = [r.parts[o].sent for _, r, _, _ in drafting]
             self.stats.prompt_seconds += rows.prompt_seconds
             if self.pricer is not None:  # a draft's cost; a prompt's forward is paid once per request
-                self.pricer.timed(o, sum(ks), time.perf_counter() - t0 - rows.prompt_seconds)
+                self.pricer.timed(o, sum(ks), max(0.0, self.clock() - t0 - rows.prompt_seconds))
         chains = []
         for i, ((_, request, _, _), (choice, n)) in enumerate(zip(drafting, plans, strict=True)):
             request.option = choice

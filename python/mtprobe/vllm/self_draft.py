@@ -68,6 +68,12 @@ class SelfDraftRows:
         # a one-time cost per request, which the steps' price keeps apart from a draft's.
         self.prompt_seconds = 0.0
         self._prompts = [0.0, 0]  # seconds and tokens of every prompt forward so far
+        self.clock = time.perf_counter
+
+    def use_clock(self, clock: Any) -> None:
+        """Time prompt forwards by ``clock`` from now on, forgetting those timed before (a test's engine
+        time, in which the proposer's own work takes none)."""
+        self.clock, self._prompts = clock, [0.0, 0]
 
     def new_request(self, history: np.ndarray, capacity: int) -> SelfDraftRequest:
         return SelfDraftRequest(self.twin, history, capacity)
@@ -152,14 +158,14 @@ class SelfDraftRows:
         return accepted_counts
 
     def _prefill(self, request: SelfDraftRequest, feed: np.ndarray) -> torch.Tensor:
-        begun = time.perf_counter()
+        begun = self.clock()
         adapter, start = request.adapter, request.cached
         n = feed.shape[0]
         adapter.prefill_logits_from = n - 1  # only the last row's logits are read
         positions = torch.arange(start, start + n).view(1, n)
         logits, _ = adapter.forward(torch.from_numpy(feed.copy()), None, positions, None, start, False)
         request.cached = start + n
-        seconds = time.perf_counter() - begun
+        seconds = self.clock() - begun
         self.prompt_seconds += seconds
         self._prompts[0] += seconds
         self._prompts[1] += n
