@@ -4,8 +4,8 @@ vLLM instantiates a custom proposer from a class path alone (``Class(vllm_config
 ``speculative_config`` has no field for a proposer's own settings. The configuration therefore rides in
 the class name: ``mtprobe.vllm.proposer.<ConfigClass>_<hex>``, the hex being the zlib-compressed JSON of
 ``config.to_dict()`` (with ``"price_steps": false`` added when the steps' pricing is turned off);
-:mod:`mtprobe.vllm.proposer` rebuilds the configuration from it when the engine imports the name. Nothing is written to disk and the dict works as it stands with ``vllm serve
---speculative-config``.
+:mod:`mtprobe.vllm.proposer` rebuilds the configuration from it when the engine imports the name.
+Nothing is written to disk and the dict works as it stands with ``vllm serve --speculative-config``.
 """
 
 from __future__ import annotations

@@ -68,21 +68,17 @@ class RequestDrafter(SeenRequest):
         self.sent_inputs: list[int] = []
         drafter.begin(torch.from_numpy(self.tokens))
 
-    def step(self, history: np.ndarray, k: int, budget: int) -> tuple[list[int], int]:
-        """Observe what the history added since the last step, then propose: (chain of at most ``k`` tokens,
-        none for ``k`` = 0, drafts of the last chain accepted)."""
+    def step(self, history: np.ndarray, k: int, budget: int) -> list[int]:
+        """Observe what the history added since the last step, then propose: a chain of at most ``k``
+        tokens (which the step's price may cut)."""
         new = history[self.tokens.shape[0] :]
-        accepted = 0
         if new.shape[0] > 0:
             accepted = self.accepted(new)
             path = [0] + self.sent_inputs[:accepted]
             self.drafter.observe(_C.StepOutcome(self.tokens.shape[0] - 1, path, new.tolist()))
             self.tokens = history.copy()
         elif self.sent:  # asked again without progress: the same chain
-            return self.sent[:k], 0
-        if k == 0:  # priced out this step: the drafter has seen the tokens, and drafts nothing
-            self.sent_inputs, self.sent = [], []
-            return [], accepted
+            return self.sent[:k]
         limits = _C.StepLimits()
         limits.budget, limits.max_depth, limits.tokens_left = budget, k, k + 1
         n = history.shape[0]
@@ -90,7 +86,7 @@ class RequestDrafter(SeenRequest):
         self.sent_inputs = first_chain(block.parents, block.num_committed, block.num_nodes, k)
         tokens = block.tokens.tolist()
         self.sent = [tokens[i] for i in self.sent_inputs]
-        return self.sent, accepted
+        return self.sent
 
     def finish(self) -> None:
         """The request left the batch: a drafter with a cross-request memory folds its text in."""
@@ -258,7 +254,7 @@ class Proposer:
                 offered.append([None] * len(drafting))
                 continue
             t0 = self.clock()
-            offered.append([r.parts[o].step(h, k, self.budget)[0] for _, r, h, k in drafting])
+            offered.append([r.parts[o].step(h, k, self.budget) for _, r, h, k in drafting])
             if self.pricer is not None:
                 self.pricer.timed(o, sum(map(len, offered[o])), self.clock() - t0)
         if self.pricer is None:

@@ -110,13 +110,11 @@ class SelfDraftRows:
         seconds, tokens = self._prompts
         return (history.shape[0] - request.cached) * seconds / max(tokens, 1)
 
-    def draft(
-        self, requests: list[SelfDraftRequest], histories: list[np.ndarray], ks: list[int]
-    ) -> list[int]:
-        """Each request's chain of ``ks[i]`` greedy drafts after ``histories[i]`` (its chain left in
-        ``requests[i].sent``); returns how many of each request's last chain the history accepted. A row
-        with ``ks[i]`` = 0 runs nothing: its cache catches up with its history when it next drafts."""
-        accepted_counts, feeds = [], []
+    def draft(self, requests: list[SelfDraftRequest], histories: list[np.ndarray], ks: list[int]) -> None:
+        """Each request's chain of ``ks[i]`` greedy drafts after ``histories[i]``, left in
+        ``requests[i].sent``. A row with ``ks[i]`` = 0 runs nothing: its cache catches up with its history
+        when it next drafts."""
+        feeds = []
         self.prompt_seconds = 0.0
         for request, history in zip(requests, histories, strict=True):
             accepted = request.accepted(history[request.tokens.shape[0] :])
@@ -125,7 +123,6 @@ class SelfDraftRows:
             request.cached = min(request.cached, request.tokens.shape[0] + accepted, history.shape[0] - 1)
             request.tokens = history.copy()
             feeds.append(history[request.cached :])
-            accepted_counts.append(accepted)
         last: list[torch.Tensor | None] = [None] * len(requests)  # [vocab] after each history
         with torch.inference_mode():
             short = []
@@ -155,7 +152,6 @@ class SelfDraftRows:
                     chains[r].append(token)
         for request, chain in zip(requests, chains, strict=True):
             request.sent = chain
-        return accepted_counts
 
     def _prefill(self, request: SelfDraftRequest, feed: np.ndarray) -> torch.Tensor:
         begun = self.clock()
