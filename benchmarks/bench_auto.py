@@ -22,7 +22,8 @@ question (the first turns of ``--per-category`` questions of every category), pe
 HF prompt lookup, mtprobe's plain decoding (T = 1 every step), ``auto`` (the linear routes as measured
 on this machine), ``auto-stock`` (torch's linear), ``auto without draft`` (prompt lookup and STAND
 only) and the quantized self-draft with chains of 8 and 12 (``DraftModelConfig(self_draft="quantized")``),
-or the ``--rows`` named, each in turn after one warm-up generation per method, and writes a report
+with ``--llama-cpp DIR`` llama.cpp's plain greedy decoding of the same token ids and weights (``_llama_cpp``: its
+own process, idle while the other rows run), or the ``--rows`` named, each in turn after one warm-up generation per method, and writes a report
 (``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task:
 
     python benchmarks/bench_auto.py --interleaved --question-file ../shared/specbench/question-dev.jsonl \
@@ -50,6 +51,7 @@ from typing import Any
 import torch
 import transformers
 
+import _llama_cpp
 from _common import (
     OFF_GRID_HELP,
     device_name,
@@ -129,9 +131,11 @@ def round_sizes(per_category: int, rounds: int) -> list[int]:
 
 PLD_TOKENS = 10
 HF_GREEDY = "HF greedy"
+LLAMA_CPP = "llama.cpp"
 INTERLEAVED = (
     HF_GREEDY,
     "HF prompt lookup",
+    LLAMA_CPP,
     "mtprobe plain",
     "auto",
     "mtprobe plain (HF target forward)",
@@ -341,6 +345,19 @@ def run_interleaved(args: argparse.Namespace) -> int:
     n = args.max_new_tokens
     routes = choose_linear_routes(model, refresh=args.refresh_routes)  # what auto runs with (cached)
     forwards = [0]  # the model's forwards in the current call: HF rows' τ
+    peer = None
+    if LLAMA_CPP in args.rows:  # main() checked --llama-cpp, --device and --dtype
+        folder = _llama_cpp.build_folder(args.llama_cpp)
+        gguf = _llama_cpp.gguf_of(model, tok, folder, args.off_grid)
+        peer = _llama_cpp.LlamaCppDecoder(folder, gguf, args.threads)
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
+
+    def llama_cpp(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
+        assert peer is not None
+        seq = peer.generate(ids, n, eos)
+        new = seq.shape[1] - ids.shape[1]
+        return seq, new - 1, new - 1, "llama.cpp F32"  # one token a forward after the prompt's
 
     def hf(**kw: Any) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
         def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
@@ -381,6 +398,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
     rows = {
         HF_GREEDY: hf(),
         "HF prompt lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
+        LLAMA_CPP: llama_cpp,
         "auto": mt(mtprobe.AutoConfig()),
         # AutoConfig's candidates up to 2026-11-29: the quantized self-draft in 4 bits whatever the weights.
         "auto 4-bit draft only": mt(
@@ -495,6 +513,16 @@ def run_interleaved(args: argparse.Namespace) -> int:
                 f"[{i + 1}/{len(prompts)}] question {q.question_id} ({q.category}), load {load_average()}",
                 file=sys.stderr,
             )
+    peer_lines = []
+    if peer is not None:
+        peer.close()
+        peer_lines = [
+            f"- `{LLAMA_CPP}`: llama.cpp b11434's CPU backend (`benchmarks/peers/build_llama_cpp.sh`, "
+            f"`llama_cpp_decode`), greedy on the same token ids, {args.threads} threads, the same weights as GGUF "
+            f"F32 (`{gguf.name}`), a process of its own idle while the other rows run; its wall time is the call's "
+            f"as seen from here. Its own clock, warm-up included: prompts {peer.prefill_s:.1f} s, decoding "
+            f"{peer.decode_s:.1f} s"
+        ]
     where = "CPU" if device.type == "cpu" else device_name(device)
     header = [
         "# Issue 42: HF greedy, HF prompt lookup, plain decoding, AutoConfig and the quantized self-draft, "
@@ -535,6 +563,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
             if routes.other_load is None
             else f" (timed while other processes used {100 * routes.other_load:.0f}% of the CPU)"
         ),
+        *peer_lines,
     ]
     write_report(args.out, interleaved_report(header, runs, methods, question_count=len(prompts)))
     return 0
@@ -578,14 +607,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--off-grid", type=off_grid_seed, metavar="SEED", help="--interleaved: " + OFF_GRID_HELP)
     ap.add_argument(
         "--rows",
-        default=",".join(INTERLEAVED),
         help="--interleaved: comma list of the rows to run, from: "
         + ", ".join(INTERLEAVED)
-        + f" (default all; "
+        + f" (default all, {LLAMA_CPP} only with --llama-cpp; "
         f"{HF_GREEDY} always runs, the reference)",
     )
     ap.add_argument(
         "--pld-tokens", type=int, default=PLD_TOKENS, help="--interleaved: HF's prompt_lookup_num_tokens"
+    )
+    ap.add_argument(
+        "--llama-cpp",
+        type=Path,
+        metavar="DIR",
+        help=f"--interleaved: the folder of benchmarks/peers/build_llama_cpp.sh, for the {LLAMA_CPP} row",
     )
     ap.add_argument(
         "--refresh-routes",
@@ -608,11 +642,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if args.repeats < 1:
             ap.error("--repeats must be >= 1")
-        rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+        if args.rows is None:
+            rows = [r for r in INTERLEAVED if r != LLAMA_CPP or args.llama_cpp is not None]
+        else:
+            rows = [r.strip() for r in args.rows.split(",") if r.strip()]
         unknown = [r for r in rows if r not in INTERLEAVED]
         if unknown:
             ap.error(
                 f"--rows: unknown row(s) {', '.join(map(repr, unknown))}; choose from {', '.join(INTERLEAVED)}"
+            )
+        if LLAMA_CPP in rows and (args.llama_cpp is None or args.device != "cpu" or args.dtype != "float32"):
+            ap.error(
+                f"the {LLAMA_CPP} row decodes a GGUF F32 file on the CPU: give --llama-cpp DIR (the folder "
+                "benchmarks/peers/build_llama_cpp.sh fills) with --device cpu --dtype float32"
             )
         args.rows = {HF_GREEDY, *rows}
         if os.environ.get(linear_routes.ENV, "auto").strip().lower() not in ("", "auto"):

@@ -595,6 +595,26 @@ def test_bench_auto_refuses_bad_rows_before_running(tmp_path, capsys, extra, mes
 
 
 @pytest.mark.parametrize(
+    "extra",
+    [
+        ["--rows", "llama.cpp"],
+        ["--rows", "llama.cpp", "--llama-cpp", "/nowhere", "--dtype", "bfloat16"],
+    ],
+)
+def test_bench_auto_refuses_the_llama_cpp_row_without_its_build(tmp_path, capsys, extra):
+    # llama.cpp's row needs benchmarks/peers/build_llama_cpp.sh's folder and decodes F32 on the CPU: refused at
+    # the command line, before the model loads; without --llama-cpp the default rows leave it out.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+    argv = ["--interleaved", "--question-file", str(tmp_path / "q.jsonl"), "--out", str(tmp_path / "r.md")]
+    with pytest.raises(SystemExit):
+        bench.main([*argv, *extra])
+    assert "--llama-cpp DIR" in capsys.readouterr().err
+    assert not (tmp_path / "r.md").exists()
+
+
+@pytest.mark.parametrize(
     ("extra", "device", "dtype"),
     [([], "cpu", "float32"), (["--device", "cuda", "--dtype", "bfloat16"], "cuda", "bfloat16")],
 )

