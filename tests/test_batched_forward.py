@@ -144,12 +144,21 @@ def test_the_sampled_sequences_of_a_prompt_share_its_prefill(monkeypatch, config
     out = mtprobe.generate(model, IDS[:2], config, num_return_sequences=3, **kw)
     assert [o.batch for o in out.sequence_outputs] == [6] * 6
     assert built[-1].shared_prefills == 4  # 2 prompts x (3 - 1) sequences
+    # Each prompt's first sequence ran its prefill; the copies count none, as one after another they do.
+    copied = [built[-1].prefill_copied(row) for row in range(6)]
+    assert copied == [False, True, True, False, True, True]
+    steps = [len(o.accept_lengths) for o in out.sequence_outputs]
+    assert [o.forward_calls for o in out.sequence_outputs] == [
+        n + (not c) for n, c in zip(steps, copied, strict=True)
+    ]
+    assert out.forward_calls == sum(steps) + 2
     assert len({tuple(o.sequences[0].tolist()) for o in out.sequence_outputs}) == 6  # samples, not copies
     # Each row running its own prefill instead draws the same tokens: the copies are the prefill's own.
     monkeypatch.setattr(batch_module, "SHARE_PREFILLS", False)
     torch.manual_seed(3)
     apart = mtprobe.generate(model, IDS[:2], config, num_return_sequences=3, **kw)
     assert built[-1].shared_prefills == 0
+    assert apart.forward_calls == sum(len(o.accept_lengths) for o in apart.sequence_outputs) + 6
     assert torch.equal(apart.sequences, out.sequences)
 
 

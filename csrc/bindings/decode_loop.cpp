@@ -127,6 +127,8 @@ void bind_decode_loop(py::module_& m) {
       .def_property_readonly("draft_rows", &BatchedForward::draft_rows, "rows those draft steps ran")
       .def_property_readonly("shared_prefills", &BatchedForward::shared_prefills,
                              "rows whose prefill another row's identical one ran for (copied)")
+      .def("prefill_copied", &BatchedForward::prefill_copied, py::arg("row"),
+           "whether row's prefill in the last run was a copy of another row's identical one")
       .def_property_readonly("forward_seconds", &BatchedForward::forward_seconds,
                              "wall time spent in the batched forwards")
       .def_property_readonly(

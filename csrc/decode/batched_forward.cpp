@@ -62,6 +62,7 @@ BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, std::vecto
   }
   hidden_dtype_ = target_->dtype();
   live_.assign(rows_.size(), false);
+  prefill_copied_.assign(rows_.size(), false);
   pending_.resize(rows_.size());
   drafts_.resize(rows_.size());
   tasks_.resize(rows_.size());
@@ -197,6 +198,12 @@ void BatchedForward::run_draft_steps() {
   other_work_ += seconds;
 }
 
+bool BatchedForward::prefill_copied(int64_t row) const {
+  TORCH_CHECK_VALUE(row >= 0 && row < rows(), "BatchedForward.prefill_copied: row ", row, " is not in [0, ",
+                    rows(), ")");
+  return prefill_copied_[row];
+}
+
 void BatchedForward::leave(int64_t row) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!live_[row]) return;
@@ -262,6 +269,7 @@ void BatchedForward::run_forward() {
       by_block[i] =
           Output{copy, hidden.has_value() ? std::optional<at::Tensor>(hidden->clone()) : std::nullopt};
       ++shared_prefills_;
+      prefill_copied_[order[i]] = true;
     }
     for (size_t i = 0; i < order.size(); ++i) pending_[order[i]]->out = std::move(by_block[i]);
   } catch (...) {
@@ -288,6 +296,7 @@ std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& lo
     std::lock_guard<std::mutex> lock(mu_);
     TORCH_CHECK(live_count_ == 0, "BatchedForward.run: the batch is running already");
     live_.assign(rows_.size(), true);
+    prefill_copied_.assign(rows_.size(), false);
     live_count_ = rows();
     submitted_ = 0;
     drafting_ = 0;

@@ -85,6 +85,9 @@ class BatchedForward {
   int64_t draft_rows() const { return draft_rows_; }    // rows those draft steps ran
   // Rows whose prefill another row's identical one ran for (the sequences of one prompt): they took copies.
   int64_t shared_prefills() const { return shared_prefills_; }
+  // Whether row `row`'s prefill was a copy of another row's (its loop counted a forward the model did not
+  // run).
+  bool prefill_copied(int64_t row) const;
   double forward_seconds() const { return forward_seconds_; }  // wall time in the batched forwards
   double draft_seconds() const { return draft_seconds_; }      // wall time in the batched draft steps
   // Seconds a batch step spends besides its forward and its draft steps (the rows' own work between two
@@ -140,6 +143,7 @@ class BatchedForward {
   std::condition_variable cv_;         // the rows wait on it for their outputs
   std::condition_variable runner_cv_;  // run()'s thread waits on it for every live row to wait
   std::vector<bool> live_;
+  std::vector<bool> prefill_copied_;  // per row: its prefill was taken from another row's
   int64_t live_count_ = 0;
   std::vector<std::optional<Pending>> pending_;  // per row: the block it handed in, until it takes its output
   int64_t submitted_ = 0;                        // live rows with a block not yet run

@@ -28,7 +28,8 @@ class GenerateOutput(ModelOutput):
             one per step: with the forward profile, what the step cost.
         forward_calls: target forwards, prefill included. With ``num_return_sequences``, the sequences
             share the prompt's prefill: the first runs it, the others take copies of its logits and
-            KV entries, and count no prefill forward (their ``prefill_s`` is the copy's time).
+            KV entries, and count no prefill forward (their ``prefill_s`` is the copy's time), whether
+            they are decoded one after another or together in a batch.
         timings: seconds: ``total_s`` (whole loop), ``forward_s`` (inside model forwards, prefill
             included), ``prefill_s``.
         stop_reason: ``"eos"``, ``"max_new_tokens"`` or ``"stopping_criteria"``.

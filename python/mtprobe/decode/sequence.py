@@ -71,7 +71,10 @@ def decode_batch(
     finally:
         for s in seqs:
             s.adapter.batch_row = None
-    return [finish_sequence(model, call, shared, s, r) for s, r in zip(seqs, results, strict=True)]
+    return [
+        finish_sequence(model, call, shared, s, r, prefill_copied=batched.prefill_copied(row))
+        for row, (s, r) in enumerate(zip(seqs, results, strict=True))
+    ]
 
 
 @dataclass(frozen=True)
@@ -191,9 +194,16 @@ def sequence_loop(
 
 
 def finish_sequence(
-    model: PreTrainedModel, call: Call, shared: Shared, seq: SequenceParts, result: Any
+    model: PreTrainedModel,
+    call: Call,
+    shared: Shared,
+    seq: SequenceParts,
+    result: Any,
+    *,
+    prefill_copied: bool = False,
 ) -> GenerateOutput:
-    """What one sequence's loop returned (``result``, a :class:`mtprobe._C.DecodeResult`) as a GenerateOutput."""
+    """What one sequence's loop returned (``result``, a :class:`mtprobe._C.DecodeResult`) as a GenerateOutput;
+    ``prefill_copied``: a batch's row whose prefill was a copy of another row's (its loop counted it)."""
     config, device, adapter, drafter = call.config, call.device, seq.adapter, seq.drafter
     prompt_len = seq.prompt.ids.shape[1]
     plan = shared.forward_plan
@@ -209,7 +219,8 @@ def finish_sequence(
         sequences=torch.tensor(result.sequence, dtype=torch.long, device=device).unsqueeze(0),  # [1, L + new]
         accept_lengths=list(result.accept_lengths),
         block_sizes=list(result.block_sizes),
-        forward_calls=result.forward_calls - adapter.prefill_shared,  # the forwards the model ran
+        # The forwards the model ran: a prefill copied from another sequence's ran none.
+        forward_calls=result.forward_calls - adapter.prefill_shared - prefill_copied,
         timings={
             "total_s": result.total_seconds,
             "forward_s": result.forward_seconds,
