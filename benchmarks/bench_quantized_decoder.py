@@ -5,6 +5,14 @@ generation it drafts for against HF greedy, question by question, interleaved, r
         --question-file ../shared/specbench/question-dev.jsonl --categories rag summarization qa \\
         --per-category 8 --max-new-tokens 64 --repeats 1 --out benchmarks/results/quantized_decoder/new.md
 
+``--architectures qwen2.5-0.5b qwen3-0.6b ...`` instead times one draft token of models of those shapes with
+random weights (no checkpoint of them ships here; a step's time depends on the shapes, not the values):
+through HF's modules (what the self-draft ran on before the C++ step took their architecture) and through
+the C++ step, after 256 positions, interleaved:
+
+    python benchmarks/bench_quantized_decoder.py --architectures qwen2.5-0.5b qwen3-0.6b mistral-small \
+        --out benchmarks/results/quantized_decoder/architectures.md
+
 A draft token reads the model's 4-bit weights and, from a few hundred cached tokens on, as many bytes
 again of its KV cache (SmolLM2-135M: 46 KB a position in float32), so the long prompts of RAG and
 summarization are where its attention shows. ``--extension PATH`` loads another build of
@@ -75,9 +83,108 @@ def step_times(model, positions: list[int], repeats: int) -> dict[int, float]:
     return out
 
 
+# Shapes of real checkpoints (their config.json's), built with random weights for --architectures.
+ARCHITECTURES = {
+    "qwen2.5-0.5b": (
+        "qwen2",
+        dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            rope_theta=1e6,
+        ),
+    ),
+    "qwen3-0.6b": (
+        "qwen3",
+        dict(
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            rope_theta=1e6,
+        ),
+    ),
+    # A Mistral-architecture model of SmolLM2-135M's size (no small Mistral checkpoint exists).
+    "mistral-small": (
+        "mistral",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            tie_word_embeddings=True,
+            sliding_window=None,
+        ),
+    ),
+}
+
+
+def architecture_rows(names: list[str], position: int, repeats: int) -> list[str]:
+    """Per architecture: median ms of one draft token of its quantized self-draft (4 bits) after ``position``
+    cached positions, through HF's modules and through the C++ step, interleaved token by token."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mtprobe.target_model.adapter import HFAdapter
+
+    rows = []
+    for name in names:
+        model_type, kwargs = ARCHITECTURES[name]
+        torch.manual_seed(0)
+        config = AutoConfig.for_model(model_type, max_position_embeddings=4096, **kwargs)
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+        draft = draft_model.quantized(model)
+        decoder = draft_model.quantized_decoder(draft)
+        if decoder is None:
+            raise SystemExit(
+                f"{name}: {draft_model.why_no_decoder(draft) or 'its C++ step disagrees with HF'}"
+            )
+        adapter = HFAdapter(draft, position + repeats + 2, checked=True)
+        tokens = torch.randint(0, kwargs["vocab_size"], (position + repeats + 1,))
+        hf_times, cpp_times = [], []
+        with torch.inference_mode():
+            adapter.forward(tokens[:position], None, torch.arange(position)[None], None, 0, False)
+            keys = [layer.keys.clone() for layer in adapter.cache.layers]
+            values = [layer.values.clone() for layer in adapter.cache.layers]
+            for i in range(repeats + 1):
+                p = position + i
+                t0 = time.perf_counter()
+                adapter.forward(tokens[p : p + 1], None, torch.tensor([[p]]), None, p, False)
+                t1 = time.perf_counter()
+                decoder.step(int(tokens[p]), p, keys, values)
+                t2 = time.perf_counter()
+                if i:  # the first of each is a warm-up
+                    hf_times.append(t1 - t0)
+                    cpp_times.append(t2 - t1)
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        hf_ms, cpp_ms = statistics.median(hf_times) * 1e3, statistics.median(cpp_times) * 1e3
+        rows.append(
+            f"| {name} (`{model_type}`, {params:.0f}M) | {hf_ms:.1f} | {cpp_ms:.1f} | {hf_ms / cpp_ms:.2f}× |"
+        )
+        del model, draft, decoder, adapter
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--question-file", required=True)
+    ap.add_argument("--question-file")
+    ap.add_argument(
+        "--architectures",
+        nargs="+",
+        choices=list(ARCHITECTURES),
+        help="time a draft token of these shapes (random weights) instead of the generation",
+    )
     ap.add_argument("--categories", nargs="+", default=["rag", "summarization", "qa"])
     ap.add_argument("--per-category", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -89,6 +196,30 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.architectures:
+        load_before = load_average()
+        position, repeats = 256, args.step_repeats
+        rows = architecture_rows(args.architectures, position, repeats)
+        write_report(
+            args.out,
+            [
+                "# The quantized self-draft's step on other Llama-family architectures",
+                "",
+                *run_lines(args.model)[:2],
+                f"- models: the shapes of each checkpoint's config.json with random weights (float32), the "
+                f"quantized self-draft in 4 bits (`draft_format='q4_1'`, its head in 8); one draft token after "
+                f"{position} cached positions, through HF's modules (`HFAdapter` over the quantized twin) and "
+                f"through `mtprobe._C.QuantizedDecoder.step`, in turn, the median of {repeats}",
+                f"- load average before / after: {load_before} / {load_average()}",
+                "",
+                "| architecture | HF's modules, ms a draft token | C++ step, ms | × |",
+                "| --- | --- | --- | --- |",
+                *rows,
+            ],
+        )
+        return
+    if args.question_file is None:
+        ap.error("--question-file is required (or --architectures)")
 
     questions = [
         q

@@ -169,6 +169,40 @@ def tiny_llama(seed: int = 0, **overrides):
     return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
 
 
+def tiny_family(name: str, seed: int = 0, **overrides):
+    """A small randomly initialised model of another Llama-family architecture, as :func:`tiny_llama`'s:
+    ``"mistral"`` (no sliding window), ``"qwen2"`` (q/k/v biases) or ``"qwen3"`` (per-head q/k norms, head_dim
+    32 set apart from hidden / heads), eval mode."""
+    from transformers import (
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    torch.manual_seed(seed)
+    kwargs = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    if name == "mistral":
+        return MistralForCausalLM(MistralConfig(**{"sliding_window": None, **kwargs})).eval()
+    if name == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**{"use_sliding_window": False, **kwargs})).eval()
+    if name == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 32, "use_sliding_window": False, **kwargs})).eval()
+    raise KeyError(f"tiny_family: no architecture {name!r}; one of mistral, qwen2, qwen3")
+
+
 # A word-level chat tokenizer and a tiny Llama saved with it as a local HF folder: what models.load,
 # the command line and the Spec-Bench harness read like any Hugging Face folder, built in seconds.
 CHAT_WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "user", "assistant", ":", "the", "a", "is", "of"]

@@ -14,14 +14,10 @@ from transformers import (
     GPT2LMHeadModel,
     MistralConfig,
     MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
 )
 
 import mtprobe
-from conftest import tiny_llama
+from conftest import tiny_family, tiny_llama
 from mtprobe import _C
 from mtprobe.target_model import native_forward as nf
 from mtprobe.target_model.adapter import HFAdapter
@@ -50,12 +46,8 @@ def _build(name: str) -> torch.nn.Module:
         return tiny_llama(hidden_size=96, num_key_value_heads=1, max_position_embeddings=512)
     if name == "llama-head20":  # head_dim 20: no SIMD width divides it, attend's portable loop for every CPU
         return tiny_llama(hidden_size=80, max_position_embeddings=512)
-    if name == "mistral":
-        return MistralForCausalLM(MistralConfig(**SMALL, sliding_window=None)).eval()
-    if name == "qwen2":  # q/k/v biases
-        return Qwen2ForCausalLM(Qwen2Config(**SMALL, use_sliding_window=False)).eval()
-    if name == "qwen3":  # per-head q/k norms, head_dim 32 set apart from hidden / heads
-        return Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=32, use_sliding_window=False)).eval()
+    if name in ("mistral", "qwen2", "qwen3"):  # qwen2: q/k/v biases; qwen3: per-head q/k norms, head_dim 32
+        return tiny_family(name)
     raise KeyError(name)
 
 

@@ -12,17 +12,17 @@ import pytest
 import torch
 
 import mtprobe
-from conftest import tiny_llama
+from conftest import tiny_family, tiny_llama
 from mtprobe.state import state_of
 from mtprobe.target_model import self_draft as draft_model
 from mtprobe.target_model.adapter import HFAdapter
 from mtprobe.target_model.self_draft import DECODER_ENV, quantized, quantized_decoder, why_no_decoder
 
 
-def _hf_and_decoder_steps(model, tokens: list[int]) -> tuple[list[float], list[float]]:
+def _hf_and_decoder_steps(model, tokens: list[int], fmt: str = "q4_1") -> tuple[list[float], list[float]]:
     """Each token's logits and key row errors (relative to the largest entry), the decoder against HF's
-    modules over the quantized twin."""
-    draft = quantized(model)
+    modules over the quantized twin (in ``fmt``)."""
+    draft = quantized(model, None, fmt)
     decoder = quantized_decoder(draft)
     assert decoder is not None
     adapter = HFAdapter(draft, len(tokens), checked=True)
@@ -60,6 +60,48 @@ def test_step_matches_hf_modules_at_every_position(overrides):
     logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
     assert max(logit_err) < 1e-5, logit_err
     assert max(kv_err) < 1e-5, kv_err
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen2", "qwen3"])
+def test_step_matches_hf_modules_on_the_other_llama_family_architectures(name):
+    # Mistral's layers are Llama's; Qwen2's q, k and v carry biases; Qwen3 norms each query and key head
+    # before RoPE (head_dim 32 apart from hidden / heads). 8-bit and 4-bit drafts alike.
+    model = tiny_family(name, seed=3, vocab_size=64, num_hidden_layers=3)
+    assert why_no_decoder(quantized(model)) == ""
+    tokens = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    for fmt in ("q4_1", "q8_0"):
+        logit_err, kv_err = _hf_and_decoder_steps(model, tokens, fmt)
+        assert max(logit_err) < 1e-5, (fmt, logit_err)
+        assert max(kv_err) < 1e-5, (fmt, kv_err)
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen2", "qwen3"])
+def test_the_other_architectures_draft_through_the_decoder_and_stay_greedy(monkeypatch, name):
+    model = tiny_family(name, seed=4, vocab_size=48, num_hidden_layers=3, eos_token_id=47)
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    draft = quantized(model)  # the twin generate takes (kept in the model's state)
+    decoder = quantized_decoder(draft)
+    assert decoder is not None
+    steps = []
+
+    class Counting:
+        def step(self, *args):
+            steps.append(args[1])
+            return decoder.step(*args)
+
+    monkeypatch.setattr(state_of(draft), "decoder", Counting())
+    monkeypatch.setattr(state_of(draft), "decoder_checked", True)
+    for length in (1, 9):
+        prompt = torch.randint(0, 47, (1, length), generator=torch.Generator().manual_seed(length))
+        ref = model.generate(prompt, do_sample=False, max_new_tokens=20)
+        assert torch.equal(mtprobe.generate(model, prompt, cfg, max_new_tokens=20).sequences, ref), length
+    assert len(steps) > 2 * 4
+
+
+def test_a_sliding_window_keeps_hf_modules():
+    # The C++ step attends to every cached position: a model whose attention slides keeps HF's modules.
+    model = tiny_family("mistral", sliding_window=8)
+    assert "a sliding window of 8" in why_no_decoder(quantized(model))
 
 
 def test_step_matches_hf_modules_where_each_head_splits_into_ranges():
@@ -135,21 +177,11 @@ def test_a_quantized_draft_of_the_first_layers_prefills_through_hf_then_steps_in
 
 
 def test_other_architectures_and_the_switch_keep_hf_modules(monkeypatch):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    qwen = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=64,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ).eval()
-    assert "model_type 'qwen2' is not one of ('llama',)" in why_no_decoder(quantized(qwen))
-    assert quantized_decoder(quantized(qwen)) is None
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=64, n_layer=1, n_head=4)).eval()
+    assert "model_type 'gpt2' is not one of ('llama', 'mistral', 'qwen2', 'qwen3')" in why_no_decoder(gpt2)
     model = tiny_llama(seed=6)
     assert "not every linear layer is quantized" in why_no_decoder(model)
     monkeypatch.setenv(DECODER_ENV, "0")

@@ -47,7 +47,7 @@ void bind_quantized_decoder(py::module_& m) {
                built.push_back({required(t, "input_norm", where), required(t, "post_norm", where),
                                 weights(t, "q", where), weights(t, "k", where), weights(t, "v", where),
                                 weights(t, "o", where), weights(t, "gate", where), weights(t, "up", where),
-                                weights(t, "down", where)});
+                                weights(t, "down", where), optional(t, "q_norm"), optional(t, "k_norm")});
              }
              QuantizedDecoderConfig config;
              config.heads = heads;

@@ -92,6 +92,12 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
     check_weights(L.gate, hidden_, intermediate_, at + "gate");
     check_weights(L.up, hidden_, intermediate_, at + "up");
     check_weights(L.down, intermediate_, hidden_, at + "down");
+    TORCH_CHECK_VALUE(L.q_norm.defined() == L.k_norm.defined(), "QuantizedDecoder: ", at,
+                      "has one of q_norm and k_norm but not the other");
+    if (L.q_norm.defined()) {
+      check_vector(L.q_norm, head_dim_, at + "q_norm");
+      check_vector(L.k_norm, head_dim_, at + "k_norm");
+    }
   }
   x_.resize(hidden_);
   h_.resize(hidden_);
@@ -215,6 +221,14 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
                      h_.data() + r * hidden_);
     linear({&L.q, &L.k, &L.v}, h_.data(), B, {q_.data(), k_.data(), v_.data()});
     for (int64_t r = 0; r < B; ++r) {
+      if (L.q_norm.defined()) {  // Qwen3: RMSNorm over each head before RoPE
+        float* qr = q_.data() + r * q_out;
+        float* kr = k_.data() + r * kv_out;
+        for (int64_t h = 0; h < heads; ++h)
+          core::rms_norm(qr + h * d, L.q_norm.const_data_ptr<float>(), config_.eps, d, qr + h * d);
+        for (int64_t h = 0; h < kv; ++h)
+          core::rms_norm(kr + h * d, L.k_norm.const_data_ptr<float>(), config_.eps, d, kr + h * d);
+      }
       core::rotate_half(q_.data() + r * q_out, heads, d, cos.data() + r * half, sin.data() + r * half);
       core::rotate_half(k_.data() + r * kv_out, kv, d, cos.data() + r * half, sin.data() + r * half);
       float* K = keys[r][l].mutable_data_ptr<float>();

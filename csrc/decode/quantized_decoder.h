@@ -8,9 +8,10 @@
 // It computes what HF's LlamaDecoderLayer stack computes up to rounding; the draft only proposes, the
 // target's own forward verifies, so the output is the target's either way.
 //
-// A step at position p: x = embed[token]; for each layer, attention (RMSNorm, q/k/v, rotate-half RoPE
-// at p, k and v written into the cache's row p, softmax over rows 0..p, o) and the SiLU MLP, each added
-// to x; then the final norm and the head: logits [vocab] float32.
+// A step at position p: x = embed[token]; for each layer, attention (RMSNorm, q/k/v (with their biases:
+// Qwen2), each head's RMSNorm (Qwen3), rotate-half RoPE at p, k and v written into the cache's row p,
+// softmax over rows 0..p, o) and the SiLU MLP, each added to x; then the final norm and the head: logits
+// [vocab] float32. Llama, Mistral (without a sliding window), Qwen2 and Qwen3 layers are all this.
 //
 // Cache layout (mtprobe.target_model.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity,
 // head_dim] float32 per layer, capacity > p; rows 0..p-1 must hold the sequence's entries already.
@@ -37,6 +38,8 @@ struct QuantizedWeights {
 struct QuantizedDecoderLayer {
   at::Tensor input_norm, post_norm;  // [hidden] float32 each: RMSNorm weights before attention and MLP
   QuantizedWeights q, k, v, o, gate, up, down;
+  at::Tensor q_norm,
+      k_norm;  // [head_dim] float32 each: Qwen3's RMSNorm over each head before RoPE, or undefined
 };
 
 struct QuantizedDecoderConfig {

