@@ -150,23 +150,25 @@ def chat_ids(tokenizer, messages: list[dict]) -> torch.Tensor:
     return enc if isinstance(enc, torch.Tensor) else enc["input_ids"]
 
 
+TINY = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.2,
+)
+"""The tiny models' shape (:func:`tiny_llama`, :func:`tiny_family`): 2 layers, hidden 64, grouped-query attention."""
+
+
 def tiny_llama(seed: int = 0, **overrides):
     """A small randomly initialised LlamaForCausalLM (2 layers, hidden 64), eval mode."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    kwargs = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-    )
-    kwargs.update(overrides)
-    return LlamaForCausalLM(LlamaConfig(**kwargs)).eval()
+    return LlamaForCausalLM(LlamaConfig(**{**TINY, "max_position_embeddings": 256, **overrides})).eval()
 
 
 def tiny_family(name: str, seed: int = 0, **overrides):
@@ -183,17 +185,7 @@ def tiny_family(name: str, seed: int = 0, **overrides):
     )
 
     torch.manual_seed(seed)
-    kwargs = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-    )
-    kwargs.update(overrides)
+    kwargs = {**TINY, **overrides}
     if name == "mistral":
         return MistralForCausalLM(MistralConfig(**{"sliding_window": None, **kwargs})).eval()
     if name == "qwen2":

@@ -12,8 +12,6 @@ import torch
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
-    MistralConfig,
-    MistralForCausalLM,
 )
 
 import mtprobe
@@ -21,17 +19,6 @@ from conftest import tiny_family, tiny_llama
 from mtprobe import _C
 from mtprobe.target_model import native_forward as nf
 from mtprobe.target_model.adapter import HFAdapter
-
-SMALL = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    initializer_range=0.2,
-)
 
 
 def _build(name: str) -> torch.nn.Module:
@@ -382,7 +369,7 @@ def test_hooks_fall_back_with_reason():
             "model_type 'gpt2'",
         ),
         (
-            lambda: MistralForCausalLM(MistralConfig(**SMALL, sliding_window=8)).eval(),
+            lambda: tiny_family("mistral", sliding_window=8),
             "a sliding window of 8",
         ),
     ],
