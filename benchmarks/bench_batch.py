@@ -49,11 +49,17 @@ CONFIGS = {
     "quantized-draft-k12": mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=12),
     # The draft's format as AutoConfig's candidate takes it: 4 bits on the wheel's weights, 8 off the grid.
     "self-draft-k8": mtprobe.DraftModelConfig(self_draft="quantized", draft_format="auto", num_tokens=8),
+    # AutoConfig's rows drafting whenever their schedulers choose, without the batch's measured phases of plain
+    # decoding (CONFIG_ENV).
+    "auto-unphased": mtprobe.AutoConfig(),
     "auto-no-draft": mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig(block_complexity=10, prompt_logits=0))
     ),
 }
 
+
+CONFIG_ENV = {"auto-unphased": (batch_module.PHASES_ENV, "0")}
+"""The environment a configuration's calls run under."""
 
 SAMPLE_KW = dict(do_sample=True, temperature=0.8, top_p=0.95)
 """--sample's decoding: what a chat model is often run with."""
@@ -117,9 +123,10 @@ def main() -> None:
         seq = model.generate(ids, attention_mask=mask, max_new_tokens=n, pad_token_id=pad, **decoding)
         return seq, None
 
-    def mtprobe_rows(cfg: Any, apart: bool) -> Any:
+    def mtprobe_rows(cfg: Any, apart: bool, env: tuple[str, str] | None = None) -> Any:
         def run(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-            with environ(batch_module.ENV, "0") if apart else contextlib.nullcontext():
+            own = environ(*env) if env is not None else contextlib.nullcontext()
+            with environ(batch_module.ENV, "0") if apart else contextlib.nullcontext(), own:
                 out = mtprobe.generate(
                     model, ids, cfg, attention_mask=mask, max_new_tokens=n, pad_token_id=pad, **decoding
                 )
@@ -129,9 +136,9 @@ def main() -> None:
 
     methods = {"hf-batched": hf_batched}
     for c in args.configs:
-        methods[f"mtprobe-{c}"] = mtprobe_rows(CONFIGS[c], apart=False)
+        methods[f"mtprobe-{c}"] = mtprobe_rows(CONFIGS[c], apart=False, env=CONFIG_ENV.get(c))
         if c in args.apart:
-            methods[f"mtprobe-{c}-apart"] = mtprobe_rows(CONFIGS[c], apart=True)
+            methods[f"mtprobe-{c}-apart"] = mtprobe_rows(CONFIGS[c], apart=True, env=CONFIG_ENV.get(c))
 
     # Greedy on each prompt alone: the reference of every row, and HF's one-at-a-time rate.
     t0 = time.perf_counter()
@@ -192,6 +199,15 @@ def main() -> None:
         "most rows one mtprobe call decoded together (`out.batch`)",
         f"- HF {'sampling' if args.sample else 'greedy'} one prompt at a time (the reference pass): "
         f"**{single_rate:.1f} tok/s**",
+        *(
+            [
+                f"- `auto-unphased`: `AutoConfig()` with `{batch_module.PHASES_ENV}=0`: its rows draft whenever their "
+                "schedulers choose, without the batch's phases of plain decoding measured against drafting "
+                "(`mtprobe.decode.batch.batch_drafting`)"
+            ]
+            if "auto-unphased" in args.configs
+            else []
+        ),
         f"- load average before / after: {load_before} / {load_average()}",
         "",
         "| batch | method | tok/s | × HF batched | × HF one at a time | τ | together | rows ≠ alone |",

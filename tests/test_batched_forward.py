@@ -348,3 +348,79 @@ def test_bad_input_is_named():
     blocks[1]["tokens"] = torch.tensor([1, 2, 3, 4, 999])
     with pytest.raises(ValueError, match="block 1: token 999 at input 4 is outside the vocabulary"):
         native.forward_batch([_C.TargetBlock(**b) for b in blocks])
+
+
+def _measured(drafting_rate: float, plain_rate: float, **kw) -> _C.BatchDrafting:
+    """A BatchDrafting with one phase of each mode measured at these tokens per second (one-step phases)."""
+    policy = _C.BatchDrafting(phase_steps=1, **kw)
+    for rate in (drafting_rate, plain_rate):  # it starts drafting, then measures the mode it has not
+        policy.add_tokens(int(rate))
+        policy.end_step(1.0)
+    return policy
+
+
+def test_batch_drafting_keeps_the_faster_mode_and_tries_the_other_now_and_then():
+    policy = _C.BatchDrafting(phase_steps=3, exploit_phases=2)
+    assert policy.allowed  # a batch starts drafting: its schedulers' first steps explore
+    for _ in range(3):  # a phase of 3 steps with drafting: 2 tokens a step in 0.5 s
+        policy.add_tokens(2)
+        policy.end_step(0.5)
+    assert (
+        policy.rate(True) == pytest.approx(4.0) and not policy.allowed
+    )  # the other mode, never measured yet
+    modes = []
+    for _ in range(5):  # plain phases: 3 tokens a step in 0.5 s, faster
+        for _ in range(3):
+            policy.add_tokens(3)
+            policy.end_step(0.5)
+        modes.append(policy.allowed)
+        if policy.allowed:  # the one drafting phase tried again: slower still
+            for _ in range(3):
+                policy.add_tokens(1)
+                policy.end_step(0.5)
+            modes.append(policy.allowed)
+    assert policy.rate(False) == pytest.approx(6.0)
+    # Plain kept for exploit_phases = 2 phases, then drafting tried once, then plain again.
+    assert modes[:4] == [False, False, True, False]
+    assert policy.steps(False) > policy.steps(True) >= 6
+    with pytest.raises(ValueError, match="phase_steps must be >= 1"):
+        _C.BatchDrafting(phase_steps=0)
+    with pytest.raises(ValueError, match="exploit_phases must be >= 0"):
+        _C.BatchDrafting(exploit_phases=-1)
+
+
+@pytest.mark.parametrize("plain_faster", [True, False])
+def test_a_batch_that_measured_plain_decoding_faster_holds_its_schedulers_rows_back(plain_faster):
+    # The batch's BatchDrafting (kept in the model's state per configuration, sampling and rows) decides whether
+    # AutoConfig's rows draft: one that measured plain decoding faster runs every step plainly, no drafter asked;
+    # one that measured drafting faster leaves the rows' schedulers to choose. Every row stays greedy's either way.
+    from mtprobe.state import state_of
+
+    model = tiny_llama(seed=5, vocab_size=32)
+    cfg = mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(num_tokens=4),), carry=False)
+    rows = [[3, 7, 11, 5, 3, 7, 11, 5, 3, 7], [9, 4, 2, 9, 4, 2, 9, 4], [5, 5, 5, 5, 5, 5, 5, 1]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    slow, fast = 1.0, 100.0
+    # Plain measured faster, kept for a million phases; or a first drafting phase that outlasts the call.
+    policy = (
+        _measured(slow, fast, exploit_phases=10**6) if plain_faster else _C.BatchDrafting(phase_steps=10**6)
+    )
+    state_of(model).batch_drafting[(cfg, False, 3)] = policy
+    steps_before = policy.steps(False) + policy.steps(True)
+    kw = dict(attention_mask=mask, max_new_tokens=12, eos_token_id=None, pad_token_id=PAD)
+    out = mtprobe.generate(model, ids, cfg, **kw)
+    for r, row in enumerate(rows):
+        want = model.generate(torch.tensor([row]), do_sample=False, max_new_tokens=12, eos_token_id=None)
+        assert out.sequence_outputs[r].sequences.tolist() == want.tolist(), r
+    methods = {m for o in out.sequence_outputs for m, _ in o.choices}
+    steps = max(len(o.choices) for o in out.sequence_outputs)
+    if plain_faster:
+        assert methods == {"plain"}  # held back: no drafter asked
+        assert (
+            policy.steps(False) - steps_before >= steps - 2
+        )  # every decode step but the first ended plainly
+    else:
+        assert "pld" in methods  # repetitive prompts: prompt lookup's blocks chosen
+        assert policy.steps(True) >= steps - 2

@@ -38,6 +38,25 @@ void bind_schedule(py::module_& m) {
       "BatchedForward and read by each row's AutoDrafter.")
       .def(py::init<>())
       .def_property("seconds", &SharedSeconds::get, &SharedSeconds::set);
+
+  py::class_<BatchDrafting, std::shared_ptr<BatchDrafting>>(
+      m, "BatchDrafting",
+      "Whether a batch's rows draft, chosen by the tokens per second measured both ways in phases of decode "
+      "steps (csrc/runtime/batch_drafting.h): BatchedForward ends each step, every row's AutoDrafter reads "
+      "it.")
+      .def(py::init<int64_t, int64_t>(), py::arg("phase_steps") = 8, py::arg("exploit_phases") = 4)
+      .def_property_readonly("allowed", &BatchDrafting::allowed, "whether the rows may draft this step")
+      .def("add_tokens", &BatchDrafting::add_tokens, py::arg("n"),
+           "a row's tokens committed by a decode step")
+      .def("end_step", &BatchDrafting::end_step, py::arg("seconds"),
+           "one decode step of the batch ended this many seconds after the one before")
+      .def("rate", &BatchDrafting::rate, py::arg("drafting"),
+           "tokens per second of the phases with drafting (True) or plain decoding (False); 0 before one "
+           "ended")
+      .def("steps", &BatchDrafting::steps, py::arg("drafting"),
+           "decode steps run with drafting allowed (True) or plainly (False)")
+      .def_property_readonly("phase_steps", &BatchDrafting::phase_steps)
+      .def_property_readonly("exploit_phases", &BatchDrafting::exploit_phases);
   py::class_<AutoDrafter, Drafter, std::shared_ptr<AutoDrafter>>(
       m, "AutoDrafter",
       "Several drafters propose; each step verifies the block and cut with the most expected tokens per "
@@ -46,18 +65,20 @@ void bind_schedule(py::module_& m) {
       .def(py::init([](std::vector<std::shared_ptr<Drafter>> children, core::CostTable cost, double decay,
                        int64_t explore_every, std::vector<int64_t> budgets, std::vector<bool> own_forwards,
                        std::vector<core::AcceptanceStats> carried_stats, std::vector<double> carried_costs,
-                       std::shared_ptr<SharedSeconds> batch_overhead) {
+                       std::shared_ptr<SharedSeconds> batch_overhead,
+                       std::shared_ptr<BatchDrafting> batch_drafting) {
              return std::make_shared<AutoDrafter>(
                  std::move(children), std::move(cost),
                  AutoOptions{decay, explore_every, std::move(budgets), std::move(own_forwards),
-                             std::move(carried_stats), std::move(carried_costs), std::move(batch_overhead)});
+                             std::move(carried_stats), std::move(carried_costs), std::move(batch_overhead),
+                             std::move(batch_drafting)});
            }),
            py::arg("drafters"), py::arg("cost"), py::kw_only(), py::arg("decay") = 0.95,
            py::arg("explore_every") = 16, py::arg("budgets") = std::vector<int64_t>{},
            py::arg("own_forwards") = std::vector<bool>{},
            py::arg("carried_stats") = std::vector<core::AcceptanceStats>{},
            py::arg("carried_costs") = std::vector<double>{}, py::arg("batch_overhead") = nullptr,
-           py::keep_alive<1, 2>())
+           py::arg("batch_drafting") = nullptr, py::keep_alive<1, 2>())
       .def(
           "choices",
           [](const AutoDrafter& d) {

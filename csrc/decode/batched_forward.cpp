@@ -40,11 +40,13 @@ bool same_prefill(const TargetBlock& a, const TargetBlock& b) {
 }  // namespace
 
 BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
-                               std::shared_ptr<SharedSeconds> overhead, bool share_prefills)
+                               std::shared_ptr<SharedSeconds> overhead, bool share_prefills,
+                               std::shared_ptr<BatchDrafting> drafting)
     : target_(std::move(target)),
       rows_(std::move(rows)),
+      share_prefills_(share_prefills),
       overhead_(std::move(overhead)),
-      share_prefills_(share_prefills) {
+      batch_drafting_(std::move(drafting)) {
   TORCH_CHECK_VALUE(target_ != nullptr, "BatchedForward: no target forward");
   TORCH_CHECK_VALUE(!rows_.empty(), "BatchedForward: a batch needs at least one row");
   for (size_t r = 0; r < rows_.size(); ++r) {
@@ -227,6 +229,13 @@ void BatchedForward::run_forward() {
     }
   }
   const auto start = std::chrono::steady_clock::now();
+  if (batch_drafting_ &&
+      std::all_of(blocks.begin(), blocks.end(), [](const TargetBlock& b) { return b.prefix_len > 0; })) {
+    // A decode step: the one before it ended now (its tokens reported by the rows' observes).
+    if (last_decode_start_.has_value())
+      batch_drafting_->end_step(std::chrono::duration<double>(start - *last_decode_start_).count());
+    last_decode_start_ = start;
+  }
   if (last_forward_end_.has_value()) {  // the step since the last forward, less its forward and draft steps
     const double sample = std::max(0.0, seconds_since(*last_forward_end_) - other_work_);
     step_overhead_ = overhead_samples_++ == 0 ? sample : 0.9 * step_overhead_ + 0.1 * sample;
@@ -302,6 +311,7 @@ std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& lo
     drafting_ = 0;
     tasked_ = 0;
     last_forward_end_.reset();
+    last_decode_start_.reset();
     other_work_ = 0.0;
     for (auto& p : pending_) p.reset();
     for (auto& d : drafts_) d.reset();

@@ -35,6 +35,7 @@
 #include "decode/decode_loop.h"
 #include "decode/quantized_decoder.h"
 #include "decode/target_forward.h"
+#include "runtime/batch_drafting.h"
 #include "runtime/callbacks.h"
 #include "runtime/shared_seconds.h"
 
@@ -55,8 +56,11 @@ class BatchedForward {
   // overhead (or null): where to publish the batch step's overhead as measured here (step_overhead()).
   // share_prefills: rows handing in the same prefill block (the sequences of one prompt) run it once, the
   // others taking copies of its cache entries and outputs (shared_prefills() counts them).
+  // drafting (or null): told each decode step's wall time (BatchDrafting::end_step), so that it can choose
+  // whether the rows draft.
   BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
-                 std::shared_ptr<SharedSeconds> overhead = nullptr, bool share_prefills = true);
+                 std::shared_ptr<SharedSeconds> overhead = nullptr, bool share_prefills = true,
+                 std::shared_ptr<BatchDrafting> drafting = nullptr);
 
   // Row `row`'s forward, the ForwardFn its decode loop calls: (logits [T, vocab] float32, final hidden
   // states [T, hidden] in the model's dtype when asked). Blocks until the batch's forward has run.
@@ -155,6 +159,9 @@ class BatchedForward {
   bool share_prefills_ = true;
   double forward_seconds_ = 0.0, draft_seconds_ = 0.0;
   std::shared_ptr<SharedSeconds> overhead_;
+  std::shared_ptr<BatchDrafting> batch_drafting_;
+  // When the last decode forward (every block after its prefill) began, for BatchDrafting::end_step.
+  std::optional<std::chrono::steady_clock::time_point> last_decode_start_;
   double step_overhead_ = 0.0;
   int64_t overhead_samples_ = 0;
   // Since the last forward of run() ended (none yet: no gap to measure): when, and the seconds run() spent on

@@ -67,6 +67,7 @@ void AutoDrafter::begin(const at::Tensor& prompt) {
   history_.clear();
   choices_.clear();
   prefill_ = true;
+  held_ = false;
   draft_seconds_ = schedule_seconds_ = 0.0;
   timing_ = false;
   overhead_ = 0.0;
@@ -137,6 +138,15 @@ DraftBlock AutoDrafter::propose(const at::Tensor& committed, int64_t prefix_len,
   timing_ = false;
   step_drafts_ = 0.0;
   proposals_.assign(children_.size(), Proposal{});
+  held_ = !prefill_ && options_.batch_drafting && !options_.batch_drafting->allowed();
+  if (held_) {  // the batch decodes plainly this phase: no child is asked
+    current_ = ScheduleChoice{-1, committed.size(0), 0};
+    whole_ = false;
+    step_forward_ = cost_.time(static_cast<double>(committed.size(0)), static_cast<double>(prefix_len));
+    timing_ = true;
+    schedule_seconds_ += seconds_since(t0);
+    return plain_block(committed);
+  }
   for (size_t i = 0; i < children_.size(); ++i) {
     if (own_forwards(i)) continue;  // asked below, if at all
     StepLimits own = limits;
@@ -255,9 +265,13 @@ void AutoDrafter::observe(const StepOutcome& outcome) {
   const int64_t start = static_cast<int64_t>(history_.size());  // where this step's tokens go
   history_.insert(history_.end(), outcome.new_tokens.begin(), outcome.new_tokens.end());
   if (!prefill_) {
+    if (options_.batch_drafting)
+      options_.batch_drafting->add_tokens(static_cast<int64_t>(outcome.new_tokens.size()));
     for (size_t i = 0; i < children_.size(); ++i) {
       const bool ran = whole_ && current_.child == static_cast<int64_t>(i);
-      if (ran || !own_forwards(i)) stats_[i].step();  // a child with own forwards: on its own steps
+      // A child with own forwards decays on its own steps; none while the batch holds its rows back (their
+      // counts wait for the next drafting phase rather than fading without a proposal to learn from).
+      if (!held_ && (ran || !own_forwards(i))) stats_[i].step();
       const Proposal& p = proposals_[i];
       const int64_t c = p.block.num_committed;
       std::vector<Walk>& walks = walks_[i];
@@ -277,6 +291,9 @@ void AutoDrafter::observe(const StepOutcome& outcome) {
   for (size_t i = 0; i < children_.size(); ++i) {
     StepOutcome o = outcome;
     o.block_replaced = outcome.block_replaced || !(whole_ && current_.child == static_cast<int64_t>(i));
+    // While the batch holds its rows back, a child that can learns the step's text alone: STAND's store
+    // would otherwise take the softmax and top-k of the vocabulary every step, on cores the batch shares.
+    if (held_ && children_[i]->learns_from_text()) o.logits = at::Tensor();
     children_[i]->observe(o);
   }
   draft_seconds_ += seconds_since(t0);

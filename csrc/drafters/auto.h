@@ -38,6 +38,7 @@
 
 #include "core/schedule.h"
 #include "drafters/drafter.h"
+#include "runtime/batch_drafting.h"
 #include "runtime/shared_seconds.h"
 
 namespace mtprobe {
@@ -59,6 +60,10 @@ struct AutoOptions {
   // includes its waits on the other rows' drafts and blocks; priced as its own overhead that made every row
   // draft because the others did (a batch of 8 then drafted whole chains, 3.4 s against 2.4 s plainly).
   std::shared_ptr<SharedSeconds> batch_overhead;
+  // For a row of a batch decoded together: whether the batch lets its rows draft this phase (or null:
+  // always). A step it does not is plain, no child asked; every step's tokens are reported to it
+  // (runtime/batch_drafting.h).
+  std::shared_ptr<BatchDrafting> batch_drafting;
 };
 
 // One decode step's choice.
@@ -131,6 +136,7 @@ class AutoDrafter : public Drafter {
   ScheduleChoice current_;
   std::vector<int64_t> kept_;  // [current_.nodes]: the chosen child's kept draft nodes, ascending
   bool whole_ = false;         // the chosen child's block ran uncut
+  bool held_ = false;  // the step in flight is plain because the batch held its rows back (no child asked)
   bool prefill_ = true;
   double draft_seconds_ = 0.0, schedule_seconds_ = 0.0;
   // The step in flight, timed from its propose to the next: its forward's profiled seconds and the

@@ -134,6 +134,9 @@ class Drafter {
   // The step's verdict. Called after every forward, prefill included.
   virtual void observe(const StepOutcome& outcome) = 0;
   virtual bool wants_hidden_states() const { return false; }
+  // Whether observe() can learn a step from its tokens alone (StepOutcome::logits undefined), as from a step
+  // verified elsewhere: the scheduling drafter then spares it the logits of steps it had no block in.
+  virtual bool learns_from_text() const { return false; }
 };
 
 }  // namespace mtprobe

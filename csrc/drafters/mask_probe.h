@@ -37,10 +37,10 @@ struct MaskProbeOptions {
   bool prune = true;                      // skip children equal to their parent or the root (section 3.5)
   std::string mask_init = "prompt_mean";  // prompt_mean | prompt_last | gaussian | calibrated
   double gaussian_shift = 0.0;            // gaussian mean = mu + shift * sigma (OOD stress: 5, 10)
-  at::Tensor initial_masks;               // calibrated: [>= k, hidden] learned masks (mtprobe.offline.calibrate)
-  double mask_lambda = 0.1;               // in [0, 1]; 0 keeps the initial masks
-  int64_t seed = 0;                       // for gaussian masks
-  int64_t tree_nodes = 0;  // dynamic tree's most nodes, root included (0: B); the hybrid plans more
+  at::Tensor initial_masks;  // calibrated: [>= k, hidden] learned masks (mtprobe.offline.calibrate)
+  double mask_lambda = 0.1;  // in [0, 1]; 0 keeps the initial masks
+  int64_t seed = 0;          // for gaussian masks
+  int64_t tree_nodes = 0;    // dynamic tree's most nodes, root included (0: B); the hybrid plans more
   // >= 0: masks only where a step is likely to end, valued at this many next-step tokens
   // (core::plan_mask_carriers; needs the dynamic tree, whose nodes default to BC - k); < 0: on every node.
   double mask_value = -1.0;

@@ -23,6 +23,7 @@ class PromptLookupDrafter : public Drafter {
   void begin(const at::Tensor& prompt) override;
   DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
   void observe(const StepOutcome& outcome) override;
+  bool learns_from_text() const override { return true; }
 
  private:
   PromptLookupOptions options_;

@@ -53,6 +53,7 @@ class StandDrafter : public Drafter {
   void begin(const at::Tensor& prompt) override;
   DraftBlock propose(const at::Tensor& committed, int64_t prefix_len, const StepLimits& limits) override;
   void observe(const StepOutcome& outcome) override;
+  bool learns_from_text() const override { return true; }
 
   // The tree propose() drafts after the history, as [root, ...] nodes with cumulative scores
   // (the hybrid drafter merges it with probing's tree): at most `budget` drafts, depth <= depth.

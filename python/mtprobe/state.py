@@ -52,6 +52,9 @@ class ModelState:
     (acceptance counts, seconds per draft) (:mod:`mtprobe.drafters.auto_carry`)."""
     carry_loaded: set[Any] = field(default_factory=set)
     """The ``AutoConfig.carry`` settings whose file was read into ``carried`` already."""
+    batch_drafting: dict[tuple[Any, bool, int], Any] = field(default_factory=dict)
+    """Whether a batch's rows draft, as measured by its earlier batches: (configuration, sampling, rows decoded
+    together) -> :class:`mtprobe._C.BatchDrafting` (:func:`mtprobe.decode.batch.batch_drafting`)."""
     weights_fingerprint: str | None = None
     """A hash of its weights, the key of the measurements kept on disk (:mod:`mtprobe.drafters.auto_carry`)."""
 

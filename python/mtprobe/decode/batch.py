@@ -28,11 +28,25 @@ from typing import Any
 import torch
 
 from mtprobe import _C
+from mtprobe.state import state_of
 
-__all__ = ["ENV", "MAX_ROWS", "SHARE_PREFILLS", "batched_forward", "row_generators", "why_not_batched"]
+__all__ = [
+    "ENV",
+    "MAX_ROWS",
+    "PHASES_ENV",
+    "SHARE_PREFILLS",
+    "batch_drafting",
+    "batched_forward",
+    "row_generators",
+    "why_not_batched",
+]
 
 ENV = "MTPROBE_BATCH"
 """``0``: decode a batch's sequences one after another even where one forward could run them together."""
+
+PHASES_ENV = "MTPROBE_BATCH_PHASES"
+"""``0``: a batch's AutoConfig rows draft whenever their schedulers choose to, without the phases of plain
+decoding that :func:`batch_drafting` measures them against."""
 
 SHARE_PREFILLS = True
 """Rows handing in the same prefill (the sequences of one prompt, ``num_return_sequences``) run it once, the
@@ -86,13 +100,35 @@ def why_not_batched(
     return ""
 
 
+def batch_drafting(model: Any, config: Any, do_sample: bool, rows: int) -> Any:
+    """Whether the rows of a batch of ``rows`` sequences under the scheduling ``config`` draft
+    (:class:`mtprobe._C.BatchDrafting`, ``csrc/runtime/batch_drafting.h``): in phases of decode steps with drafting
+    and without, whichever made more tokens per second, measured while the batch runs. A row's scheduler prices
+    its drafts by the batch's forward, but not its drafts' every cost to the other rows (their waits on its draft
+    steps, its drafters' work on shared cores, the batch's steps counted by its slowest row); the phases measure
+    them all. One object per (configuration, sampling, rows) in the model's state: the next batch of that size
+    starts from what this one measured. None where :data:`PHASES_ENV` is ``0``."""
+    if os.environ.get(PHASES_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    kept = state_of(model).batch_drafting
+    key = (config, do_sample, rows)
+    if key not in kept:
+        kept[key] = _C.BatchDrafting()
+    return kept[key]
+
+
 def batched_forward(
-    native: Any, adapters: Sequence[Any], capacities: Sequence[int], overhead: Any = None
+    native: Any,
+    adapters: Sequence[Any],
+    capacities: Sequence[int],
+    overhead: Any = None,
+    drafting: Any = None,
 ) -> Any:
     """The batched forward over ``adapters`` (each sequence's :class:`~mtprobe.target_model.adapter.HFAdapter`),
     each one's cache allocated now at its ``capacities`` entries (the most its sequence can need), so that no
     buffer moves while the loops run; ``overhead`` (a :class:`mtprobe._C.SharedSeconds` or None) gets the
-    batch step's measured overhead, which the rows' schedulers price."""
+    batch step's measured overhead, which the rows' schedulers price; ``drafting`` (:func:`batch_drafting` or
+    None) is told each decode step's time."""
     for adapter, capacity in zip(adapters, capacities, strict=True):
         adapter.allocate_native_cache(capacity)
     return _C.BatchedForward(
@@ -103,4 +139,5 @@ def batched_forward(
         prefilled=[a.prefilled_flag for a in adapters],
         overhead=overhead,
         share_prefills=SHARE_PREFILLS,
+        drafting=drafting,
     )

@@ -14,10 +14,10 @@ import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C, registry
-from mtprobe.decode.batch import batched_forward, row_generators
+from mtprobe.decode.batch import batch_drafting, batched_forward, row_generators
 from mtprobe.decode.hf_call import Prompt, apply_processors, logger
 from mtprobe.decode.output import GenerateOutput, per_token
-from mtprobe.drafters import make_drafter
+from mtprobe.drafters import auto_carry, make_drafter
 from mtprobe.target_model.adapter import HFAdapter, SharedPrefill
 from mtprobe.target_model.native_forward import MARGIN_BOUND
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
@@ -52,14 +52,27 @@ def decode_batch(
 ) -> list[GenerateOutput]:
     """The sequences of ``prompts`` decoded together (:mod:`mtprobe.decode.batch`): each its own adapter,
     drafter and loop, one C++ forward per step for all of them."""
-    # The batch step's overhead, measured by the batched forward and priced by every row's scheduler.
+    # The batch step's overhead, measured by the batched forward and priced by every row's scheduler; whether
+    # a scheduler's rows draft at all, measured there too.
     overhead = _C.SharedSeconds()
+    rows = len(prompts)
+    scheduled = registry.method_of(call.config).name == "auto"
+    drafting = batch_drafting(model, call.config, call.do_sample, rows) if scheduled else None
     seqs = [
-        start_sequence(model, call, shared, prompt, None, batch_rows=len(prompts), batch_overhead=overhead)
+        start_sequence(
+            model,
+            call,
+            shared,
+            prompt,
+            None,
+            batch_rows=rows,
+            batch_overhead=overhead,
+            batch_drafting=drafting,
+        )
         for prompt in prompts
     ]
     capacities = [call.capacities(p.ids.shape[1])[1] for p in prompts]
-    batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities, overhead)
+    batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities, overhead, drafting)
     # Sampling: each row draws from a generator of its own, seeded from torch's (a seeded call repeats; the
     # rows' threads would interleave their draws from one generator in no fixed order).
     generators = row_generators(len(seqs)) if call.do_sample else [None] * len(seqs)
@@ -71,10 +84,13 @@ def decode_batch(
     finally:
         for s in seqs:
             s.adapter.batch_row = None
-    return [
+    outputs = [
         finish_sequence(model, call, shared, s, r, prefill_copied=batched.prefill_copied(row))
         for row, (s, r) in enumerate(zip(seqs, results, strict=True))
     ]
+    if scheduled:  # what the rows' schedulers measured, kept once for the batch (not once a row)
+        auto_carry.save(model, call.config.carry)
+    return outputs
 
 
 @dataclass(frozen=True)
@@ -98,10 +114,12 @@ def start_sequence(
     prefill: SharedPrefill | None,
     batch_rows: int = 1,
     batch_overhead: Any = None,
+    batch_drafting: Any = None,
 ) -> SequenceParts:
     """The target adapter of one sequence of ``prompt``, then the drafter handed it; ``batch_rows``: the
     sequences decoded together with it (:func:`decode_batch`), whose forwards its own share, and
-    ``batch_overhead`` their step's measured overhead (a :class:`mtprobe._C.SharedSeconds`)."""
+    ``batch_overhead`` their step's measured overhead (a :class:`mtprobe._C.SharedSeconds`), ``batch_drafting``
+    whether they draft (:func:`mtprobe.decode.batch.batch_drafting`)."""
     config, device, processors = call.config, call.device, shared.logits_processor
     prompt_len = prompt.ids.shape[1]
     rows = shared.prompt_logit_rows
@@ -137,6 +155,7 @@ def start_sequence(
     adapter.hidden_layer = shared.hidden_layer
     adapter.batch_rows = batch_rows
     adapter.batch_overhead = batch_overhead
+    adapter.batch_drafting = batch_drafting
     adapter.set_mask_layer_offsets(shared.masks.offsets)
     adapter.set_mask_lora(shared.masks.lora)
     adapter.set_mask_temperature(shared.masks.temperature)

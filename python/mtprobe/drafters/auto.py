@@ -187,11 +187,17 @@ class AutoConfig(ConfigData):
         return cls(**values)
 
 
-def forward_profile(model: PreTrainedModel, config: AutoConfig) -> ForwardProfile:
+def forward_profile(
+    model: PreTrainedModel, config: AutoConfig, target: HFAdapter | None = None
+) -> ForwardProfile:
     """The forward profile ``config`` names, checked against ``model`` (ValueError naming what differs),
-    or the one :func:`~mtprobe.target_model.profile.profile_forward` measures (and caches) for ``model``."""
+    or the one :func:`~mtprobe.target_model.profile.profile_forward` measures (and caches) for ``model``;
+    ``target``: the generation's adapter, whose linear routes and C++ forward the profile's key takes rather
+    than asking again for every sequence."""
     profile = config.profile
     if profile is None:
+        if target is not None and target.plan is None and target.linear_routes is not None:
+            return profile_forward(model, routes=target.linear_routes, native=target.native)
         return profile_forward(model)
     if isinstance(profile, str):
         profile = ForwardProfile.load(profile)
@@ -234,7 +240,7 @@ def auto_drafter(
     (:meth:`~mtprobe.target_model.profile.ForwardProfile.for_rows`) plus the batch step's overhead as the
     batched forward measures it (``target.batch_overhead``); its draft model's measured seconds are the
     batch's draft steps already (every row's step of a depth runs together)."""
-    profile = forward_profile(model, config)
+    profile = forward_profile(model, config, target)
     rows = target.batch_rows if target is not None else 1
     if (
         rows > 1
@@ -280,6 +286,8 @@ def auto_drafter(
         carried_costs=[m[1] if m else 0.0 for m in carried],
         # A row of a batch also waits on the others: it prices the batch step's overhead, measured there.
         batch_overhead=target.batch_overhead if rows > 1 else None,
+        # And whether the batch lets its rows draft this phase (mtprobe.decode.batch.batch_drafting).
+        batch_drafting=target.batch_drafting if rows > 1 else None,
     )
 
 
@@ -296,7 +304,10 @@ def finish(
     output.timings["schedule_s"] = drafter.schedule_seconds
     output.timings["step_overhead_s"] = drafter.step_overhead
     auto_carry.record(model, candidates, drafter, do_sample, output.batch)
-    auto_carry.save(model, config.carry)
+    if (
+        output.batch == 1
+    ):  # a batch's rows are saved once, after the last (mtprobe.decode.sequence.decode_batch)
+        auto_carry.save(model, config.carry)
 
 
 def drafter_configs(text: str) -> tuple[Any, ...]:

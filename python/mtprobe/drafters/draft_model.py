@@ -175,11 +175,15 @@ def draft_model_drafter(
         draft = quantized(model, config.num_draft_layers, config.draft_format)
     elif draft is None:
         draft = layer_truncated(model, config.num_draft_layers or TRUNCATED_DRAFT_LAYERS)
-    check_draft_model(model, draft)
+    # A self-draft is the model's own twin, made and kept by mtprobe (self_draft.quantized, layer_truncated):
+    # its vocabulary, special tokens and device are the model's, so only a user's draft model is checked.
+    own = config.draft_model is None
+    if not own:
+        check_draft_model(model, draft)
     # Kept alive by the bound method the drafter holds; its linear layers routed as measured for it (the
     # quantized draft's are its own op already).
     routes = None if config.self_draft == "quantized" else choose_linear_routes(draft)
-    adapter = HFAdapter(draft, capacity, linear_routes=routes)
+    adapter = HFAdapter(draft, capacity, linear_routes=routes, checked=own)
     # Its one-token forwards in C++ where the architecture allows (self_draft.quantized_decoder).
     decoder = quantized_decoder(draft) if config.self_draft == "quantized" else None
     # The quantized self-draft of every layer would run the prompt through the target's own float32

@@ -306,6 +306,8 @@ class HFAdapter:
         self.batch_overhead: Any = (
             None  # that batch's step overhead (mtprobe._C.SharedSeconds), measured there
         )
+        # Whether that batch lets its rows draft this phase (mtprobe._C.BatchDrafting, mtprobe.decode.batch), or None.
+        self.batch_drafting: Any = None
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)

@@ -71,6 +71,10 @@ DEFAULT_CONTEXT_LENGTHS = (64, 256, 1024)
 _COMPARED = ("model", "device", "isa", "dtype", "threads", "linear", "forward")
 
 
+_FIND: Any = object()
+"""ProfileKey.of's ``native`` when not handed in: ask :func:`~mtprobe.target_model.native_forward.native_forward`."""
+
+
 @dataclass(frozen=True)
 class ProfileKey:
     """What a forward's cost depends on. A profile is valid only for a model with the same key."""
@@ -96,12 +100,16 @@ class ProfileKey:
     (:func:`mtprobe.cpu.machine.cpu_isa`); empty on a GPU and in profiles measured before it was recorded."""
 
     @classmethod
-    def of(cls, model: Any, routes: LinearRoutes | None = None) -> ProfileKey:
+    def of(cls, model: Any, routes: LinearRoutes | None = None, native: Any = _FIND) -> ProfileKey:
         """The key of ``model`` as loaded now; ``routes``: its linear routes (default: as
-        :func:`choose_linear_routes` finds them, which measures them where none are cached)."""
+        :func:`choose_linear_routes` finds them, which measures them where none are cached); ``native``: its C++
+        forward or None, as :func:`~mtprobe.target_model.native_forward.native_forward` gives it (default: asked
+        here; a call that holds the answer already hands it in)."""
         device = next(model.parameters()).device
         if routes is None:
             routes = choose_linear_routes(model)
+        if native is _FIND:
+            native = native_forward(model) if device.type == "cpu" else None
         return cls(
             model=architecture(model),
             device=device_name(device),
@@ -109,7 +117,7 @@ class ProfileKey:
             threads=torch.get_num_threads() if device.type == "cpu" else 0,
             torch=torch.__version__,
             linear=routes.tag,
-            forward=VERSION if device.type == "cpu" and native_forward(model) is not None else "HF",
+            forward=VERSION if device.type == "cpu" and native is not None else "HF",
             isa=cpu_isa() if device.type == "cpu" else "",
         )
 
@@ -272,6 +280,23 @@ def _cache_path(key: ProfileKey, block_sizes: Sequence[int], context_lengths: Se
 
 
 _ROUTES_SEEN: dict[RouteKey, LinearRoutes] = {}
+# Profiles read from the cache, by path, with the file's (mtime, size) then: AutoConfig asks at every generation,
+# and each sequence of a batch asks again.
+_READ: dict[Path, tuple[tuple[int, int], ForwardProfile]] = {}
+
+
+def _load_cached(path: Path) -> ForwardProfile:
+    """The profile in ``path``, read again only when the file changed since this process last read it."""
+    st = path.stat()
+    stamp = (st.st_mtime_ns, st.st_size)
+    seen = _READ.get(path)
+    if seen is not None and seen[0] == stamp:
+        return seen[1]
+    profile = ForwardProfile.load(path)
+    _READ[path] = (stamp, profile)
+    return profile
+
+
 # Cached profiles measured on a busy machine that this process found the machine still busy for.
 _KEPT_BUSY: set[Path] = set()
 
@@ -442,6 +467,8 @@ def profile_forward(
     warmup: int = 2,
     cache: bool = True,
     refresh: bool = False,
+    routes: LinearRoutes | None = None,
+    native: Any = _FIND,
 ) -> ForwardProfile:
     """Measure t(T, context) of ``model`` where it sits (device, dtype, current torch threads).
 
@@ -450,7 +477,9 @@ def profile_forward(
     instead of measuring (``refresh=True`` measures again; it does not re-time the linear routes, which
     ``choose_linear_routes(model, refresh=True)`` does). Contexts beyond the model's positions are
     dropped. Takes seconds for a small model: len(block_sizes) x len(context_lengths) x (repeats + warmup)
-    forwards.
+    forwards. ``routes`` and ``native``: the model's linear routes and C++ forward where the caller holds them
+    already (a generation's, asked once for all its sequences), else found here. A cached profile is read from
+    its file once per process while the file stays as it was.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
@@ -466,12 +495,12 @@ def profile_forward(
             f"context_lengths must ascend strictly and leave room for the largest block ({sizes[-1]}) in the "
             f"model's {limit} positions, got {tuple(context_lengths)}"
         )
-    routes = choose_linear_routes(model)
-    key = ProfileKey.of(model, routes)
+    routes = routes if routes is not None else choose_linear_routes(model)
+    key = ProfileKey.of(model, routes, native)
     path = _cache_path(key, sizes, contexts)
     if cache and not refresh and path.is_file():
         try:
-            cached = ForwardProfile.load(path)
+            cached = _load_cached(path)
         except ValueError:
             cached = None  # a corrupt cache entry is measured again and overwritten
         # A busy entry costs a 0.25 s sample once per process, not at every call (AutoConfig asks at
