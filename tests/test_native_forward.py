@@ -379,8 +379,26 @@ def test_unsupported_models_fall_back(make, reason):
     model = make()
     assert reason in nf.why_not_native(model)
     assert nf.native_forward(model) is None
-    out = mtprobe.generate(model, torch.tensor([[1, 2, 3]]), mtprobe.PlainConfig(), max_new_tokens=3)
+    out = mtprobe.generate(model, torch.tensor([[1, 2, 3]]), mtprobe.PlainConfig(), max_new_tokens=12)
     assert out.target_forward.startswith("HF (") and reason in out.target_forward
+
+
+@pytest.mark.parametrize("config", [mtprobe.PlainConfig(), mtprobe.PromptLookupConfig(num_tokens=3)])
+def test_a_sliding_window_model_runs_here_while_its_generation_fits_the_window(config):
+    # Sliding attention over positions that all fit the window is full attention exactly: the C++ forward runs
+    # such a generation (its prompt, new tokens and one block within the window), HF's forward a longer one.
+    model = tiny_family("mistral", sliding_window=16)
+    prompt = torch.tensor([[1, 2, 3, 1, 2]])
+    for new, native in ((7, True), (14, False)):  # 5 + 7 + BC <= 16 (BC 4 at most here); 5 + 14 + BC > 16
+        want = model.generate(prompt, do_sample=False, max_new_tokens=new, eos_token_id=None)
+        out = mtprobe.generate(model, prompt, config, max_new_tokens=new, eos_token_id=None)
+        assert torch.equal(out.sequences, want), new
+        if native:
+            assert out.target_forward == nf.VERSION
+        else:
+            assert out.target_forward.startswith("HF (a sliding window of 16, which this generation's")
+    assert "a sliding window of 16" in nf.why_not_native(model)  # not asked for a generation: refused
+    assert nf.why_not_native(model, positions=16) == ""
 
 
 def test_environment_switch(monkeypatch):

@@ -28,7 +28,8 @@ No step is sent back to HF's forward there.
 
 Where it does not apply, HF's forward runs and :func:`why_not_native` says why (logged once per model, and
 in ``out.target_forward``): another architecture, a dtype other than float32 and bfloat16, a model off the
-CPU, hooks on the model's modules (LoRA, user hooks), a sliding window, a plan, calibrated masks with
+CPU, hooks on the model's modules (LoRA, user hooks), a sliding window a generation's positions pass (within
+it, sliding attention is full attention, and the C++ forward runs), a plan, calibrated masks with
 layer offsets or a mask LoRA, a drafter that reads another layer's hidden states.
 ``MTPROBE_NATIVE_FORWARD=0`` turns it off; ``=1`` (forced) makes an unsupported model an error.
 """
@@ -141,8 +142,11 @@ def layer_reason(cfg: Any) -> str:
     return ""
 
 
-def why_not_native(model: PreTrainedModel) -> str:
-    """Why the C++ forward cannot run ``model``, or ``""`` where it can. Cheap: read at every generation."""
+def why_not_native(model: PreTrainedModel, positions: int | None = None) -> str:
+    """Why the C++ forward cannot run ``model``, or ``""`` where it can. Cheap: read at every generation.
+    ``positions``: the most positions a generation can reach (its longest prompt, new tokens and one block); a
+    model whose attention slides runs here when they fit its window, where its sliding attention is full
+    attention exactly (every key within the window of every query), not otherwise or when not given."""
     if setting() == "off":
         return f"{ENV}=0"
     cfg = model.config.get_text_config(decoder=True)
@@ -155,8 +159,11 @@ def why_not_native(model: PreTrainedModel) -> str:
     if reason:
         return reason
     window = sliding_window(model)
-    if window is not None:
-        return f"a sliding window of {window.window} (the C++ forward attends to every cached position)"
+    if window is not None and (positions is None or positions > window.window):
+        reach = "" if positions is None else f", which this generation's {positions} positions pass"
+        return (
+            f"a sliding window of {window.window}{reach} (the C++ forward attends to every cached position)"
+        )
     inner = getattr(model, "model", None)
     if getattr(inner, "layers", None) is None or getattr(inner, "rotary_emb", None) is None:
         return f"{type(model).__name__} has no model.layers and model.rotary_emb"
@@ -181,11 +188,11 @@ def _hooks(module: torch.nn.Module) -> bool:
     return any(getattr(h, "__module__", None) != _RECORDING_HOOKS for h in hooks)
 
 
-def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
+def native_forward(model: PreTrainedModel, positions: int | None = None) -> _C.TargetForward | None:
     """The C++ forward of ``model``, or ``None`` where HF's runs (:func:`why_not_native`, logged once per
-    model and reason). Built once per model and kept in its state; rebuilt when its weights were replaced.
-    ValueError where ``MTPROBE_NATIVE_FORWARD=1`` and it cannot run."""
-    reason = why_not_native(model)
+    model and reason; ``positions``: as there). Built once per model and kept in its state; rebuilt when its
+    weights were replaced. ValueError where ``MTPROBE_NATIVE_FORWARD=1`` and it cannot run."""
+    reason = why_not_native(model, positions)
     state = state_of(model)
     if reason:
         if setting() == "forced":

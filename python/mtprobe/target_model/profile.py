@@ -496,6 +496,8 @@ def profile_forward(
             f"model's {limit} positions, got {tuple(context_lengths)}"
         )
     routes = routes if routes is not None else choose_linear_routes(model)
+    if native is _FIND:
+        native = native_forward(model) if next(model.parameters()).device.type == "cpu" else None
     key = ProfileKey.of(model, routes, native)
     path = _cache_path(key, sizes, contexts)
     if cache and not refresh and path.is_file():
@@ -523,7 +525,8 @@ def profile_forward(
     vocab = model.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     capacity = contexts[-1] + sizes[-1]
-    native = native_forward(model) if device.type == "cpu" else None
+    # The forward the caller's generation runs (a sliding-window model's C++ forward where its generations fit
+    # the window: measured over longer contexts all the same, for its time).
     adapter = HFAdapter(model, capacity, max_capacity=capacity, linear_routes=routes, native=native)
     ids = torch.randint(0, vocab, (capacity,), generator=gen).to(device)  # [capacity] arbitrary tokens
 
