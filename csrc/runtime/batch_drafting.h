@@ -13,14 +13,16 @@
 // one call measured starts the next.
 //
 // Written by BatchedForward (end_step, once per decode forward, on its runner thread) and by every row's
-// AutoDrafter (add_tokens in observe, allowed in propose, on the rows' threads): its counters are atomics,
-// its phase bookkeeping the runner's alone.
+// AutoDrafter (add_tokens in observe, allowed in propose, on the rows' threads): the rows' side is atomics;
+// the phase bookkeeping takes a lock, since two calls on one model (threads of their own) may share the
+// object.
 #pragma once
 
 #include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
 namespace mtprobe {
 
@@ -41,6 +43,7 @@ class BatchDrafting {
   // One decode step of the batch ended `seconds` after the one before (its rows' tokens reported): at the end
   // of a phase, its rate is recorded and the next phase's mode chosen.
   void end_step(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
     const int m = mode();
     phase_seconds_ += seconds;
     phase_tokens_ += tokens_.exchange(0, std::memory_order_relaxed);
@@ -68,9 +71,15 @@ class BatchDrafting {
   }
 
   // Tokens per second of the phases with drafting (true) or plain decoding (false), 0 before one ended.
-  double rate(bool drafting) const { return rate_[drafting ? 1 : 0]; }
+  double rate(bool drafting) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rate_[drafting ? 1 : 0];
+  }
   // Decode steps run with drafting allowed (true) or plainly (false).
-  int64_t steps(bool drafting) const { return steps_[drafting ? 1 : 0]; }
+  int64_t steps(bool drafting) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_[drafting ? 1 : 0];
+  }
   int64_t phase_steps() const { return phase_steps_; }
   int64_t exploit_phases() const { return exploit_phases_; }
 
@@ -78,6 +87,7 @@ class BatchDrafting {
   int mode() const { return allowed() ? 1 : 0; }
 
   const int64_t phase_steps_, exploit_phases_;
+  mutable std::mutex mu_;             // the phase bookkeeping below
   std::atomic<bool> drafting_{true};  // a batch starts drafting: its schedulers' first steps explore
   std::atomic<int64_t> tokens_{0};    // reported since the last end_step
   // The runner's: the phase in progress, and per mode (0 plain, 1 drafting) its rate, phases and steps.

@@ -110,11 +110,7 @@ def batch_drafting(model: Any, config: Any, do_sample: bool, rows: int) -> Any:
     starts from what this one measured. None where :data:`PHASES_ENV` is ``0``."""
     if os.environ.get(PHASES_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         return None
-    kept = state_of(model).batch_drafting
-    key = (config, do_sample, rows)
-    if key not in kept:
-        kept[key] = _C.BatchDrafting()
-    return kept[key]
+    return state_of(model).batch_drafting.setdefault((config, do_sample, rows), _C.BatchDrafting())
 
 
 def batched_forward(
