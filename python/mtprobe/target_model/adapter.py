@@ -336,8 +336,19 @@ class HFAdapter:
         self.linear_routes = linear_routes
         # The target's own C++ forward for decode blocks (mtprobe.target_model.native_forward), None for HF's.
         self.native = native if plan is None else None
-        used = linear_routes.used if linear_routes is not None else frozenset()
-        self._router = Router(model, used) if used - {STOCK} else None
+        # Built at the first forward through HF's modules that routes (with the C++ forward, only a near-tie's:
+        # most generations never build it; it walks every linear layer).
+        self._router_built = False
+        self._router_value: Router | None = None
+
+    @property
+    def _router(self) -> Router | None:
+        """The router of this adapter's linear routes (None where every block size takes torch's linear)."""
+        if not self._router_built:
+            used = self.linear_routes.used if self.linear_routes is not None else frozenset()
+            self._router_value = Router(self.model, used) if used - {STOCK} else None
+            self._router_built = True
+        return self._router_value
 
     def set_mask_layer_offsets(self, offsets: torch.Tensor | None) -> None:
         """Add ``offsets[l]`` (``[num_layers, hidden]``; ``[k, num_layers, hidden]``: one set per mask,
@@ -429,7 +440,7 @@ class HFAdapter:
         if self._layers is not None and embeds is not None:
             hooks = mask_input_hooks(self._layers, self._mask_offsets, self._mask_lora, tokens.shape[0])
         linears = contextlib.nullcontext()
-        if self._router is not None and prefix_len > 0:
+        if prefix_len > 0 and self._router is not None:
             linears = self._router.routed(self.linear_routes.route(T))
         with hooks or contextlib.nullcontext(), linears:
             if self.plan is not None:
