@@ -16,6 +16,7 @@ import mtprobe
 from conftest import chat_ids, load_benchmark, tiny_llama
 from mtprobe import models
 from mtprobe.vllm import speculative_config, why_not_hosted
+from mtprobe.vllm.pricing import StepPricer
 from mtprobe.vllm.proposer import Proposer, first_chain
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,12 @@ def run_as_vllm(
     wrong). ``clock``: an :class:`EngineClock` the steps' price reads, advanced by each step's tokens."""
     if clock is not None:
         proposer.load_model()
-        proposer.clock = proposer.pricer.clock = clock
+        # The engine's time throughout: the self-draft's prior seconds per draft, timed as it loaded, was the
+        # machine's (under a loaded test run it priced the self-draft out); here the proposer's work costs none.
+        proposer.clock = clock
+        proposer.pricer = StepPricer(
+            len(proposer.options), proposer.k, clock, [None if r is None else 0.0 for r in proposer.rows]
+        )
         for batched in proposer.rows:
             if batched is not None:
                 batched.use_clock(clock)

@@ -297,58 +297,49 @@ class HFAdapter:
         # that takes the target's entries, drafters.draft_model_drafter). A tensor, so that a batched forward
         # (mtprobe._C.BatchedForward), which runs the prefill without this adapter, sets it too.
         self.prefilled_flag = torch.zeros((), dtype=torch.bool)
-        # While this sequence decodes as row ``batch_row[1]`` of a batch (``batch_row[0]``, a
-        # mtprobe._C.BatchedForward), its quantized self-draft's steps meet the other rows' there (None: alone).
+        # A batch decoded together (mtprobe.decode.batch) sets these, the last three before the drafter is made:
+        # the row (mtprobe._C.BatchedForward, index) its self-draft's steps meet at (None: alone), how many
+        # sequences share its forwards (a scheduler prices a step as the batch's forward), the batch step's
+        # measured overhead (SharedSeconds) and whether the batch lets its rows draft (BatchDrafting).
         self.batch_row: tuple[Any, int] | None = None
-        # How many sequences' blocks share this sequence's target forwards (a batch decoded together: set
-        # before its drafter is made, whose scheduler prices a step as the batch's forward), else 1.
         self.batch_rows = 1
-        self.batch_overhead: Any = (
-            None  # that batch's step overhead (mtprobe._C.SharedSeconds), measured there
-        )
-        # Whether that batch lets its rows draft this phase (mtprobe._C.BatchDrafting, mtprobe.decode.batch), or None.
+        self.batch_overhead: Any = None
         self.batch_drafting: Any = None
         self._cache_arg = cache_argument(model)
         self.max_capacity = max_capacity
         self.sliding = sliding_window(model)
         self._tree_attention = getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION
-        # The prefill's first input whose logits anyone reads: 0 keeps all; the owner sets it to the
-        # last prompt token when its drafter does not read the prompt's own distributions (only the
-        # n-gram stores of STAND and the hybrid do). The LM head over a long prompt is a large share
-        # of the prefill (49152 x 576 per token for SmolLM2), and HF's generate skips it too.
+        # The prefill's first input whose logits anyone reads: 0 keeps all; the owner sets it to the last prompt
+        # token when its drafter does not read the prompt's own distributions (only STAND's and the hybrid's stores
+        # do): the LM head over a long prompt is a large share of the prefill, and HF's generate skips it too.
         self.prefill_logits_from = 0
         self._logits_to_keep = "logits_to_keep" in forward_parameters(model)
         # Which of the model's hidden_states a drafter reads: -1, the last (final-normed); a circuit
         # head with LoRA draft layers reads the input of the first of them (mtprobe.heads.lora).
         self.hidden_layer = -1
         # What calibrated masks change at the mask inputs (mtprobe.target_model.mask_hooks), None for nothing:
-        # [k, num_layers, hidden] added before each decoder layer (set_mask_layer_offsets); [k] the masks'
-        # logits are divided by, mask j's by temperature[j - 1] (set_mask_temperature), and [>= mask inputs
-        # of a forward] that per mask input, built once, grown as needed; the mask LoRA's factors in the
-        # model's dtype (set_mask_lora).
+        # [k, num_layers, hidden] added before each decoder layer (set_mask_layer_offsets); [k] the masks' logits
+        # are divided by, mask j's by temperature[j - 1] (set_mask_temperature), and [>= mask inputs of a forward]
+        # that per mask input, built once, grown as needed; the mask LoRA's factors in the model's dtype.
         self._mask_offsets: torch.Tensor | None = None
         self._mask_temperature: torch.Tensor | None = None
         self._mask_rows: torch.Tensor | None = None
         self._mask_lora: MaskLoRAFactors | None = None
         self._layers: torch.nn.ModuleList | None = None
-        # How a decode step's linear layers run, by its block size (mtprobe.cpu.linear_routes); the prefill
-        # keeps torch's. No router where every block size takes torch's linear.
+        # How a decode step's linear layers run, by its block size (mtprobe.cpu.linear_routes); the prefill torch's.
         self.linear_routes = linear_routes
-        # The target's own C++ forward for decode blocks (mtprobe.target_model.native_forward), None for HF's.
-        self.native = native if plan is None else None
-        # Built at the first forward through HF's modules that routes (with the C++ forward, only a near-tie's:
-        # most generations never build it; it walks every linear layer).
-        self._router_built = False
-        self._router_value: Router | None = None
+        self.native = native if plan is None else None  # the C++ forward for decode blocks, None for HF's
+        self._router_kept: tuple[Router | None] | None = None  # built at its first use (_router)
 
     @property
     def _router(self) -> Router | None:
-        """The router of this adapter's linear routes (None where every block size takes torch's linear)."""
-        if not self._router_built:
+        """The router of this adapter's linear routes (None where every block size takes torch's linear), built at
+        its first routed forward through HF's modules: with the C++ forward only a near-tie's routes, and building
+        it walks every linear layer (most generations never need it)."""
+        if self._router_kept is None:
             used = self.linear_routes.used if self.linear_routes is not None else frozenset()
-            self._router_value = Router(self.model, used) if used - {STOCK} else None
-            self._router_built = True
-        return self._router_value
+            self._router_kept = (Router(self.model, used) if used - {STOCK} else None,)
+        return self._router_kept[0]
 
     def set_mask_layer_offsets(self, offsets: torch.Tensor | None) -> None:
         """Add ``offsets[l]`` (``[num_layers, hidden]``; ``[k, num_layers, hidden]``: one set per mask,
