@@ -304,9 +304,8 @@ def finish(
     output.timings["schedule_s"] = drafter.schedule_seconds
     output.timings["step_overhead_s"] = drafter.step_overhead
     auto_carry.record(model, candidates, drafter, do_sample, output.batch)
-    if (
-        output.batch == 1
-    ):  # a batch's rows are saved once, after the last (mtprobe.decode.sequence.decode_batch)
+    # A batch's rows are saved once, after the last (mtprobe.decode.sequence.decode_batch).
+    if output.batch == 1:
         auto_carry.save(model, config.carry)
 
 
