@@ -10,6 +10,11 @@ and are reported apart):
   CUDA only, ``--no-compile`` leaves it out);
 - ``plain``, ``pld``, ``stand``, ``probe``, ``hybrid``, ``auto``: mtprobe through ``PlanConfig()``.
 
+With ``--batch-sizes`` (e.g. ``4,8``) a second table: the prompts in left-padded batches of B, HF's batched
+greedy (``model.generate`` on the batch) against mtprobe's methods on the same batch (the batch's plan,
+:mod:`mtprobe.target_model.batch_plan`: one forward per step for every row, graphs per (rows, tokens) bucket),
+each row checked against hf-eager on its prompt alone.
+
 Per row: tokens/s, speedup over hf-eager, τ, forward time per step, the loop's time per step outside
 the forward, graphs captured and their cost, device->host reads per step, and token equality with
 hf-eager (fp32: every answer must be identical; bf16: every first divergence with its top-2 logit
@@ -17,6 +22,7 @@ margin, a near-tie or not). Runs on the CPU too (eager plan, for a dry run):
 
     python benchmarks/bench_gpu.py --device cuda --dtype bfloat16 --out benchmarks/results/gpu/step.md
     python benchmarks/bench_gpu.py --device cpu --limit 1 --max-new-tokens 8 --methods plain,hybrid --no-compile
+    python benchmarks/bench_gpu.py --device cuda --dtype bfloat16 --batch-sizes 4,8 --methods pld,auto --no-compile
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import mtprobe
 import mtprobe.models
 from _common import device_name, load_average, run_lines, write_report
 from mtprobe.data import load_prompts
+from mtprobe.state import state_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 METHODS = {
@@ -108,6 +115,84 @@ def run_row(name: str, model: Any, ids: torch.Tensor, n: int, compiled: Any) -> 
     return row
 
 
+def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prompts`` ([1, L_i] each) as HF batches them for generation: ``ids [B, L]`` and ``mask [B, L]``."""
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.stack([torch.nn.functional.pad(p[0], (width - p.shape[1], 0), value=pad) for p in prompts])
+    mask = torch.stack(
+        [torch.nn.functional.pad(torch.ones_like(p[0]), (width - p.shape[1], 0)) for p in prompts]
+    )
+    return ids, mask
+
+
+def run_batch(
+    name: str, model: Any, ids: torch.Tensor, mask: torch.Tensor, n: int, pad: int
+) -> dict[str, Any]:
+    """One batch through ``hf-batched`` (HF's batched greedy) or a method on the batch's plan: the rows' new
+    tokens ([B] lists, padded after an early end), wall time, τ and the plan's account."""
+    device = ids.device
+    sync(device)
+    t0 = time.perf_counter()
+    kw = dict(attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=pad)
+    out = None
+    if name == "hf-batched":
+        seq = model.generate(ids, **kw)
+    else:
+        out = mtprobe.generate(model, ids, METHODS[name](), plan=mtprobe.PlanConfig(), **kw)
+        seq = out.sequences
+    sync(device)
+    wall = time.perf_counter() - t0
+    row: dict[str, Any] = {"rows": seq[:, ids.shape[1] :].tolist(), "wall": wall}
+    if out is not None:
+        row.update(tau=out.tau, plan=state_of(model).batch_plan.describe())
+    return row
+
+
+def batch_table(
+    args: argparse.Namespace, model: Any, encoded: list[torch.Tensor], refs: list[list[int]], pad: int
+) -> list[str]:
+    """The ``--batch-sizes`` table (module docstring): per batch size, HF batched greedy and each method."""
+    names = ["hf-batched", *args.methods.split(",")]
+    lines = [
+        "| B | row | tok/s | × hf-batched | τ | rows identical to hf-eager alone | graphs (replays) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size in (int(b) for b in args.batch_sizes.split(",")):
+        batches = [encoded[i : i + size] for i in range(0, len(encoded) - size + 1, size)]
+        if not batches:
+            lines.append(f"| {size} | (fewer than {size} prompts: --limit) | | | | | |")
+            continue
+        for name in names:  # warm-up: captures
+            ids, mask = left_padded(batches[0], pad)
+            run_batch(name, model, ids, mask, args.max_new_tokens, pad)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        same = dict.fromkeys(names, 0)
+        for rep in range(args.repeats):
+            for b, batch in enumerate(batches):
+                ids, mask = left_padded(batch, pad)
+                for name in names:  # interleaved batch by batch
+                    r = run_batch(name, model, ids, mask, args.max_new_tokens, pad)
+                    expected = refs[b * size : (b + 1) * size]
+                    r["tokens"] = sum(len(want) for want in expected)  # what each row is to produce
+                    runs[name].append(r)
+                    if rep == 0:
+                        same[name] += sum(
+                            got[: len(want)] == want and all(t == pad for t in got[len(want) :])
+                            for got, want in zip(r["rows"], expected, strict=True)
+                        )
+        base = sum(r["tokens"] for r in runs["hf-batched"]) / sum(r["wall"] for r in runs["hf-batched"])
+        for name in names:
+            rs = runs[name]
+            tps = sum(r["tokens"] for r in rs) / sum(r["wall"] for r in rs)
+            tau = f"{statistics.fmean(r['tau'] for r in rs):.2f}" if "tau" in rs[0] else ""
+            graphs = f"{rs[-1]['plan']['graphs']} ({rs[-1]['plan']['replays']})" if "plan" in rs[0] else ""
+            rows = len(batches) * size
+            lines.append(
+                f"| {size} | {name} | {tps:.1f} | {tps / base:.2f} | {tau} | {same[name]}/{rows} | {graphs} |"
+            )
+    return lines
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -122,6 +207,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--unplanned",
         action="store_true",
         help="each method also without the plan (the growing cache), beside it",
+    )
+    ap.add_argument(
+        "--batch-sizes",
+        default="",
+        help="comma-separated batch sizes: the prompts also in left-padded batches (module docstring)",
     )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -249,6 +339,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines.append("- none: every answer identical")
     for name, why in failed.items():
         lines.append(f"- {name} could not run: {why}")
+    if args.batch_sizes:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        refs = [
+            r["seq"][0, ids.shape[1] :].tolist() for r, ids in zip(results["hf-eager"], encoded, strict=False)
+        ]
+        lines += [
+            "",
+            "## Batches: HF's batched greedy and mtprobe on the batch's plan",
+            "",
+            *batch_table(args, model, encoded, refs, pad),
+        ]
     if args.out:
         write_report(args.out, lines)
     else:

@@ -14,8 +14,9 @@
 #   scripts/gpu_check.sh run         ops, then models
 #   scripts/gpu_check.sh build       the build alone (call 1 of issue 41's short check, below)
 #   scripts/gpu_check.sh plan        issue 41's check in one call: the build if not yet done, the model,
-#                                    the static plan's tests (CUDA graphs), the two defect tests of the
-#                                    first H100 runs, and bench_gpu.py in bf16 and fp32
+#                                    the static plan's and the batch plan's tests (CUDA graphs), the two
+#                                    defect tests of the first H100 runs, and bench_gpu.py in bf16 and fp32
+#                                    (fp32 with batches of 4 and 8: issue 68)
 #   scripts/gpu_check.sh heads       issue 43's heads trained on the GPU, at most 8 minutes after the
 #                                    build: the model, its greedy answers to the built-in prompts and to
 #                                    prompts made from the repo's docs (--corpus-prompts), then
@@ -116,13 +117,14 @@ models() {
   # Issue 41 first: the static forward plan's CUDA-graph test, then the step benchmark (bf16 with HF's
   # static cache + compile beside it; fp32 for token equality). Its figures go under
   # benchmarks/results/gpu/ with the device named.
-  step plan_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 100 tests/test_plan.py \
-    >"$REPORTS/plan_tests.log" 2>&1
+  step plan_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 100 tests/test_plan.py \
+    tests/test_batch_plan.py >"$REPORTS/plan_tests.log" 2>&1
   tail -n 5 "$REPORTS/plan_tests.log"
   step bench_gpu_bf16 300 "$PY" benchmarks/bench_gpu.py --device cuda --dtype bfloat16 --limit 4 --repeats 1 \
     --out "$REPORTS/bench_gpu_bf16.md"
-  step bench_gpu_fp32 150 "$PY" benchmarks/bench_gpu.py --device cuda --dtype float32 --limit 4 --repeats 1 \
-    --no-compile --methods plain,hybrid,auto --out "$REPORTS/bench_gpu_fp32.md"
+  # Issue 68's batch rows (the batch's plan, graphs per (rows, tokens) bucket) beside the single-prompt ones.
+  step bench_gpu_fp32 180 "$PY" benchmarks/bench_gpu.py --device cuda --dtype float32 --limit 8 --repeats 1 \
+    --no-compile --methods plain,hybrid,auto --batch-sizes 4,8 --out "$REPORTS/bench_gpu_fp32.md"
   # SmolLM2 on the GPU: probing token-identical to the model's own greedy generate.
   step e2e_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 120 -k "cuda" tests/test_generate.py \
     >"$REPORTS/e2e_tests.log" 2>&1
@@ -150,8 +152,8 @@ models() {
 plan() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$REPORTS/device.txt"
   ready 120 || return 1
-  step plan_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 100 tests/test_plan.py \
-    >"$REPORTS/plan_tests.log" 2>&1
+  step plan_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rfE --timeout 100 tests/test_plan.py \
+    tests/test_batch_plan.py >"$REPORTS/plan_tests.log" 2>&1
   tail -n 5 "$REPORTS/plan_tests.log"
   # The first H100 runs' defects: the circuit ops' bad-input crash (C++17 .cu, now C++20) and the
   # expansion's path probabilities (now summed in double), each in its own process.
@@ -162,8 +164,9 @@ plan() {
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$REPORTS/defect_tests.log" | tail -n 10
   step bench_gpu_bf16 300 "$PY" benchmarks/bench_gpu.py --device cuda --dtype bfloat16 --limit 4 --repeats 1 \
     --out "$REPORTS/bench_gpu_bf16.md"
-  step bench_gpu_fp32 150 "$PY" benchmarks/bench_gpu.py --device cuda --dtype float32 --limit 4 --repeats 1 \
-    --no-compile --methods plain,hybrid,auto --out "$REPORTS/bench_gpu_fp32.md"
+  # Issue 68's batch rows (the batch's plan, graphs per (rows, tokens) bucket) beside the single-prompt ones.
+  step bench_gpu_fp32 180 "$PY" benchmarks/bench_gpu.py --device cuda --dtype float32 --limit 8 --repeats 1 \
+    --no-compile --methods plain,hybrid,auto --batch-sizes 4,8 --out "$REPORTS/bench_gpu_fp32.md"
 }
 
 heads() {

@@ -291,10 +291,12 @@ class _StandInGraph:
     def capture(plan, step, device):
         outputs = step()
         slots = plan.cache.slots
-        baked = slots.write_pos, slots.key_len  # a graph keeps the buffers it was captured with
+        baked = dict(
+            vars(slots)
+        )  # a graph keeps the buffers it was captured with (write positions, rows, ...)
 
         def replay():
-            slots.write_pos, slots.key_len = baked
+            vars(slots).update(baked)
             logits, hidden = step()
             outputs[0].copy_(logits)
             if hidden is not None:

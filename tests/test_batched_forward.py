@@ -234,8 +234,10 @@ def test_one_after_another_where_a_batch_cannot_run_together(monkeypatch):
     assert [o.batch for o in grouped.sequence_outputs] == [2, 2, 2, 2]  # 4 rows
     assert torch.equal(grouped.sequences, together.sequences)
     masks = type("Masks", (), {"offsets": None, "lora": None, "temperature": None})()
-    why = batch_module.why_not_batched(3, None, masks=masks, hidden_layer=-1)
-    assert "HF's modules" in why
+    # Without the C++ forward a batch runs HF's modules on a batch plan, but not mtprobe's tree attention.
+    assert batch_module.why_not_batched(3, None, masks=masks, hidden_layer=-1) == ""
+    why = batch_module.why_not_batched(3, None, masks=masks, hidden_layer=-1, tree_attention=True)
+    assert "tree attention" in why
     assert batch_module.why_not_batched(1, object(), masks=masks, hidden_layer=-1)
     kw = dict(masks=masks, hidden_layer=-1)
     assert "a draft model drafts" in batch_module.why_not_batched(3, object(), **kw, draft_model=True)

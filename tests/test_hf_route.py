@@ -439,9 +439,11 @@ QUANTIZED_SELF_DRAFT = mtprobe.DraftModelConfig(self_draft="quantized", num_toke
     ],
     ids=["plain", "probe", "probe-2-masks", "stand", "stand-2-rows", "quantized-self-draft"],
 )
-def test_num_return_sequences_share_one_prefill(tiny, cfg, shares):
-    # The first sequence runs the prefill; the others take copies of its logits and KV entries. What
-    # they sample is what they would after a prefill of their own, and the model ran n - 1 fewer forwards.
+def test_num_return_sequences_share_one_prefill(tiny, cfg, shares, monkeypatch):
+    # Decoded one after another, the first sequence runs the prefill; the others take copies of its logits and
+    # KV entries. What they sample is what they would after a prefill of their own, and the model ran n - 1
+    # fewer forwards. (Together, as by default, they share it in the batched forward: test_batched_forward.)
+    monkeypatch.setenv("MTPROBE_BATCH", "0")
     calls = []
     hook = tiny.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
@@ -468,10 +470,12 @@ def test_num_return_sequences_share_one_prefill(tiny, cfg, shares):
 def test_an_auto_config_with_the_quantized_self_draft_shares_one_prefill(tiny):
     # AutoConfig's choices follow measured times, so its texts are not compared with single calls here.
     auto = mtprobe.AutoConfig(drafters=(mtprobe.PromptLookupConfig(num_tokens=3), QUANTIZED_SELF_DRAFT))
-    mtprobe.generate(tiny, IDS, auto, max_new_tokens=2, do_sample=True)  # what a first call measures
     calls = []
     hook = tiny.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs), with_kwargs=True)
     try:
+        # What a first call measures (with the hook too: a hooked model runs HF's forward, profiled apart).
+        mtprobe.generate(tiny, IDS, auto, max_new_tokens=2, do_sample=True)
+        calls.clear()
         out = mtprobe.generate(tiny, IDS, auto, max_new_tokens=4, do_sample=True, num_return_sequences=3)
     finally:
         hook.remove()

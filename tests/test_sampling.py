@@ -447,9 +447,15 @@ BATCH_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", list(BATCH_CONFIGS))
-def test_each_row_of_a_batch_of_prompts_samples_exactly(tiny, name):
+@pytest.mark.parametrize(
+    ("name", "forward"), [*((name, "cpp") for name in BATCH_CONFIGS), ("prompt_lookup", "hf")]
+)
+def test_each_row_of_a_batch_of_prompts_samples_exactly(tiny, name, forward, monkeypatch):
+    # "hf": the rows meet at HF's modules on a batch plan (mtprobe.target_model.batch_plan), padded to one block.
     from mtprobe.decode.batch import MAX_ROWS
+
+    if forward == "hf":
+        monkeypatch.setenv("MTPROBE_NATIVE_FORWARD", "0")
 
     prompts = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2], [7, 1, 3, 7, 1, 3, 7, 1]])
     batch = prompts.repeat(N_SAMPLES // 2, 1)  # [N_SAMPLES, 8]: the two prompts alternate, row by row

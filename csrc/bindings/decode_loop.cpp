@@ -90,7 +90,8 @@ void bind_decode_loop(py::module_& m) {
       .def(py::init([](std::shared_ptr<TargetForward> target, std::vector<std::vector<at::Tensor>> keys,
                        std::vector<std::vector<at::Tensor>> values, std::vector<int64_t> prefill_logits_from,
                        std::vector<at::Tensor> prefilled, std::shared_ptr<SharedSeconds> overhead,
-                       bool share_prefills, std::shared_ptr<BatchDrafting> drafting) {
+                       bool share_prefills, std::shared_ptr<BatchDrafting> drafting,
+                       std::optional<BatchForwardFn> forward) {
              TORCH_CHECK_VALUE(
                  values.size() == keys.size() && prefill_logits_from.size() == keys.size() &&
                      prefilled.size() == keys.size(),
@@ -102,12 +103,16 @@ void bind_decode_loop(py::module_& m) {
              for (size_t r = 0; r < keys.size(); ++r)
                rows.push_back(
                    {std::move(keys[r]), std::move(values[r]), prefill_logits_from[r], prefilled[r]});
-             return std::make_shared<BatchedForward>(std::move(target), std::move(rows), std::move(overhead),
-                                                     share_prefills, std::move(drafting));
+             return std::make_shared<BatchedForward>(std::move(target), forward.value_or(BatchForwardFn{}),
+                                                     std::move(rows), std::move(overhead), share_prefills,
+                                                     std::move(drafting));
            }),
            py::arg("target"), py::kw_only(), py::arg("keys"), py::arg("values"),
            py::arg("prefill_logits_from"), py::arg("prefilled"), py::arg("overhead") = nullptr,
-           py::arg("share_prefills") = true, py::arg("drafting") = nullptr)
+           py::arg("share_prefills") = true, py::arg("drafting") = nullptr, py::arg("forward") = py::none(),
+           "target: the C++ forward (TargetForward), or None with forward: a callable taking the step's "
+           "blocks (list[TargetBlock], each naming its row) and returning (logits, hidden or None) per "
+           "block")
       .def("run", &BatchedForward::run, py::arg("loops"), py::arg("prompts"),
            "Runs loops[i].run(prompts[i]) on one thread each (loop i built with batched=self, row=i) until "
            "all "

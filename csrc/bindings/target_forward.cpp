@@ -44,7 +44,15 @@ void bind_target_forward(py::module_& m) {
                                 std::move(values), want_hidden,       logits_from};
            }),
            py::arg("tokens"), py::arg("embeds"), py::arg("positions"), py::arg("mask"), py::arg("prefix_len"),
-           py::arg("keys"), py::arg("values"), py::arg("want_hidden") = false, py::arg("logits_from") = 0);
+           py::arg("keys"), py::arg("values"), py::arg("want_hidden") = false, py::arg("logits_from") = 0)
+      .def_readonly("tokens", &TargetBlock::tokens)
+      .def_readonly("embeds", &TargetBlock::embeds)
+      .def_readonly("positions", &TargetBlock::positions, "[T] int64")
+      .def_readonly("mask", &TargetBlock::mask)
+      .def_readonly("prefix_len", &TargetBlock::prefix_len)
+      .def_readonly("want_hidden", &TargetBlock::want_hidden)
+      .def_readonly("logits_from", &TargetBlock::logits_from)
+      .def_readonly("row", &TargetBlock::row, "its row in a BatchedForward (-1: none)");
 
   py::class_<TargetForward, std::shared_ptr<TargetForward>>(
       m, "TargetForward",

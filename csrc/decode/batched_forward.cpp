@@ -39,22 +39,25 @@ bool same_prefill(const TargetBlock& a, const TargetBlock& b) {
 }
 }  // namespace
 
-BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
-                               std::shared_ptr<SharedSeconds> overhead, bool share_prefills,
-                               std::shared_ptr<BatchDrafting> drafting)
+BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, BatchForwardFn forward,
+                               std::vector<BatchRow> rows, std::shared_ptr<SharedSeconds> overhead,
+                               bool share_prefills, std::shared_ptr<BatchDrafting> drafting)
     : target_(std::move(target)),
+      forward_(std::move(forward)),
       rows_(std::move(rows)),
       share_prefills_(share_prefills),
       overhead_(std::move(overhead)),
       batch_drafting_(std::move(drafting)) {
-  TORCH_CHECK_VALUE(target_ != nullptr, "BatchedForward: no target forward");
+  TORCH_CHECK_VALUE((target_ != nullptr) != static_cast<bool>(forward_),
+                    "BatchedForward: give either a target forward or a batch forward function, not ",
+                    target_ != nullptr ? "both" : "neither");
   TORCH_CHECK_VALUE(!rows_.empty(), "BatchedForward: a batch needs at least one row");
+  const int64_t layers = target_ ? target_->num_layers() : static_cast<int64_t>(rows_.front().keys.size());
   for (size_t r = 0; r < rows_.size(); ++r) {
     const BatchRow& row = rows_[r];
-    TORCH_CHECK_VALUE(static_cast<int64_t>(row.keys.size()) == target_->num_layers() &&
-                          row.values.size() == row.keys.size(),
+    TORCH_CHECK_VALUE(static_cast<int64_t>(row.keys.size()) == layers && row.values.size() == row.keys.size(),
                       "BatchedForward: row ", r, " must hold one key and one value buffer per layer (",
-                      target_->num_layers(), "), got ", row.keys.size(), " and ", row.values.size());
+                      layers, "), got ", row.keys.size(), " and ", row.values.size());
     TORCH_CHECK_VALUE(row.prefill_logits_from >= 0, "BatchedForward: row ", r, " has prefill_logits_from ",
                       row.prefill_logits_from, " (must be >= 0)");
     TORCH_CHECK_VALUE(
@@ -62,7 +65,7 @@ BatchedForward::BatchedForward(std::shared_ptr<TargetForward> target, std::vecto
                                      row.prefilled.is_cpu()),
         "BatchedForward: row ", r, "'s prefilled flag must be a one-element bool CPU tensor");
   }
-  hidden_dtype_ = target_->dtype();
+  hidden_dtype_ = target_ ? target_->dtype() : at::kFloat;  // unused without target_ (forward_'s own dtype)
   live_.assign(rows_.size(), false);
   prefill_copied_.assign(rows_.size(), false);
   pending_.resize(rows_.size());
@@ -80,7 +83,10 @@ ForwardFn BatchedForward::forward_for(int64_t row) {
     block.tokens = tokens;
     block.embeds = embeds;
     block.positions = position_ids.dim() == 2 ? position_ids[0] : position_ids;  // [1, T] -> [T]
-    if (mask.has_value() && mask->defined()) {
+    block.row = row;
+    if (!target_) {
+      block.mask = mask;  // as the loop made it: HF's modules take it so (BatchForwardFn)
+    } else if (mask.has_value() && mask->defined()) {
       // [1, 1, T, P + T] additive in the model's dtype -> [T, P + T] float32 (0 and its minimum stay apart).
       const at::Tensor& m = *mask;
       block.mask = (m.dim() == 4 ? m[0][0] : m).to(at::kFloat);
@@ -93,7 +99,7 @@ ForwardFn BatchedForward::forward_for(int64_t row) {
     auto [logits, hidden] = submit(row, std::move(block));
     if (prefix_len == 0 && r.prefilled.defined()) r.prefilled.fill_(true);
     // The hidden states in the model's dtype, as HF's forward returns them to the drafters' heads.
-    if (hidden.has_value()) hidden = hidden->to(hidden_dtype_);
+    if (target_ && hidden.has_value()) hidden = hidden->to(hidden_dtype_);
     return {logits, hidden};
   };
 }
@@ -259,7 +265,9 @@ void BatchedForward::run_forward() {
         run.push_back(blocks[i]);
       }
     }
-    auto outs = target_->forward_batch(run);
+    auto outs = target_ ? target_->forward_batch(run) : forward_(run);
+    TORCH_CHECK(outs.size() == run.size(), "BatchedForward: the batch forward returned ", outs.size(),
+                " outputs for ", run.size(), " blocks");
     std::vector<Output> by_block(blocks.size());
     for (size_t k = 0; k < ran.size(); ++k) by_block[ran[k]] = std::move(outs[k]);
     for (size_t i = 0; i < blocks.size(); ++i) {

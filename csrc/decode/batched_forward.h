@@ -5,13 +5,15 @@
 // decoded one after another stream them B times, in one forward once. The loops run on one thread each;
 // a loop's forward (forward_for(row)) hands its block in and waits. When every loop still running has
 // handed one in, run()'s thread runs TargetForward::forward_batch over all of them (their rows packed,
-// each block attending over its own cache) and hands each loop its logits. A loop that finishes leaves
-// (it no longer holds the others back), and one that runs a step elsewhere (HF's forward deciding a
-// near-tie) simply arrives later. Everything else a loop does stays its own: the batch changes which
-// forward computes a block's logits, not what verification makes of them.
+// each block attending over its own cache), or where the C++ forward does not run a BatchForwardFn (HF's
+// modules on a KV buffer with a row axis, the rows padded to one block), and hands each loop its logits. A
+// loop that finishes leaves (it no longer holds the others back), and one that runs a step elsewhere (HF's
+// forward deciding a near-tie) simply arrives later. Everything else a loop does stays its own: the batch
+// changes which forward computes a block's logits, not what verification makes of them.
 //
 // Each row's cache is its HF adapter's (mtprobe.target_model.cache.TreeKVCache) allocated at its full
-// capacity before the loops start, so its buffers never move while they run.
+// capacity before the loops start (with a BatchForwardFn, views of the batch plan's buffers), so its
+// buffers never move while they run.
 //
 // The quantized self-draft's one-token forwards meet the same way (draft_step): a row whose drafter runs
 // one hands in its token and its draft cache and waits; once every live row waits (on a draft step or on
@@ -41,6 +43,13 @@
 
 namespace mtprobe {
 
+// The batch's forward through another forward than TargetForward (HF's modules on a batched KV plan:
+// python/mtprobe/target_model/batch_plan.py): the blocks handed in, each naming its row, and their
+// (logits [T, vocab], hidden [T, hidden]?) in the same order. Its blocks' masks are as the rows' loops
+// made them ([1, 1, T, P + T] additive in the model's dtype, undefined for a chain), their positions [T].
+using BatchForwardFn = std::function<std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>>(
+    const std::vector<TargetBlock>&)>;
+
 // One sequence of the batch: its cache (one key and one value buffer per layer, the layout
 // TargetForward reads), the prefill's first row whose logits anyone reads (HFAdapter.prefill_logits_from),
 // and a one-element bool tensor set once its prefill has run (HFAdapter.prefilled reads it: a self-draft
@@ -58,7 +67,8 @@ class BatchedForward {
   // others taking copies of its cache entries and outputs (shared_prefills() counts them).
   // drafting (or null): told each decode step's wall time (BatchDrafting::end_step), so that it can choose
   // whether the rows draft.
-  BatchedForward(std::shared_ptr<TargetForward> target, std::vector<BatchRow> rows,
+  // target or forward: what runs the batch's blocks (exactly one of them; see BatchForwardFn).
+  BatchedForward(std::shared_ptr<TargetForward> target, BatchForwardFn forward, std::vector<BatchRow> rows,
                  std::shared_ptr<SharedSeconds> overhead = nullptr, bool share_prefills = true,
                  std::shared_ptr<BatchDrafting> drafting = nullptr);
 
@@ -141,6 +151,7 @@ class BatchedForward {
   void run_forward();
 
   std::shared_ptr<TargetForward> target_;
+  BatchForwardFn forward_;  // set where target_ is null
   std::vector<BatchRow> rows_;
   at::ScalarType hidden_dtype_;
   std::mutex mu_;

@@ -94,6 +94,8 @@ struct TargetBlock {
   std::vector<at::Tensor> keys, values;  // this sequence's own cache, one buffer per layer
   bool want_hidden = false;
   int64_t logits_from = 0;
+  int64_t row =
+      -1;  // the sequence's row in a BatchedForward (-1: none), for a forward that keeps rows' caches
 };
 
 class TargetForward {

@@ -27,6 +27,8 @@ class ModelState:
 
     plan: Any = None
     """The static forward plan (:mod:`mtprobe.target_model.plan`): its KV buffer, buckets and graphs."""
+    batch_plan: Any = None
+    """The batch's plan through HF's modules (:mod:`mtprobe.target_model.batch_plan`): its buffers and graphs."""
     linear_routes: dict[Any, Any] = field(default_factory=dict)
     """The CPU linear routes chosen for it, by route key (:func:`mtprobe.target_model.profile.choose_linear_routes`)."""
     truncated_drafts: dict[int, Any] = field(default_factory=dict)

@@ -5,7 +5,8 @@ A decode step on a CPU streams every weight of the target from memory; a batch o
 keeps its own decode loop, drafter and KV cache, as when decoded alone, and the loops meet at their target
 forwards: :class:`mtprobe._C.BatchedForward` (``csrc/decode/batched_forward.h``) runs one loop per thread,
 and when every loop still running has handed in its block, one C++ forward runs all of them, their rows
-packed through every linear layer and each block attending over its own cache. The quantized self-draft's
+packed through every linear layer and each block attending over its own cache (where the C++ forward does
+not run, HF's modules take the rows padded to one block: :mod:`mtprobe.target_model.batch_plan`). The quantized self-draft's
 one-token steps meet the same way (``BatchedForward.draft_step``: one ``QuantizedDecoder.step_rows`` per
 depth for every row still drafting, its 4-bit weights read once), and AutoConfig prices a row's step as the
 batch's forward (``ForwardProfile.for_rows``), so that it drafts less the more rows share a forward. Every
@@ -74,9 +75,12 @@ def why_not_batched(
     hidden_layer: int,
     shares_memory: bool = False,
     draft_model: bool = False,
+    tree_attention: bool = False,
 ) -> str:
     """Why ``count`` sequences of a call are decoded one after another rather than together, or ``""``.
-    ``native``: the target's C++ forward (None where HF's runs); ``masks``, ``hidden_layer``: what the
+    ``native``: the target's C++ forward (None where HF's runs: then the batch runs HF's modules through a
+    :class:`~mtprobe.target_model.batch_plan.BatchedPlan`); ``tree_attention``: the model runs mtprobe's tree
+    attention, which takes a block's tree as ancestor bits rather than the additive masks a batch pads; ``masks``, ``hidden_layer``: what the
     call's drafter asks of the target's forward (calibrated masks' hooks and temperatures, another layer's
     hidden states), which only HF's forward, run by each sequence's adapter, computes; ``shares_memory``:
     its drafters read and fold a cross-request n-gram memory, which one thread at a time may touch;
@@ -86,8 +90,8 @@ def why_not_batched(
         return "one sequence"
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
         return f"{ENV}=0"
-    if native is None:
-        return "the target's forwards run through HF's modules (batching takes the C++ forward)"
+    if native is None and tree_attention:
+        return "the model runs mtprobe's tree attention (ancestor bits: a batch's padded rows need additive masks)"
     if masks.offsets is not None or masks.lora is not None or masks.temperature is not None:
         return "calibrated masks with layer offsets, a LoRA or temperatures (hooks in HF's forward)"
     if hidden_layer != -1:
@@ -119,16 +123,24 @@ def batched_forward(
     capacities: Sequence[int],
     overhead: Any = None,
     drafting: Any = None,
+    plan: Any = None,
 ) -> Any:
-    """The batched forward over ``adapters`` (each sequence's :class:`~mtprobe.target_model.adapter.HFAdapter`),
-    each one's cache allocated now at its ``capacities`` entries (the most its sequence can need), so that no
-    buffer moves while the loops run; ``overhead`` (a :class:`mtprobe._C.SharedSeconds` or None) gets the
-    batch step's measured overhead, which the rows' schedulers price; ``drafting`` (:func:`batch_drafting` or
-    None) is told each decode step's time."""
-    for adapter, capacity in zip(adapters, capacities, strict=True):
-        adapter.allocate_native_cache(capacity)
+    """The batched forward over ``adapters`` (each sequence's :class:`~mtprobe.target_model.adapter.HFAdapter`):
+    the C++ forward ``native``, each adapter's cache allocated now at its ``capacities`` entries (the most its
+    sequence can need), so that no buffer moves while the loops run; or, with ``native`` None, HF's modules
+    through ``plan`` (a :class:`~mtprobe.target_model.batch_plan.BatchedPlan`), each adapter's cache row
+    ``r`` of its buffers. ``overhead`` (a :class:`mtprobe._C.SharedSeconds` or None) gets the batch step's
+    measured overhead, which the rows' schedulers price; ``drafting`` (:func:`batch_drafting` or None) is told
+    each decode step's time."""
+    if native is None:
+        for row, adapter in enumerate(adapters):
+            adapter.cache = plan.row_cache(row)
+    else:
+        for adapter, capacity in zip(adapters, capacities, strict=True):
+            adapter.allocate_native_cache(capacity)
     return _C.BatchedForward(
         native,
+        forward=plan.forward_fn(adapters) if native is None else None,
         keys=[[layer.keys for layer in a.cache.layers] for a in adapters],
         values=[[layer.values for layer in a.cache.layers] for a in adapters],
         prefill_logits_from=[a.prefill_logits_from for a in adapters],

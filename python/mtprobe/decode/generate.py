@@ -39,6 +39,7 @@ from mtprobe.drafters import (
 from mtprobe.registry import DecodingConfig
 from mtprobe.target_model.adapter import SharedPrefill, check_causal_lm
 from mtprobe.target_model.plan import PlanConfig
+from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ def custom_generate(
         hidden_layer=shared.hidden_layer,
         shares_memory=bool(ngram_memories(model, call.config)),
         draft_model=drafts_row_by_row(call.config),
+        tree_attention=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
     )
     if not why:  # the sequences together: one target forward per step for up to MAX_ROWS of them
         outputs, rows = [], batching.MAX_ROWS

@@ -78,7 +78,8 @@ class GenerateOutput(ModelOutput):
         plan: with ``plan=PlanConfig(...)``, how the static forward plan ran (:mod:`mtprobe.target_model.plan`):
             ``capacity``, ``buckets``, ``pad``, ``graphs`` (captured buckets), ``replays``,
             ``capture_s``, ``growths`` and ``eager_reason`` (why no graphs ran, "" when they did);
-            None without a plan.
+            for a batch decoded through HF's modules, its batch plan's account
+            (:meth:`mtprobe.target_model.batch_plan.BatchedPlan.describe`); None without a plan.
         scores: with ``output_scores=True``, as HF's: one ``[rows, vocab]`` float32 tensor per new token,
             the scores (after the logits processors) that token was chosen from, for
             ``model.compute_transition_scores``. They come from the forward that verified the token, so

@@ -19,7 +19,9 @@ from mtprobe.decode.hf_call import Prompt, apply_processors, logger
 from mtprobe.decode.output import GenerateOutput, per_token
 from mtprobe.drafters import auto_carry, make_drafter
 from mtprobe.target_model.adapter import HFAdapter, SharedPrefill
+from mtprobe.target_model.batch_plan import batch_plan_for
 from mtprobe.target_model.native_forward import MARGIN_BOUND
+from mtprobe.target_model.plan import PlanConfig
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 if TYPE_CHECKING:
@@ -51,7 +53,8 @@ def decode_batch(
     model: PreTrainedModel, call: Call, shared: Shared, prompts: list[Prompt]
 ) -> list[GenerateOutput]:
     """The sequences of ``prompts`` decoded together (:mod:`mtprobe.decode.batch`): each its own adapter,
-    drafter and loop, one C++ forward per step for all of them."""
+    drafter and loop, one forward per step for all of them (the C++ forward's, else HF's modules on a
+    :class:`~mtprobe.target_model.batch_plan.BatchedPlan`)."""
     # The batch step's overhead, measured by the batched forward and priced by every row's scheduler; whether
     # a scheduler's rows draft at all, measured there too.
     overhead = _C.SharedSeconds()
@@ -72,7 +75,13 @@ def decode_batch(
         for prompt in prompts
     ]
     capacities = [call.capacities(p.ids.shape[1])[1] for p in prompts]
-    batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities, overhead, drafting)
+    # Without the C++ forward, HF's modules run the rows padded to one block, on a KV buffer with a row axis.
+    plan = (
+        batch_plan_for(model, call.plan or PlanConfig(), rows, max(capacities))
+        if shared.native is None
+        else None
+    )
+    batched = batched_forward(shared.native, [s.adapter for s in seqs], capacities, overhead, drafting, plan)
     # Sampling: each row draws from a generator of its own, seeded from torch's (a seeded call repeats; the
     # rows' threads would interleave their draws from one generator in no fixed order).
     generators = row_generators(len(seqs)) if call.do_sample else [None] * len(seqs)
@@ -80,7 +89,8 @@ def decode_batch(
     for row, s in enumerate(seqs):
         s.adapter.batch_row = (batched, row)  # the self-draft's steps meet there too
     try:
-        results = batched.run(loops, [p.ids[0] for p in prompts])
+        with plan.in_use() if plan is not None else contextlib.nullcontext():
+            results = batched.run(loops, [p.ids[0] for p in prompts])
     finally:
         for s in seqs:
             s.adapter.batch_row = None
@@ -88,6 +98,8 @@ def decode_batch(
         finish_sequence(model, call, shared, s, r, prefill_copied=batched.prefill_copied(row))
         for row, (s, r) in enumerate(zip(seqs, results, strict=True))
     ]
+    for output in outputs if plan is not None else ():
+        output.plan = plan.describe()  # the batch's plan, as every row ran through it
     if scheduled:  # what the rows' schedulers measured, kept once for the batch (not once a row)
         auto_carry.save(model, call.config.carry)
     return outputs

@@ -504,10 +504,10 @@ class HFAdapter:
         position_ids: torch.Tensor,  # [1, T]
         want_hidden: bool,
         skip: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [1, T, vocab], [1, T, hidden]?
-        """The model over ``x`` on the adapter's cache. ``skip``: the first rows whose logits nobody
-        reads (the prefill's prompt) are not computed; they come back as zeros, so that rows keep their
-        places for the loop, which indexes them by input."""
+        cache: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [B, T, vocab], [B, T, hidden]?
+        """The model over ``x`` on ``cache`` (None: the adapter's; a batch's plan passes its own). ``skip``: the
+        first rows whose logits nobody reads (the prefill's prompt) are not computed; they come back as zeros."""
         kwargs = {"logits_to_keep": x.shape[1] - skip} if skip > 0 else {}
         out = self.model(
             inputs_embeds=x,
@@ -515,7 +515,7 @@ class HFAdapter:
             position_ids=position_ids,
             use_cache=True,
             output_hidden_states=want_hidden,
-            **{self._cache_arg: self.cache},
+            **{self._cache_arg: self.cache if cache is None else cache},
             return_dict=True,
             **kwargs,
         )

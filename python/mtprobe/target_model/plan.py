@@ -55,6 +55,7 @@ from mtprobe.target_model.cache import TreeKVCache, TreeKVLayer
 logger = logging.getLogger("mtprobe")
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -65,34 +66,39 @@ class PlanConfig:
     buffer's capacity is a multiple of it (a block that would not fit grows it by whole chunks).
     ``pad``: pad every decode block to its bucket (None: only where graphs run, since eager forwards
     take any shape). ``cuda_graphs``: capture each bucket's forward and replay it (None: on CUDA
-    devices; True on a CPU model is an error).
+    devices; True on a CPU model is an error). ``row_buckets``: the row counts a batch's decode step is padded
+    to where its graphs run (:mod:`mtprobe.target_model.batch_plan`), ascending from 1.
     """
 
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
     growth: int = 256
     pad: bool | None = None
     cuda_graphs: bool | None = None
+    row_buckets: tuple[int, ...] = DEFAULT_ROW_BUCKETS
 
     def __post_init__(self) -> None:
-        buckets = self.buckets
-        if isinstance(buckets, list):
-            object.__setattr__(self, "buckets", tuple(buckets))
-            buckets = self.buckets
-        if (
-            not isinstance(buckets, tuple)
-            or not buckets
-            or not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets)
+        for name, default, what in (
+            ("buckets", DEFAULT_BUCKETS, "plain decoding runs one input"),
+            ("row_buckets", DEFAULT_ROW_BUCKETS, "a batch can run down to one row"),
         ):
-            raise ValueError(f"PlanConfig.buckets must be a non-empty tuple of ints, got {buckets!r}")
-        if buckets[0] != 1:
-            raise ValueError(
-                f"PlanConfig.buckets must start at 1 (plain decoding runs one input), got {buckets!r}; "
-                f"e.g. {DEFAULT_BUCKETS}"
-            )
-        if any(b >= c for b, c in zip(buckets, buckets[1:], strict=False)):
-            raise ValueError(
-                f"PlanConfig.buckets must be strictly ascending, got {buckets!r}; e.g. {DEFAULT_BUCKETS}"
-            )
+            buckets = getattr(self, name)
+            if isinstance(buckets, list):
+                buckets = tuple(buckets)
+                object.__setattr__(self, name, buckets)
+            if (
+                not isinstance(buckets, tuple)
+                or not buckets
+                or not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets)
+            ):
+                raise ValueError(f"PlanConfig.{name} must be a non-empty tuple of ints, got {buckets!r}")
+            if buckets[0] != 1:
+                raise ValueError(
+                    f"PlanConfig.{name} must start at 1 ({what}), got {buckets!r}; e.g. {default}"
+                )
+            if any(b >= c for b, c in zip(buckets, buckets[1:], strict=False)):
+                raise ValueError(
+                    f"PlanConfig.{name} must be strictly ascending, got {buckets!r}; e.g. {default}"
+                )
         if not isinstance(self.growth, int) or isinstance(self.growth, bool) or self.growth < 1:
             raise ValueError(
                 f"PlanConfig.growth must be an int >= 1 (KV entries per chunk), got {self.growth!r}"
@@ -104,10 +110,11 @@ class PlanConfig:
 
     def bucket(self, inputs: int) -> int | None:
         """The smallest bucket holding ``inputs`` inputs, or None past the last one."""
-        for b in self.buckets:
-            if b >= inputs:
-                return b
-        return None
+        return next((b for b in self.buckets if b >= inputs), None)
+
+    def row_bucket(self, rows: int) -> int | None:
+        """The smallest rows bucket holding ``rows`` rows, or None past the last one."""
+        return next((b for b in self.row_buckets if b >= rows), None)
 
 
 class _Slots:
@@ -388,21 +395,7 @@ class ForwardPlan:
         def step() -> Outputs:
             return run_model(g_x, g_masks if as_dict else g_masks[""], g_pos, want_hidden)
 
-        try:
-            graph.replay, (logits, hidden) = self._capture(step, x.device)
-        except Exception as e:  # noqa: BLE001 (any failure to capture means: run eager)
-            self.eager_reason = f"{type(e).__name__}: {e}"
-            logger.warning(
-                "mtprobe: the model's forward could not be captured as a CUDA graph (%s); running eager", e
-            )
-            if x.device.type == "cuda":
-                torch.cuda.synchronize(x.device)
-            return None
-        graph.logits, graph.hidden = logits, hidden
-        self._graphs[key] = graph
-        self.captures += 1
-        self.capture_seconds += time.perf_counter() - t0
-        return graph
+        return try_capture(self, key, graph, step, "the model's forward", t0)
 
     def _capture(
         self, step: Callable[[], Outputs], device: torch.device
@@ -422,6 +415,27 @@ class ForwardPlan:
         with torch.cuda.graph(cuda_graph, pool=self._pool):
             outputs = step()
         return cuda_graph.replay, outputs
+
+
+def try_capture(
+    owner: Any, key: tuple, graph: Any, step: Callable[[], Outputs], what: str, started: float
+) -> Any:
+    """``step`` captured by ``ForwardPlan._capture`` into ``graph`` (its replay and static outputs) and kept in
+    ``owner._graphs[key]``, counted in ``owner.captures`` and ``owner.capture_seconds`` (since ``started``);
+    None when it cannot be captured: then ``owner.eager_reason`` says why (later steps run eager), logged."""
+    device = owner.device
+    try:
+        graph.replay, (graph.logits, graph.hidden) = ForwardPlan._capture(owner, step, device)
+    except Exception as e:  # noqa: BLE001 (any failure to capture means: run eager)
+        owner.eager_reason = f"{type(e).__name__}: {e}"
+        logger.warning("mtprobe: %s could not be captured as a CUDA graph (%s); running eager", what, e)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return None
+    owner._graphs[key] = graph
+    owner.captures += 1
+    owner.capture_seconds += time.perf_counter() - started
+    return graph
 
 
 def plan_for(
