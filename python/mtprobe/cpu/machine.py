@@ -39,8 +39,14 @@ def _cpuinfo() -> dict[str, str]:
 
 @functools.cache
 def cpu_name() -> str:
-    """The CPU's model name, e.g. ``Intel(R) Xeon(R) Processor`` or ``AMD EPYC 7B13``."""
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+    """The CPU's model name, e.g. ``AMD EPYC 7B13``; where a virtual machine shows only a family's name
+    (``AMD EPYC``, ``Intel(R) Xeon(R) Processor``), with its cpuid family and model, which tell the
+    generations apart (AMD family 25 model 17: Zen 4; family 26: Zen 5)."""
+    info = _cpuinfo()
+    name = info.get("model name") or platform.processor() or platform.machine()
+    if not any(c.isdigit() for c in name) and "cpu family" in info:
+        name += f" (family {info['cpu family']}, model {info.get('model', '?')})"
+    return name
 
 
 @functools.cache

@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 ENV = "MTPROBE_BATCH"
-"""``0``: decode a batch's sequences one after another even where one forward could run them together."""
+"""``0``: decode a batch's sequences one after another even where one forward could run them together; ``1``:
+together wherever one forward can run them, also where :func:`why_not_batched` measured apart faster (a
+drafting configuration through HF's modules on a CPU)."""
 
 PHASES_ENV = "MTPROBE_BATCH_PHASES"
 """``0``: a batch's AutoConfig rows draft whenever their schedulers choose to, without the phases of plain
@@ -76,11 +78,17 @@ def why_not_batched(
     shares_memory: bool = False,
     draft_model: bool = False,
     tree_attention: bool = False,
+    drafts_on_cpu: bool = False,
 ) -> str:
     """Why ``count`` sequences of a call are decoded one after another rather than together, or ``""``.
     ``native``: the target's C++ forward (None where HF's runs: then the batch runs HF's modules through a
     :class:`~mtprobe.target_model.batch_plan.BatchedPlan`); ``tree_attention``: the model runs mtprobe's tree
-    attention, which takes a block's tree as ancestor bits rather than the additive masks a batch pads; ``masks``, ``hidden_layer``: what the
+    attention, which takes a block's tree as ancestor bits rather than the additive masks a batch pads;
+    ``drafts_on_cpu``: the call drafts (any configuration but plain decoding) on a CPU model without CUDA
+    graphs: there HF's modules take a batch's blocks padded to the largest, and drafted blocks ran slower
+    together than apart (benchmarks/results/batch/bench_batch-gemma3.md: Gemma 3, prompt lookup 0.87x and
+    AutoConfig 0.70x apart at 8 rows, plain decoding 1.73x), so only plain decoding batches there unless
+    ``MTPROBE_BATCH=1``; ``masks``, ``hidden_layer``: what the
     call's drafter asks of the target's forward (calibrated masks' hooks and temperatures, another layer's
     hidden states), which only HF's forward, run by each sequence's adapter, computes; ``shares_memory``:
     its drafters read and fold a cross-request n-gram memory, which one thread at a time may touch;
@@ -88,8 +96,14 @@ def why_not_batched(
     (:func:`mtprobe.drafters.base.drafts_row_by_row`; the quantized self-draft's steps meet in the batch)."""
     if count < 2:
         return "one sequence"
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+    setting = os.environ.get(ENV, "").strip().lower()
+    if setting in ("0", "false", "off", "no"):
         return f"{ENV}=0"
+    if native is None and drafts_on_cpu and setting not in ("1", "true", "on", "yes"):
+        return (
+            "its drafted blocks run through HF's modules on the CPU, padded to the largest: measured slower "
+            f"together than apart ({ENV}=1 batches them anyway)"
+        )
     if native is None and tree_attention:
         return "the model runs mtprobe's tree attention (ancestor bits: a batch's padded rows need additive masks)"
     if masks.offsets is not None or masks.lora is not None or masks.temperature is not None:

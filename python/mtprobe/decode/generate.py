@@ -164,6 +164,9 @@ def custom_generate(
         shares_memory=bool(ngram_memories(model, call.config)),
         draft_model=drafts_row_by_row(call.config),
         tree_attention=getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION,
+        drafts_on_cpu=call.device.type == "cpu"
+        and call.method != "plain"
+        and not (call.plan is not None and call.plan.cuda_graphs),
     )
     if not why:  # the sequences together: one target forward per step for up to MAX_ROWS of them
         outputs, rows = [], batching.MAX_ROWS
