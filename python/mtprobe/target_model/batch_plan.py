@@ -40,10 +40,15 @@ import torch
 from transformers.cache_utils import Cache
 
 from mtprobe.state import state_of
+from mtprobe.target_model.adapter import cache_argument
 from mtprobe.target_model.cache import TreeKVCache, TreeKVLayer
 from mtprobe.target_model.plan import ForwardPlan, PlanConfig, chain_mask, try_capture, write_padded_mask
 
-__all__ = ["BatchedKVCache", "BatchedPlan", "batch_plan_for"]
+__all__ = ["HEAD_OVER_LAST", "BatchedKVCache", "BatchedPlan", "batch_plan_for"]
+
+HEAD_OVER_LAST = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3_text"})
+"""Model types whose causal LM's logits are its output embedding over the decoder's last hidden states
+(Gemma 3's softcapped where its config says so): an eager batch step computes them at its real inputs only."""
 
 
 class _Slots:
@@ -279,13 +284,33 @@ class BatchedPlan:
         index = [r.index for r in rows]
         s.view = (index[0], index[-1] + 1) if index == list(range(index[0], index[-1] + 1)) else None
         mask = g.masks if kinds != ("",) else g.masks[""]
-        logits, hidden = adapter._run_model(g.x, mask, g.position_ids, want_hidden, 0, cache=self.cache)
-        return [
-            (
-                logits[i, : r.x.shape[0]],
-                hidden[i, : r.x.shape[0]] if hidden is not None and b.want_hidden else None,
+        lengths = [r.x.shape[0] for r in rows]
+        model = adapter.model
+        if getattr(model.config, "model_type", None) not in HEAD_OVER_LAST:
+            logits, hidden = adapter._run_model(g.x, mask, g.position_ids, want_hidden, 0, cache=self.cache)
+            logits = [logits[i, :n] for i, n in enumerate(lengths)]
+        else:
+            # The LM head at the blocks' real inputs only: a padded step's head over every padded position
+            # was most of its cost on a large vocabulary (Gemma 3's 262,144 tokens).
+            decoder = model.get_decoder()
+            out = decoder(
+                inputs_embeds=g.x,
+                attention_mask=mask,
+                position_ids=g.position_ids,
+                use_cache=True,
+                return_dict=True,
+                **{cache_argument(decoder): self.cache},
             )
-            for i, (r, b) in enumerate(zip(rows, blocks, strict=True))
+            hidden = out.last_hidden_state  # [R, T, hidden], final-normed
+            real = torch.cat([hidden[i, :n] for i, n in enumerate(lengths)])  # [sum of T, hidden]
+            joined = model.get_output_embeddings()(real)  # [sum of T, vocab]
+            cap = getattr(model.config, "final_logit_softcapping", None)
+            if cap is not None:  # as Gemma 3's forward caps them
+                joined = torch.tanh(joined / cap) * cap
+            logits = list(joined.split(lengths))
+        return [
+            (logits[i], hidden[i, :n] if hidden is not None and b.want_hidden else None)
+            for i, (n, b) in enumerate(zip(lengths, blocks, strict=True))
         ]
 
     def _buffers(self, R: int, T: int, key_len: int, like: _Row) -> _Graph:
