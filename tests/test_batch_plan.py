@@ -52,13 +52,17 @@ def _batch_plan(model) -> BatchedPlan:
 def test_each_row_is_greedy_on_its_prompt_alone(tiny, hf_forward, route, name):
     eos = eos_ending_one_row_early(tiny)
     kw = dict(attention_mask=MASK, max_new_tokens=N_NEW, do_sample=False, eos_token_id=eos, pad_token_id=PAD)
-    before = state_of(tiny).batch_plan.forwards if state_of(tiny).batch_plan is not None else 0
-    out = ROUTES[route](tiny, IDS, CONFIGS[name], **kw)
+    if route == "mtprobe.generate":
+        out = mtprobe.generate(tiny, IDS, CONFIGS[name], **kw)
+    else:
+        hf = dict(custom_generate=mtprobe.custom_generate, return_dict_in_generate=True)
+        out = tiny.generate(IDS, mtprobe_config=CONFIGS[name], **hf, **kw)
     expected = laid_out(alone(tiny, eos_token_id=eos, pad_token_id=PAD), paddings())
-    assert torch.equal(out, expected)
-    plan = _batch_plan(tiny)
+    assert torch.equal(out.sequences, expected)
+    assert {o.batch for o in out.sequence_outputs} == {len(IDS)}
     # Together: one batch forward ran every row's prefill, then each decode step served every row still running.
-    assert 1 < plan.forwards - before <= 1 + N_NEW
+    assert 1 < out.plan["forwards"] <= 1 + N_NEW, out.plan
+    assert state_of(tiny).batch_plan is None  # an eager plan is not kept between calls
 
 
 @pytest.mark.parametrize("name", ["probe", "pld"])
@@ -93,7 +97,7 @@ def test_a_sliding_window_model_batches(hf_forward):
             ref = model.generate(torch.tensor([r]), max_new_tokens=20, do_sample=False)[0, len(r) :]
             got = out.sequences[i, width:][: ref.shape[0]]
             assert torch.equal(got, ref), (i, got, ref)
-    assert _batch_plan(model).forwards > 0
+        assert out.plan["forwards"] > 1 and {o.batch for o in out.sequence_outputs} == {len(rows)}
 
 
 def test_drafting_rows_on_the_cpu_run_apart_by_default(tiny, monkeypatch):
