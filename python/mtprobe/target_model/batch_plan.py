@@ -315,15 +315,17 @@ class BatchedPlan:
         ]
 
     def _buffers(self, R: int, T: int, key_len: int, like: _Row) -> _Graph:
-        """Inputs for ``R`` rows of ``T`` inputs over ``key_len`` entries (a graph's static ones, or a step's)."""
+        """Inputs for ``R`` rows of ``T`` inputs over ``key_len`` entries (a graph's static ones, or a step's),
+        uninitialised: :meth:`_fill` writes every element."""
         hidden = like.x.shape[-1]
+        index = dict(dtype=torch.long, device=self.device)
         return _Graph(
             None,
-            like.x.new_zeros((R, T, hidden)),
-            torch.zeros((R, T), dtype=torch.long, device=self.device),
-            torch.full((R,), self.rows, dtype=torch.long, device=self.device),
-            torch.zeros((R, T), dtype=torch.long, device=self.device),
-            {k: m.new_zeros((R, 1, T, key_len)) for k, m in like.masks.items()},
+            like.x.new_empty((R, T, hidden)),
+            torch.empty((R, T), **index),
+            torch.empty((R,), **index),
+            torch.empty((R, T), **index),
+            {k: m.new_empty((R, 1, T, key_len)) for k, m in like.masks.items()},
         )
 
     def _fill(self, g: _Graph, rows: list[_Row], key_len: int) -> None:
