@@ -41,7 +41,6 @@ import mtprobe
 import mtprobe.models
 from _common import device_name, load_average, run_lines, write_report
 from mtprobe.data import load_prompts
-from mtprobe.state import state_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 METHODS = {
@@ -144,7 +143,7 @@ def run_batch(
     wall = time.perf_counter() - t0
     row: dict[str, Any] = {"rows": seq[:, ids.shape[1] :].tolist(), "wall": wall}
     if out is not None:
-        row.update(tau=out.tau, plan=state_of(model).batch_plan.describe())
+        row.update(tau=out.tau, plan=out.plan)
     return row
 
 
@@ -157,6 +156,7 @@ def batch_table(
         "| B | row | tok/s | × hf-batched | τ | rows identical to hf-eager alone | graphs (replays) |",
         "|---|---|---|---|---|---|---|",
     ]
+    departed: list[str] = []
     for size in (int(b) for b in args.batch_sizes.split(",")):
         batches = [encoded[i : i + size] for i in range(0, len(encoded) - size + 1, size)]
         if not batches:
@@ -176,10 +176,13 @@ def batch_table(
                     r["tokens"] = sum(len(want) for want in expected)  # what each row is to produce
                     runs[name].append(r)
                     if rep == 0:
-                        same[name] += sum(
-                            got[: len(want)] == want and all(t == pad for t in got[len(want) :])
-                            for got, want in zip(r["rows"], expected, strict=True)
-                        )
+                        for j, (got, want) in enumerate(zip(r["rows"], expected, strict=True)):
+                            if got[: len(want)] == want and all(t == pad for t in got[len(want) :]):
+                                same[name] += 1
+                            else:
+                                departed.append(
+                                    row_divergence(model, batch[j], want, got, f"B {size} {name}")
+                                )
         base = sum(r["tokens"] for r in runs["hf-batched"]) / sum(r["wall"] for r in runs["hf-batched"])
         for name in names:
             rs = runs[name]
@@ -190,7 +193,18 @@ def batch_table(
             lines.append(
                 f"| {size} | {name} | {tps:.1f} | {tps / base:.2f} | {tau} | {same[name]}/{rows} | {graphs} |"
             )
-    return lines
+    lines += ["", "Rows that depart from hf-eager alone (first index, top-2 logit margin there):", ""]
+    return lines + ([f"- {d}" for d in departed] or ["- none: every row identical"])
+
+
+def row_divergence(model: Any, prompt: torch.Tensor, want: list[int], got: list[int], label: str) -> str:
+    """Where a batch row's new tokens ``got`` first leave ``want`` (hf-eager alone after ``prompt`` [1, L])."""
+    for i, (a, b) in enumerate(zip(want, got, strict=False)):
+        if a != b:
+            prefix = torch.cat([prompt[0], prompt.new_tensor(want[:i])])[None]  # [1, L + i]
+            margin, t1, t2 = top2_margin(model, prefix)
+            return f"{label}: new token {i}: {b} vs {a} (top-2 {t1}, {t2}; margin {margin:.3f})"
+    return f"{label}: {len(got)} new tokens vs {len(want)} (padding after the end differs)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -283,12 +283,29 @@ def load_benchmark(name: str):
     return module
 
 
+class _StandInPool:
+    """A stand-in for a CUDA graph memory pool (``torch.cuda.graph_pool_handle()``): the graphs captured into it."""
+
+    def __init__(self) -> None:
+        self.graphs: list[weakref.ref] = []
+
+
 class _StandInGraph:
     """A CPU stand-in for CUDA graph capture with a graph's semantics: the outputs are the tensors of the
-    capture run, and a replay recomputes the step from the same static buffers into those same tensors."""
+    capture run, and a replay recomputes the step from the same static buffers into those same tensors. Its
+    pools keep PyTorch's rule: a capture into a pool whose graphs were all freed fails, as
+    CUDACachingAllocator's assertion ``use_count > 0`` does."""
 
     @staticmethod
     def capture(plan, step, device):
+        if plan._pool is None:
+            plan._pool = _StandInPool()
+        pool = plan._pool
+        if pool.graphs and all(g() is None for g in pool.graphs):
+            raise RuntimeError(
+                "it->second->use_count > 0 INTERNAL ASSERT FAILED (stand-in: a capture into a pool whose "
+                "graphs were all freed)"
+            )
         outputs = step()
         slots = plan.cache.slots
         baked = dict(
@@ -302,6 +319,7 @@ class _StandInGraph:
             if hidden is not None:
                 outputs[1].copy_(hidden)
 
+        pool.graphs.append(weakref.ref(replay))
         return replay, outputs
 
 

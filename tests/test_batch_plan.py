@@ -175,3 +175,16 @@ def test_cuda_batch_replays_real_graphs(name):
     assert described["eager_reason"] == "" and described["graphs"] >= 1 and described["replays"] >= 1, (
         described
     )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh runs it)")
+def test_cuda_batch_on_the_callers_stream():
+    # The rows' loops run on threads of their own: they read the forward's logits on the caller's stream, not
+    # the default one (the first H200 run, under a stream left current: every row departed from greedy).
+    model = tiny_llama().cuda()
+    kw = dict(attention_mask=MASK.cuda(), max_new_tokens=N_NEW, do_sample=False, pad_token_id=PAD)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out = mtprobe.generate(model, IDS.cuda(), CONFIGS["pld"], plan=PlanConfig(), **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(out.sequences.cpu(), laid_out([o.cpu() for o in alone(model.cpu())], paddings()))

@@ -204,6 +204,24 @@ def test_plan_grows_by_chunks_and_stays_greedy():
     assert result.host_reads == result.forward_calls
 
 
+def test_a_plan_that_grows_captures_its_graphs_again(stand_in_graphs):
+    """Growing drops the graphs (they read the old buffer) and captures the next steps' graphs into a new
+    pool: PyTorch refuses a capture into a pool whose graphs were all freed (the first H200 run: every step
+    after the first growth ran eager)."""
+    model = tiny_llama()
+    ids = torch.tensor([5, 17, 9, 33, 2, 5, 17, 9])
+    expected = model.generate(ids.view(1, -1), do_sample=False, max_new_tokens=40, pad_token_id=0)
+    plan = _plan(model, PlanConfig(growth=16, pad=True, buckets=(1, 2, 4, 8), cuda_graphs=True), capacity=16)
+    adapter = HFAdapter(model, 16, plan=plan)
+    drafter = _C.PromptLookupDrafter(max_ngram_size=3, num_tokens=6)
+    loop = _plan_loop(adapter, drafter, max_new_tokens=40, block_complexity=7)
+    result = loop.run(ids)
+    assert result.sequence == expected[0].tolist()
+    described = plan.describe()
+    assert plan.growths >= 1 and described["eager_reason"] == "", described
+    assert described["graphs_held"] >= 1 and described["replays"] >= 1, described
+
+
 def test_plan_sampling_draws_what_the_growing_cache_draws():
     """Unpadded, the plan computes the same numbers as the growing cache: the same seed gives the same
     samples (so the existing distribution tests of sampling cover the plan too)."""
@@ -277,6 +295,35 @@ def test_plan_captures_cuda_graphs_and_stays_greedy():
         assert torch.equal(out.sequences, expected), type(cfg).__name__
         # The model keeps its plan across calls: the later configurations may capture nothing new.
         assert out.plan["eager_reason"] == "" and out.plan["graphs_held"] >= 1 and out.plan["replays"] >= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_plan_grows_and_captures_again():
+    # The first H200 run's failure with real graphs: a capture after the plan grew hit the allocator's assertion.
+    model = tiny_llama().cuda()
+    ids = torch.tensor([[5, 17, 9, 33, 2, 5, 17, 9]], device="cuda")
+    plan, cfg = PlanConfig(growth=16, buckets=(1, 2, 4, 8)), mtprobe.PromptLookupConfig()
+    for n in (8, 40):  # the model's plan, kept from the first call, grows at the second
+        expected = model.generate(ids, do_sample=False, max_new_tokens=n, pad_token_id=0)
+        out = mtprobe.generate(model, ids, cfg, max_new_tokens=n, eos_token_id=None, plan=plan)
+        assert torch.equal(out.sequences, expected)
+    assert out.plan["growths"] >= 1 and out.plan["eager_reason"] == "" and out.plan["replays"] >= 1, out.plan
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_a_failed_capture_leaves_the_callers_stream(monkeypatch):
+    # torch.cuda.graph enters its capture stream before capture_begin; one that raises never leaves it.
+    from mtprobe.target_model import plan as plan_module
+
+    def fails(owner, step, device):
+        torch.cuda.set_stream(torch.cuda.Stream(device))
+        raise RuntimeError("capture_begin failed")
+
+    monkeypatch.setattr(ForwardPlan, "_capture", fails)
+    owner = _plan(tiny_llama().cuda(), PlanConfig(), capacity=32)
+    before = torch.cuda.current_stream()
+    assert plan_module.try_capture(owner, ("k",), None, lambda: None, "a test's forward", 0.0) is None
+    assert torch.cuda.current_stream() == before and owner.eager_reason.startswith("RuntimeError")
 
 
 @pytest.mark.parametrize("method", ["plain", "pld", "probe", "hybrid", "auto", "lookahead"])

@@ -2,6 +2,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +23,21 @@ namespace mtprobe {
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The caller's current stream on every CUDA device (none without CUDA): the loops' threads must queue their
+// reads of a forward's logits behind the forward. A new thread's current stream is the default one, and
+// at::ThreadLocalState does not carry streams: under a caller's `with torch.cuda.stream(s)` (or a stream
+// left current by a failed graph capture) the forward ran on s while the loops read its outputs on the
+// default stream, racing it (every row of a batch departed from greedy on the first GPU run).
+std::vector<c10::Stream> callers_streams() {
+  std::vector<c10::Stream> streams;
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return streams;
+  const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  const c10::DeviceIndex n = cuda->deviceCount();  // 0 where torch has CUDA but the machine has no GPU
+  for (c10::DeviceIndex d = 0; d < n; ++d)
+    streams.push_back(cuda->getStream(c10::Device(c10::DeviceType::CUDA, d)));
+  return streams;
 }
 
 bool same_tensor(const std::optional<at::Tensor>& a, const std::optional<at::Tensor>& b) {
@@ -332,9 +349,11 @@ std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& lo
   // ran on the caller's: HF's generate runs under no_grad, and ops with out= arguments refuse weights that
   // require grad outside it.
   const at::ThreadLocalState state;
+  const std::vector<c10::Stream> streams = callers_streams();
   for (size_t i = 0; i < loops.size(); ++i) {
     threads.emplace_back([&, i] {
       at::ThreadLocalStateGuard guard(state);
+      const c10::MultiStreamGuard on_callers_streams(streams);
 #ifdef _OPENMP
       // A loop's own ops (its drafter's argmax over the vocabulary, verification) run on its thread alone:
       // an OpenMP team per loop thread would put more of libgomp's threads than cores in the process, and

@@ -292,6 +292,10 @@ class ForwardPlan:
         self.cache.reserve(grown)
         self.capacity = grown
         self._graphs.clear()
+        # A new pool for the new graphs: the old one is left with no graph and blocks still held (the
+        # dropped graphs' outputs), and capturing into such a pool fails CUDACachingAllocator's assertion
+        # `use_count > 0` (seen on an H200 at the first growth; every later step then ran eager).
+        self._pool = None
         self.growths += 1
 
     def run(
@@ -424,12 +428,16 @@ def try_capture(
     ``owner._graphs[key]``, counted in ``owner.captures`` and ``owner.capture_seconds`` (since ``started``);
     None when it cannot be captured: then ``owner.eager_reason`` says why (later steps run eager), logged."""
     device = owner.device
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     try:
         graph.replay, (graph.logits, graph.hidden) = ForwardPlan._capture(owner, step, device)
     except Exception as e:  # noqa: BLE001 (any failure to capture means: run eager)
         owner.eager_reason = f"{type(e).__name__}: {e}"
         logger.warning("mtprobe: %s could not be captured as a CUDA graph (%s); running eager", what, e)
-        if device.type == "cuda":
+        if stream is not None:
+            # torch.cuda.graph enters its capture stream before capture_begin, and a capture_begin that
+            # raises never leaves it: the caller's stream back, or every later op runs on the capture stream.
+            torch.cuda.set_stream(stream)
             torch.cuda.synchronize(device)
         return None
     owner._graphs[key] = graph
