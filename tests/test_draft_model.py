@@ -167,7 +167,7 @@ def test_quantized_copy_of_a_bfloat16_model_is_a_float32_model():
     # copies (the C++ decoder's), the target keeps its own bfloat16 tensors, and the prefill path's
     # weights stay the target's.
     half = tiny_llama(vocab_size=48, num_hidden_layers=2).to(torch.bfloat16)
-    draft = quantized(half, format="q8_0")
+    draft = quantized(half, format="q8_0", rounding="min-max")  # GGUF's rounding: the codes below
     assert draft.dtype == torch.float32 and half.dtype == torch.bfloat16
     assert draft.model.embed_tokens.weight.dtype == torch.float32
     assert torch.equal(draft.model.embed_tokens.weight, half.model.embed_tokens.weight.float())
@@ -183,7 +183,7 @@ def test_quantized_copy_of_a_bfloat16_model_is_a_float32_model():
         and mtprobe.target_model.self_draft.quantized_decoder(draft) is not None
     )
     # Through HF's modules and through the C++ decoder alike: the widened model's draft, up to rounding.
-    wide_draft = quantized(copy.deepcopy(half).float(), format="q8_0")
+    wide_draft = quantized(copy.deepcopy(half).float(), format="q8_0", rounding="min-max")
     ids = torch.randint(0, 47, (1, 5), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(draft(ids).logits, wide_draft(ids).logits, rtol=1e-5, atol=1e-5)

@@ -187,8 +187,14 @@ def test_searched_rounding_is_never_worse_and_keeps_the_grid():
     again = ql.quantize(on_grid, "q4_1", search=True)
     assert torch.equal(again.codes, ql.quantize(on_grid, "q4_1").codes)
     assert torch.allclose(ql.dequantize(again), on_grid, atol=1e-6, rtol=0)
-    # Q8_0 has no search: the same codes either way.
-    assert torch.equal(ql.quantize(w, "q8_0", search=True).codes, ql.quantize(w, "q8_0").codes)
+    # Q8_0's search refits each group's scale: no more error per group, the same codes on Q8_0 values.
+    e8 = [
+        (ql.dequantize(ql.quantize(w, "q8_0", search=s)) - w).square().reshape(64, 3, 32).sum(-1)
+        for s in (0, 1)
+    ]
+    assert (e8[1] <= e8[0] + 1e-12).all() and e8[1].sum() < e8[0].sum()
+    on_q8 = ql.dequantize(ql.quantize(w, "q8_0"))
+    assert torch.equal(ql.quantize(on_q8, "q8_0", search=True).codes, ql.quantize(on_q8, "q8_0").codes)
 
 
 def test_the_self_draft_rounds_by_its_rounding():
@@ -261,7 +267,7 @@ def test_a_bfloat16_layer_is_quantized_from_its_widened_weight():
     # narrowed back); many rows: the layer's own bfloat16 forward, as the model computes them.
     layer = nn.Linear(64, 24, bias=True).to(torch.bfloat16)
     mod = ql.QuantizedLinear(layer, "q8_0")
-    want = ql.quantize(layer.weight.float(), "q8_0")
+    want = ql.quantize(layer.weight.float(), "q8_0", search=True)  # QuantizedLinear's default
     assert torch.equal(mod.codes, want.codes) and torch.equal(mod.scale, want.scale)
     assert mod.weight is layer.weight and mod._bias.dtype == torch.float32
     with torch.no_grad():

@@ -92,7 +92,8 @@ def quantize(
     group keeps, of a few narrower ranges (:data:`SEARCH_CUTS`: the outermost weights clipped), the codes whose
     least-squares scale and minimum reproduce the group with the smallest squared error, as llama.cpp's
     k-quants search theirs. Never worse than min-max per group, and the same on weights that are Q4_1 values
-    already (their min-max error is nil). ``search`` does not change Q8_0. ``importance`` (searched only):
+    already (their min-max error is nil). Q8_0 rounds by each group's largest magnitude, or with ``search`` by
+    a scale refitted to its codes by least squares (the same on Q8_0 values). ``importance`` (searched only):
     each input column's weight in that error, e.g. the mean square of the layer's inputs there (as
     llama.cpp's importance matrix weighs k-quants' search): the error that reaches the layer's output."""
     if format not in FORMATS:
@@ -109,31 +110,60 @@ def quantize(
     w = (
         weight.detach().to(device="cpu", dtype=torch.float32).reshape(out, inp // GROUP, GROUP)
     )  # [out, groups, 32]
+    a = _error_weights(importance, inp) if search else None  # [groups, 32]
     if format == "q8_0":
         scale = w.abs().amax(-1) / 127  # [out, groups]
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero group: every code 0
-        codes = torch.round(w / safe[..., None]).clamp_(-127, 127).to(torch.int8)  # [out, groups, 32]
-        return QuantizedWeight(codes.reshape(out, inp).contiguous(), scale.contiguous(), None)
+        codes = torch.round(w / safe[..., None]).clamp_(-127, 127)  # [out, groups, 32]
+        if a is not None:
+            codes, scale = _searched_q8_0(w, codes, scale, a)
+        return QuantizedWeight(codes.to(torch.int8).reshape(out, inp).contiguous(), scale.contiguous(), None)
     lo = w.amin(-1)  # [out, groups]
     scale = (w.amax(-1) - lo) / 15
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: every code 0
     codes = torch.round((w - lo[..., None]) / safe[..., None]).clamp_(0, 15)  # [out, groups, 32]
-    if search:
-        if importance is not None:
-            if importance.shape != (inp,) or not bool((importance >= 0).all()):
-                raise ValueError(
-                    f"quantize: importance must be [in_features] = [{inp}] non-negative weights, got shape "
-                    f"{tuple(importance.shape)}"
-                )
-            # Every column counts a little: a column no calibration input reached still has weights.
-            a = importance.detach().to(device="cpu", dtype=torch.float32)
-            a = (a + 1e-3 * a.mean().clamp_min(torch.finfo(torch.float32).tiny)).reshape(inp // GROUP, GROUP)
-        else:
-            a = torch.ones(inp // GROUP, GROUP)
+    if a is not None:
         codes, scale, lo = _searched_q4_1(w, codes, scale, lo, a)
     codes = codes.to(torch.uint8)
     packed = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)  # [out, groups, 16]
     return QuantizedWeight(packed.reshape(out, inp // 2).contiguous(), scale.contiguous(), lo.contiguous())
+
+
+def _error_weights(importance: torch.Tensor | None, inp: int) -> torch.Tensor:  # [groups, 32]
+    """Each weight's share of the searched rounding's error: its input column's importance (all ones without)."""
+    if importance is None:
+        return torch.ones(inp // GROUP, GROUP)
+    if importance.shape != (inp,) or not bool((importance >= 0).all()):
+        raise ValueError(
+            f"quantize: importance must be [in_features] = [{inp}] non-negative weights, got shape "
+            f"{tuple(importance.shape)}"
+        )
+    # Every column counts a little: a column no calibration input reached still has weights.
+    a = importance.detach().to(device="cpu", dtype=torch.float32)
+    return (a + 1e-3 * a.mean().clamp_min(torch.finfo(torch.float32).tiny)).reshape(inp // GROUP, GROUP)
+
+
+def _searched_q8_0(
+    w: torch.Tensor,  # [out, groups, 32] float32
+    codes: torch.Tensor,  # [out, groups, 32] absmax codes, float
+    scale: torch.Tensor,  # [out, groups]
+    a: torch.Tensor,  # [groups, 32]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize`'s searched Q8_0: each group's scale refitted to its codes by weighted least squares and
+    the codes re-rounded to it (:data:`SEARCH_REFINES` + 1 times), kept where the weighted error falls."""
+    a = a.expand_as(w)
+    best_err = ((codes * scale[..., None] - w).square() * a).sum(-1)  # [out, groups]
+    for _ in range(SEARCH_REFINES + 1):
+        aq = a * codes
+        den = (aq * codes).sum(-1)
+        s_ls = torch.where(den > 0, (aq * w).sum(-1) / den.clamp_min(torch.finfo(torch.float32).tiny), scale)
+        q = torch.round(w / s_ls.clamp_min(torch.finfo(torch.float32).tiny)[..., None]).clamp_(-127, 127)
+        err = ((q * s_ls[..., None] - w).square() * a).sum(-1)
+        better = (s_ls > 0) & (err < best_err)
+        best_err = torch.where(better, err, best_err)
+        codes = torch.where(better[..., None], q, codes)
+        scale = torch.where(better, s_ls, scale)
+    return codes, scale
 
 
 def _searched_q4_1(

@@ -141,10 +141,11 @@ def _on_q4_grid(model: PreTrainedModel) -> bool:
 
 
 ROUNDINGS = ("weighted", "searched", "min-max")
-"""How the quantized self-draft rounds its 4-bit groups (:func:`quantized`): ``"weighted"`` (the default), a
-searched scale and minimum per group minimising the error weighted by each input column's mean square on
-calibration inputs; ``"searched"``, the same unweighted; ``"min-max"``, GGUF's rounding. All three give the same
-codes on weights that are Q4_1 values already (:func:`mtprobe.cpu.quantized_linear.quantize`)."""
+"""How the quantized self-draft rounds its groups (:func:`quantized`): ``"weighted"`` (the default), a searched
+scale and minimum per group (Q8_0: a refitted scale) minimising the error weighted by each input column's mean
+square on calibration inputs; ``"searched"``, the same unweighted; ``"min-max"``, GGUF's rounding. On weights
+that are Q4_1 values already (a head of Q8_0 values) every rounding is GGUF's, which reproduces them
+(:func:`mtprobe.cpu.quantized_linear.quantize`)."""
 
 CALIBRATION_SHAPE = (2, 128)
 """The calibration inputs of the ``"weighted"`` rounding: sequences x tokens, random token ids (seeded). The
@@ -204,11 +205,12 @@ def quantized(
     if key in drafts:
         return drafts[key]
     head = model.get_output_embeddings()
-    # Weights on the Q4_1 grid round to the same codes whichever the rounding: no calibration forward.
-    weighted = rounding == "weighted" and format != "q8_0" and not on_q4_grid(model)
-    importance = _input_importance(model, head) if weighted else {}
+    # Weights on the Q4_1 grid (and a head on Q8_0's) round to the same codes whichever the rounding: no search
+    # and no calibration forward there.
+    search = rounding != "min-max" and not on_q4_grid(model)
+    importance = _input_importance(model, head) if search and rounding == "weighted" else {}
     draft = _twin(model)  # its module tree is copied wherever a linear changes
-    swapped = _swap_linears(draft, head, format, search=rounding != "min-max", importance=importance)
+    swapped = _swap_linears(draft, head, format, search=search, importance=importance)
     if swapped == 0:
         raise ValueError(_nothing_to_quantize(model))
     if model.dtype != torch.float32:
@@ -381,8 +383,9 @@ def _widened(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _input_importance(model: PreTrainedModel, head: torch.nn.Module | None) -> dict[int, torch.Tensor]:
-    """Each quantizable linear's (but the head's) mean square input per column (``[in_features]``, by the
-    module's id) over :data:`CALIBRATION_SHAPE` random tokens through the decoder (the head is not run)."""
+    """Each quantizable linear's mean square input per column (``[in_features]``, by the module's id) over
+    :data:`CALIBRATION_SHAPE` random tokens through the decoder; the head's from the decoder's output (the head
+    itself is not run: a large vocabulary's logits for every calibration token)."""
     sums: dict[int, torch.Tensor] = {}
 
     def record(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -395,10 +398,13 @@ def _input_importance(model: PreTrainedModel, head: torch.nn.Module | None) -> d
     ids = torch.randint(vocab, CALIBRATION_SHAPE, generator=torch.Generator().manual_seed(0))
     try:
         with torch.no_grad():
-            model.get_decoder()(input_ids=ids.to(model.device), use_cache=False)
+            out = model.get_decoder()(input_ids=ids.to(model.device), use_cache=False, return_dict=True)
     finally:
         for h in handles:
             h.remove()
+    if head is not None and quantized_linear.quantizable(head):
+        hidden = out.last_hidden_state.detach().float()  # [sequences, tokens, hidden], final-normed
+        sums[id(head)] = hidden.reshape(-1, hidden.shape[-1]).square().sum(0)
     n = CALIBRATION_SHAPE[0] * CALIBRATION_SHAPE[1]
     return {key: total / n for key, total in sums.items()}
 
