@@ -113,10 +113,10 @@ void bind_decode_loop(py::module_& m) {
            "target: the C++ forward (TargetForward), or None with forward: a callable taking the step's "
            "blocks (list[TargetBlock], each naming its row) and returning (logits, hidden or None) per "
            "block")
-      .def("run", &BatchedForward::run, py::arg("loops"), py::arg("prompts"),
+      .def("run", &BatchedForward::run, py::arg("loops"), py::arg("prompts"), py::arg("cuda_streams") = false,
            "Runs loops[i].run(prompts[i]) on one thread each (loop i built with batched=self, row=i) until "
-           "all "
-           "have stopped; their DecodeResults in order",
+           "all have stopped; their DecodeResults in order. cuda_streams: the threads run on the caller's "
+           "current CUDA streams (a model on a GPU; off, CUDA is not touched)",
            py::call_guard<py::gil_scoped_release>())
       .def("draft_step", &BatchedForward::draft_step, py::arg("row"), py::arg("decoder"), py::arg("token"),
            py::arg("position"), py::arg("keys"), py::arg("values"),

@@ -25,11 +25,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The caller's current stream on every CUDA device (none without CUDA): the loops' threads must queue their
-// reads of a forward's logits behind the forward. A new thread's current stream is the default one, and
-// at::ThreadLocalState does not carry streams: under a caller's `with torch.cuda.stream(s)` (or a stream
-// left current by a failed graph capture) the forward ran on s while the loops read its outputs on the
-// default stream, racing it (every row of a batch departed from greedy on the first GPU run).
+// The caller's current stream on every CUDA device (none without CUDA; run() asks only for a model on a GPU,
+// since asking initialises the CUDA driver, which a CPU process that forks later must not): the loops'
+// threads must queue their reads of a forward's logits behind the forward. A new thread's current stream is
+// the default one, and at::ThreadLocalState does not carry streams: under a caller's `with
+// torch.cuda.stream(s)` (or a stream left current by a failed graph capture) the forward ran on s while the
+// loops read its outputs on the default stream, racing it (every row of a batch departed from greedy on the
+// first GPU run).
 std::vector<c10::Stream> callers_streams() {
   std::vector<c10::Stream> streams;
   if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) return streams;
@@ -320,7 +322,7 @@ void BatchedForward::run_forward() {
 }
 
 std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& loops,
-                                              const std::vector<at::Tensor>& prompts) {
+                                              const std::vector<at::Tensor>& prompts, bool cuda_streams) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(loops.size()) == rows() && prompts.size() == loops.size(),
                     "BatchedForward.run: the batch has ", rows(), " rows, given ", loops.size(),
                     " loops and ", prompts.size(), " prompts");
@@ -349,7 +351,7 @@ std::vector<DecodeResult> BatchedForward::run(const std::vector<DecodeLoop*>& lo
   // ran on the caller's: HF's generate runs under no_grad, and ops with out= arguments refuse weights that
   // require grad outside it.
   const at::ThreadLocalState state;
-  const std::vector<c10::Stream> streams = callers_streams();
+  const std::vector<c10::Stream> streams = cuda_streams ? callers_streams() : std::vector<c10::Stream>{};
   for (size_t i = 0; i < loops.size(); ++i) {
     threads.emplace_back([&, i] {
       at::ThreadLocalStateGuard guard(state);

@@ -78,8 +78,10 @@ class BatchedForward {
 
   // Runs loops[i].run(prompts[i]) on one thread each, loop i calling forward_for(i), until every loop has
   // stopped; their results in order. The first exception a loop raised is rethrown once all have stopped.
-  std::vector<DecodeResult> run(const std::vector<DecodeLoop*>& loops,
-                                const std::vector<at::Tensor>& prompts);
+  // cuda_streams: every loop thread runs on the caller's current CUDA streams (a model on a GPU; false
+  // leaves CUDA untouched: querying it would initialise the driver in a CPU-only process).
+  std::vector<DecodeResult> run(const std::vector<DecodeLoop*>& loops, const std::vector<at::Tensor>& prompts,
+                                bool cuda_streams = false);
 
   // `fn` (a row's forward of its own: HF's forward deciding a near-tie) made to run on run()'s thread, once
   // every live row waits, as the batched forwards do: a loop's thread runs no parallel work of its own (see

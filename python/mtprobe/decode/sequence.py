@@ -90,7 +90,10 @@ def decode_batch(
         s.adapter.batch_row = (batched, row)  # the self-draft's steps meet there too
     try:
         with plan.in_use() if plan is not None else contextlib.nullcontext():
-            results = batched.run(loops, [p.ids[0] for p in prompts])
+            # On a GPU the loops' threads queue their reads on the caller's streams (not each thread's default).
+            results = batched.run(
+                loops, [p.ids[0] for p in prompts], cuda_streams=model.device.type == "cuda"
+            )
     finally:
         for s in seqs:
             s.adapter.batch_row = None
