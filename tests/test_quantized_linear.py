@@ -286,3 +286,78 @@ def test_module_refuses_a_layer_it_cannot_stand_in_for():
         ql.QuantizedLinear(nn.Linear(40, 8))
     with pytest.raises(ValueError, match="must be a float32 or bfloat16 CPU nn.Linear"):
         ql.QuantizedLinear(nn.Linear(64, 8).double())
+
+
+# --- the searched rounding's ops against their references ----------------------------------------------------
+
+
+def _minmax(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, ...]:
+    """GGUF's rounding of ``w [out, in]`` as the search ops take it: codes [out, in] as floats, scale (and min)."""
+    out, inp = w.shape
+    g = w.reshape(out, inp // 32, 32)
+    if fmt == "q8_0":
+        scale = g.abs().amax(-1) / 127
+        safe = torch.where(scale > 0, scale, 1.0)  # as quantize: a zero group's codes 0
+        return torch.round(g / safe[..., None]).clamp(-127, 127).reshape(out, inp), scale
+    lo = g.amin(-1)
+    scale = (g.amax(-1) - lo) / 15
+    safe = torch.where(scale > 0, scale, 1.0)  # a constant group's codes 0
+    return torch.round((g - lo[..., None]) / safe[..., None]).clamp(0, 15).reshape(out, inp), scale, lo
+
+
+def _weighted_error(w, codes, scale, lo, a):
+    out, inp = w.shape
+    q = codes.reshape(out, inp // 32, 32) * scale[..., None] + (0 if lo is None else lo[..., None])
+    return float(((q - w.reshape(out, inp // 32, 32)).square() * a.reshape(inp // 32, 32)).sum())
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (3, 96), (64, 160)])
+def test_search_ops_match_their_references(shape):
+    from mtprobe import reference
+
+    g = torch.Generator().manual_seed(shape[0])
+    w = torch.randn(*shape, generator=g) * 0.05
+    w[0, :32] = 0.125  # a constant group: left as it is
+    a = ql._error_weights(torch.rand(shape[1], generator=g) ** 4, shape[1])
+    cuts = [0.0, 0.05, 0.1]
+    got = torch.ops.mtprobe.quantize_search_q4_1(w, *_minmax(w, "q4_1"), a, cuts, 2)
+    want = reference.searched_q4_1(w, *_minmax(w, "q4_1"), a, cuts, 2)
+    # Summed in another order, a candidate can tie the other way round: the same error, nearly the same codes.
+    assert _weighted_error(w, *got, a) <= _weighted_error(w, *want, a) * (1 + 1e-5) + 1e-12
+    assert (got[0] == want[0]).float().mean() > 0.99 and torch.equal(got[0][0, :32], want[0][0, :32])
+    got8 = torch.ops.mtprobe.quantize_search_q8_0(w, *_minmax(w, "q8_0"), a, 3)
+    want8 = reference.searched_q8_0(w, *_minmax(w, "q8_0"), a, 3)
+    assert _weighted_error(w, *got8, None, a) <= _weighted_error(w, *want8, None, a) * (1 + 1e-5) + 1e-12
+    assert (got8[0] == want8[0]).float().mean() > 0.99
+    # Weights on the grid already come back as they are.
+    on_grid = ql.dequantize(ql.quantize(w, "q4_1"))
+    codes, scale, lo = _minmax(on_grid, "q4_1")
+    back = torch.ops.mtprobe.quantize_search_q4_1(on_grid, codes, scale, lo, a, cuts, 2)
+    assert torch.equal(back[0], codes) and torch.equal(back[1], scale) and torch.equal(back[2], lo)
+    opcheck(torch.ops.mtprobe.quantize_search_q4_1, (w, *_minmax(w, "q4_1"), a, cuts, 2))
+    opcheck(torch.ops.mtprobe.quantize_search_q8_0, (w, *_minmax(w, "q8_0"), a, 3))
+
+
+def test_search_ops_reject_bad_input():
+    w = torch.randn(4, 64)
+    codes, scale, lo = _minmax(w, "q4_1")
+    a = torch.ones(64)
+    op4, op8 = torch.ops.mtprobe.quantize_search_q4_1, torch.ops.mtprobe.quantize_search_q8_0
+    with pytest.raises(
+        ValueError, match=r"weight must be \[out_features, in_features\] with in_features a multiple"
+    ):
+        op4(torch.randn(4, 40), codes, scale, lo, a, [0.0], 1)
+    with pytest.raises(ValueError, match=r"codes must be a contiguous float32 CPU tensor \[4, 64\]"):
+        op4(w, codes.to(torch.uint8), scale, lo, a, [0.0], 1)
+    with pytest.raises(ValueError, match=r"min must be a contiguous float32 CPU tensor \[4, 2\]"):
+        op4(w, codes, scale, lo[:, :1], a, [0.0], 1)
+    with pytest.raises(ValueError, match="error_weights must be non-negative"):
+        op4(w, codes, scale, lo, -a, [0.0], 1)
+    with pytest.raises(ValueError, match=r"each cut must be a fraction in \[0, 0.5\)"):
+        op4(w, codes, scale, lo, a, [0.0, 0.5], 1)
+    with pytest.raises(ValueError, match="refines must be >= 0"):
+        op4(w, codes, scale, lo, a, [0.0], -1)
+    with pytest.raises(ValueError, match="iterations must be >= 0"):
+        op8(w, *_minmax(w, "q8_0"), a, -1)
+    with pytest.raises(ValueError, match=r"error_weights must be a contiguous float32 CPU tensor \[64\]"):
+        op8(w, *_minmax(w, "q8_0"), torch.ones(32), 1)

@@ -1,5 +1,9 @@
 #include "core/quantized_linear.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MTPROBE_X86_SIMD 1
 #include <immintrin.h>
@@ -280,6 +284,108 @@ const char* quantized_linear_isa() {
   if (has_avx2()) return has_avx512() ? "avx512" : "avx2";
 #endif
   return "scalar";
+}
+
+namespace {
+constexpr int kG = static_cast<int>(kQuantGroup);
+constexpr int kLanes = 8;  // partial sums kept apart, so that the compiler vectorises the loops over a group
+constexpr float kTiny = std::numeric_limits<float>::min();
+
+// x in [lo, hi] (|lo|, |hi| < 2^22) rounded half to even, as torch.round (the reference): adding and taking
+// back 1.5 * 2^23 leaves no fraction bits, without a library call. Clamping first rounds the same as after.
+inline float clamp_round(float x, float lo, float hi) {
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  return (std::min(std::max(x, lo), hi) + kShift) - kShift;
+}
+
+inline double lane_sum(const float* v) {
+  double t = 0.0;
+  for (int l = 0; l < kLanes; ++l) t += v[l];
+  return t;
+}
+
+// The weighted error of W_j = s q_j + m against w.
+double group_error(const float* w, const float* a, const float* q, float s, float m) {
+  float e[kLanes] = {};
+  for (int j0 = 0; j0 < kG; j0 += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float d = q[j0 + l] * s + m - w[j0 + l];
+      e[l] += a[j0 + l] * d * d;
+    }
+  return lane_sum(e);
+}
+}  // namespace
+
+void search_q4_1_group(const float* w, const float* a, const float* cuts, int num_cuts, int refines,
+                       float* codes, float* scale, float* min) {
+  double sa = 0.0, saw = 0.0;
+  float lo = w[0], hi = w[0];
+  for (int j = 0; j < kG; ++j) {
+    sa += a[j];
+    saw += static_cast<double>(a[j]) * w[j];
+    lo = std::min(lo, w[j]);
+    hi = std::max(hi, w[j]);
+  }
+  double best = group_error(w, a, codes, *scale, *min);
+  const double step = 1e-3 * *scale;
+  if (best <= step * step * sa) return;  // on its grid already: nothing can do better
+  float q[kG];
+  // The codes of `start` + `step` q, with their weighted least-squares scale and minimum, if strictly better.
+  auto keep_better = [&](float start, float step_size) {
+    float psq[kLanes] = {}, psqq[kLanes] = {}, psqw[kLanes] = {};
+    for (int j0 = 0; j0 < kG; j0 += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const int j = j0 + l;
+        q[j] = clamp_round((w[j] - start) / step_size, 0.0f, 15.0f);
+        const float aq = a[j] * q[j];
+        psq[l] += aq;
+        psqq[l] += aq * q[j];
+        psqw[l] += aq * w[j];
+      }
+    const double sq = lane_sum(psq), sqq = lane_sum(psqq), sqw = lane_sum(psqw);
+    const double det = sa * sqq - sq * sq;
+    if (!(det > 1e-12 * sa * sqq)) return;
+    const auto s = static_cast<float>((sa * sqw - sq * saw) / det);
+    const auto m = static_cast<float>((saw - static_cast<double>(s) * sq) / sa);
+    if (!(s > 0.0f)) return;
+    const double e = group_error(w, a, q, s, m);
+    if (e < best) {
+      best = e;
+      std::copy(q, q + kG, codes);
+      *scale = s;
+      *min = m;
+    }
+  };
+  const float width = hi - lo;
+  for (int b = 0; b < num_cuts; ++b)
+    for (int t = 0; t < num_cuts; ++t)
+      if (cuts[b] != 0.0f || cuts[t] != 0.0f)
+        keep_better(lo + cuts[b] * width, std::max(width * (1.0f - cuts[b] - cuts[t]) / 15.0f, kTiny));
+  for (int r = 0; r < refines; ++r) keep_better(*min, std::max(*scale, kTiny));
+}
+
+void search_q8_0_group(const float* w, const float* a, int iterations, float* codes, float* scale) {
+  double best = group_error(w, a, codes, *scale, 0.0f);
+  float q[kG];
+  for (int it = 0; it < iterations; ++it) {
+    float pden[kLanes] = {}, pnum[kLanes] = {};
+    for (int j0 = 0; j0 < kG; j0 += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float ac = a[j0 + l] * codes[j0 + l];
+        pden[l] += ac * codes[j0 + l];
+        pnum[l] += ac * w[j0 + l];
+      }
+    const double den = lane_sum(pden), num = lane_sum(pnum);
+    const float s = den > 0.0 ? static_cast<float>(num / den) : *scale;
+    if (!(s > 0.0f)) return;
+    const float step = std::max(s, kTiny);
+    for (int j = 0; j < kG; ++j) q[j] = clamp_round(w[j] / step, -127.0f, 127.0f);
+    const double e = group_error(w, a, q, s, 0.0f);
+    if (!(e < best)) return;  // the codes and scale stay where they were: later refits would repeat this one
+    best = e;
+    std::copy(q, q + kG, codes);
+    *scale = s;
+  }
 }
 
 void quantized_linear(const float* x, const float* xsum, int64_t rows, int64_t in_features, const void* codes,

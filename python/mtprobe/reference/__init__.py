@@ -6,7 +6,7 @@ Nothing here imports from mtprobe outside this subpackage, so the definitions st
 from .draft_tree import dynamic_tree, expand_tree, merge_trees, static_tree
 from .kv_compact import check_compaction, compact_kv
 from .prompt_lookup import prompt_lookup
-from .quantized_linear import quantized_linear
+from .quantized_linear import quantized_linear, searched_q4_1, searched_q8_0
 from .small_batch_linear import small_batch_linear
 from .stand import NgramStore, build_stand_tree
 from .target_forward import target_forward
@@ -30,6 +30,8 @@ __all__ = [
     "expand_tree",
     "merge_trees",
     "prompt_lookup",
+    "searched_q4_1",
+    "searched_q8_0",
     "quantized_linear",
     "small_batch_linear",
     "static_tree",

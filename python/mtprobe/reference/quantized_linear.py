@@ -8,7 +8,9 @@ Every weight row is cut into groups of 32 inputs, each with a scale (GGUF's form
 - Q8_0, int8 ``codes [out, in]``: ``W[n, 32 g + j] = scale[n, g] * q``.
 
 The C++ op (``torch.ops.mtprobe.quantized_linear``) computes the same in float32; this sums in float64,
-so a test bounds the op's rounding instead of comparing two float32 roundings.
+so a test bounds the op's rounding instead of comparing two float32 roundings. :func:`searched_q4_1` and
+:func:`searched_q8_0` define the searched rounding (``torch.ops.mtprobe.quantize_search_q4_1`` and
+``_q8_0``, csrc/core/quantized_linear.h), every group at once.
 
 Worked examples (those in csrc/core/quantized_linear.h), x all ones, bias 2:
 
@@ -51,3 +53,78 @@ def quantized_linear(
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype)
+
+
+def searched_q4_1(
+    weight: torch.Tensor,  # [out, in] float32
+    codes: torch.Tensor,  # [out, in] GGUF's codes 0..15, as floats
+    scale: torch.Tensor,  # [out, in / 32]
+    min: torch.Tensor,  # [out, in / 32]
+    error_weights: torch.Tensor,  # [in]
+    cuts: list[float],
+    refines: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # codes [out, in], scale, min [out, in / 32]
+    """Each group's codes of the ranges ``[lo + b (hi - lo), hi - t (hi - lo)]`` (every pair of ``cuts`` but
+    (0, 0)) with their weighted least-squares scale and minimum, then ``refines`` times the best codes
+    re-rounded to their own; the best by ``sum_j a_j (W_j - w_j)^2`` where strictly better than the input's.
+    Groups within a thousandth of a step of their grid are left alone."""
+    out, inp = weight.shape
+    w = weight.reshape(out, inp // 32, 32)
+    a = error_weights.reshape(inp // 32, 32).expand_as(w)
+    codes, scale, min = codes.reshape(w.shape).clone(), scale.clone(), min.clone()
+    best = ((codes * scale[..., None] + min[..., None] - w).square() * a).sum(-1)  # [out, groups]
+    on_grid = best <= (1e-3 * scale).square() * a.sum(-1)
+    sa, saw = a.sum(-1), (a * w).sum(-1)
+
+    def keep_better(start: torch.Tensor, step: torch.Tensor) -> None:  # [out, groups] each
+        nonlocal best, codes, scale, min
+        q = torch.round((w - start[..., None]) / step[..., None]).clamp(0, 15)
+        aq = a * q
+        sq, sqq, sqw = aq.sum(-1), (aq * q).sum(-1), (aq * w).sum(-1)
+        det = sa * sqq - sq * sq
+        ok = det > 1e-12 * sa * sqq
+        s = torch.where(ok, (sa * sqw - sq * saw) / torch.where(ok, det, 1.0), 0.0)
+        m = (saw - s * sq) / sa
+        err = ((q * s[..., None] + m[..., None] - w).square() * a).sum(-1)
+        better = ok & (s > 0) & (err < best) & ~on_grid
+        best = torch.where(better, err, best)
+        codes = torch.where(better[..., None], q, codes)
+        scale, min = torch.where(better, s, scale), torch.where(better, m, min)
+
+    low = w.amin(-1)
+    width = w.amax(-1) - low
+    tiny = torch.finfo(torch.float32).tiny
+    for b in cuts:
+        for t in cuts:
+            if b or t:
+                keep_better(low + b * width, (width * (1 - b - t) / 15).clamp_min(tiny))
+    for _ in range(refines):
+        keep_better(min, scale.clamp_min(tiny))
+    return codes.reshape(out, inp), scale, min
+
+
+def searched_q8_0(
+    weight: torch.Tensor,  # [out, in] float32
+    codes: torch.Tensor,  # [out, in] GGUF's codes -127..127, as floats
+    scale: torch.Tensor,  # [out, in / 32]
+    error_weights: torch.Tensor,  # [in]
+    iterations: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # codes [out, in], scale [out, in / 32]
+    """``iterations`` times each group's scale refitted to its codes by weighted least squares and the codes
+    re-rounded to it, kept where the weighted error falls."""
+    out, inp = weight.shape
+    w = weight.reshape(out, inp // 32, 32)
+    a = error_weights.reshape(inp // 32, 32).expand_as(w)
+    codes, scale = codes.reshape(w.shape).clone(), scale.clone()
+    best = ((codes * scale[..., None] - w).square() * a).sum(-1)
+    tiny = torch.finfo(torch.float32).tiny
+    for _ in range(iterations):
+        den = (a * codes * codes).sum(-1)
+        s = torch.where(den > 0, (a * codes * w).sum(-1) / den.clamp_min(tiny), scale)
+        q = torch.round(w / s.clamp_min(tiny)[..., None]).clamp(-127, 127)
+        err = ((q * s[..., None] - w).square() * a).sum(-1)
+        better = (s > 0) & (err < best)
+        best = torch.where(better, err, best)
+        codes = torch.where(better[..., None], q, codes)
+        scale = torch.where(better, s, scale)
+    return codes.reshape(out, inp), scale
