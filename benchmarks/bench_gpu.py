@@ -179,10 +179,12 @@ def batch_table(
                         for j, (got, want) in enumerate(zip(r["rows"], expected, strict=True)):
                             if got[: len(want)] == want and all(t == pad for t in got[len(want) :]):
                                 same[name] += 1
-                            else:
-                                departed.append(
-                                    row_divergence(model, batch[j], want, got, f"B {size} {name}")
+                            else:  # where it departs, as the single-prompt table says it
+                                prompt = batch[j][0]
+                                ref, mine = (
+                                    torch.cat([prompt, prompt.new_tensor(t)])[None] for t in (want, got)
                                 )
+                                departed.append(f"B {size} {name}: {divergence(model, ref, mine)}")
         base = sum(r["tokens"] for r in runs["hf-batched"]) / sum(r["wall"] for r in runs["hf-batched"])
         for name in names:
             rs = runs[name]
@@ -193,18 +195,12 @@ def batch_table(
             lines.append(
                 f"| {size} | {name} | {tps:.1f} | {tps / base:.2f} | {tau} | {same[name]}/{rows} | {graphs} |"
             )
-    lines += ["", "Rows that depart from hf-eager alone (first index, top-2 logit margin there):", ""]
+    lines += [
+        "",
+        "Rows that depart from hf-eager alone (first index in prompt + row, top-2 logit margin there):",
+        "",
+    ]
     return lines + ([f"- {d}" for d in departed] or ["- none: every row identical"])
-
-
-def row_divergence(model: Any, prompt: torch.Tensor, want: list[int], got: list[int], label: str) -> str:
-    """Where a batch row's new tokens ``got`` first leave ``want`` (hf-eager alone after ``prompt`` [1, L])."""
-    for i, (a, b) in enumerate(zip(want, got, strict=False)):
-        if a != b:
-            prefix = torch.cat([prompt[0], prompt.new_tensor(want[:i])])[None]  # [1, L + i]
-            margin, t1, t2 = top2_margin(model, prefix)
-            return f"{label}: new token {i}: {b} vs {a} (top-2 {t1}, {t2}; margin {margin:.3f})"
-    return f"{label}: {len(got)} new tokens vs {len(want)} (padding after the end differs)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

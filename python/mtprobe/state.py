@@ -35,8 +35,6 @@ class ModelState:
     """Its layer-truncated self-drafts by depth (:func:`mtprobe.target_model.self_draft.layer_truncated`)."""
     quantized_drafts: dict[str, Any] = field(default_factory=dict)
     """Its quantized self-drafts by format (:func:`mtprobe.target_model.self_draft.quantized`)."""
-    draft_format: str | None = None
-    """The self-draft's format its weights call for (:func:`mtprobe.target_model.self_draft.draft_format_for`)."""
     on_q4_grid: bool | None = None
     """Whether the model's linear weights are Q4_1 values already (:func:`mtprobe.target_model.self_draft.on_q4_grid`)."""
     decoder: Any = None

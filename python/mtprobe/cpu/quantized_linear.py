@@ -197,7 +197,7 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        q = quantize(linear.weight, format, search=search, importance=importance if search else None)
+        q = quantize(linear.weight, format, search=search, importance=importance)
         self.format = q.format
         self.register_buffer("codes", q.codes, persistent=False)
         self.register_buffer("scale", q.scale, persistent=False)  # [out, in / 32]

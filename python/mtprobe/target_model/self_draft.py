@@ -102,16 +102,7 @@ def draft_format_for(model: PreTrainedModel) -> str:
     26 Spec-Bench dev questions, benchmarks/results/auto/interleaved-draft-formats-off-grid-weighted.md and
     interleaved-q8-weighted-off-grid.md). Decided once per model (kept in its state); a weight counts as on
     the grid when re-quantizing it moves no value by more than a thousandth of its group's step."""
-    state = state_of(model)
-    if state.draft_format is None:
-        state.draft_format = "q4_1" if on_q4_grid(model) else "q8_0"
-        logger.info(
-            "quantized self-draft: %s's weights %s: format %s",
-            type(model).__name__,
-            "are Q4_1 values" if state.draft_format == "q4_1" else "are not 4-bit values",
-            state.draft_format,
-        )
-    return state.draft_format
+    return "q4_1" if on_q4_grid(model) else "q8_0"
 
 
 def on_q4_grid(model: PreTrainedModel) -> bool:
@@ -120,6 +111,11 @@ def on_q4_grid(model: PreTrainedModel) -> bool:
     state = state_of(model)
     if state.on_q4_grid is None:
         state.on_q4_grid = _on_q4_grid(model)
+        logger.info(
+            "quantized self-draft: %s's weights %s",
+            type(model).__name__,
+            "are Q4_1 values (4-bit drafts)" if state.on_q4_grid else "are not 4-bit values (8-bit drafts)",
+        )
     return state.on_q4_grid
 
 
