@@ -138,6 +138,7 @@ INTERLEAVED = (
     LLAMA_CPP,
     "mtprobe plain",
     "auto",
+    "auto fixed q8_0",
     "mtprobe plain (HF target forward)",
     "auto (HF target forward)",
     "auto 4-bit draft only",
@@ -326,6 +327,19 @@ def interleaved_report(
     return lines
 
 
+def format_lines(model: Any) -> list[str]:
+    """What AutoConfig chose for its self-draft's format in the run, and the generations each format drafted in
+    while measured (the first ones of the run: warm-up, then the first questions)."""
+    state = state_of(model)
+    if not state.draft_formats and not state.format_runs:
+        return []
+    chosen = ", ".join(f"`{f}`" for f in state.draft_formats.values()) or "none yet"
+    runs = ", ".join(f"`{c.draft_format}` {n}" for (c, _), n in state.format_runs.items())
+    return [
+        f"- AutoConfig's self-draft format chosen by measurement: {chosen} (generations each drafted in: {runs})"
+    ]
+
+
 def run_interleaved(args: argparse.Namespace) -> int:
     """Issue 42's comparison, every row in this process on one model (see the module's docstring)."""
     import mtprobe
@@ -400,6 +414,17 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "HF prompt lookup": hf(prompt_lookup_num_tokens=args.pld_tokens),
         LLAMA_CPP: llama_cpp,
         "auto": mt(mtprobe.AutoConfig()),
+        # AutoConfig's self-draft in 8 bits from the start: what the weights' grid check chose off the grid
+        # from 2026-11-29 until AutoConfig measured the formats (2026-11-30).
+        "auto fixed q8_0": mt(
+            mtprobe.AutoConfig(
+                drafters=(
+                    mtprobe.PromptLookupConfig(),
+                    mtprobe.StandConfig(block_complexity=10, prompt_logits=0),
+                    mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=24, draft_format="q8_0"),
+                )
+            )
+        ),
         # AutoConfig's candidates up to 2026-11-29: the quantized self-draft in 4 bits whatever the weights.
         "auto 4-bit draft only": mt(
             mtprobe.AutoConfig(
@@ -543,7 +568,10 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "step); `auto` `mtprobe.AutoConfig()` (its default candidates: prompt lookup, STAND and the quantized self-draft; "
         "since 2026-11-28 K up to 24 and STAND `prompt_logits=0`, before that K up to 12 and every prompt logit; "
         "since 2026-11-29 the self-draft's format chosen by its weights, `draft_format='auto'`: 4 bits on the 4-bit grid, "
-        "else 8); `auto 4-bit draft only` its candidates before that (the 4-bit self-draft); "
+        "else 8; since 2026-11-30 off the grid by measurement: each of `AutoConfig.draft_formats` drafts in the first "
+        "generations, the forecast's best kept, `mtprobe.drafters.auto_formats`); `auto fixed q8_0` the same "
+        "with the self-draft in 8 bits from the start; `auto 4-bit draft only` its candidates before 2026-11-29 "
+        "(the 4-bit self-draft); "
         "`quantized draft K q8_0` / `mixed` the self-draft "
         "with every linear in 8 bits / the attention's in 8 and the MLP's in 4; "
         f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
@@ -564,6 +592,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
             else f" (timed while other processes used {100 * routes.other_load:.0f}% of the CPU)"
         ),
         *peer_lines,
+        *format_lines(model),
     ]
     write_report(args.out, interleaved_report(header, runs, methods, question_count=len(prompts)))
     return 0

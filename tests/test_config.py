@@ -90,6 +90,7 @@ NON_DEFAULT = {
         decay=0.8,
         explore_every=5,
         carry=False,
+        draft_formats=("q4_1", "mixed"),
     ),
     "heads": mtprobe.HeadsConfig(
         path=str(HEAD),

@@ -52,6 +52,12 @@ class ModelState:
     carried: dict[tuple[Any, bool, int], tuple[Any, float]] = field(default_factory=dict)
     """What AutoConfig measured of each draft model: (configuration, sampling, rows decoded together) ->
     (acceptance counts, seconds per draft) (:mod:`mtprobe.drafters.auto_carry`)."""
+    draft_formats: dict[Any, str] = field(default_factory=dict)
+    """The format AutoConfig chose for each of its quantized self-drafts of ``draft_format="auto"`` (that
+    configuration -> ``"q8_0"`` etc.; :mod:`mtprobe.drafters.auto_formats`)."""
+    format_runs: dict[tuple[Any, bool], int] = field(default_factory=dict)
+    """Generations in which each format of such a self-draft drafted while measured: (its configuration in
+    that format, sampling) -> count (:mod:`mtprobe.drafters.auto_formats`)."""
     carry_loaded: set[Any] = field(default_factory=set)
     """The ``AutoConfig.carry`` settings whose file was read into ``carried`` already."""
     batch_drafting: dict[tuple[Any, bool, int], Any] = field(default_factory=dict)

@@ -48,7 +48,8 @@ class GenerateOutput(ModelOutput):
             (drafts accepted; the bonus token is no draft). An EOS or stopping criterion may cut the
             last step's tokens short after verification; ``accept_lengths`` counts what was kept.
         choices: with :class:`~mtprobe.AutoConfig`, one ``(method, block size T)`` per decode step:
-            the drafter whose block (or cut of it) was verified, or ``("plain", 1)``; ``timings``
+            the drafter whose block (or cut of it) was verified (a quantized self-draft whose format
+            AutoConfig chooses with its format: ``"sps:q8_0"``), or ``("plain", 1)``; ``timings``
             then also holds ``draft_s`` (the drafters' own work) and ``schedule_s`` (the scheduler's).
             With :class:`~mtprobe.EntMTPConfig` or a ``HeadsConfig`` with a bank: ``("tree<i>", T)``,
             the bank tree the policy chose, or ``("none", 1 + k)`` for a step without candidates (the

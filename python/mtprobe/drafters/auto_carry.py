@@ -11,7 +11,9 @@ measured, per draft configuration, sampling or not, and batch size, starts the n
   threads (a draft's seconds), and the weights' fingerprint (its acceptance: the 4-bit self-draft of a
   checkpoint on the 4-bit grid accepts every draft, off it far fewer). Not the target's forward or linear
   routes, which price the verification, not the draft. A new process's first generation then starts where
-  the last one stopped.
+  the last one stopped. The quantized self-draft's format, where AutoConfig chose it by measurement
+  (:mod:`mtprobe.drafters.auto_formats`), goes with them, and the generations each format was measured in
+  while it was being chosen.
 
 ``AutoConfig(carry=...)`` chooses: ``None`` (the default) the file above, a path a file of the user's
 (refused, with what differs, when it was made for another model, weights, dtype, CPU or thread count),
@@ -40,6 +42,7 @@ from mtprobe.identity import model_identity
 from mtprobe.models.cache import cache_root
 from mtprobe.registry import DecodingConfig
 from mtprobe.state import state_of
+from mtprobe.target_model.self_draft import DRAFT_FORMATS
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -149,6 +152,8 @@ def load(model: PreTrainedModel, carry: Any) -> None:
                 "would mislead its scheduler; pass another file, or carry=None to keep them per model and machine"
             )
         entries = [_entry(e, path) for e in data.get("entries", [])]
+        formats = [_format(e, path) for e in data.get("formats", [])]
+        runs = [_runs(e, path) for e in data.get("format_runs", [])]
     except (ValueError, OSError) as e:
         if carry is None:  # the cache's own file: rewritten after this generation
             logger.warning("mtprobe: ignoring %s (unreadable AutoConfig measurements)", path, exc_info=True)
@@ -158,6 +163,10 @@ def load(model: PreTrainedModel, carry: Any) -> None:
         raise
     for k, v in entries:
         state.carried.setdefault(k, v)
+    for origin, chosen in formats:
+        state.draft_formats.setdefault(origin, chosen)
+    for k, n in runs:
+        state.format_runs[k] = max(n, state.format_runs.get(k, 0))
 
 
 def _entry(e: Any, path: Path) -> tuple[tuple[Any, bool, int], tuple[Any, float]]:
@@ -174,13 +183,37 @@ def _entry(e: Any, path: Path) -> tuple[tuple[Any, bool, int], tuple[Any, float]
     return k, (counts, seconds)
 
 
+def _format(e: Any, path: Path) -> tuple[Any, str]:
+    try:
+        origin, chosen = config_from_dict(e["config"]), e["format"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: a chosen draft format it holds is malformed ({err!r})") from None
+    if getattr(origin, "draft_format", None) != "auto" or chosen not in DRAFT_FORMATS or chosen == "auto":
+        raise ValueError(
+            f"{path}: a chosen draft format must name a self-draft of draft_format 'auto' and one of "
+            f"{', '.join(repr(f) for f in DRAFT_FORMATS if f != 'auto')}, got {e!r}"
+        )
+    return origin, chosen
+
+
+def _runs(e: Any, path: Path) -> tuple[tuple[Any, bool], int]:
+    try:
+        k, n = (config_from_dict(e["config"]), bool(e["do_sample"])), e["generations"]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: a draft format's measured generations are malformed ({err!r})") from None
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"{path}: a draft format's measured generations must be an int >= 0, got {n!r}")
+    return k, n
+
+
 def save(model: PreTrainedModel, carry: Any) -> None:
     """Write what the model's state holds (every configuration a dict can name) to ``carry``'s file."""
     path, key = _path(model, carry)
     if path is None:
         return
+    state = state_of(model)
     entries = []
-    for (config, do_sample, rows), ((trials, accepts), seconds) in state_of(model).carried.items():
+    for (config, do_sample, rows), ((trials, accepts), seconds) in state.carried.items():
         try:
             data = config.to_dict()
         except ValueError:  # a live draft_model object: no other process can name it
@@ -195,8 +228,17 @@ def save(model: PreTrainedModel, carry: Any) -> None:
                 "draft_seconds": seconds,
             }
         )
+    # A self-draft's configuration names no live object: every one converts to a dict.
+    formats = [{"config": c.to_dict(), "format": f} for c, f in state.draft_formats.items()]
+    runs = [
+        {"config": c.to_dict(), "do_sample": sampled, "generations": n}
+        for (c, sampled), n in state.format_runs.items()
+    ]
     try:
-        write_json(path, {"version": VERSION, "key": key, "entries": entries})
+        write_json(
+            path,
+            {"version": VERSION, "key": key, "entries": entries, "formats": formats, "format_runs": runs},
+        )
     except OSError as e:  # a read-only cache costs the next process an exploration, not this generation
         logger.warning("mtprobe: could not keep AutoConfig's measurements in %s: %s", path, e)
 

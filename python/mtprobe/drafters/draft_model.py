@@ -68,7 +68,9 @@ class DraftModelConfig(ConfigData):
             ``"q4_1"`` (the default; 4 bits), ``"q8_0"`` (8 bits: twice the reads, closer to the target),
             ``"mixed"`` (the attention's in 8 bits, the MLP's in 4; the head is in 8 bits in each), or
             ``"auto"``: 4 bits where the model's weights are 4-bit values already, else 8 (measured on the
-            weights once per model, :func:`~mtprobe.target_model.self_draft.draft_format_for`).
+            weights once per model, :func:`~mtprobe.target_model.self_draft.draft_format_for`); among
+            :class:`~mtprobe.AutoConfig`'s drafters, off the 4-bit grid, the format of its ``draft_formats`` that
+            measures fastest in the model's first generations (:mod:`mtprobe.drafters.auto_formats`).
 
     >>> DraftModelConfig(num_tokens=4).block_complexity
     5
@@ -315,7 +317,8 @@ register(
                 str,
                 "fmt-",
                 "the quantized self-draft's weights: q4_1 (4 bits), q8_0 (8 bits), mixed (the attention's in 8 bits, "
-                "the MLP's in 4), or auto (4 bits where the weights are 4-bit values already, else 8)",
+                "the MLP's in 4), or auto (4 bits where the weights are 4-bit values already, else 8; under auto, off "
+                "that grid, the format measured fastest)",
             ),
             Option(
                 "--draft-layers",

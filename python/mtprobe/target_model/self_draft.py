@@ -101,7 +101,9 @@ def draft_format_for(model: PreTrainedModel) -> str:
     often: on SmolLM2's weights moved off the grid a chain of 12 kept τ 5.31 in 4 bits and 10.79 in 8,
     26 Spec-Bench dev questions, benchmarks/results/auto/interleaved-draft-formats-off-grid-weighted.md and
     interleaved-q8-weighted-off-grid.md). Decided once per model (kept in its state); a weight counts as on
-    the grid when re-quantizing it moves no value by more than a thousandth of its group's step."""
+    the grid when re-quantizing it moves no value by more than a thousandth of its group's step. AutoConfig
+    measures the formats instead off the grid (:mod:`mtprobe.drafters.auto_formats`): which drafts fastest
+    there depends on the machine too."""
     return "q4_1" if on_q4_grid(model) else "q8_0"
 
 
@@ -114,7 +116,7 @@ def on_q4_grid(model: PreTrainedModel) -> bool:
         logger.info(
             "quantized self-draft: %s's weights %s",
             type(model).__name__,
-            "are Q4_1 values (4-bit drafts)" if state.on_q4_grid else "are not 4-bit values (8-bit drafts)",
+            "are Q4_1 values already" if state.on_q4_grid else "are off the Q4_1 grid (not 4-bit values)",
         )
     return state.on_q4_grid
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from mtprobe import _C, models, registry
+from mtprobe.drafters import auto_formats
 from mtprobe.drafters.base import leaves, make_drafter, ngram_memories
 from mtprobe.state import state_of
 from mtprobe.vllm.config import config_of
@@ -175,6 +176,11 @@ class Proposer:
             self.model = _StateKey()
         else:
             self.model, _ = models.load(self.model_path)
+        if self.config.method == "auto" and not scheduled:
+            # mtprobe's scheduler per request: no generation of it finishes as mtprobe's do, so the self-draft's
+            # format is not measured here (it would explore every format in every request).
+            self.config = auto_formats.without_measuring(self.model, self.config)
+            self.options = [self.config]
         # Built once per model and kept in its state, here while vLLM loads rather than in the first
         # request's step: the quantized self-draft and its C++ decoder, a scheduler's forward profile.
         draft_seconds: list[float | None] = []
