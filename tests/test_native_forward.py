@@ -591,7 +591,9 @@ def test_bfloat16_forward_is_nearer_float32_than_hf_bfloat16(name):
     # HF's bfloat16 forward reads the C++ forward's cache as well as its own.
     mine = (outs["c++"][2] - outs["f32"][2]).abs().max().item()
     hf16 = (outs["hf16"][2] - outs["f32"][2]).abs().max().item()
-    assert mine < 2 * hf16, f"HF's next block on the C++ cache: {mine:.2e} from float32, on HF's own {hf16:.2e}"
+    assert mine < 2 * hf16, (
+        f"HF's next block on the C++ cache: {mine:.2e} from float32, on HF's own {hf16:.2e}"
+    )
 
 
 @pytest.mark.parametrize(
