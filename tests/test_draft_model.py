@@ -467,3 +467,17 @@ def test_draft_of_another_architecture_works(tiny):
         tiny, prompt, mtprobe.DraftModelConfig(draft_model=qwen, num_tokens=3), max_new_tokens=20
     )
     assert torch.equal(out.sequences, ref)
+
+
+def test_a_bfloat16_targets_draft_logits_are_rounded_as_its_own():
+    """The float32 self-draft of a bfloat16 model hands its drafter bfloat16 values (so that greedy ties break to
+    the lowest token id, as the target's do); a float32 target's draft, or bfloat16 logits, are left alone."""
+    from mtprobe.drafters.draft_model import rounded_as_target
+
+    logits = torch.tensor([[20.0, 20.03, 19.9, -3.3]])  # 20.0 and 20.03 are one bfloat16 value (step 0.125)
+    half = tiny_llama().to(torch.bfloat16)
+    rounded = rounded_as_target(half, logits)
+    assert rounded.dtype == torch.float32 and torch.equal(rounded, logits.bfloat16().float())
+    assert rounded.argmax(-1).item() == 0 and logits.argmax(-1).item() == 1
+    assert rounded_as_target(tiny_llama(), logits) is logits
+    assert rounded_as_target(half, logits.bfloat16()).dtype == torch.bfloat16

@@ -243,14 +243,15 @@ def draft_model_drafter(
                     else:
                         logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
                 adapter.cache.set_length(prefix_len + rows)
-                return logits.unsqueeze(0).expand(n, -1), None  # the drafter reads the last row only
+                # The drafter reads the last row only.
+                return rounded_as_target(model, logits).unsqueeze(0).expand(n, -1), None
         # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's
         # other rows need no logits: the head over a long prompt costs as much as its layers.
         adapter.prefill_logits_from = tokens.shape[0] - 1
         logits, hidden = adapter.forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden)
         if logits.shape[0] < n:  # rows of copied entries: the last row stands for each (none is read)
             logits = logits[-1:].expand(n, -1)
-        return logits, hidden
+        return rounded_as_target(model, logits), hidden
 
     return _C.DraftModelDrafter(
         forward,
@@ -260,6 +261,17 @@ def draft_model_drafter(
         process=process,
         skip_prefill=share,
     )
+
+
+def rounded_as_target(model: PreTrainedModel, logits: torch.Tensor) -> torch.Tensor:
+    """A draft's float32 logits rounded to ``model``'s bfloat16 where the target is a bfloat16 model (its own
+    logits are bfloat16 values, whose exact ties greedy breaks to the lowest token id): the float32 self-draft
+    of a bfloat16 model then breaks ties as its target does. A 4-bit chain of 12 on SmolLM2 in bfloat16 kept
+    91.1 % of its drafts unrounded, 95.1 % rounded (26 dev questions). Either way the output is the
+    target's: the target verifies, and a sampled chain is judged against the q it was drawn from."""
+    if model.dtype == torch.bfloat16 and logits.dtype == torch.float32:
+        return logits.to(torch.bfloat16).float()
+    return logits
 
 
 def unavailable(model: PreTrainedModel, config: DraftModelConfig) -> str | None:
