@@ -266,9 +266,9 @@ def draft_model_drafter(
 def rounded_as_target(model: PreTrainedModel, logits: torch.Tensor) -> torch.Tensor:
     """A draft's float32 logits rounded to ``model``'s bfloat16 where the target is a bfloat16 model (its own
     logits are bfloat16 values, whose exact ties greedy breaks to the lowest token id): the float32 self-draft
-    of a bfloat16 model then breaks ties as its target does. A 4-bit chain of 12 on SmolLM2 in bfloat16 kept
-    91.1 % of its drafts unrounded, 95.1 % rounded (26 dev questions). Either way the output is the
-    target's: the target verifies, and a sampled chain is judged against the q it was drawn from."""
+    of a bfloat16 model then breaks ties as its target does, and more of its drafts are kept
+    (benchmarks/results/native_forward/interleaved-bf16-rounded-draft-full-split.md). Either way the output is
+    the target's: the target verifies, and a sampled chain is judged against the q it was drawn from."""
     if model.dtype == torch.bfloat16 and logits.dtype == torch.float32:
         return logits.to(torch.bfloat16).float()
     return logits
