@@ -353,8 +353,11 @@ def finish(
     auto_carry.record(model, candidates, drafter, do_sample, output.batch)
     # A batch's rows are saved once, after the last (mtprobe.decode.sequence.decode_batch); formats are
     # chosen by single sequences' measurements (a batch's draft step costs several times one row's).
-    if output.batch == 1 and cost is not None:
-        auto_formats.settle(model, candidates, origins, drafter, cost, do_sample, output.sequences.shape[1])
+    if output.batch == 1:
+        if cost is not None:
+            auto_formats.settle(
+                model, candidates, origins, drafter, cost, do_sample, output.sequences.shape[1]
+            )
         auto_carry.save(model, config.carry)
 
 

@@ -206,6 +206,7 @@ def draft_model_drafter(
     # held: the draft cache's entries that are real (the drafter counts the flat forwards' as cached).
     state: dict[str, Any] = {"held": 0}
     vocab = model.get_output_embeddings().weight.shape[0]
+    rounds = model.dtype == torch.bfloat16  # decided once: model.dtype walks its parameters
 
     def forward(
         tokens: torch.Tensor,  # [n] int64
@@ -244,14 +245,15 @@ def draft_model_drafter(
                         logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
                 adapter.cache.set_length(prefix_len + rows)
                 # The drafter reads the last row only.
-                return rounded_as_target(model, logits).unsqueeze(0).expand(n, -1), None
+                logits = rounded_as_target(model, logits) if rounds else logits
+                return logits.unsqueeze(0).expand(n, -1), None
         # The drafter reads each forward's last row only (csrc/drafters/draft_model.cpp), so the prompt's
         # other rows need no logits: the head over a long prompt costs as much as its layers.
         adapter.prefill_logits_from = tokens.shape[0] - 1
         logits, hidden = adapter.forward(tokens, embeds, position_ids, mask, prefix_len, want_hidden)
         if logits.shape[0] < n:  # rows of copied entries: the last row stands for each (none is read)
             logits = logits[-1:].expand(n, -1)
-        return rounded_as_target(model, logits), hidden
+        return (rounded_as_target(model, logits) if rounds else logits), hidden
 
     return _C.DraftModelDrafter(
         forward,
