@@ -173,9 +173,13 @@ def tiny_llama(seed: int = 0, **overrides):
 
 def tiny_family(name: str, seed: int = 0, **overrides):
     """A small randomly initialised model of another Llama-family architecture, as :func:`tiny_llama`'s:
-    ``"mistral"`` (no sliding window), ``"qwen2"`` (q/k/v biases) or ``"qwen3"`` (per-head q/k norms, head_dim
-    32 set apart from hidden / heads), eval mode."""
+    ``"mistral"`` (no sliding window), ``"qwen2"`` (q/k/v biases), ``"qwen3"`` (per-head q/k norms, head_dim
+    32 set apart from hidden / heads) or ``"gemma3"`` (Gemma 3's text model: sliding layers with a window of
+    8 around a full-attention one, each type its RoPE base; its norms' weights drawn, not HF's zeros), eval
+    mode."""
     from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         MistralConfig,
         MistralForCausalLM,
         Qwen2Config,
@@ -192,7 +196,27 @@ def tiny_family(name: str, seed: int = 0, **overrides):
         return Qwen2ForCausalLM(Qwen2Config(**{"use_sliding_window": False, **kwargs})).eval()
     if name == "qwen3":
         return Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 32, "use_sliding_window": False, **kwargs})).eval()
-    raise KeyError(f"tiny_family: no architecture {name!r}; one of mistral, qwen2, qwen3")
+    if name == "gemma3":
+        layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
+        cfg = Gemma3TextConfig(
+            **{
+                "head_dim": 16,
+                "query_pre_attn_scalar": 24,
+                "sliding_window": 8,
+                "layer_types": layer_types,
+                **kwargs,
+                "num_hidden_layers": len(layer_types),
+            }
+        )
+        model = Gemma3ForCausalLM(cfg).eval()
+        with (
+            torch.no_grad()
+        ):  # HF initialises RMSNorm's w (scaled as 1 + w) to zeros; a trained model's are not
+            for name_, p in model.named_parameters():
+                if "norm" in name_:
+                    p.uniform_(-0.5, 0.5)
+        return model
+    raise KeyError(f"tiny_family: no architecture {name!r}; one of mistral, qwen2, qwen3, gemma3")
 
 
 # A word-level chat tokenizer and a tiny Llama saved with it as a local HF folder: what models.load,

@@ -33,8 +33,8 @@ def _build(name: str) -> torch.nn.Module:
         return tiny_llama(hidden_size=96, num_key_value_heads=1, max_position_embeddings=512)
     if name == "llama-head20":  # head_dim 20: no SIMD width divides it, attend's portable loop for every CPU
         return tiny_llama(hidden_size=80, max_position_embeddings=512)
-    if name in ("mistral", "qwen2", "qwen3"):  # qwen2: q/k/v biases; qwen3: per-head q/k norms, head_dim 32
-        return tiny_family(name)
+    if name in ("mistral", "qwen2", "qwen3", "gemma3"):  # qwen2: q/k/v biases; qwen3: per-head q/k norms
+        return tiny_family(name)  # gemma3: Gemma 3's layers, a window of 8 on two of its three
     raise KeyError(name)
 
 
@@ -42,7 +42,7 @@ BF16_NEAR_TIE = 0.125
 """A top-2 logit margin HF's bfloat16 forward may flip (bfloat16 keeps 8 bits: a logit of 16 moves by 0.0625
 when rounded): where the C++ forward, computing in float32, may choose otherwise."""
 
-ARCHS = ("llama", "llama-mha-biases", "llama-mqa-head24", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "llama-mha-biases", "llama-mqa-head24", "mistral", "qwen2", "qwen3", "gemma3")
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -369,11 +369,15 @@ def test_hooks_fall_back_with_reason():
             "model_type 'gpt2'",
         ),
         (
-            lambda: tiny_family("mistral", sliding_window=8),
-            "a sliding window of 8",
+            lambda: tiny_family("gemma3", final_logit_softcapping=30.0),
+            "final_logit_softcapping=30.0 (the C++ forward caps no logits)",
+        ),
+        (
+            lambda: tiny_family("gemma3", hidden_activation="gelu"),
+            "hidden_activation 'gelu' is not 'gelu_pytorch_tanh'",
         ),
     ],
-    ids=["float16", "gpt2", "sliding window"],
+    ids=["float16", "gpt2", "gemma3 softcapping", "gemma3 exact gelu"],
 )
 def test_unsupported_models_fall_back(make, reason):
     model = make()
@@ -383,22 +387,23 @@ def test_unsupported_models_fall_back(make, reason):
     assert out.target_forward.startswith("HF (") and reason in out.target_forward
 
 
-@pytest.mark.parametrize("config", [mtprobe.PlainConfig(), mtprobe.PromptLookupConfig(num_tokens=3)])
-def test_a_sliding_window_model_runs_here_while_its_generation_fits_the_window(config):
-    # Sliding attention over positions that all fit the window is full attention exactly: the C++ forward runs
-    # such a generation (its prompt, new tokens and one block within the window), HF's forward a longer one.
-    model = tiny_family("mistral", sliding_window=16)
-    prompt = torch.tensor([[1, 2, 3, 1, 2]])
-    for new, native in ((7, True), (14, False)):  # 5 + 7 + BC <= 16 (BC 4 at most here); 5 + 14 + BC > 16
-        want = model.generate(prompt, do_sample=False, max_new_tokens=new, eos_token_id=None)
-        out = mtprobe.generate(model, prompt, config, max_new_tokens=new, eos_token_id=None)
-        assert torch.equal(out.sequences, want), new
-        if native:
-            assert out.target_forward == nf.VERSION
-        else:
-            assert out.target_forward.startswith("HF (a sliding window of 16, which this generation's")
-    assert "a sliding window of 16" in nf.why_not_native(model)  # not asked for a generation: refused
-    assert nf.why_not_native(model, positions=16) == ""
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+@pytest.mark.parametrize(
+    "config",
+    [mtprobe.PlainConfig(), mtprobe.PromptLookupConfig(num_tokens=3), mtprobe.ProbeConfig()],
+    ids=["plain", "prompt lookup", "probing"],
+)
+def test_sliding_windows_are_applied_here(arch, config):
+    """A sliding window of 8 that the prompt and the answer outgrow several times over: the C++ forward hides
+    the keys HF's sliding_window_overlay hides (every layer's in Mistral, the sliding layers' in Gemma 3), in
+    the prefill, chains and trees alike; greedy tokens identical to generate."""
+    model = tiny_family(arch, sliding_window=8) if arch == "mistral" else tiny_family(arch)
+    assert nf.windows(model) == ([8, 8] if arch == "mistral" else [8, 0, 8])
+    prompt = torch.tensor([[1, 2, 3, 1, 2, 5, 9, 5, 9, 5, 9, 17, 33, 5, 9, 1, 2, 3]])
+    want = model.generate(prompt, do_sample=False, max_new_tokens=30, eos_token_id=None)
+    out = mtprobe.generate(model, prompt, config, max_new_tokens=30, eos_token_id=None)
+    assert out.target_forward == nf.VERSION
+    assert torch.equal(out.sequences, want)
 
 
 def test_environment_switch(monkeypatch):
@@ -488,6 +493,7 @@ def test_bad_input_is_named():
 def test_construction_checks_shapes():
     model = _build("llama")
     args, kwargs = nf.arguments(model)
+    assert kwargs.pop("windows") == [0, 0]  # the cases below build one-layer models too
     embed, layers, norm, head, inv_freq = args
     cases = [
         (
@@ -531,6 +537,24 @@ def test_construction_checks_shapes():
             "inv_freq must be a contiguous float32 CPU tensor \\[8\\]",
         ),
         (args, {"small_rows": -1}, "small_rows and wide_rows must be >= 0"),
+        (args, {"windows": [8]}, "windows holds one window per layer \\(2\\) or none, got 1"),
+        (args, {"windows": [8, -1]}, "layer 1 window must be >= 0 \\(0: full attention\\), got -1"),
+        (args, {"activation": "relu"}, "activation must be 'silu' or 'gelu_tanh', got 'relu'"),
+        (
+            (embed, [layers[0] | {"attn_out_norm": norm}], norm, head, inv_freq),
+            {},
+            "layer 0 has one of attn_out_norm and mlp_out_norm but not the other",
+        ),
+        (
+            (embed, [layers[0] | {"inv_freq": inv_freq[:3]}], norm, head, inv_freq),
+            {},
+            "layer 0 inv_freq must be a contiguous float32 CPU tensor \\[8\\]",
+        ),
+        (
+            (embed, [layers[0] | {"pre_norm": norm}], norm, head, inv_freq),
+            {},
+            "layer 0 has an unknown tensor 'pre_norm'",
+        ),
     ]
     for a, change, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -14,6 +14,14 @@
 namespace mtprobe::core {
 namespace {
 
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+
+// GELU's tanh form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) = x sigmoid(2 sqrt(2 / pi) (..)).
+float gelu_tanh(float x) {
+  const float z = 2.0f * kSqrt2OverPi * (x + 0.044715f * x * x * x);
+  return x / (1.0f + std::exp(-z));
+}
+
 // Attention over a long context is dot products, exponentials and scaled adds over head_dim floats:
 // without SIMD (float sums are not reassociated by the compiler) it cost more than HF's whole
 // attention from a few hundred cached tokens on. The AVX2 paths below run where the CPU has AVX2/FMA.
@@ -81,6 +89,23 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* gate, const 
     _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
   }
   for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+// y[i] = x sigmoid(2 u) * up[i] with x = gate[i], u = sqrt(2 / pi) (x + 0.044715 x^3): GELU's tanh form,
+// 0.5 x (1 + tanh u), written through the sigmoid as silu_mul_avx2 computes it.
+__attribute__((target("avx2,fma"))) void gelu_tanh_mul_avx2(const float* gate, const float* up, int64_t n,
+                                                            float* y) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+  const __m256 c = _mm256_set1_ps(2.0f * kSqrt2OverPi), cube = _mm256_set1_ps(0.044715f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 z = _mm256_mul_ps(c, _mm256_fmadd_ps(_mm256_mul_ps(cube, g), _mm256_mul_ps(g, g), g));
+    const __m256 e = exp_avx2(_mm256_or_ps(z, sign));                                    // e^-|z|
+    const __m256 s = _mm256_div_ps(_mm256_blendv_ps(one, e, z), _mm256_add_ps(one, e));  // sigmoid(z)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) y[i] = gelu_tanh(gate[i]) * up[i];
 }
 
 // scores[j] <- e^(scores[j] - top) for j < len; returns their sum.
@@ -312,6 +337,13 @@ void merge_attention(const float* outs, const float* lses, int64_t chunks, int64
       axpy(w, outs + (c * group + h) * head_dim, o, head_dim);
     }
   }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* y) {
+#ifdef MTPROBE_X86_SIMD
+  if (has_avx2()) return gelu_tanh_mul_avx2(gate, up, n, y);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh(gate[i]) * up[i];
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* y) {

@@ -9,7 +9,7 @@
 //   rotate_half  apply_rotary_pos_emb's rotate-half layout, pairs (i, i + d/2) turned by angle i
 //   attend       the queries of one key/value head against `len` cached keys: softmax(scale * q.k)
 //                over them, times the values (merge_attention joins ranges of keys attended apart)
-//   silu_mul     LlamaMLP's act(gate) * up with SiLU
+//   silu_mul     LlamaMLP's act(gate) * up with SiLU (gelu_tanh_mul: Gemma's, with GELU's tanh form)
 //
 // Example (rotate_half, head_dim 4, one head, angles 90 and 0 degrees: cos {0, 1}, sin {1, 0}):
 //   x = {1, 2, 3, 4} -> {1 * 0 - 3 * 1, 2 * 1 - 4 * 0, 3 * 0 + 1 * 1, 4 * 1 + 2 * 0} = {-3, 2, 1, 4}.
@@ -46,5 +46,8 @@ void merge_attention(const float* outs, const float* lses, int64_t chunks, int64
 
 // y[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i], n floats; y may be gate.
 void silu_mul(const float* gate, const float* up, int64_t n, float* y);
+
+// y[i] = gelu_tanh(gate[i]) * up[i] (Gemma's MLP; torch's gelu(approximate="tanh")), n floats; y may be gate.
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* y);
 
 }  // namespace mtprobe::core

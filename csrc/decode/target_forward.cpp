@@ -24,7 +24,8 @@ const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16
 
 void check_vector(const at::Tensor& t, int64_t n, const std::string& name,
                   at::ScalarType dtype = at::kFloat) {
-  TORCH_CHECK_VALUE(t.defined() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == dtype && t.is_cpu() &&
+  TORCH_CHECK_VALUE(t.defined() && t.dim() == 1 && t.size(0) == n &&
+                        (t.scalar_type() == dtype || t.scalar_type() == at::kFloat) && t.is_cpu() &&
                         t.is_contiguous(),
                     "TargetForward: ", name, " must be a contiguous ", dtype_name(dtype), " CPU tensor [", n,
                     "], got ", t.defined() ? t.toString() + " " + c10::str(t.sizes()) : std::string("none"));
@@ -58,6 +59,8 @@ BlockPattern BlockPattern::of(const float* mask, int64_t T, int64_t prefix) {
   // entries 0 or hidden.
   BlockPattern p;
   p.last.assign(T, -1);
+  p.first.assign(T, 0);
+  p.lo.assign(T, 0);
   if (!mask) {
     for (int64_t t = 0; t < T; ++t) p.last[t] = t;
     return p;
@@ -83,6 +86,40 @@ BlockPattern BlockPattern::of(const float* mask, int64_t T, int64_t prefix) {
     if (n > 0 && p.visible[t].back() == n - 1) p.last[t] = n - 1;
   }
   return p;
+}
+
+BlockPattern BlockPattern::windowed(const int64_t* positions, int64_t prefix, int64_t window) const {
+  BlockPattern w = *this;
+  const int64_t T = static_cast<int64_t>(last.size());
+  w.visible.resize(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pq = positions[t];
+    auto seen = [&](int64_t j) { return pq - positions[j] < window; };
+    w.lo[t] = std::clamp<int64_t>(pq - window + 1, 0, prefix);  // cached row r sits at position r
+    if (last[t] >= 0) {
+      // A chain's positions rise along it, so the rows the window keeps are a suffix first..last; where
+      // they are not, the row is attended as a tree row.
+      int64_t f = 0;
+      while (f <= last[t] && !seen(f)) ++f;
+      bool suffix = true;
+      for (int64_t j = f; j <= last[t]; ++j) suffix = suffix && seen(j);
+      if (suffix && f <= last[t]) {
+        w.first[t] = f;
+        continue;
+      }
+      w.visible[t].clear();
+      for (int64_t j = 0; j <= last[t]; ++j) {
+        if (seen(j)) w.visible[t].push_back(j);
+      }
+      w.last[t] = -1;
+    } else {
+      std::vector<int64_t>& vis = w.visible[t];
+      vis.erase(std::remove_if(vis.begin(), vis.end(), [&](int64_t j) { return !seen(j); }), vis.end());
+      TORCH_CHECK_VALUE(w.lo[t] < prefix || !vis.empty(), "TargetForward: input ", t,
+                        " sees no key within its sliding window of ", window);
+    }
+  }
+  return w;
 }
 
 TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, at::Tensor final_norm,
@@ -116,6 +153,7 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
   kv_out_ = config_.kv_heads * head_dim_;
   intermediate_ = layers_[0].gate.weight.defined() ? layers_[0].gate.out_features() : 0;
   check_vector(inv_freq_, head_dim_ / 2, "inv_freq");
+  rope_tables_.push_back(inv_freq_);
   check_vector(final_norm_, hidden_, "final_norm", dtype_);
   widen(final_norm_);
   check_linear(head_, hidden_, head_.weight.defined() ? head_.out_features() : 0, "head", dtype_);
@@ -130,16 +168,36 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
     const std::string at = "layer " + std::to_string(l) + " ";
     check_vector(L.input_norm, hidden_, at + "input_norm", dtype_);
     check_vector(L.post_norm, hidden_, at + "post_norm", dtype_);
-    TORCH_CHECK_VALUE(L.q_norm.defined() == L.k_norm.defined(), "TargetForward: ", at,
-                      "has one of q_norm and k_norm but not the other");
-    if (L.q_norm.defined()) {
-      check_vector(L.q_norm, head_dim_, at + "q_norm", dtype_);
-      check_vector(L.k_norm, head_dim_, at + "k_norm", dtype_);
-      widen(L.q_norm);
-      widen(L.k_norm);
-    }
+    // Norms that come in pairs or not at all: Qwen3's and Gemma's q/k norms, Gemma's output norms.
+    auto optional_pair = [&](at::Tensor& a, at::Tensor& b, int64_t n, const char* an, const char* bn) {
+      TORCH_CHECK_VALUE(a.defined() == b.defined(), "TargetForward: ", at, "has one of ", an, " and ", bn,
+                        " but not the other");
+      if (!a.defined()) return;
+      check_vector(a, n, at + an, dtype_);
+      check_vector(b, n, at + bn, dtype_);
+      widen(a);
+      widen(b);
+    };
+    optional_pair(L.q_norm, L.k_norm, head_dim_, "q_norm", "k_norm");
+    optional_pair(L.attn_out_norm, L.mlp_out_norm, hidden_, "attn_out_norm", "mlp_out_norm");
     widen(L.input_norm);
     widen(L.post_norm);
+    TORCH_CHECK_VALUE(L.window >= 0, "TargetForward: ", at, "window must be >= 0 (0: full attention), got ",
+                      L.window);
+    layer_rope_.push_back(0);
+    if (L.inv_freq.defined()) {
+      check_vector(L.inv_freq, head_dim_ / 2, at + "inv_freq");
+      auto same = std::find_if(rope_tables_.begin(), rope_tables_.end(),
+                               [&](const at::Tensor& r) { return r.data_ptr() == L.inv_freq.data_ptr(); });
+      if (same == rope_tables_.end()) same = rope_tables_.insert(rope_tables_.end(), L.inv_freq);
+      layer_rope_.back() = static_cast<size_t>(same - rope_tables_.begin());
+    }
+    layer_window_.push_back(-1);
+    if (L.window > 0) {
+      auto same = std::find(windows_.begin(), windows_.end(), L.window);
+      if (same == windows_.end()) same = windows_.insert(windows_.end(), L.window);
+      layer_window_.back() = static_cast<int64_t>(same - windows_.begin());
+    }
     check_linear(L.q, hidden_, q_out_, at + "q", dtype_);
     check_linear(L.k, hidden_, kv_out_, at + "k", dtype_);
     check_linear(L.v, hidden_, kv_out_, at + "v", dtype_);
@@ -242,6 +300,8 @@ void TargetForward::attend_block(const float* q, const KV* K, const KV* V, const
   const int64_t ks1 = keys.stride(1), ks2 = keys.stride(2), vs1 = values.stride(1), vs2 = values.stride(2);
   TORCH_CHECK_VALUE(ks2 == vs2, "TargetForward: keys and values differ in row stride");
   const std::vector<int64_t>& last = block.last;
+  const std::vector<int64_t>& first = block.first;
+  const std::vector<int64_t>& lo = block.lo;
   const std::vector<std::vector<int64_t>>& visible = block.visible;
   // Work items: (key/value head, input, part). A short block over a long prefix splits the prefix into
   // ranges so that every thread reads (flash decoding); the parts are merged by their log-sum-exps.
@@ -263,18 +323,18 @@ void TargetForward::attend_block(const float* q, const KV* K, const KV* V, const
       const KV* Vg = V + g * vs1;
       float* out = part_out_.data() + u * group * d;
       float* lse = part_lse_.data() + u * group;
-      const bool one_range = last[t] >= 0 && chunks <= 1;
+      const bool one_range = chunks <= 1 && block.one_range(t, prefix);
       int64_t from = 0, rows = 0;
-      if (c < chunks) {   // a range of the cached prefix
-        if (one_range) {  // merged into the block's part below
+      if (c < chunks) {  // a range of the cached prefix rows lo[t]..prefix-1
+        from = lo[t] + (prefix - lo[t]) * c / chunks;
+        rows = lo[t] + (prefix - lo[t]) * (c + 1) / chunks - from;
+        if (one_range || rows == 0) {  // merged into the block's part below, or outside the window
           std::fill(lse, lse + group, -std::numeric_limits<float>::infinity());
           std::fill(out, out + group * d, 0.0f);
           continue;
         }
-        from = prefix * c / chunks;
-        rows = prefix * (c + 1) / chunks - from;
-      } else if (last[t] >= 0) {  // the block rows 0..last[t], with the prefix when one range
-        from = one_range ? 0 : prefix;
+      } else if (last[t] >= 0) {  // block rows first[t]..last[t], with the prefix's when one range
+        from = one_range && lo[t] < prefix ? lo[t] : prefix + first[t];
         rows = prefix + last[t] + 1 - from;
       } else {  // a tree row: its visible block rows gathered into one contiguous range
         const std::vector<int64_t>& vis = visible[t];
@@ -304,7 +364,7 @@ void TargetForward::attend_block(const float* q, const KV* K, const KV* V, const
       const int64_t g = item / T, t = item % T;
       float* dst = att + t * q_out_ + g * group * d;
       const float* outs = part_out_.data() + item * slots * group * d;
-      if (last[t] >= 0 && chunks <= 1) {  // one range: the block's part is the answer
+      if (chunks <= 1 && block.one_range(t, prefix)) {  // one range: the block's part is the answer
         std::copy_n(outs + chunks * group * d, group * d, dst);
       } else {
         core::merge_attention(outs, part_lse_.data() + item * slots * group, slots, group, d, dst);
@@ -373,7 +433,12 @@ TargetForward::Prepared TargetForward::prepare(const TargetBlock& b, const std::
   }
   // The block's pattern, read once for every layer.
   p.pattern = BlockPattern::of(m.defined() ? m.const_data_ptr<float>() : nullptr, T, P);
+  for (int64_t w : windows_) p.windowed.push_back(p.pattern.windowed(pp, P, w));
   return p;
+}
+
+const BlockPattern& TargetForward::pattern_of(const Prepared& p, size_t l) const {
+  return layer_window_[l] < 0 ? p.pattern : p.windowed[layer_window_[l]];
 }
 
 std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::forward_batch(
@@ -399,28 +464,38 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
   v_.resize(T * kv_out_);
   gate_.resize(T * intermediate_);
   up_.resize(T * intermediate_);
-  cos_.resize(T * half);
-  sin_.resize(T * half);
-  const float* inv_freq = inv_freq_.const_data_ptr<float>();
+  const int64_t tables = static_cast<int64_t>(rope_tables_.size());
+  cos_.resize(tables * T * half);  // [tables, T, half]
+  sin_.resize(tables * T * half);
+  const float scale = config_.embed_scale;
   for (const Prepared& p : prep) {
     float* x = x_.data() + p.offset * hidden_;
     const int64_t* tp = p.tok.const_data_ptr<int64_t>();
     for (int64_t i = 0; i < p.n_tok; ++i) {
+      float* xi = x + i * hidden_;
       if (dtype_ == at::kBFloat16) {
         const uint16_t* e = bf16_bits(embed_) + tp[i] * hidden_;
-        for (int64_t j = 0; j < hidden_; ++j) x[i * hidden_ + j] = core::bf16_to_float(e[j]);
+        for (int64_t j = 0; j < hidden_; ++j) xi[j] = core::bf16_to_float(e[j]);
       } else {
-        std::copy_n(embed_.const_data_ptr<float>() + tp[i] * hidden_, hidden_, x + i * hidden_);
+        std::copy_n(embed_.const_data_ptr<float>() + tp[i] * hidden_, hidden_, xi);
+      }
+      // Gemma's scaled embedding; the `embeds` rows come in as they are (HF scales input ids only).
+      if (scale != 1.0f) {
+        for (int64_t j = 0; j < hidden_; ++j) xi[j] *= scale;
       }
     }
     if (p.n_emb > 0) std::copy_n(p.emb.const_data_ptr<float>(), p.n_emb * hidden_, x + p.n_tok * hidden_);
-    // RoPE's angles per input, in float32 as HF computes them (position * inv_freq, then cos and sin).
+    // RoPE's angles per input and table, in float32 as HF computes them (position * inv_freq, then cos, sin).
     const int64_t* pp = p.pos.const_data_ptr<int64_t>();
-    for (int64_t t = 0; t < p.T; ++t) {
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(pp[t]) * inv_freq[i];
-        cos_[(p.offset + t) * half + i] = std::cos(angle) * config_.rope_scaling;
-        sin_[(p.offset + t) * half + i] = std::sin(angle) * config_.rope_scaling;
+    for (int64_t r = 0; r < tables; ++r) {
+      const float* inv_freq = rope_tables_[r].const_data_ptr<float>();
+      for (int64_t t = 0; t < p.T; ++t) {
+        const int64_t at_row = (r * T + p.offset + t) * half;
+        for (int64_t i = 0; i < half; ++i) {
+          const float angle = static_cast<float>(pp[t]) * inv_freq[i];
+          cos_[at_row + i] = std::cos(angle) * config_.rope_scaling;
+          sin_[at_row + i] = std::sin(angle) * config_.rope_scaling;
+        }
       }
     }
   }
@@ -433,8 +508,22 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
     });
   };
   const bool bf16 = dtype_ == at::kBFloat16;
+  // An output norm (Gemma's sandwich norms) over out_, then out_ added to the residual x_.
+  auto add_residual = [&](const at::Tensor& norm) {
+    if (norm.defined()) {
+      at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          float* o = out_.data() + t * hidden_;
+          core::rms_norm(o, norm.const_data_ptr<float>(), config_.eps, hidden_, o);
+        }
+      });
+    }
+    for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
+  };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const TargetLayer& L = layers_[l];
+    const float* cos_l = cos_.data() + layer_rope_[l] * T * half;
+    const float* sin_l = sin_.data() + layer_rope_[l] * T * half;
     // Every linear layer once over the rows of every block: its weights read once for all of them.
     rows_norm(L.input_norm.const_data_ptr<float>(), 0, T);
     linear({&L.q, &L.k, &L.v}, h_.data(), T, {q_.data(), k_.data(), v_.data()});
@@ -462,14 +551,14 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
           const int64_t r = p.offset + t;  // the packed row
           float* qt = q_.data() + r * q_out_;
           float* kt = k_.data() + r * kv_out_;
-          if (L.q_norm.defined()) {  // Qwen3: RMSNorm over each head before RoPE
+          if (L.q_norm.defined()) {  // Qwen3, Gemma 3: RMSNorm over each head before RoPE
             for (int64_t h = 0; h < heads; ++h)
               core::rms_norm(qt + h * d, L.q_norm.const_data_ptr<float>(), config_.eps, d, qt + h * d);
             for (int64_t h = 0; h < kv; ++h)
               core::rms_norm(kt + h * d, L.k_norm.const_data_ptr<float>(), config_.eps, d, kt + h * d);
           }
-          core::rotate_half(qt, heads, d, cos_.data() + r * half, sin_.data() + r * half);
-          core::rotate_half(kt, kv, d, cos_.data() + r * half, sin_.data() + r * half);
+          core::rotate_half(qt, heads, d, cos_l + r * half, sin_l + r * half);
+          core::rotate_half(kt, kv, d, cos_l + r * half, sin_l + r * half);
           for (int64_t h = 0; h < kv; ++h) {
             store(kt + h * d, Kc + (h * ks1 + (P + t) * ks2) * size);
             store(v_.data() + r * kv_out_ + h * d, Vc + (h * vs1 + (P + t) * vs2) * size);
@@ -477,19 +566,25 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
         }
       });
       // Each block attends over its own cache.
-      attention(q_.data() + p.offset * q_out_, keys, values, p.T, P, p.pattern,
+      attention(q_.data() + p.offset * q_out_, keys, values, p.T, P, pattern_of(p, l),
                 att_.data() + p.offset * q_out_);
     }
     linear(L.o, att_.data(), T, out_.data());
-    for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
+    add_residual(L.attn_out_norm);
     rows_norm(L.post_norm.const_data_ptr<float>(), 0, T);
     linear({&L.gate, &L.up}, h_.data(), T, {gate_.data(), up_.data()});
+    const bool gelu = config_.activation == TargetActivation::kGeluTanh;
     at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
-      core::silu_mul(gate_.data() + b * intermediate_, up_.data() + b * intermediate_,
-                     (e - b) * intermediate_, gate_.data() + b * intermediate_);
+      float* g = gate_.data() + b * intermediate_;
+      const float* u = up_.data() + b * intermediate_;
+      if (gelu) {
+        core::gelu_tanh_mul(g, u, (e - b) * intermediate_, g);
+      } else {
+        core::silu_mul(g, u, (e - b) * intermediate_, g);
+      }
     });
     linear(L.down, gate_.data(), T, out_.data());
-    for (int64_t i = 0; i < T * hidden_; ++i) x_[i] += out_[i];
+    add_residual(L.mlp_out_norm);
   }
   // The final norm over the rows anyone reads; the head once over the rows whose logits anyone reads,
   // gathered from every block.

@@ -1,5 +1,6 @@
 // The target's own forward in C++ (issue 67): a verification block of T inputs through a Llama-family
-// decoder (Llama, Mistral without a window, Qwen2's q/k/v biases, Qwen3's per-head q/k norms) on the CPU,
+// decoder (Llama, Mistral, Qwen2's q/k/v biases, Qwen3's per-head q/k norms, sliding windows per layer;
+// Gemma 3's scaled embedding, sandwich norms, GELU MLP and RoPE base per layer type) on the CPU,
 // reading the HF model's own weight tensors (shared, never copied), float32 or bfloat16. A bfloat16 model's
 // weights are widened to float32 as they are read and everything is computed in float32 (so its logits
 // are closer to the model's float32 ones than HF's bfloat16 forward is); its cache holds bfloat16, as HF's.
@@ -17,11 +18,13 @@
 // top-2 margin clears a bound on that rounding, and asks HF's own forward otherwise
 // (python/mtprobe/target_model/native_forward.py): the tokens are HF's.
 //
-// A forward of T inputs after P cached entries: x = embed[tokens] (then `embeds`' rows); per layer,
-// attention (RMSNorm; q, k, v; q/k norm; rotate-half RoPE at each input's position; k and v written to
-// cache rows P..P+T-1; each input attends to the P cached rows and to the block rows its mask row
-// allows, the two parts merged by their log-sum-exps as xformers' tree attention does; o) and the SiLU
-// MLP, each added to x; then the final norm and the head: logits [T, vocab] float32.
+// A forward of T inputs after P cached entries: x = embed_scale * embed[tokens] (then `embeds`' rows); per
+// layer, attention (RMSNorm; q, k, v; q/k norm; rotate-half RoPE at each input's position; k and v written
+// to cache rows P..P+T-1; each input attends to the P cached rows and to the block rows its mask row
+// allows, within the layer's sliding window if it has one, the two parts merged by their log-sum-exps as
+// xformers' tree attention does; o; Gemma's norm of the output) and the SiLU (or GELU) MLP (Gemma: its
+// output normed), each added to x; then the final norm and the head: logits [T, vocab] float32. A Gemma
+// RMSNorm's weight comes in as the 1 + w it multiplies by.
 //
 // Cache layout (mtprobe.target_model.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity,
 // head_dim] of the model's dtype per layer, capacity >= P + T; rows 0..P-1 hold the sequence's entries
@@ -51,15 +54,30 @@ struct TargetLinear {
 
 struct TargetLayer {
   at::Tensor input_norm, post_norm;  // [hidden] each: RMSNorm weights before attention and MLP
-  at::Tensor q_norm, k_norm;         // [head_dim] each (Qwen3), or undefined
+  at::Tensor q_norm, k_norm;         // [head_dim] each (Qwen3, Gemma 3), or undefined
   TargetLinear q, k, v, o, gate, up, down;
+  // Gemma 3's sandwich norms: RMSNorm weights [hidden] over the attention's and the MLP's outputs before
+  // each is added to the residual (HF's post_attention_layernorm and post_feedforward_layernorm), or
+  // undefined.
+  at::Tensor attn_out_norm, mlp_out_norm;
+  // RoPE's frequencies [head_dim / 2] float32 for this layer where its type has its own (Gemma 3's sliding
+  // layers: another base), else undefined (the forward's inv_freq).
+  at::Tensor inv_freq;
+  // Sliding attention: a query at position p sees keys at positions k with p - k < window (HF's
+  // sliding_window_overlay); 0: every key.
+  int64_t window = 0;
 };
+
+// The MLP's activation: act(gate) * up.
+enum class TargetActivation { kSilu, kGeluTanh };
 
 struct TargetForwardConfig {
   int64_t heads = 0, kv_heads = 0;  // query heads, key/value heads (a multiple: grouped-query attention)
   float eps = 1e-5f;                // RMSNorm's
   float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
   float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
+  float embed_scale = 1.0f;  // the tokens' embedding rows' factor (Gemma: sqrt(hidden) in the model's dtype)
+  TargetActivation activation = TargetActivation::kSilu;
   // Blocks of up to this many inputs run the small-batch kernel (weights read once), larger ones a GEMM
   // (oneDNN's, else ATen's); 0: GEMM always (a CPU without AVX2 and FMA, where the kernel's portable loop is
   // slow). Python passes native_forward.SMALL_ROWS, where the crossover measured on a 2-core AMD EPYC Zen 5
@@ -73,15 +91,22 @@ struct TargetForwardConfig {
   int64_t wide_rows = 6;
 };
 
-// Which block rows each input of a block attends to, read from its mask once per forward. A causal chain
-// (no mask) sees rows 0..t; a tree row those its mask shows (`visible[t]`). `last[t]` >= 0 when they are
-// exactly 0..last[t] (a chain's shape): then the cached prefix and the block are one contiguous range of
-// rows, attended in one pass. ValueError for a mask that hides a prefix column or holds another value
-// than 0 or <= -1e30.
+// Which cache rows each input of a block attends to, read from its mask once per forward. A causal chain
+// (no mask) sees block rows 0..t; a tree row those its mask shows (`visible[t]`). `last[t]` >= 0 when they
+// are exactly first[t]..last[t] (a chain's shape). Cached rows lo[t]..P-1 are visible (all of them, lo 0,
+// without a window). A chain-shaped row with lo[t] == P or first[t] == 0 sees one contiguous range of cache
+// rows, attended in one pass. ValueError for a mask that hides a prefix column or holds another value than
+// 0 or <= -1e30.
 struct BlockPattern {
-  std::vector<int64_t> last;
+  std::vector<int64_t> last, first, lo;
   std::vector<std::vector<int64_t>> visible;
   static BlockPattern of(const float* mask, int64_t T, int64_t prefix);
+  // This pattern under a sliding window: a cached row r (at position r) and a block row j (at position
+  // positions[j]) hidden from input t where positions[t] minus theirs is `window` or more.
+  BlockPattern windowed(const int64_t* positions, int64_t prefix, int64_t window) const;
+  bool one_range(int64_t t, int64_t prefix) const {
+    return last[t] >= 0 && (lo[t] == prefix || first[t] == 0);
+  }
 };
 
 // One sequence's block of a batched forward (TargetForward::forward_batch): forward()'s arguments.
@@ -136,6 +161,7 @@ class TargetForward {
     int64_t T = 0, n_tok = 0, n_emb = 0, offset = 0;  // offset: its first row among the packed rows
     at::Tensor tok, pos, emb;
     BlockPattern pattern;
+    std::vector<BlockPattern> windowed;  // the pattern under windows_[i]
   };
   Prepared prepare(const TargetBlock& block, const std::string& who) const;
   // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i]->out_features()]. Blocks the
@@ -152,6 +178,8 @@ class TargetForward {
   // Attention of the block's queries q [T, heads * head_dim] over layer l's cache into att (same shape).
   void attention(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t T, int64_t prefix,
                  const BlockPattern& block, float* att);
+  // The pattern layer l's attention reads for a block.
+  const BlockPattern& pattern_of(const Prepared& p, size_t l) const;
   // The same on the cache's elements K and V (float, or uint16_t: bfloat16 bits).
   template <typename KV>
   void attend_block(const float* q, const KV* K, const KV* V, const at::Tensor& keys,
@@ -160,6 +188,10 @@ class TargetForward {
 
   at::Tensor embed_, final_norm_, inv_freq_;
   std::vector<TargetLayer> layers_;
+  std::vector<at::Tensor> rope_tables_;  // inv_freq_, then the layers' own frequencies
+  std::vector<size_t> layer_rope_;       // each layer's table in rope_tables_
+  std::vector<int64_t> windows_;         // the layers' distinct sliding windows (> 0)
+  std::vector<int64_t> layer_window_;    // each layer's index in windows_, -1 for full attention
   TargetLinear head_;
   TargetForwardConfig config_;
   int64_t hidden_, head_dim_, q_out_, kv_out_, intermediate_;

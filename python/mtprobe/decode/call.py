@@ -202,8 +202,7 @@ class Shared:
         if call.plan is not None:  # the plan's buckets and graphs run HF's modules
             target_forward = "HF (a static forward plan)"
         elif call.device.type == "cpu":
-            # The most positions a block of this call can reach: a sliding window they fit never slides.
-            native = native_forward(model, positions=max_capacity)
+            native = native_forward(model)
             target_forward = describe_native(model)
         return cls(
             native=native,

@@ -4,7 +4,10 @@ T inputs through Llama-family decoder layers, the block's attention split as the
 Each input attends to the P cached entries (all of them) and to the block entries its mask row shows; the
 two parts are attended apart and merged by their log-sum-exps (xformers' tree attention):
 ``out = (e^lse_p out_p + e^lse_b out_b) / (e^lse_p + e^lse_b)``, which equals one softmax over both. The
-layer is HF's LlamaDecoderLayer (Qwen3's per-head q/k norm where ``q_norm`` is given). Computed in float64,
+layer is HF's LlamaDecoderLayer (Qwen3's per-head q/k norm where ``q_norm`` is given); Gemma 3's where the
+layer has ``attn_out_norm`` and ``mlp_out_norm`` (its norms' weights passed as the 1 + w they multiply by), its
+own ``inv_freq`` where given, and a sliding window where ``windows`` gives it one (a key at position k hidden
+from a query at position p where p - k >= window; a cached row's position is its index). Computed in float64,
 so a test can hold the C++ forward and HF's to one reference.
 
 ``tensors``: what :func:`mtprobe.target_model.native_forward.arguments` passes the C++ forward (the layers'
@@ -47,6 +50,9 @@ def target_forward(
     eps: float,
     scale: float,
     rope_scaling: float,
+    windows: list[int] | None = None,  # per layer, 0: full attention
+    embed_scale: float = 1.0,
+    activation: str = "silu",  # or "gelu_tanh"
     tokens: torch.Tensor,  # [T] int64
     positions: torch.Tensor,  # [T] int64
     mask: torch.Tensor | None,  # [T, P + T] additive (0 / <= -1e30), None for a causal chain
@@ -57,16 +63,33 @@ def target_forward(
     prefix_len: int,
 ) -> torch.Tensor:  # [T, vocab] float64
     T, P = tokens.shape[0], prefix_len
-    x = embed[tokens].double()  # [T, hidden]
-    angle = positions.double()[:, None] * inv_freq.double()[None, :]  # [T, head_dim / 2]
-    cos = (torch.cat([angle, angle], -1).cos() * rope_scaling)[:, None, :]  # [T, 1, head_dim]
-    sin = (torch.cat([angle, angle], -1).sin() * rope_scaling)[:, None, :]
+    x = embed[tokens].double() * embed_scale  # [T, hidden]
+
+    def rope_of(freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, 1, head_dim] each
+        angle = positions.double()[:, None] * freq.double()[None, :]  # [T, head_dim / 2]
+        return (
+            (torch.cat([angle, angle], -1).cos() * rope_scaling)[:, None, :],
+            (torch.cat([angle, angle], -1).sin() * rope_scaling)[:, None, :],
+        )
+
     if mask is None:  # a chain: each input sees the block rows up to itself
         block_visible = torch.ones(T, T, dtype=torch.bool).tril()
     else:
         block_visible = mask[:, P:] > -1e30  # [T, T]
+    prefix_visible = torch.ones(T, P, dtype=torch.bool)  # [T, P]
+    act = (
+        torch.nn.functional.silu
+        if activation == "silu"
+        else lambda g: torch.nn.functional.gelu(g, approximate="tanh")
+    )
     group = heads // kv_heads
     for i, t in enumerate(layers):
+        cos, sin = rope_of(t.get("inv_freq", inv_freq))
+        window = (windows or [0] * len(layers))[i]
+        seen_b, seen_p = block_visible, prefix_visible
+        if window:
+            seen_b = seen_b & (positions[:, None] - positions[None, :] < window)
+            seen_p = (positions[:, None] - torch.arange(P)[None, :]) < window
         h = _rms(x, t["input_norm"].double(), eps)
         q = _linear(t, "q", h).view(T, heads, -1)  # [T, heads, d]
         k = _linear(t, "k", h).view(T, kv_heads, -1)  # [T, kv_heads, d]
@@ -81,14 +104,16 @@ def target_forward(
         kb = k.transpose(0, 1).repeat_interleave(group, 0)  # [heads, T, d] the block
         vb = v.transpose(0, 1).repeat_interleave(group, 0)
         qh = q.transpose(0, 1) * scale  # [heads, T, d]
-        sp = qh @ kc.transpose(1, 2)  # [heads, T, P]
-        sb = (qh @ kb.transpose(1, 2)).masked_fill(~block_visible, float("-inf"))  # [heads, T, T]
+        sp = (qh @ kc.transpose(1, 2)).masked_fill(~seen_p, float("-inf"))  # [heads, T, P]
+        sb = (qh @ kb.transpose(1, 2)).masked_fill(~seen_b, float("-inf"))  # [heads, T, T]
         lse_p, lse_b = sp.logsumexp(-1), sb.logsumexp(-1)  # [heads, T]
         out_p = sp.softmax(-1).nan_to_num() @ vc if P > 0 else torch.zeros_like(qh)
         out_b = sb.softmax(-1) @ vb
         lse = torch.logaddexp(lse_p, lse_b)
         att = (lse_p - lse).exp()[..., None] * out_p + (lse_b - lse).exp()[..., None] * out_b  # [heads, T, d]
-        x = x + _linear(t, "o", att.transpose(0, 1).reshape(T, -1))
+        o = _linear(t, "o", att.transpose(0, 1).reshape(T, -1))
+        x = x + (_rms(o, t["attn_out_norm"].double(), eps) if "attn_out_norm" in t else o)
         h = _rms(x, t["post_norm"].double(), eps)
-        x = x + _linear(t, "down", torch.nn.functional.silu(_linear(t, "gate", h)) * _linear(t, "up", h))
+        m = _linear(t, "down", act(_linear(t, "gate", h)) * _linear(t, "up", h))
+        x = x + (_rms(m, t["mlp_out_norm"].double(), eps) if "mlp_out_norm" in t else m)
     return _linear(head, "head", _rms(x, final_norm.double(), eps))

@@ -28,9 +28,9 @@ No step is sent back to HF's forward there.
 
 Where it does not apply, HF's forward runs and :func:`why_not_native` says why (logged once per model, and
 in ``out.target_forward``): another architecture, a dtype other than float32 and bfloat16, a model off the
-CPU, hooks on the model's modules (LoRA, user hooks), a sliding window a generation's positions pass (within
-it, sliding attention is full attention, and the C++ forward runs), a plan, calibrated masks with
-layer offsets or a mask LoRA, a drafter that reads another layer's hidden states.
+CPU, hooks on the model's modules (LoRA, user hooks), a plan, calibrated masks with layer offsets or a mask
+LoRA, a drafter that reads another layer's hidden states. Sliding attention windows (Mistral's, Gemma 3's
+sliding layers) are applied by the C++ forward itself, as HF's ``sliding_window_overlay`` applies them.
 ``MTPROBE_NATIVE_FORWARD=0`` turns it off; ``=1`` (forced) makes an unsupported model an error.
 """
 
@@ -78,9 +78,14 @@ VERSION = "native v2"
 (2026-11-29): blocks of more than :data:`SMALL_ROWS` inputs through oneDNN's float32 GEMM, the layers of one
 input (q, k, v; gate, up) in one parallel region."""
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 """Architectures the C++ forward computes: pre-norm RMSNorm decoder layers, rotate-half RoPE, grouped-query
-attention (Qwen2's q/k/v biases, Qwen3's per-head q/k norms), a SiLU-gated MLP."""
+attention (Qwen2's q/k/v biases, Qwen3's per-head q/k norms), a SiLU-gated MLP; sliding attention windows
+(Mistral's, Qwen2's, Gemma 3's layers). Gemma 3 (text): the embedding scaled by sqrt(hidden), RMSNorm's
+weights as 1 + w, norms over the attention's and the MLP's outputs too, per-head q/k norms, a GELU-gated MLP
+(tanh form), its own attention scale, and RoPE's base per layer type (sliding layers 10k, full ones 1M)."""
+
+GEMMA = "gemma3_text"
 
 MARGIN_BOUND = 1e-2
 """A greedy step is decided by the C++ forward only where every row that chose a token has a top-2 score
@@ -142,11 +147,25 @@ def layer_reason(cfg: Any) -> str:
     return ""
 
 
-def why_not_native(model: PreTrainedModel, positions: int | None = None) -> str:
-    """Why the C++ forward cannot run ``model``, or ``""`` where it can. Cheap: read at every generation.
-    ``positions``: the most positions a generation can reach (its longest prompt, new tokens and one block); a
-    model whose attention slides runs here when they fit its window, where its sliding attention is full
-    attention exactly (every key within the window of every query), not otherwise or when not given."""
+def gemma_reason(cfg: Any) -> str:
+    """Why a Gemma 3 text config's layers are not what the C++ forward computes, or ``""``."""
+    act = getattr(cfg, "hidden_activation", None)
+    if act != "gelu_pytorch_tanh":
+        return f"hidden_activation {act!r} is not 'gelu_pytorch_tanh'"
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if getattr(cfg, name, None) is not None:
+            return f"{name}={getattr(cfg, name)} (the C++ forward caps no logits)"
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return "use_bidirectional_attention=True (the C++ forward attends causally)"
+    for layer_type, params in (getattr(cfg, "rope_parameters", None) or {}).items():
+        rope = (params or {}).get("rope_type", "default")
+        if rope not in STATIC_ROPE:
+            return f"{layer_type}'s rope_type {rope!r} changes its frequencies with the length (static ones: {STATIC_ROPE})"
+    return ""
+
+
+def why_not_native(model: PreTrainedModel) -> str:
+    """Why the C++ forward cannot run ``model``, or ``""`` where it can. Cheap: read at every generation."""
     if setting() == "off":
         return f"{ENV}=0"
     cfg = model.config.get_text_config(decoder=True)
@@ -155,23 +174,23 @@ def why_not_native(model: PreTrainedModel, positions: int | None = None) -> str:
         return f"model_type {model_type!r} is not one of {MODEL_TYPES}"
     if model.device.type != "cpu" or model.dtype not in DTYPES:
         return f"the C++ forward runs float32 and bfloat16 models on the CPU; this one is {model.dtype} on {model.device}"
-    reason = layer_reason(cfg)
+    reason = gemma_reason(cfg) if model_type == GEMMA else layer_reason(cfg)
     if reason:
         return reason
-    window = sliding_window(model)
-    if window is not None and (positions is None or positions > window.window):
-        reach = "" if positions is None else f", which this generation's {positions} positions pass"
-        return (
-            f"a sliding window of {window.window}{reach} (the C++ forward attends to every cached position)"
-        )
+    try:
+        sliding_window(model)
+    except NotImplementedError as e:  # chunked or linear attention layers
+        return str(e)
     inner = getattr(model, "model", None)
     if getattr(inner, "layers", None) is None or getattr(inner, "rotary_emb", None) is None:
         return f"{type(model).__name__} has no model.layers and model.rotary_emb"
     for name, module in _linears(model):
         if type(module) is not torch.nn.Linear:
             return f"{name} is a {type(module).__name__}, not a plain torch.nn.Linear (an adapter or a quantized layer)"
-    if model_type == "qwen3" and not all(hasattr(layer.self_attn, "q_norm") for layer in inner.layers):
-        return "a qwen3 layer without q_norm and k_norm"
+    if model_type in ("qwen3", GEMMA) and not all(
+        hasattr(layer.self_attn, "q_norm") for layer in inner.layers
+    ):
+        return f"a {model_type} layer without q_norm and k_norm"
     hooked = next((n or "the model" for n, m in model.named_modules() if _hooks(m)), None)
     if hooked is not None:
         return f"{hooked} has forward hooks (LoRA, adapters or user hooks run only in HF's forward)"
@@ -188,11 +207,11 @@ def _hooks(module: torch.nn.Module) -> bool:
     return any(getattr(h, "__module__", None) != _RECORDING_HOOKS for h in hooks)
 
 
-def native_forward(model: PreTrainedModel, positions: int | None = None) -> _C.TargetForward | None:
+def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
     """The C++ forward of ``model``, or ``None`` where HF's runs (:func:`why_not_native`, logged once per
-    model and reason; ``positions``: as there). Built once per model and kept in its state; rebuilt when its
-    weights were replaced. ValueError where ``MTPROBE_NATIVE_FORWARD=1`` and it cannot run."""
-    reason = why_not_native(model, positions)
+    model and reason). Built once per model and kept in its state; rebuilt when its weights were replaced.
+    ValueError where ``MTPROBE_NATIVE_FORWARD=1`` and it cannot run."""
+    reason = why_not_native(model)
     state = state_of(model)
     if reason:
         if setting() == "forced":
@@ -242,9 +261,87 @@ def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
             out[f"{name}.bias"] = module.bias.detach()
         return out
 
-    args, kwargs = decoder_layout(model, linear)
+    gemma = model.config.get_text_config(decoder=True).model_type == GEMMA
+    args, kwargs = gemma_layout(model, linear) if gemma else decoder_layout(model, linear)
     small = SMALL_ROWS_BF16 if model.dtype == torch.bfloat16 else SMALL_ROWS
-    return args, kwargs | {"small_rows": small if _C.small_batch_linear_simd() else 0}
+    return args, kwargs | {
+        "small_rows": small if _C.small_batch_linear_simd() else 0,
+        "windows": windows(model),
+    }
+
+
+def windows(model: PreTrainedModel) -> list[int]:
+    """Each layer's sliding window (0: full attention), as :func:`~mtprobe.target_model.sliding.sliding_window`
+    reads the model's config."""
+    cfg = model.config.get_text_config(decoder=True)
+    window = sliding_window(model)
+    if window is None:
+        return [0] * cfg.num_hidden_layers
+    if not window.per_layer_type:
+        return [window.window] * cfg.num_hidden_layers
+    return [window.window if t == "sliding_attention" else 0 for t in cfg.layer_types]
+
+
+def gemma_layout(
+    model: PreTrainedModel, linear: Callable[[torch.nn.Module, str], dict[str, torch.Tensor]]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A Gemma 3 text model as :func:`decoder_layout` lays out a Llama: its RMSNorms' weights as the 1 + w they
+    multiply by (float32 copies, as HF computes them), its sandwich norms as ``attn_out_norm`` and
+    ``mlp_out_norm``, each sliding layer's RoPE frequencies as its ``inv_freq``; ``embed_scale`` and the
+    GELU activation. ValueError where the layer types' RoPE scalings differ (the C++ forward takes one)."""
+    cfg = model.config.get_text_config(decoder=True)
+    rotary = model.model.rotary_emb
+
+    def norm(module: torch.nn.Module) -> torch.Tensor:
+        return (1.0 + module.weight.detach().float()).contiguous()
+
+    scalings = {float(getattr(rotary, f"{t}_attention_scaling")) for t in set(cfg.layer_types)}
+    if len(scalings) != 1:
+        raise ValueError(f"Gemma 3's layer types scale RoPE differently ({sorted(scalings)}); set {ENV}=0")
+    layers = []
+    for layer, layer_type in zip(model.model.layers, cfg.layer_types, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        tensors = {
+            "input_norm": norm(layer.input_layernorm),
+            "post_norm": norm(layer.pre_feedforward_layernorm),
+            "attn_out_norm": norm(layer.post_attention_layernorm),
+            "mlp_out_norm": norm(layer.post_feedforward_layernorm),
+            "q_norm": norm(attn.q_norm),
+            "k_norm": norm(attn.k_norm),
+        }
+        if layer_type != "full_attention":
+            tensors["inv_freq"] = getattr(rotary, f"{layer_type}_inv_freq").detach().float().contiguous()
+        for n in "qkvo":
+            tensors |= linear(attn.get_submodule(f"{n}_proj"), n)
+        for n in ("gate", "up", "down"):
+            tensors |= linear(mlp.get_submodule(f"{n}_proj"), n)
+        layers.append(tensors)
+    embedding = model.get_input_embeddings()
+    args = (
+        embedding.weight.detach(),
+        layers,
+        norm(model.model.norm),
+        linear(model.get_output_embeddings(), "head"),
+        # The full-attention layers' frequencies, the forward's own (each sliding layer passes its table).
+        getattr(
+            rotary,
+            f"{'full_attention' if 'full_attention' in cfg.layer_types else cfg.layer_types[0]}_inv_freq",
+        )
+        .detach()
+        .float()
+        .contiguous(),
+    )
+    kwargs = {
+        "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads,
+        "eps": float(cfg.rms_norm_eps),
+        "scale": float(model.model.layers[0].self_attn.scaling),
+        "rope_scaling": scalings.pop(),
+        # HF multiplies by the scale in the weights' dtype (bfloat16: 25.25 for Gemma 3 270M's sqrt(640)).
+        "embed_scale": float(embedding.embed_scale.to(embedding.weight.dtype)),
+        "activation": "gelu_tanh",
+    }
+    return args, kwargs
 
 
 def decoder_layout(
