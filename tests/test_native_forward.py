@@ -578,7 +578,7 @@ def _bfloat16_pair(name: str):
     return half, copy.deepcopy(half).float()
 
 
-@pytest.mark.parametrize("name", ["llama", "llama-mha-biases", "llama-head20", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "llama-mha-biases", "llama-head20", "qwen3", "gemma3"])
 def test_bfloat16_forward_is_nearer_float32_than_hf_bfloat16(name):
     """A bfloat16 model's C++ forward widens its weights and computes in float32, its logits rounded to bfloat16
     as HF's are: they (prefill, then a tree block) sit nearer the float32 model's logits, so rounded, than HF's

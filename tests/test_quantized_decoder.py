@@ -63,11 +63,18 @@ def test_step_matches_hf_modules_at_every_position(overrides):
     assert max(kv_err) < 1e-5, kv_err
 
 
-@pytest.mark.parametrize("name", ["mistral", "qwen2", "qwen3"])
-def test_step_matches_hf_modules_on_the_other_llama_family_architectures(name):
+@pytest.mark.parametrize("name", ["mistral", "qwen2", "qwen3", "gemma3"])
+def test_step_matches_hf_modules_on_the_other_llama_family_architectures(monkeypatch, name):
     # Mistral's layers are Llama's; Qwen2's q, k and v carry biases; Qwen3 norms each query and key head
-    # before RoPE (head_dim 32 apart from hidden / heads). 8-bit and 4-bit drafts alike.
+    # before RoPE (head_dim 32 apart from hidden / heads); Gemma 3: its scaled embedding, norms of the outputs,
+    # GELU, two RoPE bases and a window of 8 on its sliding layers, which the 40 positions outgrow. 8-bit and
+    # 4-bit drafts alike.
     model = tiny_family(name, seed=3, vocab_size=64, num_hidden_layers=3)
+    if name == "gemma3":  # opt-in (self_draft.OPT_IN_MODEL_TYPES)
+        assert "gemma3_text's C++ step runs with MTPROBE_QUANTIZED_DECODER=1 only" in why_no_decoder(
+            quantized(model)
+        )
+        monkeypatch.setenv(DECODER_ENV, "1")
     assert why_no_decoder(quantized(model)) == ""
     tokens = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     for fmt in ("q4_1", "q8_0"):
@@ -76,10 +83,15 @@ def test_step_matches_hf_modules_on_the_other_llama_family_architectures(name):
         assert max(kv_err) < 1e-5, (fmt, kv_err)
 
 
-def test_a_sliding_window_keeps_hf_modules():
-    # The C++ step attends to every cached position: a model whose attention slides keeps HF's modules.
-    model = tiny_family("mistral", sliding_window=8)
-    assert "a sliding window of 8" in why_no_decoder(quantized(model))
+def test_a_sliding_window_is_applied_by_the_step():
+    # Mistral's window of 8 on every layer, outgrown five times: the step attends to the last 8 rows only,
+    # as HF's mask lets it.
+    model = tiny_family("mistral", seed=3, vocab_size=64, sliding_window=8)
+    assert why_no_decoder(quantized(model)) == ""
+    tokens = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
+    assert max(logit_err) < 1e-5, logit_err
+    assert max(kv_err) < 1e-5, kv_err
 
 
 def test_step_matches_hf_modules_where_each_head_splits_into_ranges():
@@ -105,9 +117,12 @@ def test_smollm2_step_matches_hf_modules(smollm2):
     assert max(kv_err) < 1e-4, kv_err
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
 def test_generation_runs_its_drafts_through_the_decoder_and_stays_greedy(monkeypatch, name):
     kw = dict(seed=4, vocab_size=48, num_hidden_layers=3, eos_token_id=47)
+    if name == "gemma3":  # Gemma's pad id (0) is drawn in the random prompts: make it the end's
+        kw["pad_token_id"] = 47
+        monkeypatch.setenv(DECODER_ENV, "1")  # opt-in (self_draft.OPT_IN_MODEL_TYPES)
     model = tiny_llama(**kw) if name == "llama" else tiny_family(name, **kw)
     draft = quantized(model)  # the twin generate takes (kept in the model's state)
     steps = []
@@ -161,7 +176,10 @@ def test_other_architectures_and_the_switch_keep_hf_modules(monkeypatch):
 
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=64, n_layer=1, n_head=4)).eval()
-    assert "model_type 'gpt2' is not one of ('llama', 'mistral', 'qwen2', 'qwen3')" in why_no_decoder(gpt2)
+    assert (
+        "model_type 'gpt2' is not one of ('llama', 'mistral', 'qwen2', 'qwen3', 'gemma3_text')"
+        in why_no_decoder(gpt2)
+    )
     model = tiny_llama(seed=6)
     assert "not every linear layer is quantized" in why_no_decoder(model)
     monkeypatch.setenv(DECODER_ENV, "0")

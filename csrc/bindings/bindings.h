@@ -4,6 +4,10 @@
 
 #include <torch/extension.h>
 
+#include <string>
+
+#include "core/decoder_step.h"
+
 namespace mtprobe::bindings {
 // Dtypes cross the bindings as their torch names ("float32", ...): no caster dependency.
 inline at::ScalarType parse_mask_dtype(const std::string& name) {
@@ -12,6 +16,13 @@ inline at::ScalarType parse_mask_dtype(const std::string& name) {
   if (name == "float16") return at::kHalf;
   if (name == "bfloat16") return at::kBFloat16;
   TORCH_CHECK_VALUE(false, "mask dtype must be float32, float64, float16 or bfloat16, got '", name, "'");
+}
+
+// A gated MLP's activation by its name ("silu", "gelu_tanh"); `who` names the caller in the error.
+inline core::Activation parse_activation(const std::string& name, const char* who) {
+  TORCH_CHECK_VALUE(name == "silu" || name == "gelu_tanh", who,
+                    ": activation must be 'silu' or 'gelu_tanh', got '", name, "'");
+  return name == "gelu_tanh" ? core::Activation::kGeluTanh : core::Activation::kSilu;
 }
 
 void bind_drafters(pybind11::module_& m);

@@ -39,7 +39,11 @@ void bind_quantized_decoder(py::module_& m) {
       "mtprobe.target_model.self_draft.quantized_decoder builds it from a quantized twin.")
       .def(py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
                        const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
-                       double scale, double rope_scaling) {
+                       double scale, double rope_scaling, const std::vector<int64_t>& windows,
+                       double embed_scale, const std::string& activation) {
+             TORCH_CHECK_VALUE(windows.empty() || windows.size() == layers.size(),
+                               "QuantizedDecoder: windows ", "holds one window per layer (", layers.size(),
+                               ") or none, got ", windows.size());
              std::vector<QuantizedDecoderLayer> built;
              for (size_t l = 0; l < layers.size(); ++l) {
                const Tensors& t = layers[l];
@@ -47,7 +51,9 @@ void bind_quantized_decoder(py::module_& m) {
                built.push_back({required(t, "input_norm", where), required(t, "post_norm", where),
                                 weights(t, "q", where), weights(t, "k", where), weights(t, "v", where),
                                 weights(t, "o", where), weights(t, "gate", where), weights(t, "up", where),
-                                weights(t, "down", where), optional(t, "q_norm"), optional(t, "k_norm")});
+                                weights(t, "down", where), optional(t, "q_norm"), optional(t, "k_norm"),
+                                optional(t, "attn_out_norm"), optional(t, "mlp_out_norm"),
+                                optional(t, "inv_freq"), windows.empty() ? 0 : windows[l]});
              }
              QuantizedDecoderConfig config;
              config.heads = heads;
@@ -55,13 +61,16 @@ void bind_quantized_decoder(py::module_& m) {
              config.eps = static_cast<float>(eps);
              config.scale = static_cast<float>(scale);
              config.rope_scaling = static_cast<float>(rope_scaling);
+             config.embed_scale = static_cast<float>(embed_scale);
+             config.activation = parse_activation(activation, "QuantizedDecoder");
              return std::make_shared<QuantizedDecoder>(std::move(embed), std::move(built),
                                                        std::move(final_norm), weights(head, "head", "head"),
                                                        std::move(inv_freq), config);
            }),
            py::arg("embed"), py::arg("layers"), py::arg("final_norm"), py::arg("head"), py::arg("inv_freq"),
            py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
-           py::arg("rope_scaling"))
+           py::arg("rope_scaling"), py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
+           py::arg("activation") = "silu")
       .def("step", &QuantizedDecoder::step, py::arg("token"), py::arg("position"), py::arg("keys"),
            py::arg("values"),
            "Logits [vocab] float32 of `token` at `position`; its keys and values are written into row "

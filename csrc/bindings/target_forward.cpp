@@ -60,55 +60,52 @@ void bind_target_forward(py::module_& m) {
       m, "TargetForward",
       "The target's own forward in C++ for Llama-family models (csrc/decode/target_forward.h); "
       "mtprobe.target_model.native_forward builds it from an HF model, sharing its weights.")
-      .def(
-          py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
-                      const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
-                      double scale, double rope_scaling, int64_t small_rows, int64_t wide_rows,
-                      const std::vector<int64_t>& windows, double embed_scale,
-                      const std::string& activation) {
-            TORCH_CHECK_VALUE(windows.empty() || windows.size() == layers.size(), "TargetForward: windows ",
-                              "holds one window per layer (", layers.size(), ") or none, got ",
-                              windows.size());
-            TORCH_CHECK_VALUE(activation == "silu" || activation == "gelu_tanh", "TargetForward: activation ",
-                              "must be 'silu' or 'gelu_tanh', got '", activation, "'");
-            std::vector<TargetLayer> built;
-            for (size_t l = 0; l < layers.size(); ++l) {
-              const Tensors& t = layers[l];
-              const std::string where = "layer " + std::to_string(l);
-              built.push_back({required(t, "input_norm", where), required(t, "post_norm", where),
-                               optional(t, "q_norm"), optional(t, "k_norm"), linear(t, "q", where),
-                               linear(t, "k", where), linear(t, "v", where), linear(t, "o", where),
-                               linear(t, "gate", where), linear(t, "up", where), linear(t, "down", where),
-                               optional(t, "attn_out_norm"), optional(t, "mlp_out_norm"),
-                               optional(t, "inv_freq"), windows.empty() ? 0 : windows[l]});
-              for (const auto& [key, _] : t) {
-                static const char* known[] = {"input_norm",    "post_norm",    "q_norm",  "k_norm",
-                                              "attn_out_norm", "mlp_out_norm", "inv_freq"};
-                const bool linear_key = key.find('.') != std::string::npos;
-                TORCH_CHECK_VALUE(
-                    linear_key || std::find(std::begin(known), std::end(known), key) != std::end(known),
-                    "TargetForward: ", where, " has an unknown tensor '", key, "'");
-              }
-            }
-            TargetForwardConfig config;
-            config.heads = heads;
-            config.kv_heads = kv_heads;
-            config.eps = static_cast<float>(eps);
-            config.scale = static_cast<float>(scale);
-            config.rope_scaling = static_cast<float>(rope_scaling);
-            config.small_rows = small_rows;
-            config.wide_rows = wide_rows;
-            config.embed_scale = static_cast<float>(embed_scale);
-            config.activation =
-                activation == "gelu_tanh" ? TargetActivation::kGeluTanh : TargetActivation::kSilu;
-            return std::make_shared<TargetForward>(std::move(embed), std::move(built), std::move(final_norm),
-                                                   linear(head, "head", "head"), std::move(inv_freq), config);
-          }),
-          py::arg("embed"), py::arg("layers"), py::arg("final_norm"), py::arg("head"), py::arg("inv_freq"),
-          py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
-          py::arg("rope_scaling"), py::arg("small_rows") = 64, py::arg("wide_rows") = 6,
-          py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
-          py::arg("activation") = "silu")
+      .def(py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
+                       const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
+                       double scale, double rope_scaling, int64_t small_rows, int64_t wide_rows,
+                       const std::vector<int64_t>& windows, double embed_scale,
+                       const std::string& activation) {
+             TORCH_CHECK_VALUE(windows.empty() || windows.size() == layers.size(), "TargetForward: windows ",
+                               "holds one window per layer (", layers.size(), ") or none, got ",
+                               windows.size());
+             std::vector<TargetLayer> built;
+             for (size_t l = 0; l < layers.size(); ++l) {
+               const Tensors& t = layers[l];
+               const std::string where = "layer " + std::to_string(l);
+               built.push_back({required(t, "input_norm", where), required(t, "post_norm", where),
+                                optional(t, "q_norm"), optional(t, "k_norm"), linear(t, "q", where),
+                                linear(t, "k", where), linear(t, "v", where), linear(t, "o", where),
+                                linear(t, "gate", where), linear(t, "up", where), linear(t, "down", where),
+                                optional(t, "attn_out_norm"), optional(t, "mlp_out_norm"),
+                                optional(t, "inv_freq"), windows.empty() ? 0 : windows[l]});
+               for (const auto& [key, _] : t) {
+                 static const char* known[] = {"input_norm",    "post_norm",    "q_norm",  "k_norm",
+                                               "attn_out_norm", "mlp_out_norm", "inv_freq"};
+                 const bool linear_key = key.find('.') != std::string::npos;
+                 TORCH_CHECK_VALUE(
+                     linear_key || std::find(std::begin(known), std::end(known), key) != std::end(known),
+                     "TargetForward: ", where, " has an unknown tensor '", key, "'");
+               }
+             }
+             TargetForwardConfig config;
+             config.heads = heads;
+             config.kv_heads = kv_heads;
+             config.eps = static_cast<float>(eps);
+             config.scale = static_cast<float>(scale);
+             config.rope_scaling = static_cast<float>(rope_scaling);
+             config.small_rows = small_rows;
+             config.wide_rows = wide_rows;
+             config.embed_scale = static_cast<float>(embed_scale);
+             config.activation = parse_activation(activation, "TargetForward");
+             return std::make_shared<TargetForward>(std::move(embed), std::move(built), std::move(final_norm),
+                                                    linear(head, "head", "head"), std::move(inv_freq),
+                                                    config);
+           }),
+           py::arg("embed"), py::arg("layers"), py::arg("final_norm"), py::arg("head"), py::arg("inv_freq"),
+           py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
+           py::arg("rope_scaling"), py::arg("small_rows") = 64, py::arg("wide_rows") = 6,
+           py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
+           py::arg("activation") = "silu")
       .def("forward", &TargetForward::forward, py::arg("tokens"), py::arg("embeds"), py::arg("positions"),
            py::arg("mask"), py::arg("prefix_len"), py::arg("keys"), py::arg("values"), py::arg("want_hidden"),
            py::arg("logits_from") = 0,

@@ -50,4 +50,16 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* y);
 // y[i] = gelu_tanh(gate[i]) * up[i] (Gemma's MLP; torch's gelu(approximate="tanh")), n floats; y may be gate.
 void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* y);
 
+// A gated MLP's activation: act(gate) * up.
+enum class Activation { kSilu, kGeluTanh };
+
+// y[i] = act(gate[i]) * up[i] by `act`, n floats; y may be gate.
+inline void act_mul(Activation act, const float* gate, const float* up, int64_t n, float* y) {
+  if (act == Activation::kGeluTanh) {
+    gelu_tanh_mul(gate, up, n, y);
+  } else {
+    silu_mul(gate, up, n, y);
+  }
+}
+
 }  // namespace mtprobe::core

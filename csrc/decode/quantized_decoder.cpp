@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/decoder_step.h"
@@ -56,6 +57,7 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
       final_norm_(std::move(final_norm)),
       inv_freq_(std::move(inv_freq)),
       layers_(std::move(layers)),
+      rope_(inv_freq_),
       head_(std::move(head)),
       config_(config) {
   TORCH_CHECK_VALUE(
@@ -92,12 +94,20 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
     check_weights(L.gate, hidden_, intermediate_, at + "gate");
     check_weights(L.up, hidden_, intermediate_, at + "up");
     check_weights(L.down, intermediate_, hidden_, at + "down");
-    TORCH_CHECK_VALUE(L.q_norm.defined() == L.k_norm.defined(), "QuantizedDecoder: ", at,
-                      "has one of q_norm and k_norm but not the other");
-    if (L.q_norm.defined()) {
-      check_vector(L.q_norm, head_dim_, at + "q_norm");
-      check_vector(L.k_norm, head_dim_, at + "k_norm");
-    }
+    auto optional_pair = [&](const at::Tensor& a, const at::Tensor& b, int64_t n, const char* an,
+                             const char* bn) {
+      TORCH_CHECK_VALUE(a.defined() == b.defined(), "QuantizedDecoder: ", at, "has one of ", an, " and ", bn,
+                        " but not the other");
+      if (!a.defined()) return;
+      check_vector(a, n, at + an);
+      check_vector(b, n, at + bn);
+    };
+    optional_pair(L.q_norm, L.k_norm, head_dim_, "q_norm", "k_norm");
+    optional_pair(L.attn_out_norm, L.mlp_out_norm, hidden_, "attn_out_norm", "mlp_out_norm");
+    TORCH_CHECK_VALUE(L.window >= 0, "QuantizedDecoder: ", at,
+                      "window must be >= 0 (0: full attention), got ", L.window);
+    if (L.inv_freq.defined()) check_vector(L.inv_freq, head_dim_ / 2, at + "inv_freq");
+    rope_.add_layer(L.inv_freq);
   }
   x_.resize(hidden_);
   h_.resize(hidden_);
@@ -193,19 +203,19 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
       fit(att_, B * q_out);
   fit(k_, B * kv_out), fit(v_, B * kv_out), fit(gate_, B * intermediate_), fit(up_, B * intermediate_);
   fit(xsum_, B * std::max(hidden_, std::max(intermediate_, q_out)) / G);
-  // RoPE's angles at each row's position, in float32 as HF computes them: [B, half] each.
-  std::vector<float> cos(B * half), sin(B * half);
-  const float* inv_freq = inv_freq_.const_data_ptr<float>();
+  // RoPE's angles at each row's position per table, in float32 as HF computes them: [tables, B, half] each.
+  const int64_t tables = static_cast<int64_t>(rope_.tables.size());
+  std::vector<float> cos(tables * B * half), sin(tables * B * half);
   // Per row: its rows attended (len), its ranges (chunks: up to two per thread and head, of 128 rows or
   // more, since shorter ones cost more to merge than they save), and where its scratch starts.
   std::vector<int64_t> len(B), chunks(B), item0(B + 1, 0), score0(B + 1, 0);
   for (int64_t r = 0; r < B; ++r) {
-    std::copy_n(embed_.const_data_ptr<float>() + tokens[r] * hidden_, hidden_, x_.data() + r * hidden_);
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(positions[r]) * inv_freq[i];
-      cos[r * half + i] = std::cos(angle) * config_.rope_scaling;
-      sin[r * half + i] = std::sin(angle) * config_.rope_scaling;
+    float* xr = x_.data() + r * hidden_;
+    std::copy_n(embed_.const_data_ptr<float>() + tokens[r] * hidden_, hidden_, xr);
+    if (config_.embed_scale != 1.0f) {
+      for (int64_t j = 0; j < hidden_; ++j) xr[j] *= config_.embed_scale;
     }
+    rope_.angles(&positions[r], 1, r, B, half, config_.rope_scaling, cos.data(), sin.data());
     len[r] = positions[r] + 1;
     chunks[r] = std::max<int64_t>(1, std::min<int64_t>(len[r] / 128, 2 * at::get_num_threads()));
     item0[r + 1] = item0[r] + kv * chunks[r];
@@ -214,14 +224,24 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
   fit(scores_, score0[B]);
   fit(part_out_, item0[B] * group * d);
   fit(part_lse_, item0[B] * group);
+  // out_'s rows normed by `norm` (Gemma's output norms) where it is defined, then added to x_.
+  auto add_residual = [&](const at::Tensor& norm) {
+    for (int64_t r = 0; norm.defined() && r < B; ++r) {
+      float* o = out_.data() + r * hidden_;
+      core::rms_norm(o, norm.const_data_ptr<float>(), config_.eps, hidden_, o);
+    }
+    for (int64_t i = 0; i < B * hidden_; ++i) x_[i] += out_[i];
+  };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const QuantizedDecoderLayer& L = layers_[l];
+    const float* cos_l = cos.data() + rope_.of_layer[l] * B * half;
+    const float* sin_l = sin.data() + rope_.of_layer[l] * B * half;
     for (int64_t r = 0; r < B; ++r)
       core::rms_norm(x_.data() + r * hidden_, L.input_norm.const_data_ptr<float>(), config_.eps, hidden_,
                      h_.data() + r * hidden_);
     linear({&L.q, &L.k, &L.v}, h_.data(), B, {q_.data(), k_.data(), v_.data()});
     for (int64_t r = 0; r < B; ++r) {
-      if (L.q_norm.defined()) {  // Qwen3: RMSNorm over each head before RoPE
+      if (L.q_norm.defined()) {  // Qwen3, Gemma: RMSNorm over each head before RoPE
         float* qr = q_.data() + r * q_out;
         float* kr = k_.data() + r * kv_out;
         for (int64_t h = 0; h < heads; ++h)
@@ -229,8 +249,8 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
         for (int64_t h = 0; h < kv; ++h)
           core::rms_norm(kr + h * d, L.k_norm.const_data_ptr<float>(), config_.eps, d, kr + h * d);
       }
-      core::rotate_half(q_.data() + r * q_out, heads, d, cos.data() + r * half, sin.data() + r * half);
-      core::rotate_half(k_.data() + r * kv_out, kv, d, cos.data() + r * half, sin.data() + r * half);
+      core::rotate_half(q_.data() + r * q_out, heads, d, cos_l + r * half, sin_l + r * half);
+      core::rotate_half(k_.data() + r * kv_out, kv, d, cos_l + r * half, sin_l + r * half);
       float* K = keys[r][l].mutable_data_ptr<float>();
       float* V = values[r][l].mutable_data_ptr<float>();
       const int64_t ks1 = keys[r][l].stride(1), ks2 = keys[r][l].stride(2);
@@ -249,7 +269,14 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
         const int64_t r = std::upper_bound(item0.begin(), item0.end(), item) - item0.begin() - 1;
         const int64_t local = item - item0[r], n = chunks[r];
         const int64_t g = local / n, c = local % n;
-        const int64_t from = len[r] * c / n, rows = len[r] * (c + 1) / n - from;
+        // The rows attended: all of 0..p, or the window's last ones.
+        const int64_t lo = L.window > 0 ? std::max<int64_t>(0, len[r] - L.window) : 0;
+        const int64_t from = lo + (len[r] - lo) * c / n, rows = lo + (len[r] - lo) * (c + 1) / n - from;
+        if (rows == 0) {  // a range the window left empty (n > 1: merged below)
+          std::fill_n(part_lse_.data() + item * group, group, -std::numeric_limits<float>::infinity());
+          std::fill_n(part_out_.data() + item * group * d, group * d, 0.0f);
+          continue;
+        }
         const at::Tensor& Kt = keys[r][l];
         const at::Tensor& Vt = values[r][l];
         const int64_t ks1 = Kt.stride(1), ks2 = Kt.stride(2), vs1 = Vt.stride(1);
@@ -270,14 +297,14 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
       }
     }
     linear(L.o, att_.data(), B, out_.data());
-    for (int64_t i = 0; i < B * hidden_; ++i) x_[i] += out_[i];
+    add_residual(L.attn_out_norm);
     for (int64_t r = 0; r < B; ++r)
       core::rms_norm(x_.data() + r * hidden_, L.post_norm.const_data_ptr<float>(), config_.eps, hidden_,
                      h_.data() + r * hidden_);
     linear({&L.gate, &L.up}, h_.data(), B, {gate_.data(), up_.data()});
-    core::silu_mul(gate_.data(), up_.data(), B * intermediate_, gate_.data());
+    core::act_mul(config_.activation, gate_.data(), up_.data(), B * intermediate_, gate_.data());
     linear(L.down, gate_.data(), B, out_.data());
-    for (int64_t i = 0; i < B * hidden_; ++i) x_[i] += out_[i];
+    add_residual(L.mlp_out_norm);
   }
   for (int64_t r = 0; r < B; ++r)
     core::rms_norm(x_.data() + r * hidden_, final_norm_.const_data_ptr<float>(), config_.eps, hidden_,

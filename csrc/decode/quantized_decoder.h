@@ -11,7 +11,9 @@
 // A step at position p: x = embed[token]; for each layer, attention (RMSNorm, q/k/v (with their biases:
 // Qwen2), each head's RMSNorm (Qwen3), rotate-half RoPE at p, k and v written into the cache's row p,
 // softmax over rows 0..p, o) and the SiLU MLP, each added to x; then the final norm and the head: logits
-// [vocab] float32. Llama, Mistral (without a sliding window), Qwen2 and Qwen3 layers are all this.
+// [vocab] float32. Llama, Mistral, Qwen2 and Qwen3 layers are all this; Gemma 3's add the embedding's
+// scale, norms of the attention's and the MLP's outputs, GELU, RoPE tables per layer type and sliding windows
+// (a layer with a window attends to the rows p - window + 1..p only).
 //
 // Cache layout (mtprobe.target_model.cache.TreeKVLayer's buffers): keys and values [1, kv_heads, capacity,
 // head_dim] float32 per layer, capacity > p; rows 0..p-1 must hold the sequence's entries already.
@@ -24,6 +26,8 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/decoder_step.h"
+#include "decode/rope_tables.h"
 
 namespace mtprobe {
 
@@ -35,11 +39,18 @@ struct QuantizedWeights {
   int64_t out_features() const { return codes.size(0); }
 };
 
+// A layer as the target's C++ forward takes it (decode/target_forward.h's TargetLayer), its linear layers
+// quantized.
 struct QuantizedDecoderLayer {
   at::Tensor input_norm, post_norm;  // [hidden] float32 each: RMSNorm weights before attention and MLP
   QuantizedWeights q, k, v, o, gate, up, down;
   at::Tensor q_norm,
-      k_norm;  // [head_dim] float32 each: Qwen3's RMSNorm over each head before RoPE, or undefined
+      k_norm;  // [head_dim] float32 each: Qwen3's and Gemma's RMSNorm over each head before RoPE, or
+               // undefined
+  at::Tensor attn_out_norm,
+      mlp_out_norm;     // [hidden] float32 each: Gemma's norms of the outputs, or undefined
+  at::Tensor inv_freq;  // [head_dim / 2] float32: this layer's own RoPE frequencies, or undefined
+  int64_t window = 0;   // sliding attention: the rows p - window + 1..p attended at position p; 0: all
 };
 
 struct QuantizedDecoderConfig {
@@ -47,6 +58,8 @@ struct QuantizedDecoderConfig {
   float eps = 1e-5f;                // RMSNorm's
   float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
   float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
+  float embed_scale = 1.0f;         // the token embedding's factor (Gemma's sqrt(hidden))
+  core::Activation activation = core::Activation::kSilu;
 };
 
 class QuantizedDecoder {
@@ -82,6 +95,7 @@ class QuantizedDecoder {
 
   at::Tensor embed_, final_norm_, inv_freq_;
   std::vector<QuantizedDecoderLayer> layers_;
+  RopeTables rope_;  // inv_freq_, then the layers' own frequencies
   QuantizedWeights head_;
   QuantizedDecoderConfig config_;
   int64_t hidden_, head_dim_, intermediate_, vocab_;

@@ -128,6 +128,7 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
       final_norm_(std::move(final_norm)),
       inv_freq_(std::move(inv_freq)),
       layers_(std::move(layers)),
+      rope_(inv_freq_),
       head_(std::move(head)),
       config_(config) {
   dtype_ = embed_.scalar_type();
@@ -153,7 +154,6 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
   kv_out_ = config_.kv_heads * head_dim_;
   intermediate_ = layers_[0].gate.weight.defined() ? layers_[0].gate.out_features() : 0;
   check_vector(inv_freq_, head_dim_ / 2, "inv_freq");
-  rope_tables_.push_back(inv_freq_);
   check_vector(final_norm_, hidden_, "final_norm", dtype_);
   widen(final_norm_);
   check_linear(head_, hidden_, head_.weight.defined() ? head_.out_features() : 0, "head", dtype_);
@@ -184,14 +184,8 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
     widen(L.post_norm);
     TORCH_CHECK_VALUE(L.window >= 0, "TargetForward: ", at, "window must be >= 0 (0: full attention), got ",
                       L.window);
-    layer_rope_.push_back(0);
-    if (L.inv_freq.defined()) {
-      check_vector(L.inv_freq, head_dim_ / 2, at + "inv_freq");
-      auto same = std::find_if(rope_tables_.begin(), rope_tables_.end(),
-                               [&](const at::Tensor& r) { return r.data_ptr() == L.inv_freq.data_ptr(); });
-      if (same == rope_tables_.end()) same = rope_tables_.insert(rope_tables_.end(), L.inv_freq);
-      layer_rope_.back() = static_cast<size_t>(same - rope_tables_.begin());
-    }
+    if (L.inv_freq.defined()) check_vector(L.inv_freq, head_dim_ / 2, at + "inv_freq");
+    rope_.add_layer(L.inv_freq);
     layer_window_.push_back(-1);
     if (L.window > 0) {
       auto same = std::find(windows_.begin(), windows_.end(), L.window);
@@ -464,7 +458,7 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
   v_.resize(T * kv_out_);
   gate_.resize(T * intermediate_);
   up_.resize(T * intermediate_);
-  const int64_t tables = static_cast<int64_t>(rope_tables_.size());
+  const int64_t tables = static_cast<int64_t>(rope_.tables.size());
   cos_.resize(tables * T * half);  // [tables, T, half]
   sin_.resize(tables * T * half);
   const float scale = config_.embed_scale;
@@ -485,19 +479,9 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
       }
     }
     if (p.n_emb > 0) std::copy_n(p.emb.const_data_ptr<float>(), p.n_emb * hidden_, x + p.n_tok * hidden_);
-    // RoPE's angles per input and table, in float32 as HF computes them (position * inv_freq, then cos, sin).
-    const int64_t* pp = p.pos.const_data_ptr<int64_t>();
-    for (int64_t r = 0; r < tables; ++r) {
-      const float* inv_freq = rope_tables_[r].const_data_ptr<float>();
-      for (int64_t t = 0; t < p.T; ++t) {
-        const int64_t at_row = (r * T + p.offset + t) * half;
-        for (int64_t i = 0; i < half; ++i) {
-          const float angle = static_cast<float>(pp[t]) * inv_freq[i];
-          cos_[at_row + i] = std::cos(angle) * config_.rope_scaling;
-          sin_[at_row + i] = std::sin(angle) * config_.rope_scaling;
-        }
-      }
-    }
+    // RoPE's angles per input and table.
+    rope_.angles(p.pos.const_data_ptr<int64_t>(), p.T, p.offset, T, half, config_.rope_scaling, cos_.data(),
+                 sin_.data());
   }
   // Row loops of a prefill are long enough to share between threads; a verification block's are not.
   const int64_t grain = std::max<int64_t>(1, 64 / std::max<int64_t>(1, hidden_ / 256));
@@ -522,8 +506,8 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
   };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const TargetLayer& L = layers_[l];
-    const float* cos_l = cos_.data() + layer_rope_[l] * T * half;
-    const float* sin_l = sin_.data() + layer_rope_[l] * T * half;
+    const float* cos_l = cos_.data() + rope_.of_layer[l] * T * half;
+    const float* sin_l = sin_.data() + rope_.of_layer[l] * T * half;
     // Every linear layer once over the rows of every block: its weights read once for all of them.
     rows_norm(L.input_norm.const_data_ptr<float>(), 0, T);
     linear({&L.q, &L.k, &L.v}, h_.data(), T, {q_.data(), k_.data(), v_.data()});
@@ -573,15 +557,9 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
     add_residual(L.attn_out_norm);
     rows_norm(L.post_norm.const_data_ptr<float>(), 0, T);
     linear({&L.gate, &L.up}, h_.data(), T, {gate_.data(), up_.data()});
-    const bool gelu = config_.activation == TargetActivation::kGeluTanh;
     at::parallel_for(0, T, grain, [&](int64_t b, int64_t e) {
       float* g = gate_.data() + b * intermediate_;
-      const float* u = up_.data() + b * intermediate_;
-      if (gelu) {
-        core::gelu_tanh_mul(g, u, (e - b) * intermediate_, g);
-      } else {
-        core::silu_mul(g, u, (e - b) * intermediate_, g);
-      }
+      core::act_mul(config_.activation, g, up_.data() + b * intermediate_, (e - b) * intermediate_, g);
     });
     linear(L.down, gate_.data(), T, out_.data());
     add_residual(L.mlp_out_norm);

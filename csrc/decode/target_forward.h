@@ -42,6 +42,8 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/decoder_step.h"
+#include "decode/rope_tables.h"
 
 namespace mtprobe {
 
@@ -68,16 +70,13 @@ struct TargetLayer {
   int64_t window = 0;
 };
 
-// The MLP's activation: act(gate) * up.
-enum class TargetActivation { kSilu, kGeluTanh };
-
 struct TargetForwardConfig {
   int64_t heads = 0, kv_heads = 0;  // query heads, key/value heads (a multiple: grouped-query attention)
   float eps = 1e-5f;                // RMSNorm's
   float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
   float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
   float embed_scale = 1.0f;  // the tokens' embedding rows' factor (Gemma: sqrt(hidden) in the model's dtype)
-  TargetActivation activation = TargetActivation::kSilu;
+  core::Activation activation = core::Activation::kSilu;  // the MLP's: SiLU, or GELU's tanh form (Gemma)
   // Blocks of up to this many inputs run the small-batch kernel (weights read once), larger ones a GEMM
   // (oneDNN's, else ATen's); 0: GEMM always (a CPU without AVX2 and FMA, where the kernel's portable loop is
   // slow). Python passes native_forward.SMALL_ROWS, where the crossover measured on a 2-core AMD EPYC Zen 5
@@ -188,10 +187,9 @@ class TargetForward {
 
   at::Tensor embed_, final_norm_, inv_freq_;
   std::vector<TargetLayer> layers_;
-  std::vector<at::Tensor> rope_tables_;  // inv_freq_, then the layers' own frequencies
-  std::vector<size_t> layer_rope_;       // each layer's table in rope_tables_
-  std::vector<int64_t> windows_;         // the layers' distinct sliding windows (> 0)
-  std::vector<int64_t> layer_window_;    // each layer's index in windows_, -1 for full attention
+  RopeTables rope_;                    // inv_freq_, then the layers' own frequencies
+  std::vector<int64_t> windows_;       // the layers' distinct sliding windows (> 0)
+  std::vector<int64_t> layer_window_;  // each layer's index in windows_, -1 for full attention
   TargetLinear head_;
   TargetForwardConfig config_;
   int64_t hidden_, head_dim_, q_out_, kv_out_, intermediate_;

@@ -261,13 +261,19 @@ def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
             out[f"{name}.bias"] = module.bias.detach()
         return out
 
+    args, kwargs = model_layout(model, linear)
+    small = SMALL_ROWS_BF16 if model.dtype == torch.bfloat16 else SMALL_ROWS
+    return args, kwargs | {"small_rows": small if _C.small_batch_linear_simd() else 0}
+
+
+def model_layout(
+    model: PreTrainedModel, linear: Callable[[torch.nn.Module, str], dict[str, torch.Tensor]]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What mtprobe's C++ decoders (this forward, the quantized self-draft's step) take of a model of
+    :data:`MODEL_TYPES`: :func:`gemma_layout` or :func:`decoder_layout`, and each layer's sliding window."""
     gemma = model.config.get_text_config(decoder=True).model_type == GEMMA
     args, kwargs = gemma_layout(model, linear) if gemma else decoder_layout(model, linear)
-    small = SMALL_ROWS_BF16 if model.dtype == torch.bfloat16 else SMALL_ROWS
-    return args, kwargs | {
-        "small_rows": small if _C.small_batch_linear_simd() else 0,
-        "windows": windows(model),
-    }
+    return args, kwargs | {"windows": windows(model)}
 
 
 def windows(model: PreTrainedModel) -> list[int]:

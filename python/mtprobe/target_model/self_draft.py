@@ -30,7 +30,7 @@ from mtprobe import _C
 from mtprobe.cpu import quantized_linear
 from mtprobe.state import state_of
 from mtprobe.target_model.adapter import HFAdapter, check_causal_lm, max_positions
-from mtprobe.target_model.native_forward import decoder_layout, layer_reason
+from mtprobe.target_model.native_forward import GEMMA, gemma_reason, layer_reason, model_layout
 from mtprobe.target_model.sliding import sliding_window
 
 logger = logging.getLogger(__name__)
@@ -38,12 +38,25 @@ logger = logging.getLogger(__name__)
 
 DECODER_ENV = "MTPROBE_QUANTIZED_DECODER"
 """``0`` keeps the quantized self-draft's one-token forwards on HF's modules (:func:`quantized_decoder`),
-read at every generation."""
+read at every generation; ``1`` runs them in C++ for the architectures of :data:`OPT_IN_MODEL_TYPES` too
+(read when a draft's decoder is first built)."""
 
-DECODER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DECODER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", GEMMA)
 """Architectures :class:`mtprobe._C.QuantizedDecoder` computes: HF's Llama decoder layers (pre-norm
-RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP), as Mistral's (without a sliding
-window), Qwen2's (biases on q, k and v) and Qwen3's (an RMSNorm over each query and key head) are too."""
+RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP), as Mistral's, Qwen2's (biases on q, k
+and v) and Qwen3's (an RMSNorm over each query and key head) are too, sliding windows included; Gemma 3's
+text model's as the target's C++ forward takes them (:data:`~mtprobe.target_model.native_forward.MODEL_TYPES`)."""
+
+
+OPT_IN_MODEL_TYPES = (GEMMA,)
+"""Architectures whose C++ step runs only with ``MTPROBE_QUANTIZED_DECODER=1``. Gemma 3: its C++ draft token
+(12.3 ms for Gemma-3-270M's 8-bit twin on a 2-core AMD EPYC Zen 4, a third of a target forward) makes a
+``DraftModelConfig`` chain of 12 4.19x HF greedy against 2.98x through HF's modules, but AutoConfig then
+chooses long self-draft chains where prompt lookup's short blocks had served it better: 4.52x against 5.19x
+with the draft through HF's modules, in the same run (26 dev questions interleaved,
+``benchmarks/results/native_forward/interleaved-gemma3-draft-decoder-ab.md``). Its scheduler's forecast of
+prompt lookup against a chain is what to mend next; the step's arithmetic matches HF's
+(tests/test_quantized_decoder.py)."""
 
 
 def layer_truncated(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
@@ -251,18 +264,24 @@ def why_no_decoder(draft: PreTrainedModel) -> str:
         return f"{DECODER_ENV}=0"
     if getattr(cfg, "model_type", None) not in DECODER_MODEL_TYPES:
         return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {DECODER_MODEL_TYPES}"
-    reason = layer_reason(cfg)
+    if cfg.model_type in OPT_IN_MODEL_TYPES and os.environ.get(DECODER_ENV) != "1":
+        return (
+            f"{cfg.model_type}'s C++ step runs with {DECODER_ENV}=1 only (under AutoConfig it measured slower "
+            "than HF's modules: self_draft.OPT_IN_MODEL_TYPES)"
+        )
+    reason = gemma_reason(cfg) if cfg.model_type == GEMMA else layer_reason(cfg)
     if reason:
         return reason
-    window = sliding_window(draft)
-    if window is not None:
-        return f"a sliding window of {window.window} (the C++ step attends to every cached position)"
+    try:
+        sliding_window(draft)
+    except NotImplementedError as e:  # chunked or linear attention layers
+        return str(e)
     inner = getattr(draft, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(inner, "norm", None) is None:
         return f"{type(draft).__name__} has no model.layers, model.rotary_emb and model.norm"
-    if cfg.model_type == "qwen3" and not all(hasattr(layer.self_attn, "q_norm") for layer in layers):
-        return "a qwen3 layer without q_norm and k_norm"
+    if cfg.model_type in ("qwen3", GEMMA) and not all(hasattr(layer.self_attn, "q_norm") for layer in layers):
+        return f"a {cfg.model_type} layer without q_norm and k_norm"
     names = [*(f"self_attn.{n}_proj" for n in "qkvo"), *(f"mlp.{n}_proj" for n in ("gate", "up", "down"))]
     linears = [*(layer.get_submodule(n) for layer in layers for n in names), draft.get_output_embeddings()]
     if not all(isinstance(m, quantized_linear.QuantizedLinear) for m in linears):
@@ -314,7 +333,7 @@ def decoder_arguments(draft: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str
             out[f"{name}.bias"] = module._bias
         return out
 
-    return decoder_layout(draft, linear)  # type: ignore[arg-type]
+    return model_layout(draft, linear)  # type: ignore[arg-type]
 
 
 def _check_decoder(draft: PreTrainedModel, decoder: _C.QuantizedDecoder) -> str:
