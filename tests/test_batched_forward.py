@@ -13,7 +13,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 import mtprobe
-from conftest import tiny_llama
+from conftest import tiny_family, tiny_llama
 from mtprobe import _C
 from mtprobe.decode import batch as batch_module
 from mtprobe.target_model import native_forward as nf
@@ -59,7 +59,7 @@ def _blocks(model, seed: int):
     return out
 
 
-@pytest.mark.parametrize("name", ["llama", "llama-mha-biases", "qwen2", "qwen3", "llama bfloat16"])
+@pytest.mark.parametrize("name", ["llama", "llama-mha-biases", "qwen2", "qwen3", "gemma3", "llama bfloat16"])
 def test_forward_batch_is_each_blocks_own_forward(name):
     """The blocks of four sequences in one forward: each one's logits, hidden states and cache rows are what
     its own forward gives (up to the rounding of a linear layer over more rows)."""
@@ -85,10 +85,14 @@ def test_forward_batch_is_each_blocks_own_forward(name):
         assert not logits[: b["logits_from"]].any()  # rows nobody reads: zeros
 
 
-def test_a_batch_is_decoded_together_and_each_row_is_greedy():
-    model = tiny_llama()
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_batch_is_decoded_together_and_each_row_is_greedy(arch):
+    # gemma3: windows of 8 on two of its three layers, which prompt and answer outgrow.
+    model = tiny_llama() if arch == "llama" else tiny_family("gemma3", pad_token_id=PAD)
+    new = 10 if arch == "llama" else 14
     alone = [
-        model.generate(torch.tensor([r]), do_sample=False, max_new_tokens=10, eos_token_id=None) for r in ROWS
+        model.generate(torch.tensor([r]), do_sample=False, max_new_tokens=new, eos_token_id=None)
+        for r in ROWS
     ]
     no_draft = mtprobe.AutoConfig(
         drafters=(mtprobe.PromptLookupConfig(), mtprobe.StandConfig(block_complexity=6))
@@ -108,10 +112,11 @@ def test_a_batch_is_decoded_together_and_each_row_is_greedy():
             config,
             attention_mask=MASK,
             do_sample=False,
-            max_new_tokens=10,
+            max_new_tokens=new,
             eos_token_id=None,
             pad_token_id=PAD,
         )
+        assert out.target_forward == nf.VERSION
         assert out.batch == len(ROWS) and all(o.batch == len(ROWS) for o in out.sequence_outputs)
         for i, (r, want) in enumerate(zip(ROWS, alone, strict=True)):
             assert out.sequences[i, WIDTH - len(r) :].tolist() == want[0].tolist(), (type(config).__name__, i)
