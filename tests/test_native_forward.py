@@ -406,6 +406,21 @@ def test_sliding_windows_are_applied_here(arch, config):
     assert torch.equal(out.sequences, want)
 
 
+def test_mtprobes_tree_attention_keeps_hf_forward():
+    """A model loaded with mtprobe's tree attention takes its trees as ancestor bits, which only HF's modules
+    read: its forwards stay HF's, and say why."""
+    import mtprobe.tree_attention
+
+    mtprobe.tree_attention.register()
+    model = _build("llama")
+    model.config._attn_implementation = mtprobe.tree_attention.NAME
+    assert "'mtprobe_tree' attention, whose masks are ancestor bits" in nf.why_not_native(model)
+    ids = torch.tensor([[1, 5, 9, 5, 9, 5, 9, 17]])
+    out = mtprobe.generate(model, ids, mtprobe.PromptLookupConfig(num_tokens=3), max_new_tokens=12)
+    assert out.target_forward.startswith("HF (the model runs the 'mtprobe_tree' attention")
+    assert torch.equal(out.sequences, model.generate(ids, do_sample=False, max_new_tokens=12))
+
+
 def test_environment_switch(monkeypatch):
     model = _build("llama")
     monkeypatch.setenv(nf.ENV, "0")

@@ -47,6 +47,7 @@ from transformers import PreTrainedModel
 from mtprobe import _C
 from mtprobe.state import state_of
 from mtprobe.target_model.sliding import sliding_window
+from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger("mtprobe")
 
@@ -181,6 +182,8 @@ def why_not_native(model: PreTrainedModel) -> str:
         sliding_window(model)
     except NotImplementedError as e:  # chunked or linear attention layers
         return str(e)
+    if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
+        return f"the model runs the {TREE_ATTENTION!r} attention, whose masks are ancestor bits (the C++ forward reads additive masks)"
     inner = getattr(model, "model", None)
     if getattr(inner, "layers", None) is None or getattr(inner, "rotary_emb", None) is None:
         return f"{type(model).__name__} has no model.layers and model.rotary_emb"
