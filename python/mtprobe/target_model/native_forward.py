@@ -165,16 +165,14 @@ def gemma_reason(cfg: Any) -> str:
     return ""
 
 
-def why_not_native(model: PreTrainedModel) -> str:
-    """Why the C++ forward cannot run ``model``, or ``""`` where it can. Cheap: read at every generation."""
-    if setting() == "off":
-        return f"{ENV}=0"
+def architecture_reason(model: PreTrainedModel) -> str:
+    """Why ``model``'s layers are not what mtprobe's C++ decoders (this forward, the quantized self-draft's
+    step) compute, or ``""``: its type, its layers' configuration, attention layer kinds other than full and
+    sliding, a module layout other than ``model.layers`` and ``model.rotary_emb``, missing q/k norms."""
     cfg = model.config.get_text_config(decoder=True)
     model_type = getattr(cfg, "model_type", None)
     if model_type not in MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {MODEL_TYPES}"
-    if model.device.type != "cpu" or model.dtype not in DTYPES:
-        return f"the C++ forward runs float32 and bfloat16 models on the CPU; this one is {model.dtype} on {model.device}"
     reason = gemma_reason(cfg) if model_type == GEMMA else layer_reason(cfg)
     if reason:
         return reason
@@ -182,18 +180,33 @@ def why_not_native(model: PreTrainedModel) -> str:
         sliding_window(model)
     except NotImplementedError as e:  # chunked or linear attention layers
         return str(e)
-    if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
-        return f"the model runs the {TREE_ATTENTION!r} attention, whose masks are ancestor bits (the C++ forward reads additive masks)"
     inner = getattr(model, "model", None)
     if getattr(inner, "layers", None) is None or getattr(inner, "rotary_emb", None) is None:
         return f"{type(model).__name__} has no model.layers and model.rotary_emb"
-    for name, module in _linears(model):
-        if type(module) is not torch.nn.Linear:
-            return f"{name} is a {type(module).__name__}, not a plain torch.nn.Linear (an adapter or a quantized layer)"
     if model_type in ("qwen3", GEMMA) and not all(
         hasattr(layer.self_attn, "q_norm") for layer in inner.layers
     ):
         return f"a {model_type} layer without q_norm and k_norm"
+    return ""
+
+
+def why_not_native(model: PreTrainedModel) -> str:
+    """Why the C++ forward cannot run ``model``, or ``""`` where it can. Cheap: read at every generation."""
+    if setting() == "off":
+        return f"{ENV}=0"
+    model_type = getattr(model.config.get_text_config(decoder=True), "model_type", None)
+    if model_type not in MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {MODEL_TYPES}"
+    if model.device.type != "cpu" or model.dtype not in DTYPES:
+        return f"the C++ forward runs float32 and bfloat16 models on the CPU; this one is {model.dtype} on {model.device}"
+    reason = architecture_reason(model)
+    if reason:
+        return reason
+    if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
+        return f"the model runs the {TREE_ATTENTION!r} attention, whose masks are ancestor bits (the C++ forward reads additive masks)"
+    for name, module in _linears(model):
+        if type(module) is not torch.nn.Linear:
+            return f"{name} is a {type(module).__name__}, not a plain torch.nn.Linear (an adapter or a quantized layer)"
     hooked = next((n or "the model" for n, m in model.named_modules() if _hooks(m)), None)
     if hooked is not None:
         return f"{hooked} has forward hooks (LoRA, adapters or user hooks run only in HF's forward)"
@@ -307,6 +320,8 @@ def gemma_layout(
     scalings = {float(getattr(rotary, f"{t}_attention_scaling")) for t in set(cfg.layer_types)}
     if len(scalings) != 1:
         raise ValueError(f"Gemma 3's layer types scale RoPE differently ({sorted(scalings)}); set {ENV}=0")
+    # The forward's own frequencies: the full-attention layers'; each other layer passes its own table.
+    base = "full_attention" if "full_attention" in cfg.layer_types else cfg.layer_types[0]
     layers = []
     for layer, layer_type in zip(model.model.layers, cfg.layer_types, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
@@ -318,7 +333,7 @@ def gemma_layout(
             "q_norm": norm(attn.q_norm),
             "k_norm": norm(attn.k_norm),
         }
-        if layer_type != "full_attention":
+        if layer_type != base:
             tensors["inv_freq"] = getattr(rotary, f"{layer_type}_inv_freq").detach().float().contiguous()
         for n in "qkvo":
             tensors |= linear(attn.get_submodule(f"{n}_proj"), n)
@@ -331,14 +346,7 @@ def gemma_layout(
         layers,
         norm(model.model.norm),
         linear(model.get_output_embeddings(), "head"),
-        # The full-attention layers' frequencies, the forward's own (each sliding layer passes its table).
-        getattr(
-            rotary,
-            f"{'full_attention' if 'full_attention' in cfg.layer_types else cfg.layer_types[0]}_inv_freq",
-        )
-        .detach()
-        .float()
-        .contiguous(),
+        getattr(rotary, f"{base}_inv_freq").detach().float().contiguous(),
     )
     kwargs = {
         "heads": cfg.num_attention_heads,

@@ -30,8 +30,7 @@ from mtprobe import _C
 from mtprobe.cpu import quantized_linear
 from mtprobe.state import state_of
 from mtprobe.target_model.adapter import HFAdapter, check_causal_lm, max_positions
-from mtprobe.target_model.native_forward import GEMMA, gemma_reason, layer_reason, model_layout
-from mtprobe.target_model.sliding import sliding_window
+from mtprobe.target_model.native_forward import GEMMA, MODEL_TYPES, architecture_reason, model_layout
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +40,7 @@ DECODER_ENV = "MTPROBE_QUANTIZED_DECODER"
 read at every generation; ``1`` runs them in C++ for the architectures of :data:`OPT_IN_MODEL_TYPES` too
 (read when a draft's decoder is first built)."""
 
-DECODER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", GEMMA)
+DECODER_MODEL_TYPES = MODEL_TYPES
 """Architectures :class:`mtprobe._C.QuantizedDecoder` computes: HF's Llama decoder layers (pre-norm
 RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP), as Mistral's, Qwen2's (biases on q, k
 and v) and Qwen3's (an RMSNorm over each query and key head) are too, sliding windows included; Gemma 3's
@@ -262,26 +261,18 @@ def why_no_decoder(draft: PreTrainedModel) -> str:
     cfg = draft.config.get_text_config(decoder=True)
     if os.environ.get(DECODER_ENV, "1") == "0":
         return f"{DECODER_ENV}=0"
-    if getattr(cfg, "model_type", None) not in DECODER_MODEL_TYPES:
-        return f"model_type {getattr(cfg, 'model_type', None)!r} is not one of {DECODER_MODEL_TYPES}"
-    if cfg.model_type in OPT_IN_MODEL_TYPES and os.environ.get(DECODER_ENV) != "1":
+    if getattr(cfg, "model_type", None) in OPT_IN_MODEL_TYPES and os.environ.get(DECODER_ENV) != "1":
         return (
             f"{cfg.model_type}'s C++ step runs with {DECODER_ENV}=1 only (under AutoConfig it measured slower "
             "than HF's modules: self_draft.OPT_IN_MODEL_TYPES)"
         )
-    reason = gemma_reason(cfg) if cfg.model_type == GEMMA else layer_reason(cfg)
+    reason = architecture_reason(draft)
     if reason:
         return reason
-    try:
-        sliding_window(draft)
-    except NotImplementedError as e:  # chunked or linear attention layers
-        return str(e)
-    inner = getattr(draft, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(inner, "norm", None) is None:
-        return f"{type(draft).__name__} has no model.layers, model.rotary_emb and model.norm"
-    if cfg.model_type in ("qwen3", GEMMA) and not all(hasattr(layer.self_attn, "q_norm") for layer in layers):
-        return f"a {cfg.model_type} layer without q_norm and k_norm"
+    inner = draft.model
+    layers = inner.layers
+    if getattr(inner, "norm", None) is None:
+        return f"{type(draft).__name__} has no model.norm"
     names = [*(f"self_attn.{n}_proj" for n in "qkvo"), *(f"mlp.{n}_proj" for n in ("gate", "up", "down"))]
     linears = [*(layer.get_submodule(n) for layer in layers for n in names), draft.get_output_embeddings()]
     if not all(isinstance(m, quantized_linear.QuantizedLinear) for m in linears):
