@@ -24,7 +24,8 @@ on this machine), ``auto-stock`` (torch's linear), ``auto without draft`` (promp
 only) and the quantized self-draft with chains of 8 and 12 (``DraftModelConfig(self_draft="quantized")``),
 with ``--llama-cpp DIR`` llama.cpp's plain greedy decoding of the same token ids and weights (``_llama_cpp``: its
 own process, idle while the other rows run), or the ``--rows`` named, each in turn after one warm-up generation per method, and writes a report
-(``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task:
+(``--out``) of tokens/s against HF greedy, pooled and per Spec-Bench task, and where each row's time went
+(prefill, decode forwards, drafting, the rest) with the decode's own rate:
 
     python benchmarks/bench_auto.py --interleaved --question-file ../shared/specbench/question-dev.jsonl \
         --per-category 2 --max-new-tokens 64 --repeats 3 --out benchmarks/results/auto/interleaved.md
@@ -164,6 +165,11 @@ INTERLEAVED = (
 """The rows of --interleaved, in the order each question runs them (HF greedy first: the reference)."""
 
 
+Row = tuple[torch.Tensor, int, int, str, dict[str, float]]
+"""What a row of --interleaved returns: the sequence, tokens gained, decode forwards, what ran the target's
+forward, and the seconds of its parts (:class:`Timed`'s ``prefill_s``, ``decode_forward_s``, ``draft_s``)."""
+
+
 @dataclass(frozen=True)
 class Timed:
     """One generation of one question by one method in --interleaved."""
@@ -187,6 +193,14 @@ class Timed:
     departure: str = ""
     """Where a run not identical to HF greedy's first departs from it: the token index, HF's top-2 logit
     margin there (its own forward over greedy's prefix) and the two tokens."""
+
+    prefill_s: float = 0.0
+    """Seconds of the prompt's forward (HF rows: the call's first forward, timed by hooks; llama.cpp: its
+    own clock; mtprobe: ``timings["prefill_s"]``)."""
+    decode_forward_s: float = 0.0
+    """Seconds of the decode steps' target forwards (mtprobe rows: ``forward_s - prefill_s``; 0 unknown)."""
+    draft_s: float = 0.0
+    """Seconds the drafters took (mtprobe rows: ``timings["draft_s"]``)."""
 
     @property
     def tau(self) -> float:
@@ -259,6 +273,46 @@ def worst_tasks(
     return {m: min(((t, s[m]) for t, s in speedups.items()), key=lambda x: x[1]) for m in methods}
 
 
+def time_split_rows(runs: Sequence[Timed], methods: Sequence[str]) -> list[list[str]]:
+    """Where each method's seconds went, summed over its runs: the prompts' prefill, the decode steps' target
+    forwards, the drafters and the rest (the loop, verification, Python), and the decode's own rate: the new
+    tokens after the prefill's first over the seconds after the prefill, against HF greedy's."""
+
+    def decode_rate(m: str) -> float:
+        mine = [r for r in runs if r.method == m]
+        seconds = sum(r.wall_s - r.prefill_s for r in mine)
+        return sum(r.new_tokens - 1 for r in mine) / seconds if seconds > 0 else float("nan")
+
+    base = decode_rate(HF_GREEDY)
+    rows = []
+    for m in methods:
+        mine = [r for r in runs if r.method == m]
+        wall = sum(r.wall_s for r in mine)
+        prefill = sum(r.prefill_s for r in mine)
+        forward = sum(r.decode_forward_s for r in mine)
+        draft = sum(r.draft_s for r in mine)
+
+        def cell(x: float, known: bool = True, wall: float = wall) -> str:
+            return f"{x:.2f} ({100 * x / wall:.0f} %)" if known and wall > 0 else "–"
+
+        known = forward > 0  # mtprobe rows report their decode forwards and drafts
+        rest = wall - prefill - forward - draft
+        rate = decode_rate(m)
+        rows.append(
+            [
+                m,
+                f"{wall:.2f}",
+                cell(prefill),
+                cell(forward, known),
+                cell(draft, known),
+                cell(rest) if known else f"{wall - prefill:.2f} (decode, all of it)",
+                f"{rate:.2f}",
+                f"{rate / base:.3f}x",
+            ]
+        )
+    return rows
+
+
 def interleaved_report(
     header: list[str], runs: Sequence[Timed], methods: Sequence[str], *, question_count: int
 ) -> list[str]:
@@ -297,6 +351,20 @@ def interleaved_report(
     lines.append(
         "| **worst task** | | | " + " | ".join(f"{worst[m][0]} {worst[m][1]:.3f}x" for m in others) + " |"
     )
+    lines += [
+        "",
+        "## Where the time went",
+        "",
+        "Seconds summed over every run of the row (share of its wall time): the prompts' prefill, the decode "
+        "steps' target forwards, the drafters' work, and the rest (verification, the loop, Python; for HF's "
+        "and llama.cpp's rows everything after the prefill). Decode tok/s: the new tokens after the "
+        "prefill's first over the seconds after the prefill, and against HF greedy's: the speed of the decode "
+        "itself, which a longer answer approaches.",
+        "",
+        "| method | wall s | prefill s | decode forwards s | drafting s | rest s | decode tok/s | decode × HF greedy |",
+        "|---|---|---|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in time_split_rows(runs, methods)),
+    ]
     away = [r for r in runs if r.departure]
     if away:
         lines += [
@@ -367,36 +435,52 @@ def run_interleaved(args: argparse.Namespace) -> int:
     eos = model.generation_config.eos_token_id
     eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
 
-    def llama_cpp(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
+    def llama_cpp(ids: torch.Tensor) -> Row:
         assert peer is not None
+        before = peer.prefill_s
         seq = peer.generate(ids, n, eos)
         new = seq.shape[1] - ids.shape[1]
-        return seq, new - 1, new - 1, "llama.cpp F32"  # one token a forward after the prompt's
+        # One token a forward after the prompt's.
+        return seq, new - 1, new - 1, "llama.cpp F32", {"prefill_s": peer.prefill_s - before}
 
-    def hf(**kw: Any) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
-        def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
+    def hf(**kw: Any) -> Callable[[torch.Tensor], Row]:
+        def run(ids: torch.Tensor) -> Row:
             # Counted by a hook on the model for HF's rows only: a hooked model runs mtprobe's decode steps
-            # through HF's modules (the hook would not see the C++ forward's).
-            hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+            # through HF's modules (the hook would not see the C++ forward's). The first forward, the
+            # prompt's, is timed by the pair of hooks.
+            first: list[float] = []
+
+            def pre(*_: Any) -> None:
+                forwards[0] += 1
+                if forwards[0] == 1:
+                    first.append(time.perf_counter())
+
+            def post(*_: Any) -> None:
+                if len(first) == 1:
+                    first.append(time.perf_counter())
+
+            hooks = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
             try:
                 seq = model.generate(
                     ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, **kw
                 )
             finally:
-                hook.remove()
+                for h in hooks:
+                    h.remove()
             new = seq.shape[1] - ids.shape[1]
-            return seq, new - 1, forwards[0] - 1, ""  # the prefill's forward yields the first token
+            # The prefill's forward yields the first token.
+            return seq, new - 1, forwards[0] - 1, "", {"prefill_s": first[1] - first[0]}
 
         return run
 
     def mt(
         config: Any, stock: bool = False, hf_draft: bool = False, hf_target: bool = False
-    ) -> Callable[[torch.Tensor], tuple[torch.Tensor, int, int, str]]:
+    ) -> Callable[[torch.Tensor], Row]:
         # What AutoConfig carries from one generation to the next (a draft's measured cost and
         # acceptance), kept per row: rows share the model, and one row's draft costs are not another's.
         carried: dict = {}
 
-        def run(ids: torch.Tensor) -> tuple[torch.Tensor, int, int, str]:
+        def run(ids: torch.Tensor) -> Row:
             forced = environ(linear_routes.ENV, linear_routes.STOCK) if stock else contextlib.nullcontext()
             draft = environ(draft_model.DECODER_ENV, "0") if hf_draft else contextlib.nullcontext()
             target = environ(native_forward.ENV, "0") if hf_target else contextlib.nullcontext()
@@ -405,7 +489,13 @@ def run_interleaved(args: argparse.Namespace) -> int:
                 out = mtprobe.generate(model, ids, config, max_new_tokens=n, do_sample=False)
             # The decode blocks' forward: mtprobe's own (its linear layers are its own too), or HF's and its routes.
             ran = out.target_forward if out.target_forward == native_forward.VERSION else out.linear_routes
-            return out.sequences, sum(out.accept_lengths), len(out.accept_lengths), ran
+            t = out.timings
+            split = {
+                "prefill_s": t["prefill_s"],
+                "decode_forward_s": t["forward_s"] - t["prefill_s"],
+                "draft_s": t.get("draft_s", 0.0),
+            }
+            return out.sequences, sum(out.accept_lengths), len(out.accept_lengths), ran, split
 
         return run
 
@@ -511,7 +601,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
                     forwards[0] = 0
                     sync()
                     t0 = time.perf_counter()
-                    seq, gained, steps, used = rows[m](ids)
+                    seq, gained, steps, used, split = rows[m](ids)
                     sync()
                     wall = time.perf_counter() - t0
                     ref = seq if ref is None else ref
@@ -532,6 +622,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
                             same,
                             used,
                             away,
+                            **split,
                         )
                     )
             print(

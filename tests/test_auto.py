@@ -744,6 +744,47 @@ def test_bench_auto_interleaved_tables_pool_the_median_of_each_questions_repeats
     assert "| 1 | qa | 1.00 (10) | 0.50 (10) |" in lines
 
 
+def test_bench_auto_interleaved_splits_each_rows_seconds_and_rates_its_decode_alone():
+    # "Where the time went": each row's seconds summed over its runs, split into prefill, decode forwards,
+    # drafting and the rest (HF's rows: all after the prefill), and the decode's own rate against HF's.
+    from conftest import load_benchmark
+
+    bench = load_benchmark("bench_auto")
+
+    def run(method, wall, prefill, forward=0.0, draft=0.0):
+        return bench.Timed(method, 1, "qa", 0, wall, 11, 10, 5, True, "", "", prefill, forward, draft)
+
+    runs = [
+        run("HF greedy", 3.0, 1.0),
+        run("HF greedy", 3.0, 1.0),  # 20 decode tokens in 4 s after the prefills: 5 tok/s
+        run("auto", 2.0, 1.0, 0.5, 0.25),
+        run("auto", 2.0, 1.0, 0.5, 0.25),  # 20 in 2 s: 10 tok/s
+    ]
+    greedy, auto = bench.time_split_rows(runs, ["HF greedy", "auto"])
+    assert greedy == [
+        "HF greedy",
+        "6.00",
+        "2.00 (33 %)",
+        "–",
+        "–",
+        "4.00 (decode, all of it)",
+        "5.00",
+        "1.000x",
+    ]
+    assert auto == [
+        "auto",
+        "4.00",
+        "2.00 (50 %)",
+        "1.00 (25 %)",
+        "0.50 (12 %)",
+        "0.50 (12 %)",
+        "10.00",
+        "2.000x",
+    ]
+    lines = bench.interleaved_report(["# header"], runs, ["HF greedy", "auto"], question_count=1)
+    assert "| " + " | ".join(auto) + " |" in lines
+
+
 def test_bench_auto_interleaved_refuses_the_subprocess_modes_options(tmp_path, capsys, monkeypatch):
     # --interleaved runs its own rows in this process: options of the subprocess mode, no --out, or a
     # route forced from outside are refused before anything loads; without --interleaved, --out-dir is
