@@ -140,6 +140,7 @@ INTERLEAVED = (
     "mtprobe plain",
     "auto",
     "auto fixed q8_0",
+    "auto whole chains",
     "mtprobe plain (HF target forward)",
     "auto (HF target forward)",
     "auto 4-bit draft only",
@@ -525,6 +526,18 @@ def run_interleaved(args: argparse.Namespace) -> int:
                 )
             )
         ),
+        # The self-draft's chains run whole: none ends at a draft whose margin class missed (before 2026-11-30).
+        "auto whole chains": mt(
+            mtprobe.AutoConfig(
+                drafters=(
+                    mtprobe.PromptLookupConfig(),
+                    mtprobe.StandConfig(block_complexity=10, prompt_logits=0),
+                    mtprobe.DraftModelConfig(
+                        self_draft="quantized", num_tokens=24, draft_format="auto", stop_below=None
+                    ),
+                )
+            )
+        ),
         "auto-stock": mt(mtprobe.AutoConfig(), stock=True),
         # Every target forward through transformers' modules, as before mtprobe's own C++ forward (issue 67).
         "mtprobe plain (HF target forward)": mt(mtprobe.PlainConfig(), hf_target=True),
@@ -661,7 +674,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "since 2026-11-29 the self-draft's format chosen by its weights, `draft_format='auto'`: 4 bits on the 4-bit grid, "
         "else 8; since 2026-11-30 off the grid by measurement: each of `AutoConfig.draft_formats` drafts in the first "
         "generations, the forecast's best kept, `mtprobe.drafters.auto_formats`); `auto fixed q8_0` the same "
-        "with the self-draft in 8 bits from the start; `auto 4-bit draft only` its candidates before 2026-11-29 "
+        "with the self-draft in 8 bits from the start; `auto whole chains` the same with the self-draft's chains "
+        "run whole (`stop_below=None`: none ends at a draft whose margin class missed, as before 2026-11-30 20:00); "
+        "`auto 4-bit draft only` its candidates before 2026-11-29 "
         "(the 4-bit self-draft); "
         "`quantized draft K q8_0` / `mixed` the self-draft "
         "with every linear in 8 bits / the attention's in 8 and the MLP's in 4; "

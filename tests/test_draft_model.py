@@ -306,7 +306,8 @@ class CheckedDraftTree(_C.Drafter):
 
 
 def test_draft_tree_siblings_and_cache_rollback(tiny, tiny_draft):
-    cfg = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3, top_branches=4)
+    # Whole chains (stop_below=None): the check compares each with the draft's greedy continuation of K.
+    cfg = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=3, top_branches=4, stop_below=None)
     drafter = CheckedDraftTree(tiny, tiny_draft, cfg)
     prompt = torch.randint(1, 47, (1, 12), generator=torch.Generator().manual_seed(3))
     loop = cpu_decode_loop(
@@ -315,6 +316,67 @@ def test_draft_tree_siblings_and_cache_rollback(tiny, tiny_draft):
     seq = loop.run(prompt[0]).sequence
     assert seq == tiny.generate(prompt, do_sample=False, max_new_tokens=40, eos_token_id=None)[0].tolist()
     assert drafter.through_sibling > 0  # some steps accepted a sibling, not the chain
+
+
+def _margin_drafter(margins: list[float], stats, do_sample: bool = False):
+    """A draft-model drafter over a fake draft whose i-th forward puts token i + 1 first by margins[i]."""
+    calls = [0]
+
+    def forward(tokens, embeds, positions, mask, prefix_len, want_hidden):
+        i = calls[0]
+        calls[0] += 1
+        logits = torch.zeros(tokens.shape[0], 16)  # [n, vocab]
+        logits[:, (i + 2) % 16] = 10.0
+        logits[:, i + 1] = 10.0 + margins[i]
+        return logits, None
+
+    drafter = _C.DraftModelDrafter(forward, num_tokens=len(margins), do_sample=do_sample, margin_stats=stats)
+    drafter.begin(torch.tensor([9, 9, 9]))
+    limits = _C.StepLimits()
+    limits.budget, limits.max_depth, limits.tokens_left = 1 + len(margins), len(margins), 100
+    return drafter, drafter.propose(torch.tensor([9]), 2, limits)
+
+
+def test_a_greedy_chain_ends_at_a_draft_whose_margin_class_has_missed():
+    # Margins 5, 0.005, 5, 5: the second draft's class (below 0.01) has missed once, so the chain ends
+    # after it; a class that never missed, no statistics, or sampling, run the chain whole.
+    margins = [5.0, 0.005, 5.0, 5.0]
+    stats = _C.MarginStats(0.9)
+    _, block = _margin_drafter(margins, stats)
+    assert block.tokens[1 : block.num_nodes].tolist() == [1, 2, 3, 4]  # no miss yet: the prior trusts it
+    stats.record(0.005, False)
+    drafter, block = _margin_drafter(margins, stats)
+    assert block.tokens[1 : block.num_nodes].tolist() == [1, 2]
+    assert list(block.parents[1 : block.num_nodes]) == [0, 1]
+    assert _margin_drafter(margins, None)[1].num_nodes == 5
+    assert _margin_drafter(margins, stats, do_sample=True)[1].num_nodes == 5
+    # The step accepted the first draft and not the second: one match in the top class, one more miss.
+    drafter.observe(_C.StepOutcome(2, [0, 1], [1, 7]))
+    assert stats.trials[-1] == 1 and stats.matches[-1] == 1
+    assert stats.trials[0] == 2 and stats.matches[0] == 0
+    # A block the loop replaced taught nothing.
+    drafter, _ = _margin_drafter([5.0, 5.0], stats)
+    drafter.observe(_C.StepOutcome(2, [0], [7], block_replaced=True))
+    assert stats.trials[-1] == 1
+
+
+def test_margin_stops_keep_greedy_output_and_learn_per_draft_model(tiny, tiny_draft):
+    # With a draft that often disagrees with the target, chains end early, the output stays greedy's, and
+    # the counts live with the draft model across generations.
+    prompt = torch.randint(0, 47, (1, 10), generator=torch.Generator().manual_seed(11))
+    want = tiny.generate(prompt, do_sample=False, max_new_tokens=30)
+    whole = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=6, stop_below=None)
+    cut = mtprobe.DraftModelConfig(draft_model=tiny_draft, num_tokens=6, stop_below=0.9)
+    out_whole = mtprobe.generate(tiny, prompt, whole, max_new_tokens=30)
+    out_cut = mtprobe.generate(tiny, prompt, cut, max_new_tokens=30)
+    assert torch.equal(out_whole.sequences, want) and torch.equal(out_cut.sequences, want)
+    stats = state_of(tiny_draft).margin_stats[0.9]
+    trials = sum(stats.trials)
+    assert trials > 0 and sum(stats.matches) < trials
+    # Classes that missed end chains: fewer drafts verified than whole chains'.
+    assert sum(out_cut.block_sizes) < sum(out_whole.block_sizes)
+    mtprobe.generate(tiny, prompt, cut, max_new_tokens=30)
+    assert state_of(tiny_draft).margin_stats[0.9] is stats and sum(stats.trials) > trials
 
 
 def _remaining(total: int, accept_lengths: list[int]) -> list[int]:
@@ -408,6 +470,9 @@ def test_a_route_measurement_is_not_taken_for_the_targets_first_forward(monkeypa
 def test_config_validation():
     with pytest.raises(ValueError, match="num_tokens=0 must be >= 1"):
         mtprobe.DraftModelConfig(num_tokens=0)
+    for bad in (0, 1.5, -0.1, True, "0.9"):
+        with pytest.raises(ValueError, match=r"stop_below=.* must be a share in \(0, 1\]"):
+            mtprobe.DraftModelConfig(stop_below=bad)
     with pytest.raises(ValueError, match="num_draft_layers=0 must be >= 1"):
         mtprobe.DraftModelConfig(num_draft_layers=0)
     with pytest.raises(ValueError, match="top_branches=0 must be >= 1"):

@@ -219,3 +219,34 @@ def test_the_step_overhead_favours_blocks_that_gain_more():
     kept, inputs, _, score = _C.best_cut(stats, table, 1, [-1, 0], 0, True, 0.0, 1.0)
     assert (kept, inputs) == ([0, 1], 3) and score == pytest.approx(1.9 / 1.2)
     assert table.relative(3, 0.0, 1.0) == pytest.approx(1.2)
+
+
+def test_margin_stats_match_the_reference():
+    # A draft's confidence by class of its top-2 margin, after random verdicts: the same classes, rates
+    # and stops as the Python reference, at the edges too.
+    rng = random.Random(7)
+    for stop_below in (0.5, 0.9, 1.0):
+        cpp, py = _C.MarginStats(stop_below), ref.MarginStats(stop_below)
+        assert cpp.edges == list(ref.MARGIN_EDGES) and cpp.stop_below == stop_below
+        probes = [0.0, *ref.MARGIN_EDGES, *(e * 0.999 for e in ref.MARGIN_EDGES), 3.0, 1e300]
+        for _ in range(300):
+            margin = rng.choice(probes) if rng.random() < 0.3 else rng.expovariate(3.0)
+            matched = rng.random() < (0.5 if margin < 0.05 else 0.97)
+            cpp.record(margin, matched)
+            py.record(margin, matched)
+            for m in probes:
+                assert _C.MarginStats.class_of(m) == ref.MarginStats.class_of(m)
+                assert cpp.rate(m) == pytest.approx(py.rate(m), rel=1e-12)
+                assert cpp.stops(m) == py.stops(m)
+        assert cpp.trials == py.trials and cpp.matches == py.matches
+
+
+@pytest.mark.parametrize("margin", [-0.1, math.nan, math.inf])
+def test_margin_stats_bad_input(margin: float):
+    with pytest.raises(ValueError, match="a top-2 logit margin is finite and >= 0"):
+        _C.MarginStats().record(margin, True)
+    with pytest.raises(ValueError, match="a top-2 logit margin is finite and >= 0"):
+        ref.MarginStats.class_of(margin)
+    for stop_below in (0.0, 1.5, math.nan):
+        with pytest.raises(ValueError, match="stop_below must lie in"):
+            _C.MarginStats(stop_below)

@@ -224,18 +224,41 @@ void bind_drafters(py::module_& m) {
            }),
            py::kw_only(), py::arg("num_tokens"), py::arg("max_ngram_size"));
 
+  py::class_<core::MarginStats, std::shared_ptr<core::MarginStats>>(
+      m, "MarginStats",
+      "A draft model's confidence by class of its top-2 logit margin (csrc/core/schedule.h): a greedy draft "
+      "in "
+      "a class that has matched the target less than stop_below of the time ends its chain.")
+      .def(py::init<double>(), py::arg("stop_below") = 0.9)
+      .def_property_readonly_static("edges",
+                                    [](py::object) {
+                                      return std::vector<double>(core::MarginStats::kEdges.begin(),
+                                                                 core::MarginStats::kEdges.end());
+                                    })
+      .def_static("class_of", &core::MarginStats::class_of, py::arg("margin"))
+      .def("rate", &core::MarginStats::rate, py::arg("margin"))
+      .def("record", &core::MarginStats::record, py::arg("margin"), py::arg("matched"))
+      .def("stops", &core::MarginStats::stops, py::arg("margin"))
+      .def_property_readonly("stop_below", &core::MarginStats::stop_below)
+      .def_property_readonly("trials", &core::MarginStats::trials)
+      .def_property_readonly("matches", &core::MarginStats::matches);
+
   py::class_<DraftModelDrafter, Drafter, std::shared_ptr<DraftModelDrafter>>(
       m, "DraftModelDrafter",
       "Draft-model speculative decoding: a chain of num_tokens drafts from a smaller model with its own KV "
       "cache.")
-      .def(py::init([](ForwardFn forward, int64_t num_tokens, bool do_sample,
-                       std::optional<ProcessFn> process, int64_t top_branches, bool skip_prefill) {
-             return std::make_shared<DraftModelDrafter>(
-                 std::move(forward), DraftModelOptions{num_tokens, do_sample, top_branches, skip_prefill},
-                 std::move(process));
-           }),
-           py::arg("forward"), py::kw_only(), py::arg("num_tokens"), py::arg("do_sample") = false,
-           py::arg("process") = py::none(), py::arg("top_branches") = 1, py::arg("skip_prefill") = false)
+      .def(
+          py::init([](ForwardFn forward, int64_t num_tokens, bool do_sample, std::optional<ProcessFn> process,
+                      int64_t top_branches, bool skip_prefill,
+                      std::shared_ptr<core::MarginStats> margin_stats) {
+            return std::make_shared<DraftModelDrafter>(
+                std::move(forward),
+                DraftModelOptions{num_tokens, do_sample, top_branches, skip_prefill, std::move(margin_stats)},
+                std::move(process));
+          }),
+          py::arg("forward"), py::kw_only(), py::arg("num_tokens"), py::arg("do_sample") = false,
+          py::arg("process") = py::none(), py::arg("top_branches") = 1, py::arg("skip_prefill") = false,
+          py::arg("margin_stats") = nullptr)
       .def_property_readonly("draft_forwards", &DraftModelDrafter::draft_forwards);
 
   py::class_<HeadsDrafter, Drafter, std::shared_ptr<HeadsDrafter>>(

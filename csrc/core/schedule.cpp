@@ -231,4 +231,47 @@ ChainForecast forecast_chain(const AcceptanceStats& stats, const CostTable& cost
   return best;
 }
 
+MarginStats::MarginStats(double stop_below) : stop_below_(stop_below) {
+  if (!(stop_below > 0 && stop_below <= 1))
+    throw std::invalid_argument("margin statistics: stop_below must lie in (0, 1], got " +
+                                std::to_string(stop_below));
+}
+
+int64_t MarginStats::class_of(double margin) {
+  if (!std::isfinite(margin) || margin < 0)
+    throw std::invalid_argument("margin statistics: a top-2 logit margin is finite and >= 0, got " +
+                                std::to_string(margin));
+  return static_cast<int64_t>(std::upper_bound(kEdges.begin(), kEdges.end(), margin) - kEdges.begin());
+}
+
+double MarginStats::rate_locked(int64_t c) const {
+  const auto i = static_cast<size_t>(c);
+  return (matches_[i] + 1.9) / (trials_[i] + 2.0);
+}
+
+double MarginStats::rate(double margin) const {
+  const int64_t c = class_of(margin);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return rate_locked(c);
+}
+
+void MarginStats::record(double margin, bool matched) {
+  const auto i = static_cast<size_t>(class_of(margin));
+  std::lock_guard<std::mutex> lock(mutex_);
+  trials_[i] += 1.0;
+  if (matched) matches_[i] += 1.0;
+}
+
+bool MarginStats::stops(double margin) const { return rate(margin) < stop_below_; }
+
+std::vector<double> MarginStats::trials() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {trials_.begin(), trials_.end()};
+}
+
+std::vector<double> MarginStats::matches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {matches_.begin(), matches_.end()};
+}
+
 }  // namespace mtprobe::core

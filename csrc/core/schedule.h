@@ -20,8 +20,10 @@
 // only the first node.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 namespace mtprobe::core {
@@ -133,5 +135,39 @@ struct ChainForecast {
 // finite.
 ChainForecast forecast_chain(const AcceptanceStats& stats, const CostTable& cost, double draft_seconds,
                              int64_t max_drafts, double context, double overhead = 0.0);
+
+// A draft model's confidence, by class of its top-2 logit margin: how often a greedy draft whose margin
+// fell in the class was the target's token. A draft model drafts a chain token after token, and a near-tie
+// it resolves unlike the target wastes every draft after it; where a class has been the target's token
+// less than `stop_below` of the time, a draft in it ends the chain (DraftModelDrafter). Off SmolLM2's
+// 4-bit grid the 8-bit self-draft matched the target at 45-79 % of its margins below 0.1 and at 98-100 %
+// above; on the grid, where it is the target, at every margin: the counts tell the two apart.
+// rate = (matches + 1.9) / (trials + 2): a prior of weight 2 and mean 0.95, so that no class stops a
+// chain before it has missed. Shared by the drafters of one draft model (a batch's rows, the process's
+// generations), so every call locks.
+class MarginStats {
+ public:
+  static constexpr std::array<double, 7> kEdges{0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0};
+  static constexpr int64_t kClasses = static_cast<int64_t>(kEdges.size()) + 1;
+
+  // stop_below in (0, 1]; throws std::invalid_argument otherwise.
+  explicit MarginStats(double stop_below = 0.9);
+  // The class of a margin (>= 0, finite): the number of edges at or below it. Throws otherwise.
+  static int64_t class_of(double margin);
+  double rate(double margin) const;
+  void record(double margin, bool matched);
+  // Whether a draft of this margin ends its chain: rate(margin) < stop_below.
+  bool stops(double margin) const;
+  double stop_below() const { return stop_below_; }
+  // [kClasses] each: the verdicts and matches so far.
+  std::vector<double> trials() const;
+  std::vector<double> matches() const;
+
+ private:
+  double rate_locked(int64_t c) const;
+  double stop_below_;
+  mutable std::mutex mutex_;
+  std::array<double, kEdges.size() + 1> trials_{}, matches_{};
+};
 
 }  // namespace mtprobe::core

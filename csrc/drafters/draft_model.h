@@ -12,12 +12,19 @@
 // the draft model). Its cache holds a prefix of the sequence: after a step that accepted a of
 // the K drafts, the first len + min(a, K - 1) entries are still right (the K-th draft was never
 // fed), so the next step feeds only the tokens after them.
+//
+// Under greedy decoding a chain can end early: a draft whose top-2 logit margin falls in a class of margins
+// that has matched the target's token less than core::MarginStats::stop_below() of the time ends it (the
+// drafts after a near-tie the draft resolves unlike the target would be wasted forwards). Each verified
+// chain's drafts up to its first miss are counted into those classes.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "core/schedule.h"
 #include "drafters/drafter.h"
 #include "runtime/callbacks.h"
 
@@ -30,6 +37,9 @@ struct DraftModelOptions {
   // No chain in the loop's prefill block (prefix_len 0): for a draft that takes the target's KV entries
   // and has none before the target's prefill (it could only draft from nothing).
   bool skip_prefill = false;
+  // Classes of the draft's top-2 margins (greedy only; none: every chain runs num_tokens), shared with the
+  // draft model's other drafters.
+  std::shared_ptr<core::MarginStats> margin_stats;
 };
 
 class DraftModelDrafter : public Drafter {
@@ -53,6 +63,7 @@ class DraftModelDrafter : public Drafter {
   std::vector<int64_t> history_;  // prompt + every generated token (includes the committed chain)
   int64_t cached_ = 0;            // draft KV entries that match history_
   int64_t chain_len_ = 0;         // K of the step in flight (its siblings follow the chain)
+  std::vector<double> margins_;   // [chain_len_]: each draft's top-2 logit margin (margin_stats only)
   int64_t draft_forwards_ = 0;
 };
 

@@ -41,6 +41,9 @@ class ModelState:
     """For a quantized self-draft: its one-token forward in C++, or None where it cannot run one."""
     decoder_checked: bool = False
     """Whether ``decoder`` was decided (None is an answer too)."""
+    margin_stats: dict[float, Any] = field(default_factory=dict)
+    """A draft model's ``_C.MarginStats`` by ``stop_below``: how often its greedy drafts matched the target, by
+    class of their top-2 logit margin, counted over the process's generations (``DraftModelConfig.stop_below``)."""
     native: Any = None
     """Its own forward in C++ (:mod:`mtprobe.target_model.native_forward`), or None where HF's runs."""
     native_key: tuple[int, ...] = ()

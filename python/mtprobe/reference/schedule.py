@@ -159,3 +159,45 @@ def forecast_chain(
         if score > best[3]:
             best = (k, rate, expected, score)
     return best
+
+
+MARGIN_EDGES = (0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Class edges of a draft's top-2 logit margin (``csrc/core/schedule.h``, ``MarginStats``)."""
+
+
+class MarginStats:
+    """How often a greedy draft of each margin class was the target's token: rate = (matches + 1.9) /
+    (trials + 2); a draft whose class's rate is below ``stop_below`` ends its chain.
+
+    >>> s = MarginStats(0.9)
+    >>> s.stops(0.005)
+    False
+    >>> s.record(0.005, False)
+    >>> round(s.rate(0.005), 4), s.stops(0.005), s.stops(3.0)
+    (0.6333, True, False)
+    """
+
+    def __init__(self, stop_below: float = 0.9) -> None:
+        if not 0 < stop_below <= 1:
+            raise ValueError(f"stop_below must lie in (0, 1], got {stop_below}")
+        self.stop_below = stop_below
+        self.trials = [0.0] * (len(MARGIN_EDGES) + 1)  # [classes]
+        self.matches = [0.0] * (len(MARGIN_EDGES) + 1)  # [classes]
+
+    @staticmethod
+    def class_of(margin: float) -> int:
+        if not (margin >= 0 and margin < float("inf")):
+            raise ValueError(f"a top-2 logit margin is finite and >= 0, got {margin}")
+        return sum(margin >= e for e in MARGIN_EDGES)
+
+    def rate(self, margin: float) -> float:
+        c = self.class_of(margin)
+        return (self.matches[c] + 1.9) / (self.trials[c] + 2.0)
+
+    def record(self, margin: float, matched: bool) -> None:
+        c = self.class_of(margin)
+        self.trials[c] += 1.0
+        self.matches[c] += 1.0 if matched else 0.0
+
+    def stops(self, margin: float) -> bool:
+        return self.rate(margin) < self.stop_below
