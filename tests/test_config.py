@@ -48,6 +48,7 @@ NON_DEFAULT = {
         block_complexity=9,
         self_draft="quantized",
         draft_format="q8_0",
+        stop_below=0.75,
     ),
     "stand": mtprobe.StandConfig(
         block_complexity=17,
