@@ -396,6 +396,13 @@ def interleaved_report(
     return lines
 
 
+def mtprobe_env() -> list[str]:
+    """``NAME=value`` of every ``MTPROBE_*`` setting in this process's environment but the cache's."""
+    return [
+        f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MTPROBE_") and k != "MTPROBE_CACHE"
+    ]
+
+
 def format_lines(model: Any) -> list[str]:
     """What AutoConfig chose for its self-draft's format in the run, and the generations each format drafted in
     while measured (the first ones of the run: warm-up, then the first questions)."""
@@ -657,7 +664,8 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "# Issue 42: HF greedy, HF prompt lookup, plain decoding, AutoConfig and the quantized self-draft, "
         "interleaved in one process",
         "",
-        f"- command: `{shlex.join(['python', *sys.argv])}`",
+        # The settings the run's environment gave mtprobe (MTPROBE_QUANTIZED_DECODER=1 and the like) are part of it.
+        f"- command: `{shlex.join([*mtprobe_env(), 'python', *sys.argv])}`",
         f"- date: {started:%Y-%m-%d %H:%M} – {dt.datetime.now(dt.timezone.utc):%H:%M UTC}; host: {cpu_name()} "
         f"({cpu_isa()}), {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), {platform.machine()}; "
         f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}",
@@ -856,7 +864,8 @@ def main(argv: list[str] | None = None) -> int:
     readme = [
         "# AutoConfig and EntMTP beside HF greedy, HF prompt lookup and every mtprobe method",
         "",
-        f"- command: `{shlex.join(['python', *sys.argv])}`",
+        # The settings the run's environment gave mtprobe (MTPROBE_QUANTIZED_DECODER=1 and the like) are part of it.
+        f"- command: `{shlex.join([*mtprobe_env(), 'python', *sys.argv])}`",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}; machine: {platform.machine()}, "
         f"{os.cpu_count()} cores, {args.threads} torch threads; torch {torch.__version__}, transformers "
         f"{transformers.__version__}; model `{args.model}`, {args.dtype}, {where}",
