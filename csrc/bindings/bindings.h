@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <string>
+#include <vector>
 
 #include "core/decoder_step.h"
 
@@ -23,6 +24,25 @@ inline core::Activation parse_activation(const std::string& name, const char* wh
   TORCH_CHECK_VALUE(name == "silu" || name == "gelu_tanh", who,
                     ": activation must be 'silu' or 'gelu_tanh', got '", name, "'");
   return name == "gelu_tanh" ? core::Activation::kGeluTanh : core::Activation::kSilu;
+}
+
+// The shape both C++ decoders take from their bindings' keyword arguments; `who` names the caller in errors.
+inline void set_shape(core::DecoderShape& shape, int64_t heads, int64_t kv_heads, double eps, double scale,
+                      double rope_scaling, double embed_scale, const std::string& activation,
+                      const char* who) {
+  shape.heads = heads;
+  shape.kv_heads = kv_heads;
+  shape.eps = static_cast<float>(eps);
+  shape.scale = static_cast<float>(scale);
+  shape.rope_scaling = static_cast<float>(rope_scaling);
+  shape.embed_scale = static_cast<float>(embed_scale);
+  shape.activation = parse_activation(activation, who);
+}
+
+// `windows` holds one sliding window per layer, or none.
+inline void check_windows(const std::vector<int64_t>& windows, size_t layers, const char* who) {
+  TORCH_CHECK_VALUE(windows.empty() || windows.size() == layers, who,
+                    ": windows holds one window per layer (", layers, ") or none, got ", windows.size());
 }
 
 void bind_drafters(pybind11::module_& m);

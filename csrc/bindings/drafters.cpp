@@ -227,8 +227,8 @@ void bind_drafters(py::module_& m) {
   py::class_<core::MarginStats, std::shared_ptr<core::MarginStats>>(
       m, "MarginStats",
       "A draft model's confidence by class of its top-2 logit margin (csrc/core/schedule.h): a greedy draft "
-      "in "
-      "a class that has matched the target less than stop_below of the time ends its chain.")
+      "in a "
+      "class that has matched the target less than stop_below of the time ends its chain.")
       .def(py::init<double>(), py::arg("stop_below") = 0.9)
       .def_property_readonly_static("edges",
                                     [](py::object) {

@@ -41,9 +41,7 @@ void bind_quantized_decoder(py::module_& m) {
                        const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
                        double scale, double rope_scaling, const std::vector<int64_t>& windows,
                        double embed_scale, const std::string& activation) {
-             TORCH_CHECK_VALUE(windows.empty() || windows.size() == layers.size(),
-                               "QuantizedDecoder: windows ", "holds one window per layer (", layers.size(),
-                               ") or none, got ", windows.size());
+             check_windows(windows, layers.size(), "QuantizedDecoder");
              std::vector<QuantizedDecoderLayer> built;
              for (size_t l = 0; l < layers.size(); ++l) {
                const Tensors& t = layers[l];
@@ -56,13 +54,8 @@ void bind_quantized_decoder(py::module_& m) {
                                 optional(t, "inv_freq"), windows.empty() ? 0 : windows[l]});
              }
              QuantizedDecoderConfig config;
-             config.heads = heads;
-             config.kv_heads = kv_heads;
-             config.eps = static_cast<float>(eps);
-             config.scale = static_cast<float>(scale);
-             config.rope_scaling = static_cast<float>(rope_scaling);
-             config.embed_scale = static_cast<float>(embed_scale);
-             config.activation = parse_activation(activation, "QuantizedDecoder");
+             set_shape(config, heads, kv_heads, eps, scale, rope_scaling, embed_scale, activation,
+                       "QuantizedDecoder");
              return std::make_shared<QuantizedDecoder>(std::move(embed), std::move(built),
                                                        std::move(final_norm), weights(head, "head", "head"),
                                                        std::move(inv_freq), config);

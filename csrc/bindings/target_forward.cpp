@@ -65,9 +65,7 @@ void bind_target_forward(py::module_& m) {
                        double scale, double rope_scaling, int64_t small_rows, int64_t wide_rows,
                        const std::vector<int64_t>& windows, double embed_scale,
                        const std::string& activation) {
-             TORCH_CHECK_VALUE(windows.empty() || windows.size() == layers.size(), "TargetForward: windows ",
-                               "holds one window per layer (", layers.size(), ") or none, got ",
-                               windows.size());
+             check_windows(windows, layers.size(), "TargetForward");
              std::vector<TargetLayer> built;
              for (size_t l = 0; l < layers.size(); ++l) {
                const Tensors& t = layers[l];
@@ -88,15 +86,10 @@ void bind_target_forward(py::module_& m) {
                }
              }
              TargetForwardConfig config;
-             config.heads = heads;
-             config.kv_heads = kv_heads;
-             config.eps = static_cast<float>(eps);
-             config.scale = static_cast<float>(scale);
-             config.rope_scaling = static_cast<float>(rope_scaling);
+             set_shape(config, heads, kv_heads, eps, scale, rope_scaling, embed_scale, activation,
+                       "TargetForward");
              config.small_rows = small_rows;
              config.wide_rows = wide_rows;
-             config.embed_scale = static_cast<float>(embed_scale);
-             config.activation = parse_activation(activation, "TargetForward");
              return std::make_shared<TargetForward>(std::move(embed), std::move(built), std::move(final_norm),
                                                     linear(head, "head", "head"), std::move(inv_freq),
                                                     config);

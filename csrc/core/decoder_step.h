@@ -53,6 +53,18 @@ void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* y);
 // A gated MLP's activation: act(gate) * up.
 enum class Activation { kSilu, kGeluTanh };
 
+// What the target's C++ forward and the self-draft's C++ step share of a decoder's configuration
+// (decode/target_forward.h's TargetForwardConfig and decode/quantized_decoder.h's QuantizedDecoderConfig
+// extend it).
+struct DecoderShape {
+  int64_t heads = 0, kv_heads = 0;  // query heads, key/value heads (a multiple: grouped-query attention)
+  float eps = 1e-5f;                // RMSNorm's
+  float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
+  float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
+  float embed_scale = 1.0f;  // the tokens' embedding rows' factor (Gemma: sqrt(hidden) in the model's dtype)
+  Activation activation = Activation::kSilu;  // the MLP's: SiLU, or GELU's tanh form (Gemma)
+};
+
 // y[i] = act(gate[i]) * up[i] by `act`, n floats; y may be gate.
 inline void act_mul(Activation act, const float* gate, const float* up, int64_t n, float* y) {
   if (act == Activation::kGeluTanh) {

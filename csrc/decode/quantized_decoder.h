@@ -53,14 +53,7 @@ struct QuantizedDecoderLayer {
   int64_t window = 0;   // sliding attention: the rows p - window + 1..p attended at position p; 0: all
 };
 
-struct QuantizedDecoderConfig {
-  int64_t heads = 0, kv_heads = 0;  // query heads, key/value heads (a multiple: grouped-query attention)
-  float eps = 1e-5f;                // RMSNorm's
-  float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
-  float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
-  float embed_scale = 1.0f;         // the token embedding's factor (Gemma's sqrt(hidden))
-  core::Activation activation = core::Activation::kSilu;
-};
+struct QuantizedDecoderConfig : core::DecoderShape {};
 
 class QuantizedDecoder {
  public:

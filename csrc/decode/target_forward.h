@@ -70,13 +70,7 @@ struct TargetLayer {
   int64_t window = 0;
 };
 
-struct TargetForwardConfig {
-  int64_t heads = 0, kv_heads = 0;  // query heads, key/value heads (a multiple: grouped-query attention)
-  float eps = 1e-5f;                // RMSNorm's
-  float scale = 0.0f;               // attention logits' factor, head_dim^-0.5 for Llama
-  float rope_scaling = 1.0f;        // RoPE's cos and sin factor (HF's attention_scaling)
-  float embed_scale = 1.0f;  // the tokens' embedding rows' factor (Gemma: sqrt(hidden) in the model's dtype)
-  core::Activation activation = core::Activation::kSilu;  // the MLP's: SiLU, or GELU's tanh form (Gemma)
+struct TargetForwardConfig : core::DecoderShape {
   // Blocks of up to this many inputs run the small-batch kernel (weights read once), larger ones a GEMM
   // (oneDNN's, else ATen's); 0: GEMM always (a CPU without AVX2 and FMA, where the kernel's portable loop is
   // slow). Python passes native_forward.SMALL_ROWS, where the crossover measured on a 2-core AMD EPYC Zen 5
