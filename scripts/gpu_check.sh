@@ -76,6 +76,12 @@ build() {
     -C cmake.define.MTPROBE_CUDA_ARCHS="${MTPROBE_CUDA_ARCHS:-90}" -e . >"$REPORTS/build.log" 2>&1
   local rc=$?
   tail -n 25 "$REPORTS/build.log"
+  # A copy of libstdc++'s stream code inside _C.so (a libstdc++.a first on the link path) crashes every error
+  # message with a number in it (benchmarks/results/gpu/h200-2026-11-30-night/): it must define none.
+  local so
+  so=$("$PY" -c "import mtprobe._C as C; print(C.__file__)")
+  echo "libstdc++ stream symbols defined in _C.so: $(nm -D --defined-only "$so" | grep -c _ZNSo9_M_insertIlEERSoT_)" |
+    tee -a "$REPORTS/build.log"
   "$PY" -c "import torch, mtprobe.ops; x = torch.tensor([-1, 0, 0, 1], device='cuda'); \
 print('CUDA ops:', mtprobe.ops.tree_ancestor_bits(x).tolist())" || rc=1
   return $rc
