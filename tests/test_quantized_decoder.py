@@ -269,3 +269,26 @@ def test_step_rows_refuses_rows_that_do_not_line_up():
         decoder.step_rows(
             [1, 64], [0, 0], [keys, [k.clone() for k in keys]], [values, [v.clone() for v in values]]
         )
+
+
+def test_int8_activations_run_when_asked_and_generation_stays_greedy(monkeypatch):
+    """``MTPROBE_DRAFT_ACTIVATIONS=int8``: the step on int8 activations (core::quantized_linear_int8) stays
+    within the activations' rounding of HF's modules, and generation with it stays greedy; another value
+    is refused with the choices."""
+    model = tiny_llama(seed=5, vocab_size=64, num_hidden_layers=3)
+    monkeypatch.setenv(draft_model.ACTIVATIONS_ENV, "int8")
+    tokens = torch.randint(0, 64, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    for fmt in ("q4_1", "q8_0"):
+        draft = quantized(model, None, fmt)
+        assert quantized_decoder(draft).int8_activations
+        logit_err, _ = _hf_and_decoder_steps(model, tokens, fmt)
+        assert 1e-5 < max(logit_err) < 0.25, logit_err  # not float32's rounding, within the check's bound
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    prompt = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(9))
+    ref = model.generate(prompt, do_sample=False, max_new_tokens=24)
+    assert torch.equal(mtprobe.generate(model, prompt, cfg, max_new_tokens=24).sequences, ref)
+    monkeypatch.setenv(draft_model.ACTIVATIONS_ENV, "int4")
+    with pytest.raises(ValueError, match=r"MTPROBE_DRAFT_ACTIVATIONS='int4'.*'int8', 'float32'"):
+        draft_model.draft_activations()
+    monkeypatch.delenv(draft_model.ACTIVATIONS_ENV)
+    assert draft_model.draft_activations() == "float32"

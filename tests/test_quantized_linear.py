@@ -139,6 +139,66 @@ def test_op_refuses_bad_arguments_with_the_reason(case):
         torch.ops.mtprobe.quantized_linear(*change(x, q.codes, q.scale, q.min, b))
 
 
+# --- on int8 activations (the self-draft's C++ step) ---------------------------------------------------
+
+# Odd group counts (a last Q4_1 group outside the pairs), one group, the self-draft's widths.
+INT8_SHAPES = [(1, 32, 5), (2, 64, 7), (3, 96, 130), (4, 160, 9), (5, 576, 67), (7, 1536, 33), (1, 544, 65)]
+
+
+def _int8_bound(x, q, b):
+    # The integer sums are exact; each group's scaled sum, the groups' sum and the min terms round in float32:
+    # at most groups + 8 roundings deep, each within gamma_m of the absolute terms.
+    m = q.scale.shape[1] + 8
+    u = torch.finfo(torch.float32).eps / 2
+    gamma = m * u / (1 - m * u)
+    absw = quantized_weight(q.codes, q.scale.abs(), None if q.min is None else q.min.abs()).abs()
+    return gamma * (2 * x.double().abs() @ absw.T + b.double().abs()) + 1e-30
+
+
+@pytest.mark.parametrize("fmt", ql.FORMATS)
+@pytest.mark.parametrize("level", [0, 1, 2, 3], ids=["portable", "avx2", "avx512_vnni", "default"])
+@pytest.mark.parametrize("rows,k,n", INT8_SHAPES, ids=[f"{r}-{k}-{n}" for r, k, n in INT8_SHAPES])
+def test_int8_kernels_match_their_reference(rows, k, n, level, fmt):
+    x, q, b = _case((rows,), k, n, fmt, True, seed=k + rows)
+    x[0, :32] = 0.0  # an all-zero group: scale 0, codes 0
+    x[-1, 5] = 40.0  # a group dominated by one input
+    got = _C.quantized_linear_int8_at_level(x, q.codes, q.scale, q.min, b, level).double()
+    exact = mtprobe.reference.quantized_linear_int8(x, q.codes, q.scale, q.min, b).double()
+    assert ((got - exact).abs() <= _int8_bound(x, q, b)).all()
+    # int8 activations are not float32's: within a few per cent of the outputs' spread, and (wherever x has a
+    # group of random inputs left) not the same.
+    plain = reference(x, q.codes, q.scale, q.min, b).double()
+    apart = (exact - plain).abs().max()
+    assert apart < 0.05 * plain.abs().max() and (apart > 0 or k * rows == 32)
+
+
+def test_int8_activations_round_half_to_even_in_their_groups():
+    x = torch.zeros(1, 64)
+    x[0, 0], x[0, 1], x[0, 2], x[0, 3] = 127.0, 0.5, 1.5, -2.5  # group 0's scale is 1: ties at .5
+    x[0, 32:] = torch.linspace(-3.0, 3.0, 32)
+    codes, scale = mtprobe.reference.quantized_activations(x)
+    assert codes[0, :4].tolist() == [127, 0, 2, -2] and scale[0, 0] == 1.0
+    assert codes[0, 32] == -127 and codes[0, 63] == 127 and torch.allclose(scale[0, 1], torch.tensor(3 / 127))
+    # The op on a one-hot weight row reads those codes back, times the scales.
+    q = ql.quantize(torch.eye(64)[:4], "q8_0")
+    y = torch.ops.mtprobe.quantized_linear_int8(x, q.codes, q.scale, None, None)
+    assert torch.allclose(y, torch.tensor([[127.0, 0.0, 2.0, -2.0]]))
+
+
+def test_int8_op_opcheck_and_bad_arguments():
+    for fmt in ql.FORMATS:
+        x, q, b = _case((3,), 96, 24, fmt, True)
+        opcheck(torch.ops.mtprobe.quantized_linear_int8, (x, q.codes, q.scale, q.min, b))
+        assert mtprobe.ops.quantized_linear_int8(x, q.codes, q.scale, q.min, b).shape == (3, 24)
+    x, q, b = _case((3,), 64, 6, "q4_1", True)
+    for change, message in BAD_ARGS.values():
+        with pytest.raises(ValueError, match=message.replace("quantized_linear", "quantized_linear_int8")):
+            torch.ops.mtprobe.quantized_linear_int8(*change(x, q.codes, q.scale, q.min, b))
+    with pytest.raises(ValueError, match="quantized_linear_int8: level must be 0"):
+        _C.quantized_linear_int8_at_level(x, q.codes, q.scale, q.min, b, 4)
+    assert _C.quantized_linear_int8_isa() in ("avx512_vnni", "avx2", "scalar")
+
+
 # --- quantize, dequantize ----------------------------------------------------------------------------
 
 

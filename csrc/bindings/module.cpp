@@ -30,5 +30,8 @@ PYBIND11_MODULE(_C, m) {
         "The kernel torch.ops.mtprobe.small_batch_linear runs on this CPU: 'avx2' or 'scalar'");
   m.def("quantized_linear_isa", &mtprobe::ops::quantized_linear_isa,
         "The kernel torch.ops.mtprobe.quantized_linear runs on this CPU: 'avx512', 'avx2' or 'scalar'");
+  m.def("quantized_linear_int8_isa", &mtprobe::ops::quantized_linear_int8_isa,
+        "The kernel torch.ops.mtprobe.quantized_linear_int8 runs on this CPU: 'avx512_vnni', 'avx2' or "
+        "'scalar'");
   mtprobe::bindings::bind_testing(m);  // last: its functions take NgramMemory, AcceptanceStats, CostTable
 }

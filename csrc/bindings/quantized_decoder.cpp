@@ -40,7 +40,7 @@ void bind_quantized_decoder(py::module_& m) {
       .def(py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
                        const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
                        double scale, double rope_scaling, const std::vector<int64_t>& windows,
-                       double embed_scale, const std::string& activation) {
+                       double embed_scale, const std::string& activation, bool int8_activations) {
              check_windows(windows, layers.size(), "QuantizedDecoder");
              std::vector<QuantizedDecoderLayer> built;
              for (size_t l = 0; l < layers.size(); ++l) {
@@ -56,6 +56,7 @@ void bind_quantized_decoder(py::module_& m) {
              QuantizedDecoderConfig config;
              set_shape(config, heads, kv_heads, eps, scale, rope_scaling, embed_scale, activation,
                        "QuantizedDecoder");
+             config.int8_activations = int8_activations;
              return std::make_shared<QuantizedDecoder>(std::move(embed), std::move(built),
                                                        std::move(final_norm), weights(head, "head", "head"),
                                                        std::move(inv_freq), config);
@@ -63,7 +64,7 @@ void bind_quantized_decoder(py::module_& m) {
            py::arg("embed"), py::arg("layers"), py::arg("final_norm"), py::arg("head"), py::arg("inv_freq"),
            py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
            py::arg("rope_scaling"), py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
-           py::arg("activation") = "silu")
+           py::arg("activation") = "silu", py::arg("int8_activations") = false)
       .def("step", &QuantizedDecoder::step, py::arg("token"), py::arg("position"), py::arg("keys"),
            py::arg("values"),
            "Logits [vocab] float32 of `token` at `position`; its keys and values are written into row "
@@ -74,7 +75,8 @@ void bind_quantized_decoder(py::module_& m) {
            "step() for several sequences at once: logits [B, vocab] float32, row r's keys and values written "
            "into row positions[r] of its own buffers keys[r][l], values[r][l]; the weights read once for all",
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("num_layers", &QuantizedDecoder::num_layers);
+      .def_property_readonly("num_layers", &QuantizedDecoder::num_layers)
+      .def_property_readonly("int8_activations", &QuantizedDecoder::int8_activations);
 }
 
 }  // namespace mtprobe::bindings

@@ -86,6 +86,11 @@ void bind_testing(py::module_& m) {
         py::arg("scale"), py::arg("min"), py::arg("bias"), py::arg("level"),
         "torch.ops.mtprobe.quantized_linear with the kernel named: 0 portable, 1 AVX2/FMA, 2 AVX-512, 3 the "
         "default (a level the CPU does not run falls back to the default).");
+  m.def(
+      "quantized_linear_int8_at_level", &ops::quantized_linear_int8_at_level, py::arg("x"), py::arg("codes"),
+      py::arg("scale"), py::arg("min"), py::arg("bias"), py::arg("level"),
+      "torch.ops.mtprobe.quantized_linear_int8 with the kernel named: 0 portable, 1 AVX2, 2 AVX-512 VNNI, 3 "
+      "the default (a level the CPU does not run falls back to the default).");
   // Draft trees from candidates, merged, and their mask carriers (csrc/core/draft_tree.h; tests compare
   // them with mtprobe.reference.draft_tree).
   m.def(

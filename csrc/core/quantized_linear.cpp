@@ -388,6 +388,271 @@ void search_q8_0_group(const float* w, const float* a, int iterations, float* co
   }
 }
 
+// ---- The layer on int8 activations (quantized_linear_int8) ----
+namespace {
+
+// Where input j (0..31) of group g sits in Q4_1's activation order (quantized_linear_int8 in the header).
+inline int64_t q4_position(int64_t g, int64_t j, int64_t groups) {
+  if (g == groups - 1 && groups % 2 == 1) return kQuantGroup * g + j;  // a last odd group: as it is
+  const int64_t pair = kQuantGroup * (g - g % 2), side = g % 2;        // offset of the pair's 64 inputs
+  return pair + (j < kHalf ? 0 : kQuantGroup) + side * kHalf + j % kHalf;
+}
+
+template <QuantFormat F>
+void rows_int8_scalar(const int8_t* xq, const float* xscale, const float* xsum, int64_t rows, int64_t in,
+                      const uint8_t* codes, const float* scale, const float* min, const float* bias, float* y,
+                      int64_t ldy, int64_t begin, int64_t end) {
+  const int64_t groups = in / kQuantGroup;
+  const int64_t row_bytes = groups * group_bytes(F);
+  for (int64_t n = begin; n < end; ++n) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int8_t* xr = xq + r * in;
+      float acc = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* b = codes + n * row_bytes + g * group_bytes(F);
+        int32_t d = 0;
+        for (int64_t j = 0; j < kHalf; ++j) {
+          if constexpr (F == QuantFormat::kQ4_1) {
+            d += (b[j] & 0x0F) * xr[q4_position(g, j, groups)] +
+                 (b[j] >> 4) * xr[q4_position(g, kHalf + j, groups)];
+          } else {
+            d += static_cast<int8_t>(b[j]) * xr[kQuantGroup * g + j] +
+                 static_cast<int8_t>(b[kHalf + j]) * xr[kQuantGroup * g + kHalf + j];
+          }
+        }
+        acc += scale[n * groups + g] * xscale[r * groups + g] * static_cast<float>(d);
+        if constexpr (F == QuantFormat::kQ4_1) acc += min[n * groups + g] * xsum[r * groups + g];
+      }
+      y[r * ldy + n] = bias ? acc + bias[n] : acc;
+    }
+  }
+}
+
+#ifdef MTPROBE_X86_SIMD
+bool has_vnni() {
+  static const bool has = has_avx2() && __builtin_cpu_supports("avx512vnni") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+// The int32 lanes of a's unsigned bytes times b's signed bytes, four products a lane: AVX2's form (the
+// 16-bit pair sums cannot saturate: |a| <= 127 or a <= 15 here) and VNNI's one instruction.
+__attribute__((target("avx2,fma"))) inline __m256i dot_avx2(__m256i a, __m256i b) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+}
+__attribute__((target("avx2,fma"))) inline __m256i dot2_avx2(__m256i a, __m256i b, __m256i c, __m256i d) {
+  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(a, b), _mm256_maddubs_epi16(c, d)),
+                           _mm256_set1_epi16(1));
+}
+__attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) inline __m256i dot_vnni(__m256i a,
+                                                                                        __m256i b) {
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+}
+__attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) inline __m256i dot2_vnni(__m256i a, __m256i b,
+                                                                                         __m256i c,
+                                                                                         __m256i d) {
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b), c, d);
+}
+
+// R inputs against NC weight rows at a time, rows [begin, end), on 8 int32 lanes: Q4_1 a pair of groups
+// per vector (lanes 0-3 the first group's partial sums, 4-7 the second's), Q8_0 one group. Each group's
+// integer sum is scaled once into float accumulators (scale[n, g] d[r, g], spread over its lanes). A last
+// odd Q4_1 group runs as the portable loop does (one group of a row: a few per cent of a 576-input row).
+#define MTPROBE_QL8_KERNEL(NAME, TARGET, DOT, DOT2)                                                          \
+  template <QuantFormat F, int NC, int R>                                                                    \
+  __attribute__((target(TARGET))) void NAME(const int8_t* xq, const float* xscale, const float* xsum,        \
+                                            int64_t in, const uint8_t* codes, const float* scale,            \
+                                            const float* min, const float* bias, float* y, int64_t ldy,      \
+                                            int64_t begin, int64_t end) {                                    \
+    const int64_t groups = in / kQuantGroup;                                                                 \
+    const int64_t row_bytes = groups * group_bytes(F);                                                       \
+    const bool odd = F == QuantFormat::kQ4_1 && groups % 2 == 1;                                             \
+    const int64_t paired = odd ? groups - 1 : groups; /* groups the vector loop takes */                     \
+    const __m256i low = _mm256_set1_epi8(0x0F);                                                              \
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);                                        \
+    int64_t n = begin;                                                                                       \
+    for (; n + NC <= end; n += NC) {                                                                         \
+      Prefetch pf = prefetch_block<F>(codes, scale, min, groups, n, NC, end);                                \
+      __m256 acc[NC][R];                                                                                     \
+      for (int c = 0; c < NC; ++c) {                                                                         \
+        for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();                                         \
+      }                                                                                                      \
+      if constexpr (F == QuantFormat::kQ4_1) {                                                               \
+        for (int64_t g = 0; g < paired; g += 2) {                                                            \
+          for (int c = 0; c < NC; ++c) {                                                                     \
+            if (pf.next < pf.end) {                                                                          \
+              _mm_prefetch(pf.next, _MM_HINT_T0);                                                            \
+              pf.next += 64;                                                                                 \
+            }                                                                                                \
+            const __m256i v = _mm256_loadu_si256(                                                            \
+                reinterpret_cast<const __m256i*>(codes + (n + c) * row_bytes + g * kHalf));                  \
+            const __m256i lo = _mm256_and_si256(v, low);                                                     \
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                               \
+            const __m128 s2 = _mm_castsi128_ps(                                                              \
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scale + (n + c) * groups + g)));            \
+            for (int r = 0; r < R; ++r) {                                                                    \
+              const int8_t* xg = xq + r * in + g * kQuantGroup;                                              \
+              const __m256i d =                                                                              \
+                  DOT2(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg)), hi,                     \
+                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + kQuantGroup)));              \
+              const __m128 sd = _mm_mul_ps(                                                                  \
+                  s2, _mm_castsi128_ps(                                                                      \
+                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xscale + r * groups + g))));      \
+              const __m256 s8 = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sd), spread);                \
+              acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s8, acc[c][r]);                             \
+            }                                                                                                \
+          }                                                                                                  \
+        }                                                                                                    \
+      } else {                                                                                               \
+        for (int64_t g = 0; g < groups; ++g) {                                                               \
+          for (int c = 0; c < NC; ++c) {                                                                     \
+            if (pf.next < pf.end) {                                                                          \
+              _mm_prefetch(pf.next, _MM_HINT_T0);                                                            \
+              pf.next += 64;                                                                                 \
+            }                                                                                                \
+            const __m256i w = _mm256_loadu_si256(                                                            \
+                reinterpret_cast<const __m256i*>(codes + (n + c) * row_bytes + g * kQuantGroup));            \
+            const __m256i aw = _mm256_sign_epi8(w, w); /* |w|: codes lie in [-127, 127] */                   \
+            const float s = scale[(n + c) * groups + g];                                                     \
+            for (int r = 0; r < R; ++r) {                                                                    \
+              const __m256i x =                                                                              \
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * in + g * kQuantGroup));       \
+              const __m256i d = DOT(aw, _mm256_sign_epi8(x, w)); /* |w| (x sign(w)) = w x */                 \
+              acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(s * xscale[r * groups + g]), \
+                                          acc[c][r]);                                                        \
+            }                                                                                                \
+          }                                                                                                  \
+        }                                                                                                    \
+      }                                                                                                      \
+      for (int c = 0; c < NC; ++c) {                                                                         \
+        for (int r = 0; r < R; ++r) {                                                                        \
+          float v = hsum(acc[c][r]);                                                                         \
+          if constexpr (F == QuantFormat::kQ4_1) {                                                           \
+            if (odd) { /* the last group, as the portable loop */                                            \
+              const int64_t g = groups - 1;                                                                  \
+              const uint8_t* b = codes + (n + c) * row_bytes + g * kHalf;                                    \
+              const int8_t* xg = xq + r * in + g * kQuantGroup;                                              \
+              int32_t d = 0;                                                                                 \
+              for (int64_t j = 0; j < kHalf; ++j) d += (b[j] & 0x0F) * xg[j] + (b[j] >> 4) * xg[kHalf + j];  \
+              v += scale[(n + c) * groups + g] * xscale[r * groups + g] * static_cast<float>(d);             \
+            }                                                                                                \
+            v += min_term(min + (n + c) * groups, xsum + r * groups, groups);                                \
+          }                                                                                                  \
+          y[r * ldy + n + c] = bias ? v + bias[n + c] : v;                                                   \
+        }                                                                                                    \
+      }                                                                                                      \
+    }                                                                                                        \
+    if constexpr (NC > 1) {                                                                                  \
+      if (n < end) NAME<F, 1, R>(xq, xscale, xsum, in, codes, scale, min, bias, y, ldy, n, end);             \
+    }                                                                                                        \
+  }
+
+MTPROBE_QL8_KERNEL(rows_int8_avx2, "avx2,fma", dot_avx2, dot2_avx2)
+MTPROBE_QL8_KERNEL(rows_int8_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", dot_vnni, dot2_vnni)
+#undef MTPROBE_QL8_KERNEL
+
+template <QuantFormat F, bool Vnni>
+void pass_int8(int64_t rr, const int8_t* xq, const float* xscale, const float* xsum, int64_t in,
+               const uint8_t* codes, const float* scale, const float* min, const float* bias, float* y,
+               int64_t ldy, int64_t begin, int64_t end) {
+#define MTPROBE_QL8_CALL(NC, R)                                                                  \
+  if constexpr (Vnni) {                                                                          \
+    rows_int8_vnni<F, NC, R>(xq, xscale, xsum, in, codes, scale, min, bias, y, ldy, begin, end); \
+  } else {                                                                                       \
+    rows_int8_avx2<F, NC, R>(xq, xscale, xsum, in, codes, scale, min, bias, y, ldy, begin, end); \
+  }
+  switch (rr) {
+    case 1:
+      MTPROBE_QL8_CALL(4, 1)
+      break;
+    case 2:
+      MTPROBE_QL8_CALL(2, 2)
+      break;
+    case 3:
+      MTPROBE_QL8_CALL(1, 3)
+      break;
+    default:
+      MTPROBE_QL8_CALL(1, 4)
+      break;
+  }
+#undef MTPROBE_QL8_CALL
+}
+#endif
+
+template <QuantFormat F>
+void run_int8(const int8_t* xq, const float* xscale, const float* xsum, int64_t rows, int64_t in,
+              const uint8_t* codes, const float* scale, const float* min, const float* bias, float* y,
+              int64_t out, int64_t begin, int64_t end, SimdLevel level) {
+#ifdef MTPROBE_X86_SIMD
+  if (level == SimdLevel::kDefault || (level == SimdLevel::kAvx512 && !has_vnni()) ||
+      (level == SimdLevel::kAvx2 && !has_avx2())) {
+    level = has_vnni() ? SimdLevel::kAvx512 : has_avx2() ? SimdLevel::kAvx2 : SimdLevel::kScalar;
+  }
+  if (level != SimdLevel::kScalar) {
+    const int64_t groups = in / kQuantGroup;
+    for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+      const int64_t rr = rows - r0 < kMaxRows ? rows - r0 : kMaxRows;
+      const float* sr = xsum ? xsum + r0 * groups : nullptr;
+      const int8_t* xr = xq + r0 * in;
+      const float* dr = xscale + r0 * groups;
+      if (level == SimdLevel::kAvx512) {
+        pass_int8<F, true>(rr, xr, dr, sr, in, codes, scale, min, bias, y + r0 * out, out, begin, end);
+      } else {
+        pass_int8<F, false>(rr, xr, dr, sr, in, codes, scale, min, bias, y + r0 * out, out, begin, end);
+      }
+    }
+    return;
+  }
+#else
+  (void)level;
+#endif
+  rows_int8_scalar<F>(xq, xscale, xsum, rows, in, codes, scale, min, bias, y, out, begin, end);
+}
+
+}  // namespace
+
+void quantize_activations(const float* x, int64_t rows, int64_t in_features, QuantFormat format, int8_t* xq,
+                          float* xscale) {
+  const int64_t groups = in_features / kQuantGroup;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = x + r * in_features + g * kQuantGroup;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < kQuantGroup; ++j) amax = std::max(amax, std::fabs(xg[j]));
+      // As the reference: the factor 127 / amax in float32, each code round(x * factor), half to even.
+      const float factor = amax > 0.0f ? 127.0f / amax : 0.0f;
+      xscale[r * groups + g] = amax / 127.0f;
+      for (int64_t j = 0; j < kQuantGroup; ++j) {
+        const auto c = static_cast<int8_t>(std::nearbyint(xg[j] * factor));
+        const int64_t at = format == QuantFormat::kQ4_1 ? q4_position(g, j, groups) : kQuantGroup * g + j;
+        xq[r * in_features + at] = c;
+      }
+    }
+  }
+}
+
+void quantized_linear_int8(const int8_t* xq, const float* xscale, const float* xsum, int64_t rows,
+                           int64_t in_features, const void* codes, QuantFormat format, const float* scale,
+                           const float* min, const float* bias, float* y, int64_t out_features,
+                           int64_t out_begin, int64_t out_end, SimdLevel level) {
+  const auto* c = static_cast<const uint8_t*>(codes);
+  if (format == QuantFormat::kQ4_1) {
+    run_int8<QuantFormat::kQ4_1>(xq, xscale, xsum, rows, in_features, c, scale, min, bias, y, out_features,
+                                 out_begin, out_end, level);
+  } else {
+    run_int8<QuantFormat::kQ8_0>(xq, xscale, xsum, rows, in_features, c, scale, min, bias, y, out_features,
+                                 out_begin, out_end, level);
+  }
+}
+
+const char* quantized_linear_int8_isa() {
+#ifdef MTPROBE_X86_SIMD
+  if (has_vnni()) return "avx512_vnni";
+  if (has_avx2()) return "avx2";
+#endif
+  return "scalar";
+}
+
 void quantized_linear(const float* x, const float* xsum, int64_t rows, int64_t in_features, const void* codes,
                       QuantFormat format, const float* scale, const float* min, const float* bias, float* y,
                       int64_t out_features, int64_t out_begin, int64_t out_end, SimdLevel level) {

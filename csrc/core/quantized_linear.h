@@ -51,6 +51,32 @@ void quantized_group_sums(const float* x, int64_t rows, int64_t in_features, flo
 // The kernel quantized_linear runs on this CPU: "avx512", "avx2" or "scalar".
 const char* quantized_linear_isa();
 
+// The same layer on activations quantized to 8 bits, as llama.cpp multiplies its 4- and 8-bit weights: each
+// group of 32 inputs of each row becomes int8 codes c and a scale d = max |x_g| / 127 (c = round(x * 127 /
+// max |x_g|), half to even; an all-zero group gets d = 0, c = 0), and a group's dot product is an exact
+// integer sum of code products, scaled once: y[r, n] = sum_g scale[n, g] d[r, g] sum_j q_j c_j (+ Q4_1's
+// min[n, g] xsum[r, g], on the float sums of x) + bias[n]. Why: the float kernel widens every code to
+// float32 before its multiply-add and runs at about half the memory's pace on the self-draft's shapes; the
+// integer products (AVX-512 VNNI's vpdpbusd, or AVX2's vpmaddubsw) take one instruction per 32 or 64 codes,
+// so the draft's step reads its weights at the memory's pace. The draft only proposes, so its rounding
+// changes which tokens it proposes, never the output (the target verifies each).
+//
+// xq [rows, in] int8 in the order the format's kernel reads it (quantize_activations writes it): Q8_0 as x;
+// Q4_1 each pair of groups (2p, 2p + 1) as group 2p's inputs 0..15, 2p + 1's 0..15, 2p's 16..31, 2p + 1's
+// 16..31 (the low then the high nibbles of the pair's 32 code bytes), a last odd group as it is.
+// xscale [rows, in / 32]: the groups' d. Reference: mtprobe.reference.quantized_linear_int8.
+void quantize_activations(const float* x, int64_t rows, int64_t in_features, QuantFormat format, int8_t* xq,
+                          float* xscale);
+// level: kAvx512 runs AVX-512 VNNI on 256-bit vectors, kAvx2 AVX2's byte products, kScalar a portable
+// loop; kDefault (and a level this CPU lacks) the widest it has.
+void quantized_linear_int8(const int8_t* xq, const float* xscale, const float* xsum, int64_t rows,
+                           int64_t in_features, const void* codes, QuantFormat format, const float* scale,
+                           const float* min, const float* bias, float* y, int64_t out_features,
+                           int64_t out_begin, int64_t out_end, SimdLevel level = SimdLevel::kDefault);
+
+// The kernel quantized_linear_int8 runs on this CPU: "avx512_vnni", "avx2" or "scalar".
+const char* quantized_linear_int8_isa();
+
 // The searched rounding of one group of 32 weights (mtprobe.cpu.quantized_linear.quantize(search=True); its
 // PyTorch reference: python/mtprobe/reference/quantized_linear.py). w, a: the group's weights and each one's
 // share of the error (its input column's importance); codes (as floats), scale (and min) come in as GGUF's

@@ -119,6 +119,7 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
   gate_.resize(intermediate_);
   up_.resize(intermediate_);
   xsum_.resize(std::max(hidden_, std::max(intermediate_, q_out)) / G);
+  xscale_.resize(std::max(hidden_, std::max(intermediate_, q_out)) / G);
 }
 
 void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
@@ -128,23 +129,42 @@ void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws,
   const int64_t n = static_cast<int64_t>(ws.size()), in = w[0]->in_features();
   TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
   LayerColumns columns;
-  bool any_q4 = false;
+  bool any_q4 = false, any_q8 = false;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_INTERNAL_ASSERT(w[i]->in_features() == in);
     columns.add(w[i]->out_features());
     any_q4 = any_q4 || is_q4(*w[i]);
+    any_q8 = any_q8 || !is_q4(*w[i]);
   }
   if (any_q4) core::quantized_group_sums(x, rows, in, xsum_.data());  // x's, shared by the layers
+  const bool int8 = config_.int8_activations;
+  if (int8) {  // x's codes, once for the layers of each format
+    if (static_cast<int64_t>(xq4_.size()) < rows * in) {
+      xq4_.resize(rows * in);
+      xq8_.resize(rows * in);
+    }
+    if (any_q4)
+      core::quantize_activations(x, rows, in, core::QuantFormat::kQ4_1, xq4_.data(), xscale_.data());
+    if (any_q8)
+      core::quantize_activations(x, rows, in, core::QuantFormat::kQ8_0, xq8_.data(), xscale_.data());
+  }
   // A grain of 64 columns, as the quantized_linear op; every row in one pass over the weights.
   at::parallel_for(0, columns.total(), 64, [&](int64_t begin, int64_t end) {
     columns.each(begin, end, [&](int64_t i, int64_t from, int64_t to) {
       const QuantizedWeights& L = *w[i];
       const bool q4 = is_q4(L);
-      core::quantized_linear(x, q4 ? xsum_.data() : nullptr, rows, in, L.codes.const_data_ptr(),
-                             q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0,
-                             L.scale.const_data_ptr<float>(), q4 ? L.min.const_data_ptr<float>() : nullptr,
-                             L.bias.defined() ? L.bias.const_data_ptr<float>() : nullptr, y[i],
-                             L.out_features(), from, to);
+      const auto format = q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
+      const float* min = q4 ? L.min.const_data_ptr<float>() : nullptr;
+      const float* bias = L.bias.defined() ? L.bias.const_data_ptr<float>() : nullptr;
+      const float* sums = q4 ? xsum_.data() : nullptr;
+      if (int8) {
+        core::quantized_linear_int8(q4 ? xq4_.data() : xq8_.data(), xscale_.data(), sums, rows, in,
+                                    L.codes.const_data_ptr(), format, L.scale.const_data_ptr<float>(), min,
+                                    bias, y[i], L.out_features(), from, to);
+      } else {
+        core::quantized_linear(x, sums, rows, in, L.codes.const_data_ptr(), format,
+                               L.scale.const_data_ptr<float>(), min, bias, y[i], L.out_features(), from, to);
+      }
     });
   });
 }
@@ -203,6 +223,7 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
       fit(att_, B * q_out);
   fit(k_, B * kv_out), fit(v_, B * kv_out), fit(gate_, B * intermediate_), fit(up_, B * intermediate_);
   fit(xsum_, B * std::max(hidden_, std::max(intermediate_, q_out)) / G);
+  fit(xscale_, B * std::max(hidden_, std::max(intermediate_, q_out)) / G);
   // RoPE's angles at each row's position per table, in float32 as HF computes them: [tables, B, half] each.
   const int64_t tables = static_cast<int64_t>(rope_.tables.size());
   std::vector<float> cos(tables * B * half), sin(tables * B * half);

@@ -53,7 +53,14 @@ struct QuantizedDecoderLayer {
   int64_t window = 0;   // sliding attention: the rows p - window + 1..p attended at position p; 0: all
 };
 
-struct QuantizedDecoderConfig : core::DecoderShape {};
+struct QuantizedDecoderConfig : core::DecoderShape {
+  // The linear layers on x quantized to int8 per group of 32 (core::quantized_linear_int8): the weights read
+  // nearer the memory's pace than the float kernel, which widens every code first; the draft's logits move by
+  // the activations' rounding (about 1 % of their spread), which changes what it proposes, never the output.
+  // Off by default: on SmolLM2 it agreed with the target less often than it saved
+  // (self_draft.ACTIVATIONS_ENV).
+  bool int8_activations = false;
+};
 
 class QuantizedDecoder {
  public:
@@ -75,6 +82,7 @@ class QuantizedDecoder {
                        const std::vector<std::vector<at::Tensor>>& values);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  bool int8_activations() const { return config_.int8_activations; }
 
  private:
   // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i].out_features()], in one
@@ -96,6 +104,9 @@ class QuantizedDecoder {
   // output, gate, up, Q4_1's group sums of the input ([rows, width] each); scores; the attention's
   // per-range outputs [items, group, head_dim] and log-sum-exps [items, group].
   core::AlignedFloats x_, h_, q_, k_, v_, att_, out_, gate_, up_, xsum_, scores_, part_out_, part_lse_;
+  // With int8_activations: the input's codes in Q4_1's and Q8_0's orders, and its groups' scales.
+  std::vector<int8_t> xq4_, xq8_;
+  core::AlignedFloats xscale_;
   std::mutex busy_;
 };
 

@@ -133,6 +133,15 @@ at::Tensor quantized_linear_at_level(const at::Tensor& x, const at::Tensor& code
                                      const std::optional<at::Tensor>& bias, int64_t level);
 // The kernel quantized_linear runs on this CPU: "avx512", "avx2" or "scalar".
 std::string quantized_linear_isa();
+// quantized_linear on x quantized to int8 per group of 32 (core::quantized_linear_int8: the quantized
+// self-draft's kernel); the same arguments and checks. Levels: 0 portable, 1 AVX2, 2 AVX-512 VNNI, 3 default.
+at::Tensor quantized_linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& min, const std::optional<at::Tensor>& bias);
+at::Tensor quantized_linear_int8_at_level(const at::Tensor& x, const at::Tensor& codes,
+                                          const at::Tensor& scale, const std::optional<at::Tensor>& min,
+                                          const std::optional<at::Tensor>& bias, int64_t level);
+// The kernel quantized_linear_int8 runs on this CPU: "avx512_vnni", "avx2" or "scalar".
+std::string quantized_linear_int8_isa();
 
 // The searched rounding of every group of weight [out, in] (core::search_q4_1_group, search_q8_0_group):
 // GGUF's codes [out, in] (as floats), scale and min [out, in / 32] in, the searched ones out (new tensors).

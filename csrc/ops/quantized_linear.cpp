@@ -13,16 +13,13 @@
 
 namespace mtprobe::ops {
 
-at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
-                            const std::optional<at::Tensor>& min, const std::optional<at::Tensor>& bias) {
-  return quantized_linear_at_level(x, codes, scale, min, bias,
-                                   static_cast<int64_t>(core::SimdLevel::kDefault));
-}
+namespace {
 
-at::Tensor quantized_linear_at_level(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
-                                     const std::optional<at::Tensor>& min,
-                                     const std::optional<at::Tensor>& bias, int64_t level) {
-  constexpr const char* op = "quantized_linear";
+// Both ops: the same checks; `int8`: x quantized to int8 per group (core::quantize_activations) and the
+// integer kernel, else the float one.
+at::Tensor run_quantized_linear(const char* op, const at::Tensor& x, const at::Tensor& codes,
+                                const at::Tensor& scale, const std::optional<at::Tensor>& min,
+                                const std::optional<at::Tensor>& bias, int64_t level, bool int8) {
   TORCH_CHECK_VALUE(level >= 0 && level <= static_cast<int64_t>(core::SimdLevel::kDefault), op,
                     ": level must be 0 (portable), 1 (AVX2), 2 (AVX-512) or 3 (the default kernel), got ",
                     level);
@@ -73,13 +70,54 @@ at::Tensor quantized_linear_at_level(const at::Tensor& x, const at::Tensor& code
   const float* scp = scale.const_data_ptr<float>();
   const float* mp = has_min ? min->const_data_ptr<float>() : nullptr;
   float* yp = io.y.mutable_data_ptr<float>();
+  const auto simd = static_cast<core::SimdLevel>(level);
+  if (int8) {
+    at::Tensor xq = at::empty({rows, in}, x.options().dtype(at::kChar));  // [rows, in]
+    at::Tensor xscale = at::empty({rows, in / G}, x.options());           // [rows, in / 32]
+    core::quantize_activations(xp, rows, in, format, xq.mutable_data_ptr<int8_t>(),
+                               xscale.mutable_data_ptr<float>());
+    const int8_t* qp = xq.const_data_ptr<int8_t>();
+    const float* dp = xscale.const_data_ptr<float>();
+    at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
+      core::quantized_linear_int8(qp, dp, sp, rows, in, cp, format, scp, mp, b, yp, out, begin, end, simd);
+    });
+    return io.y.reshape(io.out_shape);
+  }
   // A grain of 64 columns, as small_batch_linear.
   at::parallel_for(0, out, 64, [&](int64_t begin, int64_t end) {
-    core::quantized_linear(xp, sp, rows, in, cp, format, scp, mp, b, yp, out, begin, end,
-                           static_cast<core::SimdLevel>(level));
+    core::quantized_linear(xp, sp, rows, in, cp, format, scp, mp, b, yp, out, begin, end, simd);
   });
   return io.y.reshape(io.out_shape);
 }
+
+}  // namespace
+
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                            const std::optional<at::Tensor>& min, const std::optional<at::Tensor>& bias) {
+  return quantized_linear_at_level(x, codes, scale, min, bias,
+                                   static_cast<int64_t>(core::SimdLevel::kDefault));
+}
+
+at::Tensor quantized_linear_at_level(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                                     const std::optional<at::Tensor>& min,
+                                     const std::optional<at::Tensor>& bias, int64_t level) {
+  return run_quantized_linear("quantized_linear", x, codes, scale, min, bias, level, false);
+}
+
+at::Tensor quantized_linear_int8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& min,
+                                 const std::optional<at::Tensor>& bias) {
+  return quantized_linear_int8_at_level(x, codes, scale, min, bias,
+                                        static_cast<int64_t>(core::SimdLevel::kDefault));
+}
+
+at::Tensor quantized_linear_int8_at_level(const at::Tensor& x, const at::Tensor& codes,
+                                          const at::Tensor& scale, const std::optional<at::Tensor>& min,
+                                          const std::optional<at::Tensor>& bias, int64_t level) {
+  return run_quantized_linear("quantized_linear_int8", x, codes, scale, min, bias, level, true);
+}
+
+std::string quantized_linear_int8_isa() { return core::quantized_linear_int8_isa(); }
 
 std::string quantized_linear_isa() { return core::quantized_linear_isa(); }
 

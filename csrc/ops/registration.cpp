@@ -22,6 +22,8 @@ TORCH_LIBRARY(mtprobe, m) {
   // A linear layer with a group-quantized weight on the CPU, the quantized self-draft's
   // (csrc/ops/quantized_linear.cpp).
   m.def("quantized_linear(Tensor x, Tensor codes, Tensor scale, Tensor? min, Tensor? bias) -> Tensor");
+  // The same on x quantized to int8 per group of 32: the quantized self-draft's C++ step's kernel.
+  m.def("quantized_linear_int8(Tensor x, Tensor codes, Tensor scale, Tensor? min, Tensor? bias) -> Tensor");
   // Its searched rounding, group by group (mtprobe.cpu.quantized_linear.quantize(search=True)).
   m.def(
       "quantize_search_q4_1(Tensor weight, Tensor codes, Tensor scale, Tensor min, Tensor error_weights, "
@@ -56,6 +58,7 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("expand_draft_tree", &mtprobe::ops::expand_draft_tree);
   m.impl("small_batch_linear", &mtprobe::ops::small_batch_linear);
   m.impl("quantized_linear", &mtprobe::ops::quantized_linear);
+  m.impl("quantized_linear_int8", &mtprobe::ops::quantized_linear_int8);
   m.impl("quantize_search_q4_1", &mtprobe::ops::quantize_search_q4_1);
   m.impl("quantize_search_q8_0", &mtprobe::ops::quantize_search_q8_0);
   m.impl("circuit_log_prob", &mtprobe::ops::circuit_log_prob);

@@ -25,6 +25,7 @@ __all__ = [
     "compact_kv_",
     "small_batch_linear",
     "quantized_linear",
+    "quantized_linear_int8",
     "quantize_search_q4_1",
     "quantize_search_q8_0",
     "circuit_log_prob",
@@ -109,6 +110,10 @@ def _quantized_linear_fake(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+
+# The same shapes on int8 activations.
+torch.library.register_fake("mtprobe::quantized_linear_int8")(_quantized_linear_fake)
 
 
 @torch.library.register_fake("mtprobe::quantize_search_q4_1")
@@ -257,6 +262,18 @@ def quantized_linear(
     """``x @ W.T + bias`` with ``W`` in groups of 32 codes (csrc/core/quantized_linear.h,
     :mod:`mtprobe.cpu.quantized_linear`); reference: :func:`mtprobe.reference.quantized_linear`."""
     return torch.ops.mtprobe.quantized_linear(x, codes, scale, min, bias)
+
+
+def quantized_linear_int8(
+    x: torch.Tensor,  # [..., in] float32, CPU
+    codes: torch.Tensor,  # [out, in / 2] uint8 (Q4_1) or [out, in] int8 (Q8_0)
+    scale: torch.Tensor,  # [out, in / 32] float32
+    min: torch.Tensor | None = None,  # [out, in / 32] float32, Q4_1 only
+    bias: torch.Tensor | None = None,  # [out]
+) -> torch.Tensor:  # [..., out]
+    """:func:`quantized_linear` on ``x`` rounded to int8 per group of 32 (the quantized self-draft's C++
+    step's kernel, csrc/core/quantized_linear.h); reference: :func:`mtprobe.reference.quantized_linear_int8`."""
+    return torch.ops.mtprobe.quantized_linear_int8(x, codes, scale, min, bias)
 
 
 def quantize_search_q4_1(

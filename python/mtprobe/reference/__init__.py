@@ -6,7 +6,13 @@ Nothing here imports from mtprobe outside this subpackage, so the definitions st
 from .draft_tree import dynamic_tree, expand_tree, merge_trees, static_tree
 from .kv_compact import check_compaction, compact_kv
 from .prompt_lookup import prompt_lookup
-from .quantized_linear import quantized_linear, searched_q4_1, searched_q8_0
+from .quantized_linear import (
+    quantized_activations,
+    quantized_linear,
+    quantized_linear_int8,
+    searched_q4_1,
+    searched_q8_0,
+)
 from .small_batch_linear import small_batch_linear
 from .stand import NgramStore, build_stand_tree
 from .target_forward import target_forward
@@ -32,7 +38,9 @@ __all__ = [
     "prompt_lookup",
     "searched_q4_1",
     "searched_q8_0",
+    "quantized_activations",
     "quantized_linear",
+    "quantized_linear_int8",
     "small_batch_linear",
     "static_tree",
     "target_forward",

@@ -55,6 +55,39 @@ def quantized_linear(
     return y.to(x.dtype)
 
 
+def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [..., in]`` float32 as int8 codes ``[..., in]`` (in x's own order) and scales ``[..., in / 32]``, per
+    group of 32: ``d = max |x_g| / 127``, ``c = round(x * (127 / max |x_g|))`` half to even, in float32 as
+    csrc/core/quantized_linear.cpp computes them (an all-zero group: ``d = 0``, codes 0)."""
+    g = x.float().reshape(*x.shape[:-1], -1, 32)  # [..., groups, 32]
+    amax = g.abs().amax(-1)  # [..., groups]
+    factor = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    codes = torch.round(g * factor[..., None])  # [..., groups, 32]
+    return codes.to(torch.int8).reshape(x.shape), amax / 127.0
+
+
+def quantized_linear_int8(
+    x: torch.Tensor,  # [..., in]
+    codes: torch.Tensor,  # [out, in / 2] uint8 (Q4_1) or [out, in] int8 (Q8_0)
+    scale: torch.Tensor,  # [out, in / 32]
+    min: torch.Tensor | None,  # [out, in / 32], Q4_1 only
+    bias: torch.Tensor | None = None,  # [out]
+) -> torch.Tensor:  # [..., out]
+    """:func:`quantized_linear` on x's int8 codes (:func:`quantized_activations`), as
+    ``torch.ops.mtprobe.quantized_linear_int8``: each group's code products summed exactly, times
+    ``scale[n, g] * d[g]``, plus Q4_1's ``min[n, g]`` times the float sum of x's group; float64 sums."""
+    c, d = quantized_activations(x)
+    groups = scale.shape[1]
+    xd = (c.double().reshape(*x.shape[:-1], groups, 32) * d.double()[..., None]).reshape(x.shape)
+    y = xd @ quantized_weight(codes, scale, None if min is None else torch.zeros_like(min)).T
+    if min is not None:
+        xsum = x.double().reshape(*x.shape[:-1], groups, 32).sum(-1)  # [..., groups]
+        y = y + xsum @ min.double().T
+    if bias is not None:
+        y = y + bias.double()
+    return y.to(x.dtype)
+
+
 def searched_q4_1(
     weight: torch.Tensor,  # [out, in] float32
     codes: torch.Tensor,  # [out, in] GGUF's codes 0..15, as floats
