@@ -336,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.repeats} repeats interleaved prompt by prompt after a warm-up pass; load {load_average()}",
         "- warm-up seconds per row (captures, compilation): "
         + ", ".join(f"{k} {v:.1f}" for k, v in warm.items()),
+        "- forward ms/step: the host's time in the forward call; on a GPU that is the replay's (or the "
+        "kernels') enqueue, and the GPU's own work is waited for at the step's device read, in "
+        "outside-forward ms/step",
         "",
         *table,
         "",

@@ -1,8 +1,9 @@
 // CUDA launchers of the circuit ops (kernels: csrc/kernels/circuit.cuh): the same schemas, checks
 // (check_circuit, check_circuit_tokens in circuit.cpp) and results as the CPU kernels, for parameters
 // on a CUDA device. Token checks, uniforms' range and sampling errors each cost one device read.
-// Built only when torch has CUDA; CI compiles them, compile-only. Run on an H100 once
-// (benchmarks/results/gpu/): results match the CPU ops; a bad token segfaulted there (not understood).
+// Built only when torch has CUDA; CI compiles them, compile-only. Run on an H100 and an H200
+// (benchmarks/results/gpu/): results match the CPU ops; a bad token's error message segfaulted there, in a
+// static copy of libstdc++ the image's compiler had linked in (CMakeLists.txt links the shared one now).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
