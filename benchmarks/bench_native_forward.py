@@ -27,20 +27,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
-import time
+import sys
 
-import torch
+from _extension import EXTENSION_HELP, load_extension
 
-import mtprobe
-from _common import OFF_GRID_HELP, first_turn_prompts, off_grid, off_grid_seed, run_lines, write_report
-from mtprobe import _C, models
-from mtprobe.cpu import linear_routes
-from mtprobe.specbench.questions import first_per_category, load_questions
-from mtprobe.target_model import native_forward as nf
-from mtprobe.target_model.adapter import HFAdapter
-from mtprobe.target_model.profile import chain_mask, choose_linear_routes
+EXTENSION = load_extension(sys.argv)
+
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+import mtprobe  # noqa: E402
+from _common import OFF_GRID_HELP, first_turn_prompts, off_grid, off_grid_seed, run_lines, write_report  # noqa: E402
+from mtprobe import _C, models  # noqa: E402
+from mtprobe.cpu import linear_routes  # noqa: E402
+from mtprobe.specbench.questions import first_per_category, load_questions  # noqa: E402
+from mtprobe.target_model import native_forward as nf  # noqa: E402
+from mtprobe.target_model.adapter import HFAdapter  # noqa: E402
+from mtprobe.target_model.profile import chain_mask, choose_linear_routes  # noqa: E402
 
 SIZES = (1, 2, 4, 6, 7, 8, 13, 16, 24, 32, 48, 64)
 
@@ -308,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--off-grid", type=off_grid_seed, default=None, metavar="SEED", help=OFF_GRID_HELP)
     p.add_argument("--llama-cpp-bench", help="llama-bench binary (benchmarks/peers/build_llama_cpp.sh)")
     p.add_argument("--gguf", help="the GGUF file llama-bench reads (--llama-cpp-bench)")
+    p.add_argument("--extension", default="", help=EXTENSION_HELP)
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.margins and not args.question_file:
@@ -328,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         "prefill": "A prompt's prefill: HF's forward and the C++ forward",
     }[next(m for m in ("curve", "margins", "kernels", "prefill") if getattr(args, m))]
     lines = [f"# {title}", "", *run_lines(args.model, args.dtype), f"- weights: {weights}"]
+    if EXTENSION:
+        lines.append(
+            f"- extension: `{EXTENSION}` (another build of mtprobe._C, loaded in place of the installed one)"
+        )
     lines.append(f"- {linear_routes.ENV}={os.environ.get(linear_routes.ENV, '(unset)')}")
     if args.curve:
         wide = [int(w) for w in args.wide_rows.split(",")] if args.wide_rows else None

@@ -25,34 +25,18 @@ asserts a speed.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import sys
 
-import torch
+from _extension import EXTENSION_HELP, load_extension
 
-
-def _load_extension(argv: list[str]) -> str:
-    """Registers ``--extension``'s build as ``mtprobe._C`` before mtprobe is imported; its path or ""."""
-    if "--extension" not in argv:
-        return ""
-    path = argv[argv.index("--extension") + 1]
-    loader = importlib.machinery.ExtensionFileLoader("mtprobe._C", path)
-    spec = importlib.util.spec_from_file_location("mtprobe._C", path, loader=loader)
-    if spec is None:
-        raise SystemExit(f"--extension {path}: not a loadable extension module (a _C*.so built by pip)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mtprobe._C"] = module
-    loader.exec_module(module)
-    return path
-
-
-EXTENSION = _load_extension(sys.argv)
+EXTENSION = load_extension(sys.argv)
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
+
+import torch  # noqa: E402
 
 import mtprobe  # noqa: E402
 from _common import first_turn_prompts, load_average, run_lines, write_report  # noqa: E402
@@ -192,7 +176,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--positions", type=int, nargs="+", default=[64, 256, 512, 1024, 1536])
     ap.add_argument("--step-repeats", type=int, default=30)
-    ap.add_argument("--extension", default="", help="another build of mtprobe._C to run (see above)")
+    ap.add_argument("--extension", default="", help=EXTENSION_HELP)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--out")
     args = ap.parse_args()
