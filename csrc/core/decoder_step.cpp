@@ -136,6 +136,7 @@ __attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* scores, int64_
 namespace avx512 {
 using Vec = __m512;
 constexpr int64_t kWidth = 16;
+constexpr int kRegisters = 32;
 MTPROBE_SIMD inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
 MTPROBE_SIMD inline Vec load(const uint16_t* p) {  // bfloat16 bits into the upper halves of floats
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -198,6 +199,7 @@ MTPROBE_SIMD inline float exp_shifted(float* scores, int64_t len, float top) {
 namespace avx2 {
 using Vec = __m256;
 constexpr int64_t kWidth = 8;
+constexpr int kRegisters = 16;
 MTPROBE_SIMD inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
 MTPROBE_SIMD inline Vec load(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
