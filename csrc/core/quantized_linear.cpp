@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MTPROBE_X86_SIMD 1
@@ -17,6 +18,43 @@ constexpr int kMaxRows = 4;  // inputs per pass over a weight row
 
 // Bytes of one group's codes, and of one weight row's.
 constexpr int64_t group_bytes(QuantFormat f) { return f == QuantFormat::kQ4_1 ? kHalf : kQuantGroup; }
+
+// `level` where the CPU runs it, else (and for kDefault) the best it runs; `wide`: whether it has the
+// kAvx512 kernel's instructions (the float kernels' AVX-512, the integer ones' AVX-512 VNNI).
+inline SimdLevel runnable(SimdLevel level, bool wide, bool avx2) {
+  if (level == SimdLevel::kDefault || (level == SimdLevel::kAvx512 && !wide) ||
+      (level == SimdLevel::kAvx2 && !avx2)) {
+    return wide ? SimdLevel::kAvx512 : avx2 ? SimdLevel::kAvx2 : SimdLevel::kScalar;
+  }
+  return level;
+}
+
+// Inputs [0, rows) in passes of up to kMaxRows: each(r0, rr) for each pass's first input and count.
+template <typename Each>
+void in_passes(int64_t rows, Each&& each) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) each(r0, rows - r0 < kMaxRows ? rows - r0 : kMaxRows);
+}
+
+// The register block of a pass of rr (1..4) inputs: block(NC, R), both std::integral_constant, with more
+// columns at a time for fewer inputs, so that every pass keeps about four independent accumulators in flight.
+template <typename Block>
+void by_inputs(int64_t rr, Block&& block) {
+  using std::integral_constant;
+  switch (rr) {
+    case 1:
+      block(integral_constant<int, 4>{}, integral_constant<int, 1>{});
+      break;
+    case 2:
+      block(integral_constant<int, 2>{}, integral_constant<int, 2>{});
+      break;
+    case 3:
+      block(integral_constant<int, 1>{}, integral_constant<int, 3>{});
+      break;
+    default:
+      block(integral_constant<int, 1>{}, integral_constant<int, 4>{});
+      break;
+  }
+}
 
 template <QuantFormat F>
 void rows_scalar(const float* x, const float* xsum, int64_t rows, int64_t in, const uint8_t* codes,
@@ -208,32 +246,18 @@ MTPROBE_QL_KERNEL(rows_avx512, "avx512f,avx512bw,avx2,fma", __m512, 16, _mm512_s
 #undef MTPROBE_QL_KERNEL
 #pragma GCC diagnostic pop
 
-// One pass of rr (1..4) inputs: more columns at a time for fewer inputs, so that every pass keeps about
-// four independent accumulators in flight.
+// One pass of rr (1..4) inputs.
 template <QuantFormat F, bool Wide>
 void pass(int64_t rr, const float* x, const float* xsum, int64_t in, const uint8_t* codes, const float* scale,
           const float* min, const float* bias, float* y, int64_t ldy, int64_t begin, int64_t end) {
-#define MTPROBE_QL_CALL(NC, R)                                                       \
-  if constexpr (Wide) {                                                              \
-    rows_avx512<F, NC, R>(x, xsum, in, codes, scale, min, bias, y, ldy, begin, end); \
-  } else {                                                                           \
-    rows_avx2<F, NC, R>(x, xsum, in, codes, scale, min, bias, y, ldy, begin, end);   \
-  }
-  switch (rr) {
-    case 1:
-      MTPROBE_QL_CALL(4, 1)
-      break;
-    case 2:
-      MTPROBE_QL_CALL(2, 2)
-      break;
-    case 3:
-      MTPROBE_QL_CALL(1, 3)
-      break;
-    default:
-      MTPROBE_QL_CALL(1, 4)
-      break;
-  }
-#undef MTPROBE_QL_CALL
+  by_inputs(rr, [&](auto nc, auto r) {
+    constexpr int NC = decltype(nc)::value, R = decltype(r)::value;
+    if constexpr (Wide) {
+      rows_avx512<F, NC, R>(x, xsum, in, codes, scale, min, bias, y, ldy, begin, end);
+    } else {
+      rows_avx2<F, NC, R>(x, xsum, in, codes, scale, min, bias, y, ldy, begin, end);
+    }
+  });
 }
 #endif
 
@@ -242,22 +266,17 @@ void run(const float* x, const float* xsum, int64_t rows, int64_t in, const uint
          const float* scale, const float* min, const float* bias, float* y, int64_t out, int64_t begin,
          int64_t end, SimdLevel level) {
 #ifdef MTPROBE_X86_SIMD
-  const bool avx512 = has_avx2() && has_avx512();
-  if (level == SimdLevel::kDefault || (level == SimdLevel::kAvx512 && !avx512) ||
-      (level == SimdLevel::kAvx2 && !has_avx2())) {
-    level = avx512 ? SimdLevel::kAvx512 : has_avx2() ? SimdLevel::kAvx2 : SimdLevel::kScalar;
-  }
+  level = runnable(level, has_avx2() && has_avx512(), has_avx2());
   if (level != SimdLevel::kScalar) {
     const int64_t groups = in / kQuantGroup;
-    for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
-      const int64_t rr = rows - r0 < kMaxRows ? rows - r0 : kMaxRows;
+    in_passes(rows, [&](int64_t r0, int64_t rr) {
       const float* sr = xsum ? xsum + r0 * groups : nullptr;
       if (level == SimdLevel::kAvx512) {
         pass<F, true>(rr, x + r0 * in, sr, in, codes, scale, min, bias, y + r0 * out, out, begin, end);
       } else {
         pass<F, false>(rr, x + r0 * in, sr, in, codes, scale, min, bias, y + r0 * out, out, begin, end);
       }
-    }
+    });
     return;
   }
 #else
@@ -555,27 +574,14 @@ template <QuantFormat F, bool Vnni>
 void pass_int8(int64_t rr, const int8_t* xq, const float* xscale, const float* xsum, int64_t in,
                const uint8_t* codes, const float* scale, const float* min, const float* bias, float* y,
                int64_t ldy, int64_t begin, int64_t end) {
-#define MTPROBE_QL8_CALL(NC, R)                                                                  \
-  if constexpr (Vnni) {                                                                          \
-    rows_int8_vnni<F, NC, R>(xq, xscale, xsum, in, codes, scale, min, bias, y, ldy, begin, end); \
-  } else {                                                                                       \
-    rows_int8_avx2<F, NC, R>(xq, xscale, xsum, in, codes, scale, min, bias, y, ldy, begin, end); \
-  }
-  switch (rr) {
-    case 1:
-      MTPROBE_QL8_CALL(4, 1)
-      break;
-    case 2:
-      MTPROBE_QL8_CALL(2, 2)
-      break;
-    case 3:
-      MTPROBE_QL8_CALL(1, 3)
-      break;
-    default:
-      MTPROBE_QL8_CALL(1, 4)
-      break;
-  }
-#undef MTPROBE_QL8_CALL
+  by_inputs(rr, [&](auto nc, auto r) {
+    constexpr int NC = decltype(nc)::value, R = decltype(r)::value;
+    if constexpr (Vnni) {
+      rows_int8_vnni<F, NC, R>(xq, xscale, xsum, in, codes, scale, min, bias, y, ldy, begin, end);
+    } else {
+      rows_int8_avx2<F, NC, R>(xq, xscale, xsum, in, codes, scale, min, bias, y, ldy, begin, end);
+    }
+  });
 }
 #endif
 
@@ -584,14 +590,10 @@ void run_int8(const int8_t* xq, const float* xscale, const float* xsum, int64_t 
               const uint8_t* codes, const float* scale, const float* min, const float* bias, float* y,
               int64_t out, int64_t begin, int64_t end, SimdLevel level) {
 #ifdef MTPROBE_X86_SIMD
-  if (level == SimdLevel::kDefault || (level == SimdLevel::kAvx512 && !has_vnni()) ||
-      (level == SimdLevel::kAvx2 && !has_avx2())) {
-    level = has_vnni() ? SimdLevel::kAvx512 : has_avx2() ? SimdLevel::kAvx2 : SimdLevel::kScalar;
-  }
+  level = runnable(level, has_vnni(), has_avx2());
   if (level != SimdLevel::kScalar) {
     const int64_t groups = in / kQuantGroup;
-    for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
-      const int64_t rr = rows - r0 < kMaxRows ? rows - r0 : kMaxRows;
+    in_passes(rows, [&](int64_t r0, int64_t rr) {
       const float* sr = xsum ? xsum + r0 * groups : nullptr;
       const int8_t* xr = xq + r0 * in;
       const float* dr = xscale + r0 * groups;
@@ -600,7 +602,7 @@ void run_int8(const int8_t* xq, const float* xscale, const float* xsum, int64_t 
       } else {
         pass_int8<F, false>(rr, xr, dr, sr, in, codes, scale, min, bias, y + r0 * out, out, begin, end);
       }
-    }
+    });
     return;
   }
 #else

@@ -21,8 +21,8 @@ at::Tensor run_quantized_linear(const char* op, const at::Tensor& x, const at::T
                                 const at::Tensor& scale, const std::optional<at::Tensor>& min,
                                 const std::optional<at::Tensor>& bias, int64_t level, bool int8) {
   TORCH_CHECK_VALUE(level >= 0 && level <= static_cast<int64_t>(core::SimdLevel::kDefault), op,
-                    ": level must be 0 (portable), 1 (AVX2), 2 (AVX-512) or 3 (the default kernel), got ",
-                    level);
+                    ": level must be 0 (portable), 1 (AVX2), 2 (", int8 ? "AVX-512 VNNI" : "AVX-512",
+                    ") or 3 (the default kernel), got ", level);
   constexpr int64_t G = core::kQuantGroup;
   TORCH_CHECK_VALUE(
       codes.dim() == 2 && (codes.scalar_type() == at::kByte || codes.scalar_type() == at::kChar), op,
