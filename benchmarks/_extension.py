@@ -29,6 +29,8 @@ def load_extension(argv: list[str]) -> str:
     if at >= len(argv):
         raise SystemExit("--extension needs the path of a _C*.so")
     path = argv[at]
+    import torch  # noqa: F401  (the extension links against libc10 and libtorch, which importing torch loads)
+
     loader = importlib.machinery.ExtensionFileLoader("mtprobe._C", path)
     spec = importlib.util.spec_from_file_location("mtprobe._C", path, loader=loader)
     if spec is None:
