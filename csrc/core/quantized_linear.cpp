@@ -35,6 +35,16 @@ void in_passes(int64_t rows, Each&& each) {
   for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) each(r0, rows - r0 < kMaxRows ? rows - r0 : kMaxRows);
 }
 
+// run(F) with the format as a std::integral_constant: the kernels are templates on it.
+template <typename Run>
+void by_format(QuantFormat format, Run&& run) {
+  if (format == QuantFormat::kQ4_1) {
+    run(std::integral_constant<QuantFormat, QuantFormat::kQ4_1>{});
+  } else {
+    run(std::integral_constant<QuantFormat, QuantFormat::kQ8_0>{});
+  }
+}
+
 // The register block of a pass of rr (1..4) inputs: block(NC, R), both std::integral_constant, with more
 // columns at a time for fewer inputs, so that every pass keeps about four independent accumulators in flight.
 template <typename Block>
@@ -638,13 +648,10 @@ void quantized_linear_int8(const int8_t* xq, const float* xscale, const float* x
                            const float* min, const float* bias, float* y, int64_t out_features,
                            int64_t out_begin, int64_t out_end, SimdLevel level) {
   const auto* c = static_cast<const uint8_t*>(codes);
-  if (format == QuantFormat::kQ4_1) {
-    run_int8<QuantFormat::kQ4_1>(xq, xscale, xsum, rows, in_features, c, scale, min, bias, y, out_features,
+  by_format(format, [&](auto f) {
+    run_int8<decltype(f)::value>(xq, xscale, xsum, rows, in_features, c, scale, min, bias, y, out_features,
                                  out_begin, out_end, level);
-  } else {
-    run_int8<QuantFormat::kQ8_0>(xq, xscale, xsum, rows, in_features, c, scale, min, bias, y, out_features,
-                                 out_begin, out_end, level);
-  }
+  });
 }
 
 const char* quantized_linear_int8_isa() {
@@ -659,13 +666,10 @@ void quantized_linear(const float* x, const float* xsum, int64_t rows, int64_t i
                       QuantFormat format, const float* scale, const float* min, const float* bias, float* y,
                       int64_t out_features, int64_t out_begin, int64_t out_end, SimdLevel level) {
   const auto* c = static_cast<const uint8_t*>(codes);
-  if (format == QuantFormat::kQ4_1) {
-    run<QuantFormat::kQ4_1>(x, xsum, rows, in_features, c, scale, min, bias, y, out_features, out_begin,
+  by_format(format, [&](auto f) {
+    run<decltype(f)::value>(x, xsum, rows, in_features, c, scale, min, bias, y, out_features, out_begin,
                             out_end, level);
-  } else {
-    run<QuantFormat::kQ8_0>(x, xsum, rows, in_features, c, scale, min, bias, y, out_features, out_begin,
-                            out_end, level);
-  }
+  });
 }
 
 }  // namespace mtprobe::core
