@@ -28,6 +28,9 @@ PYBIND11_MODULE(_C, m) {
         "(otherwise a portable scalar loop, slower than torch's own linear)");
   m.def("small_batch_linear_isa", &mtprobe::ops::small_batch_linear_isa,
         "The kernel torch.ops.mtprobe.small_batch_linear runs on this CPU: 'avx2' or 'scalar'");
+  m.def("panel_linear_isa", &mtprobe::ops::panel_linear_isa,
+        "The kernel torch.ops.mtprobe.panel_linear (the C++ target forward's) runs on this CPU: 'avx512', "
+        "'avx2' or 'scalar'");
   m.def("quantized_linear_isa", &mtprobe::ops::quantized_linear_isa,
         "The kernel torch.ops.mtprobe.quantized_linear runs on this CPU: 'avx512', 'avx2' or 'scalar'");
   m.def("quantized_linear_int8_isa", &mtprobe::ops::quantized_linear_int8_isa,

@@ -82,6 +82,11 @@ void bind_testing(py::module_& m) {
       py::arg("bias"), py::arg("level"),
       "torch.ops.mtprobe.small_batch_linear with the kernel named: 0 portable, 1 AVX2/FMA, 2 AVX-512, 3 the "
       "default (a level the CPU does not run falls back to the default).");
+  m.def(
+      "panel_linear_at_level", &ops::panel_linear_at_level, py::arg("x"), py::arg("panels"), py::arg("bias"),
+      py::arg("out_features"), py::arg("level"),
+      "torch.ops.mtprobe.panel_linear with the kernel named: 0 portable, 1 AVX2/FMA, 2 AVX-512, 3 the widest "
+      "this CPU runs (a level the CPU does not run falls back to that).");
   m.def("quantized_linear_at_level", &ops::quantized_linear_at_level, py::arg("x"), py::arg("codes"),
         py::arg("scale"), py::arg("min"), py::arg("bias"), py::arg("level"),
         "torch.ops.mtprobe.quantized_linear with the kernel named: 0 portable, 1 AVX2/FMA, 2 AVX-512, 3 the "

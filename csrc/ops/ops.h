@@ -109,6 +109,20 @@ bool small_batch_linear_simd();
 // The kernel the op runs on this CPU: "avx2" or "scalar" (csrc/core/small_batch_linear.h).
 std::string small_batch_linear_isa();
 
+// A weight [out, in] (float32 or bfloat16, CPU) packed in panels [ceil(out / 32), in, 32] of its dtype
+// (csrc/core/panel_linear.h), for panel_linear.
+at::Tensor pack_panels(const at::Tensor& weight);
+// y = x W^T + bias from W's panels: x [..., in] float32 CPU, panels as pack_panels returns them, bias [out]
+// float32 or none, out_features W's first dimension. Returns [..., out] float32.
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const std::optional<at::Tensor>& bias,
+                        int64_t out_features);
+// The same with the kernel named: 0 the portable loop, 1 AVX2/FMA, 2 AVX-512, 3 the widest this CPU runs (a
+// level it does not run falls back to that); every level gives the same bits.
+at::Tensor panel_linear_at_level(const at::Tensor& x, const at::Tensor& panels,
+                                 const std::optional<at::Tensor>& bias, int64_t out_features, int64_t level);
+// The kernel panel_linear runs on this CPU: "avx512", "avx2" or "scalar".
+std::string panel_linear_isa();
+
 // A linear layer's input as rows and its output: x [..., in] viewed as [rows, in] (contiguous), y [rows, out]
 // allocated, the bias checked (float32 CPU [out]; undefined if none) and the shape [..., out] y takes back.
 // For the CPU linear ops; `op` names the op in errors.

@@ -19,6 +19,9 @@ TORCH_LIBRARY(mtprobe, m) {
   m.def("tree_attention(Tensor q, Tensor k, Tensor v, Tensor ancestor_bits, float scale) -> Tensor");
   // A linear layer over a few rows on the CPU (csrc/ops/small_batch_linear.cpp).
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  // The same from the weight packed in panels (csrc/ops/panel_linear.cpp): the C++ target forward's kernel.
+  m.def("pack_panels(Tensor weight) -> Tensor");
+  m.def("panel_linear(Tensor x, Tensor panels, Tensor? bias, int out_features) -> Tensor");
   // A linear layer with a group-quantized weight on the CPU, the quantized self-draft's
   // (csrc/ops/quantized_linear.cpp).
   m.def("quantized_linear(Tensor x, Tensor codes, Tensor scale, Tensor? min, Tensor? bias) -> Tensor");
@@ -57,6 +60,8 @@ TORCH_LIBRARY_IMPL(mtprobe, CPU, m) {
   m.impl("tree_attention", &mtprobe::ops::tree_attention);
   m.impl("expand_draft_tree", &mtprobe::ops::expand_draft_tree);
   m.impl("small_batch_linear", &mtprobe::ops::small_batch_linear);
+  m.impl("pack_panels", &mtprobe::ops::pack_panels);
+  m.impl("panel_linear", &mtprobe::ops::panel_linear);
   m.impl("quantized_linear", &mtprobe::ops::quantized_linear);
   m.impl("quantized_linear_int8", &mtprobe::ops::quantized_linear_int8);
   m.impl("quantize_search_q4_1", &mtprobe::ops::quantize_search_q4_1);

@@ -24,6 +24,8 @@ __all__ = [
     "verify_rejection",
     "compact_kv_",
     "small_batch_linear",
+    "pack_panels",
+    "panel_linear",
     "quantized_linear",
     "quantized_linear_int8",
     "quantize_search_q4_1",
@@ -99,6 +101,19 @@ def _small_batch_linear_fake(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("mtprobe::pack_panels")
+def _pack_panels_fake(weight: torch.Tensor) -> torch.Tensor:
+    out, inp = weight.shape
+    return weight.new_empty((-(-out // 32), inp, 32))
+
+
+@torch.library.register_fake("mtprobe::panel_linear")
+def _panel_linear_fake(
+    x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
 @torch.library.register_fake("mtprobe::quantized_linear")
@@ -250,6 +265,23 @@ def small_batch_linear(
     """``x @ weight.T + bias`` with the weight read from memory once for up to 12 rows of ``x``
     (csrc/core/small_batch_linear.h); reference: :func:`mtprobe.reference.small_batch_linear`."""
     return torch.ops.mtprobe.small_batch_linear(x, weight, bias)
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:  # weight [out, in] float32 or bfloat16, CPU
+    """The weight in panels ``[ceil(out / 32), in, 32]`` of its dtype, for :func:`panel_linear`
+    (csrc/core/panel_linear.h); reference: :func:`mtprobe.reference.pack_panels`."""
+    return torch.ops.mtprobe.pack_panels(weight)
+
+
+def panel_linear(
+    x: torch.Tensor,  # [..., in] float32, CPU
+    panels: torch.Tensor,  # [ceil(out / 32), in, 32] float32 or bfloat16: pack_panels(weight)
+    bias: torch.Tensor | None,  # [out] float32
+    out_features: int,
+) -> torch.Tensor:  # [..., out] float32
+    """``x @ weight.T + bias`` from the weight's panels, read from memory once for up to 13 rows of ``x``
+    per pass (the C++ target forward's kernel); reference: :func:`mtprobe.reference.panel_linear`."""
+    return torch.ops.mtprobe.panel_linear(x, panels, bias, out_features)
 
 
 def quantized_linear(

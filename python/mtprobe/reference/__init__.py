@@ -5,6 +5,7 @@ Nothing here imports from mtprobe outside this subpackage, so the definitions st
 
 from .draft_tree import dynamic_tree, expand_tree, merge_trees, static_tree
 from .kv_compact import check_compaction, compact_kv
+from .panel_linear import pack_panels, panel_linear
 from .prompt_lookup import prompt_lookup
 from .quantized_linear import (
     quantized_activations,
@@ -35,6 +36,8 @@ __all__ = [
     "dynamic_tree",
     "expand_tree",
     "merge_trees",
+    "pack_panels",
+    "panel_linear",
     "prompt_lookup",
     "searched_q4_1",
     "searched_q8_0",
