@@ -90,7 +90,7 @@ BLOCKS = {
     "chain of 5, causal": ([-1, 0, 1, 2, 3], None),
     "chain of 4, spelled out": ([-1, 0, 1, 2], "mask"),
     "tree of 7": ([-1, 0, 0, 1, 1, 2, 5], "mask"),
-    "70 siblings (GEMM path)": ([-1] + [0] * 69, "mask"),
+    "70 siblings (a GEMM without AVX-512)": ([-1] + [0] * 69, "mask"),
 }
 
 
@@ -124,22 +124,32 @@ def test_logits_and_kv_match_hf(arch, block, prefix):
 
 
 @pytest.mark.parametrize(
-    "length, onednn",
-    [(1, True), (9, True), (130, True), (130, False)],
-    ids=["1 token", "9 tokens", "130 tokens (oneDNN's GEMM)", "130 tokens (at::mm, oneDNN off)"],
+    "length, path",
+    [(1, "default"), (9, "default"), (130, "default"), (130, "onednn"), (130, "at::mm")],
+    ids=[
+        "1 token",
+        "9 tokens",
+        "130 tokens (this CPU's default)",
+        "130 tokens (oneDNN's GEMM)",
+        "130 tokens (at::mm, oneDNN off)",
+    ],
 )
 @pytest.mark.parametrize("logits_from", ["all rows", "last row"])
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")  # torch's flags() context says it
-def test_prefill_matches_hf(arch, length, onednn, logits_from):
+def test_prefill_matches_hf(arch, length, path, logits_from):
     """A prompt's prefill through the C++ forward (its cache allocated by it) against HF's: logits (the
     rows before logits_from zeros, as HF's logits_to_keep leaves them), final hidden states and KV rows.
-    Blocks past SMALL_ROWS take oneDNN's GEMM, or at::mm where torch's oneDNN is off."""
-    if not onednn:
+    Blocks past small_rows take oneDNN's GEMM, or at::mm where torch's oneDNN is off (forced here with
+    small_rows 40; by default an AVX-512 CPU runs every float32 block through the panels)."""
+    if path == "at::mm":
         with torch.backends.mkldnn.flags(enabled=False):
-            return test_prefill_matches_hf(arch, length, True, logits_from)
+            return test_prefill_matches_hf(arch, length, "onednn", logits_from)
     _, model = arch
     ids = torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(3))
     native = nf.native_forward(model)
+    if path == "onednn":
+        args, kwargs = nf.arguments(model)
+        native = _C.TargetForward(*args, **(kwargs | {"small_rows": 40}))
     ref = HFAdapter(model, 8, checked=True)
     got = HFAdapter(model, 8, checked=True, native=native)
     for a in (ref, got):
@@ -194,6 +204,30 @@ def test_matches_the_reference(arch, block):
     torch.testing.assert_close(hf.double(), want, atol=5e-5, rtol=5e-5)
     for mine, theirs in zip(got.cache.layers, keys, strict=True):
         torch.testing.assert_close(mine.keys[:, :, : P + T], theirs[:, :, : P + T], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 13, 27], ids=["1 input", "13 inputs", "27 inputs (2 passes)"])
+def test_panels_and_the_row_major_weights_agree(arch, T):
+    """The forward from its packed copies (the default) and from the model's own row-major weights
+    (panels=False) within float32 rounding of each other on a chain; the copies cost the weights' bytes,
+    padded to whole panels of 32 rows, and none are made with panels=False."""
+    _, model = arch
+    P = 20
+    args, kwargs = nf.arguments(model)
+    packed = _C.TargetForward(*args, **kwargs)
+    plain = _C.TargetForward(*args, **(kwargs | {"panels": False}))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    padded = sum(-(-m.out_features // 32) * 32 * m.in_features * m.weight.element_size() for m in linears)
+    simd = _C.small_batch_linear_simd()
+    assert packed.panel_bytes == (padded if simd else 0) and plain.panel_bytes == 0
+    tokens = torch.randint(0, model.config.vocab_size, (P + T,), generator=torch.Generator().manual_seed(3))
+    out = []
+    for native in (packed, plain):
+        a = HFAdapter(model, 64, checked=True, native=native)
+        with torch.inference_mode():
+            a.forward(tokens[:P], None, torch.arange(P)[None], None, 0, False)
+            out.append(a.forward(tokens[P:], None, torch.arange(P, P + T)[None], None, P, False)[0])
+    torch.testing.assert_close(out[0], out[1], atol=1e-4, rtol=1e-4)
 
 
 def test_mask_inputs_rows_match_hf(arch):
@@ -443,6 +477,27 @@ def test_replaced_weights_rebuild():
     assert nf.native_forward(model) is first
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     assert nf.native_forward(model) is not first
+
+
+def test_weights_written_in_place_rebuild():
+    """The forward reads its packed copies: a weight written in place (load_state_dict copies into the
+    tensors) makes a new one, whose logits are the new weights' (HF's forward on them)."""
+    model = _build("llama")
+    first = nf.native_forward(model)
+    state = copy.deepcopy(model.state_dict())
+    with torch.no_grad():
+        for name, t in state.items():
+            if name.endswith("down_proj.weight"):
+                t.mul_(3.0)
+    model.load_state_dict(state)
+    second = nf.native_forward(model)
+    assert second is not first and nf.native_forward(model) is second
+    ref, got = _pair(model, 5, capacity=16)
+    tokens = torch.tensor([3, 1, 4])
+    with torch.inference_mode():
+        want, _ = ref.forward(tokens, None, torch.arange(5, 8)[None], None, 5, False)
+        have, _ = got.forward(tokens, None, torch.arange(5, 8)[None], None, 5, False)
+    torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
 
 
 def test_greedy_with_processors_runs_native():

@@ -63,8 +63,8 @@ void bind_target_forward(py::module_& m) {
       .def(py::init([](at::Tensor embed, const std::vector<Tensors>& layers, at::Tensor final_norm,
                        const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
                        double scale, double rope_scaling, int64_t small_rows, int64_t wide_rows,
-                       const std::vector<int64_t>& windows, double embed_scale,
-                       const std::string& activation) {
+                       const std::vector<int64_t>& windows, double embed_scale, const std::string& activation,
+                       bool panels) {
              check_windows(windows, layers.size(), "TargetForward");
              std::vector<TargetLayer> built;
              for (size_t l = 0; l < layers.size(); ++l) {
@@ -90,6 +90,7 @@ void bind_target_forward(py::module_& m) {
                        "TargetForward");
              config.small_rows = small_rows;
              config.wide_rows = wide_rows;
+             config.panels = panels;
              return std::make_shared<TargetForward>(std::move(embed), std::move(built), std::move(final_norm),
                                                     linear(head, "head", "head"), std::move(inv_freq),
                                                     config);
@@ -98,7 +99,7 @@ void bind_target_forward(py::module_& m) {
            py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
            py::arg("rope_scaling"), py::arg("small_rows") = 64, py::arg("wide_rows") = 6,
            py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
-           py::arg("activation") = "silu")
+           py::arg("activation") = "silu", py::arg("panels") = true)
       .def("forward", &TargetForward::forward, py::arg("tokens"), py::arg("embeds"), py::arg("positions"),
            py::arg("mask"), py::arg("prefix_len"), py::arg("keys"), py::arg("values"), py::arg("want_hidden"),
            py::arg("logits_from") = 0,
@@ -111,6 +112,8 @@ void bind_target_forward(py::module_& m) {
            "once for all their rows, each block attending over its own cache; a list of (logits, hidden)",
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_layers", &TargetForward::num_layers)
+      .def_property_readonly("panel_bytes", &TargetForward::panel_bytes,
+                             "bytes of the weights' copies packed in panels (0 when built with panels=False)")
       .def_property_readonly("vocab_size", &TargetForward::vocab_size)
       .def_property_readonly("kv_heads", &TargetForward::kv_heads)
       .def_property_readonly("head_dim", &TargetForward::head_dim)

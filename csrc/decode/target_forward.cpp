@@ -9,6 +9,7 @@
 
 #include "core/bf16.h"
 #include "core/decoder_step.h"
+#include "core/panel_linear.h"
 #include "core/small_batch_linear.h"
 #include "decode/layer_columns.h"
 #include "runtime/onednn_linear.h"
@@ -202,6 +203,33 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
     for (TargetLinear* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) widen_bias(*w);
   }
   small_kernel_ = core::small_batch_linear_simd();
+  // Without AVX2 the panels' portable loop is no faster than BLAS, as the small-batch kernel's.
+  panels_ = config_.panels && (small_kernel_ || dtype_ == at::kBFloat16);
+  if (panels_) {
+    auto pack = [](TargetLinear& w) {
+      const int64_t out = w.out_features(), in = w.in_features();
+      w.panels = at::empty({core::panel_count(out), in, core::kPanelWidth}, w.weight.options());
+      if (w.weight.scalar_type() == at::kBFloat16) {
+        core::pack_panels(bf16_bits(w.weight), out, in,
+                          reinterpret_cast<uint16_t*>(w.panels.mutable_data_ptr<at::BFloat16>()));
+      } else {
+        core::pack_panels(w.weight.const_data_ptr<float>(), out, in, w.panels.mutable_data_ptr<float>());
+      }
+    };
+    pack(head_);
+    for (TargetLayer& L : layers_) {
+      for (TargetLinear* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) pack(*w);
+    }
+  }
+}
+
+int64_t TargetForward::panel_bytes() const {
+  int64_t bytes = head_.panels.defined() ? static_cast<int64_t>(head_.panels.nbytes()) : 0;
+  for (const TargetLayer& L : layers_) {
+    for (const TargetLinear* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      bytes += w->panels.defined() ? static_cast<int64_t>(w->panels.nbytes()) : 0;
+  }
+  return bytes;
 }
 
 void TargetForward::linear(std::initializer_list<const TargetLinear*> ws, const float* x, int64_t rows,
@@ -211,6 +239,25 @@ void TargetForward::linear(std::initializer_list<const TargetLinear*> ws, const 
   const int64_t n = static_cast<int64_t>(ws.size()), in = layers[0]->in_features();
   TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
   const bool bf16 = dtype_ == at::kBFloat16;
+  // A few inputs (up to wide_rows) run the small-batch kernel on the model's own row-major weights: there it
+  // read 5-10 % faster than the panels at 1 to 4 inputs (benchmarks/results/native_forward/panels-curve.md).
+  if (panels_ && rows > config_.wide_rows && rows <= config_.small_rows) {
+    LayerColumns panels;  // the layers' panels as one range: 2 a grain (64 columns)
+    for (int64_t i = 0; i < n; ++i) panels.add(core::panel_count(layers[i]->out_features()));
+    at::parallel_for(0, panels.total(), 2, [&](int64_t begin, int64_t end) {
+      panels.each(begin, end, [&](int64_t i, int64_t from, int64_t to) {
+        const TargetLinear& w = *layers[i];
+        const float* bias = w.bias.defined() ? w.bias.const_data_ptr<float>() : nullptr;
+        if (bf16) {
+          core::panel_linear(x, rows, in, bf16_bits(w.panels), bias, outs[i], w.out_features(), from, to);
+        } else {
+          core::panel_linear(x, rows, in, w.panels.const_data_ptr<float>(), bias, outs[i], w.out_features(),
+                             from, to);
+        }
+      });
+    });
+    return;
+  }
   if ((small_kernel_ || bf16) && rows <= config_.small_rows) {
     LayerColumns columns;
     for (int64_t i = 0; i < n; ++i) columns.add(layers[i]->out_features());

@@ -1,17 +1,19 @@
 // The target's own forward in C++ (issue 67): a verification block of T inputs through a Llama-family
 // decoder (Llama, Mistral, Qwen2's q/k/v biases, Qwen3's per-head q/k norms, sliding windows per layer;
 // Gemma 3's scaled embedding, sandwich norms, GELU MLP and RoPE base per layer type) on the CPU,
-// reading the HF model's own weight tensors (shared, never copied), float32 or bfloat16. A bfloat16 model's
+// reading the HF model's own weight tensors (shared) and a copy of its linear layers' weights packed in
+// panels (TargetForwardConfig::panels), float32 or bfloat16. A bfloat16 model's
 // weights are widened to float32 as they are read and everything is computed in float32 (so its logits
 // are closer to the model's float32 ones than HF's bfloat16 forward is); its cache holds bfloat16, as HF's.
 //
 // Why: through transformers' eager modules a one-token forward of SmolLM2-135M costs about three times
 // what streaming its 538 MB of weights does (torch's float32 GEMV reads at a third of the memory's
-// pace, and module calls and small tensor ops add the rest). Here every linear layer of a block of up
-// to 64 inputs runs the small-batch kernel (csrc/core/small_batch_linear.h: each weight read once for
-// every input), larger blocks (a prefill) a GEMM (oneDNN's float32 matmul where torch has it:
-// runtime/onednn_linear.h), and the rest of a layer is a few loops over the
-// block's rows; no Python, no per-op dispatch.
+// pace, and module calls and small tensor ops add the rest). Here every linear layer reads its weights
+// once for all of a block's inputs: up to wide_rows inputs from the model's own weights (the small-batch
+// kernel, csrc/core/small_batch_linear.h), more from the packed panels (csrc/core/panel_linear.h) up to
+// small_rows (on an AVX-512 CPU every float32 block, a prefill's too), larger blocks a GEMM (oneDNN's float32
+// matmul where torch has it: runtime/onednn_linear.h); the rest of a layer is a few loops over the block's
+// rows; no Python, no per-op dispatch.
 //
 // What it computes is what HF's LlamaDecoderLayer stack computes, up to float32 rounding (the sums run
 // in another order). The caller decides each verified token from these logits only where the row's
@@ -47,9 +49,11 @@
 
 namespace mtprobe {
 
-// One linear layer as nn.Linear holds it: weight [out, in] of the model's dtype, bias [out] or undefined.
+// One linear layer as nn.Linear holds it: weight [out, in] of the model's dtype, bias [out] or undefined;
+// panels: the weight packed for the small-batch blocks (csrc/core/panel_linear.h; [ceil(out / 32), in, 32]
+// of its dtype), made by TargetForward where TargetForwardConfig::panels asks, else undefined.
 struct TargetLinear {
-  at::Tensor weight, bias;
+  at::Tensor weight, bias, panels;
   int64_t in_features() const { return weight.size(1); }
   int64_t out_features() const { return weight.size(0); }
 };
@@ -76,12 +80,20 @@ struct TargetForwardConfig : core::DecoderShape {
   // slow). Python passes native_forward.SMALL_ROWS, where the crossover measured on a 2-core AMD EPYC Zen 5
   // is written down.
   int64_t small_rows = 40;
-  // Blocks of up to this many inputs take the kernel's AVX-512 form where the CPU has it, larger ones its
-  // AVX2 form. On that EPYC, in the forward (weights streamed from memory, the stream sets the pace), the
-  // two forms ran within a few per cent of each other at every block size but 7 inputs, where the AVX-512
-  // form's passes of 3 and 4 inputs (12 accumulators in the first) were 22 % slower; 6 inputs, 14.8 against
-  // 15.4 ms (benchmarks/results/native_forward/curve-wide-rows.md).
+  // Blocks of up to this many inputs take the small-batch kernel's AVX-512 form where the CPU has it, on the
+  // model's own weights; larger ones the panels (below), or without them the kernel's AVX2 form. On that
+  // EPYC, in the forward (weights streamed from memory, the stream sets the pace), the two forms ran within a
+  // few per cent of each other at every block size but 7 inputs, where the AVX-512 form's passes of 3 and 4
+  // inputs (12 accumulators in the first) were 22 % slower; 6 inputs, 14.8 against 15.4 ms
+  // (benchmarks/results/native_forward/curve-wide-rows.md).
   int64_t wide_rows = 6;
+  // Keep a copy of every linear layer's weight (the head's too) packed in panels, and run the blocks of
+  // wide_rows + 1 to small_rows inputs from it (csrc/core/panel_linear.h): as many bytes again as the
+  // weights, for one contiguous stream per thread and no horizontal sums. On a 2-core AMD EPYC (Zen 4) a
+  // 13-input forward of SmolLM2-135M took 24.8 against 32.0 ms after 128 cached positions, and the panels
+  // beat oneDNN's GEMM at every block size measured (benchmarks/results/native_forward/panels-curve.md,
+  // panels-kernels.md). false: nothing copied.
+  bool panels = true;
 };
 
 // Which cache rows each input of a block attends to, read from its mask once per forward. A causal chain
@@ -147,6 +159,8 @@ class TargetForward {
   }  // a cache layer's buffers: [1, kv_heads, capacity, head_dim]
   int64_t head_dim() const { return head_dim_; }
   at::ScalarType dtype() const { return dtype_; }
+  // Bytes of the weights' packed copies (TargetForwardConfig::panels; 0 where none were made).
+  int64_t panel_bytes() const;
 
  private:
   // A block's checked inputs: its sizes, contiguous tokens and positions, float32 embeds, mask pattern.
@@ -190,6 +204,7 @@ class TargetForward {
   at::ScalarType
       dtype_;          // the weights' and the cache's: float32 or bfloat16 (computed in float32 either way)
   bool small_kernel_;  // this CPU runs the small-batch kernel's SIMD path
+  bool panels_;        // every linear layer has its panels (config_.panels, where the kernels apply)
   std::mutex busy_;    // one forward at a time: the scratch below is the object's
   // Scratch, grown to the largest block seen: x, normed x, q, k, v, attention output, o/down output,
   // gate, up; the attention's partial outputs and log-sum-exps; RoPE's cos and sin per input.

@@ -46,8 +46,9 @@ class ModelState:
     class of their top-2 logit margin, counted over the process's generations (``DraftModelConfig.stop_below``)."""
     native: Any = None
     """Its own forward in C++ (:mod:`mtprobe.target_model.native_forward`), or None where HF's runs."""
-    native_key: tuple[int, ...] = ()
-    """The addresses of the weights ``native`` reads: replaced weights make a new one."""
+    native_key: tuple[tuple[int, int], ...] = ()
+    """The address and version counter of each weight ``native`` packed: replaced or rewritten weights make a
+    new one."""
     native_reason: str | None = None
     """Why HF's forward runs (``""`` where ``native`` does; None: not decided yet)."""
     ngram_memories: dict[tuple[int, int, int], Any] = field(default_factory=dict)

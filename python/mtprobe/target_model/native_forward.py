@@ -3,13 +3,14 @@
 Through transformers' eager modules a one-token forward of SmolLM2-135M in float32 costs about three times
 what streaming its weights does: torch's float32 GEMV reads at a third of the memory's pace, and module
 calls and small tensor ops add the rest. :class:`mtprobe._C.TargetForward` (``csrc/decode/target_forward.h``)
-runs a verification block of T inputs through the same decoder layers in one C++ call, reading the model's
-own weight tensors (shared, never copied): every linear layer of a block of up to 64 inputs reads its
-weights once for all of them (the small-batch kernel), and a layer's other work is a few loops over the
-block's rows. The prompt's prefill runs through it too (oneDNN's float32 GEMM for its linear layers past
-:data:`SMALL_ROWS` inputs, where HF's linears take MKL's, which on an AMD CPU runs at half oneDNN's rate:
-1.6-1.8x faster than HF's prefill there, benchmarks/results/native_forward/prefill.md), and it writes the KV layout
-HF's forward reads, so either can run any step.
+runs a verification block of T inputs through the same decoder layers in one C++ call: every linear layer
+reads its weights once for all of the block's inputs, from a copy packed in panels of 32 output features
+(``csrc/core/panel_linear.h``: one contiguous stream per thread, no horizontal sums; the copy costs as many
+bytes as the weights, ``TargetForward.panel_bytes``), and a layer's other work is a few loops over the
+block's rows. The prompt's prefill runs through it too (on an AVX-512 CPU through the same panels, which beat
+oneDNN's float32 GEMM at every length measured, :data:`SMALL_ROWS_AVX512`; elsewhere oneDNN's GEMM past
+:data:`SMALL_ROWS` inputs, where HF's linears take MKL's, at half oneDNN's rate on an AMD CPU), and it writes
+the KV layout HF's forward reads, so either can run any step.
 
 **Exactly HF's tokens.** The C++ forward sums in another order than HF's, so its logits differ from HF's
 by rounding (float32: about 1e-5 of their size; measured in ``benchmarks/results/native_forward/``). Under
@@ -74,10 +75,12 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 ENV = "MTPROBE_NATIVE_FORWARD"
 """``0``: HF's forward always; ``1``: the C++ forward, an unsupported model an error; unset: where it applies."""
 
-VERSION = "native v2"
+VERSION = "native v3"
 """The forward's version, part of a forward profile's key (a profile of HF's forward is not this one's). v2
 (2026-11-29): blocks of more than :data:`SMALL_ROWS` inputs through oneDNN's float32 GEMM, the layers of one
-input (q, k, v; gate, up) in one parallel region."""
+input (q, k, v; gate, up) in one parallel region. v3 (2026-12-01): the linear layers from a copy of their
+weights packed in panels (``csrc/core/panel_linear.h``), every block of a float32 model on an AVX-512 CPU
+(:func:`small_rows`)."""
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 """Architectures the C++ forward computes: pre-norm RMSNorm decoder layers, rotate-half RoPE, grouped-query
@@ -91,19 +94,28 @@ GEMMA = "gemma3_text"
 MARGIN_BOUND = 1e-2
 """A greedy step is decided by the C++ forward only where every row that chose a token has a top-2 score
 margin of at least this; below it, HF's forward decides the step. The C++ forward's logits differ from HF
-greedy's own (one-token forwards on its own cache) by at most 1.14e-4 over 2,079 positions of 35 Spec-Bench
-dev answers of SmolLM2-135M with the prefill through oneDNN's GEMM (forward v2; 99.9th percentile 9.6e-5;
-8.0e-5 with v1's MKL GEMM), plain decoding and AutoConfig alike, and by at most 1e-4 on the tiny random models
-of the tests: the bound leaves a factor of 88. 0.53 % of those positions had a margin below it
-(benchmarks/results/native_forward/margins-onednn.md, margins.md)."""
+greedy's own (one-token forwards on its own cache) by at most 9.2e-5 over 2,079 positions of 35 Spec-Bench
+dev answers of SmolLM2-135M with forward v3 (the panels, their sums in blocks of 64, the prefill's too; 99.9th
+percentile 7.4e-5; v2 with oneDNN's GEMM: 1.14e-4; the panels summed in one run of fused multiply-adds, not
+landed: 3.9e-4), plain decoding and AutoConfig alike, and by at most 1e-4 on the tiny random models of the
+tests: the bound leaves a factor of 109. 0.53 % of those positions had a margin below it
+(benchmarks/results/native_forward/margins-panels.md, margins-onednn.md, margins.md)."""
 
 SMALL_ROWS = 40
-"""Blocks of up to this many inputs run the small-batch kernel (weights read once); larger ones a GEMM:
+"""Where the CPU lacks AVX-512, blocks of up to this many inputs run the small-batch kernel (weights read once);
+larger ones a GEMM:
 oneDNN's float32 matmul where torch has it (``csrc/runtime/onednn_linear.h``; on an AMD CPU twice the rate of
 the MKL GEMM at::mm takes), else at::mm. On a 2-core AMD EPYC Zen 5, SmolLM2's 211 linear layers: the kernel
 33.0 against oneDNN's 36.5 ms at 24 inputs, even from 32 to 48, oneDNN 74.4 against 80.4 at 64
 (benchmarks/results/native_forward/kernels-onednn.md; against MKL's GEMM the kernel had won up to 64,
-kernels.md)."""
+kernels.md). The panel kernel's AVX2 form has not been measured against oneDNN on a CPU without AVX-512."""
+
+SMALL_ROWS_AVX512 = 1 << 30
+"""A float32 model on an AVX-512 CPU: every block, the prefill's too, runs the panel kernel (its 13 inputs a pass
+keep 26 accumulators in the 32 registers). On a 2-core AMD EPYC (Zen 4) SmolLM2-135M's 211 linear layers took
+84.7 against oneDNN's 112.5 ms at 64 inputs, 167.9 against 188.1 at 128, 960 against 1,013 at 700; a prefill
+of 64 tokens 79 against 110 ms, 300 tokens 381 against 409, 700 tokens 922 against 952
+(benchmarks/results/native_forward/panels-kernels.md, panels-prefill.md)."""
 
 
 SMALL_ROWS_BF16 = 16
@@ -225,8 +237,10 @@ def _hooks(module: torch.nn.Module) -> bool:
 
 def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
     """The C++ forward of ``model``, or ``None`` where HF's runs (:func:`why_not_native`, logged once per
-    model and reason). Built once per model and kept in its state; rebuilt when its weights were replaced.
-    ValueError where ``MTPROBE_NATIVE_FORWARD=1`` and it cannot run."""
+    model and reason). Built once per model and kept in its state; rebuilt when its weights were replaced or
+    written in place (torch's version counter: ``copy_``, ``load_state_dict``, an optimizer's step; a write
+    through ``.data``, which torch does not count, is not seen). ValueError where ``MTPROBE_NATIVE_FORWARD=1``
+    and it cannot run."""
     reason = why_not_native(model)
     state = state_of(model)
     if reason:
@@ -237,9 +251,9 @@ def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
         state.native, state.native_reason = None, reason
         return None
     weights = _weights(model)
-    key = tuple(
-        t.data_ptr() for t in weights.values()
-    )  # replaced weights (load_state_dict(assign=True)) rebuild
+    # Replaced weights (load_state_dict(assign=True)) and weights written in place rebuild: the forward reads
+    # its packed copies of them.
+    key = tuple((t.data_ptr(), t._version) for t in weights.values())
     if state.native is None or state.native_key != key:
         state.native, state.native_key, state.native_reason = _build(model, weights), key, ""
     return state.native
@@ -257,7 +271,8 @@ def _weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
 def _build(model: PreTrainedModel, weights: dict[str, torch.Tensor]) -> _C.TargetForward:
     non_contiguous = [n for n, t in weights.items() if not t.is_contiguous()]
     if non_contiguous:
-        # Never copied behind the user's back: a transposed or strided weight would need its own copy.
+        # The embedding, norms and the GEMM path read the model's tensors in place (and the panels are packed
+        # from them): a transposed or strided weight would need a copy of its own first.
         raise ValueError(
             f"the C++ forward reads the model's weights in place, and {non_contiguous[0]} is not contiguous; "
             f"call .contiguous() on it or set {ENV}=0"
@@ -278,8 +293,18 @@ def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return out
 
     args, kwargs = model_layout(model, linear)
-    small = SMALL_ROWS_BF16 if model.dtype == torch.bfloat16 else SMALL_ROWS
-    return args, kwargs | {"small_rows": small if _C.small_batch_linear_simd() else 0}
+    return args, kwargs | {"small_rows": small_rows(model.dtype)}
+
+
+def small_rows(dtype: torch.dtype) -> int:
+    """Blocks of up to this many inputs take the panel kernel, larger ones a GEMM (TargetForward's
+    ``small_rows``): :data:`SMALL_ROWS_BF16` for a bfloat16 model, :data:`SMALL_ROWS_AVX512` for a float32 one
+    where the CPU has AVX-512, else :data:`SMALL_ROWS`; 0 (GEMM always) without AVX2."""
+    if not _C.small_batch_linear_simd():
+        return 0
+    if dtype == torch.bfloat16:
+        return SMALL_ROWS_BF16
+    return SMALL_ROWS_AVX512 if _C.panel_linear_isa() == "avx512" else SMALL_ROWS
 
 
 def model_layout(
