@@ -17,9 +17,11 @@ decides). Every answer must be token-identical to HF greedy's.
     python benchmarks/bench_native_forward.py --margins --question-file ../shared/specbench/question-dev.jsonl \\
         --per-category 5 --out benchmarks/results/native_forward/margins.md
 
-``--kernels``: the model's linear layers over T inputs through torch's linear, oneDNN's and the small-batch kernel's
-AVX2 and AVX-512 forms (what ``TargetForward``'s ``small_rows`` and ``wide_rows`` choose between), the weights
-streamed from memory; then each layer shape's arithmetic with its weight in cache.
+``--kernels``: the model's linear layers over T inputs through torch's linear, oneDNN's, the small-batch kernel's
+AVX2 and AVX-512 forms on the row-major weights and the panel kernel's on the weights packed (what ``TargetForward``'s
+``small_rows``, ``wide_rows`` and ``panels`` choose between), the weights streamed from memory; then each layer
+shape's arithmetic with its weight in cache.
+``--curve --row-major``: the C++ forward with its panels and without them, side by side.
 ``--prefill``: one prompt's prefill through HF's forward and the C++ forward.
 """
 
@@ -52,7 +54,11 @@ SIZES = (1, 2, 4, 6, 7, 8, 13, 16, 24, 32, 48, 64)
 
 
 def curve(
-    model: torch.nn.Module, contexts: list[int], repeats: int, wide_rows: list[int] | None = None
+    model: torch.nn.Module,
+    contexts: list[int],
+    repeats: int,
+    wide_rows: list[int] | None = None,
+    row_major: bool = False,
 ) -> list[str]:
     routes = choose_linear_routes(model)
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -69,6 +75,11 @@ def curve(
         args, kwargs = nf.arguments(model)
         other = _C.TargetForward(*args, **(kwargs | {"wide_rows": w}))
         rows[f"C++ wide_rows={w}"] = HFAdapter(model, capacity, checked=True, native=other)
+    # The C++ forward on the model's own row-major weights, no panels (TargetForward's panels=False).
+    if row_major:
+        args, kwargs = nf.arguments(model)
+        other = _C.TargetForward(*args, **(kwargs | {"panels": False}))
+        rows["C++ row-major"] = HFAdapter(model, capacity, checked=True, native=other)
     lines = [
         "",
         "Median ms of one forward of T inputs (a chain) after C cached positions; rows interleaved forward "
@@ -112,15 +123,19 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
         f"Best of {repeats} passes, ms, over the model's {len(linears)} linear layers ({mb:.0f} MB of float32 "
         "weights), each once over T random inputs.",
         "",
-        "| T | torch linear | oneDNN | small-batch AVX2 | small-batch AVX-512 |",
-        "|---|---|---|---|---|",
+        "| T | torch linear | oneDNN | small-batch AVX2 | small-batch AVX-512 | panels AVX2 | panels AVX-512 |",
+        "|---|---|---|---|---|---|---|",
     ]
+    # Each layer's weight in panels (what TargetForward keeps, csrc/core/panel_linear.h), packed beforehand.
+    panels = {id(m): torch.ops.mtprobe.pack_panels(m.weight.detach()) for m in linears}
     runs = {
         "torch": lambda x, m: torch.nn.functional.linear(x, m.weight, m.bias),
         # what the C++ forward's GEMM path calls (csrc/runtime/onednn_linear.h)
         "onednn": lambda x, m: torch.ops.mkldnn._linear_pointwise(x, m.weight, m.bias, "none", [], ""),
         "avx2": lambda x, m: _C.small_batch_linear_at_level(x, m.weight, m.bias, 1),
         "avx512": lambda x, m: _C.small_batch_linear_at_level(x, m.weight, m.bias, 2),
+        "panels2": lambda x, m: _C.panel_linear_at_level(x, panels[id(m)], m.bias, m.out_features, 1),
+        "panels512": lambda x, m: _C.panel_linear_at_level(x, panels[id(m)], m.bias, m.out_features, 2),
     }
     with torch.inference_mode():
         for t in (1, 2, 4, 8, 13, 16, 24, 32, 40, 48, 64, 128, 700):
@@ -135,7 +150,8 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
                     times.append(time.perf_counter() - t0)
                 best[name] = 1e3 * min(times)
             lines.append(
-                f"| {t} | {best['torch']:.1f} | {best['onednn']:.1f} | {best['avx2']:.1f} | {best['avx512']:.1f} |"
+                f"| {t} | {best['torch']:.1f} | {best['onednn']:.1f} | {best['avx2']:.1f} | {best['avx512']:.1f} "
+                f"| {best['panels2']:.1f} | {best['panels512']:.1f} |"
             )
     # The arithmetic alone: one layer of each shape, its weight in cache (run 50 times in a row).
     shapes = sorted({(m.out_features, m.in_features) for m in linears if m.out_features < 10_000})
@@ -145,16 +161,17 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
         f"times over the same T random inputs, best of {repeats}; the kernels' arithmetic without the weights' "
         "stream.",
         "",
-        "| out x in | T | oneDNN | small-batch AVX2 | small-batch AVX-512 |",
-        "|---|---|---|---|---|",
+        "| out x in | T | oneDNN | small-batch AVX2 | small-batch AVX-512 | panels AVX2 | panels AVX-512 |",
+        "|---|---|---|---|---|---|---|",
     ]
     with torch.inference_mode():
         for o, i in shapes:
             m = torch.nn.Linear(i, o, bias=False)
+            panels[id(m)] = torch.ops.mtprobe.pack_panels(m.weight.detach())
             for t in (1, 4, 8, 13, 16, 24, 32):
                 x = torch.randn(t, i)
                 rate = {}
-                for name in ("onednn", "avx2", "avx512"):
+                for name in ("onednn", "avx2", "avx512", "panels2", "panels512"):
                     times = []
                     for _ in range(repeats):
                         runs[name](x, m)
@@ -164,39 +181,44 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
                         times.append((time.perf_counter() - t0) / 50)
                     rate[name] = 2 * t * o * i / min(times) / 1e9
                 lines.append(
-                    f"| {o}x{i} | {t} | {rate['onednn']:.0f} | {rate['avx2']:.0f} | {rate['avx512']:.0f} |"
+                    f"| {o}x{i} | {t} | {rate['onednn']:.0f} | {rate['avx2']:.0f} | {rate['avx512']:.0f} "
+                    f"| {rate['panels2']:.0f} | {rate['panels512']:.0f} |"
                 )
     return lines
 
 
-def prefill(model: torch.nn.Module, repeats: int) -> list[str]:
-    """A prompt's prefill (logits of its last position only) through HF's forward and the C++ forward."""
+def prefill(model: torch.nn.Module, repeats: int, small_rows: list[int] | None = None) -> list[str]:
+    """A prompt's prefill (logits of its last position only) through HF's forward and the C++ forward (and,
+    with ``small_rows``, the C++ forward taking the small-batch kernels up to each of those block sizes)."""
     cfg = model.config
-    native = nf.native_forward(model)
+    natives = {"mtprobe C++": nf.native_forward(model)}
+    for n in small_rows or []:
+        args, kwargs = nf.arguments(model)
+        natives[f"C++ small_rows={n}"] = _C.TargetForward(*args, **(kwargs | {"small_rows": n}))
     lines = [
         "",
-        f"Best of {repeats}, ms, of one prefill of L random tokens (the LM head on the last position only).",
+        f"Best of {repeats}, ms, of one prefill of L random tokens (the LM head on the last position only); "
+        "rows interleaved prefill by prefill.",
         "",
-        "| L | HF eager | mtprobe C++ | max abs difference of the last logits |",
-        "|---|---|---|---|",
+        "| L | HF eager | " + " | ".join(natives) + " | max abs difference of the last logits |",
+        "|---|---|" + "---|" * (len(natives) + 1),
     ]
-    for length in (128, 400, 700):
+    for length in (64, 128, 300, 700):
         ids = torch.randint(0, cfg.vocab_size, (length,), generator=torch.Generator().manual_seed(0))
-        times: dict[str, list[float]] = {"hf": [], "c++": []}
+        times: dict[str, list[float]] = {"hf": [], **{k: [] for k in natives}}
         for _ in range(repeats):
             # The adapter's prefill as mtprobe.generate runs it (a fresh cache each time), HF's then the C++ one.
             out = {}
-            for key, nat in (("hf", None), ("c++", native)):
+            for key, nat in (("hf", None), *natives.items()):
                 adapter = HFAdapter(model, length, checked=True, native=nat)
                 adapter.prefill_logits_from = length - 1
                 with torch.inference_mode():
                     t0 = time.perf_counter()
                     out[key], _ = adapter.forward(ids, None, torch.arange(length)[None], None, 0, False)
                     times[key].append(time.perf_counter() - t0)
-        diff = (out["c++"][-1].float() - out["hf"][-1].float()).abs().max().item()
-        lines.append(
-            f"| {length} | {1e3 * min(times['hf']):.0f} | {1e3 * min(times['c++']):.0f} | {diff:.2e} |"
-        )
+        diff = max((out[k][-1].float() - out["hf"][-1].float()).abs().max().item() for k in natives)
+        cells = " | ".join(f"{1e3 * min(times[k]):.0f}" for k in natives)
+        lines.append(f"| {length} | {1e3 * min(times['hf']):.0f} | {cells} | {diff:.2e} |")
     return lines
 
 
@@ -307,6 +329,16 @@ def main(argv: list[str] | None = None) -> int:
         help="--curve: also the C++ forward with its AVX-512 kernel up to each of these block sizes, e.g. 4,8 "
         "(TargetForward's wide_rows; the default is the row 'mtprobe C++')",
     )
+    p.add_argument(
+        "--row-major",
+        action="store_true",
+        help="--curve: also the C++ forward on the model's own row-major weights (TargetForward's panels=False)",
+    )
+    p.add_argument(
+        "--small-rows",
+        help="--prefill: also the C++ forward with the small-batch kernels up to each of these block sizes, e.g. "
+        "40,128 (TargetForward's small_rows; larger blocks take the GEMM)",
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--question-file", help="Spec-Bench questions (--margins)")
     p.add_argument("--per-category", type=int, default=5)
@@ -342,13 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     lines.append(f"- {linear_routes.ENV}={os.environ.get(linear_routes.ENV, '(unset)')}")
     if args.curve:
         wide = [int(w) for w in args.wide_rows.split(",")] if args.wide_rows else None
-        lines += curve(model, [int(c) for c in args.contexts.split(",")], args.repeats, wide)
+        lines += curve(model, [int(c) for c in args.contexts.split(",")], args.repeats, wide, args.row_major)
         if args.llama_cpp_bench:
             lines += llama_cpp(args.llama_cpp_bench, args.gguf, args.threads)
     elif args.kernels:
         lines += kernels(model, args.repeats)
     elif args.prefill:
-        lines += prefill(model, args.repeats)
+        small = [int(n) for n in args.small_rows.split(",")] if args.small_rows else None
+        lines += prefill(model, args.repeats, small)
     else:
         questions = first_per_category(load_questions(args.question_file), args.per_category)
         lines += margins(model, tok, questions, args.max_new_tokens)
