@@ -189,7 +189,7 @@ def test_matches_the_reference(arch, block):
     values = [layer.values.clone() for layer in ref.cache.layers]
     want = target_forward(
         *args,
-        **{k: v for k, v in kwargs.items() if k != "small_rows"},
+        **{k: v for k, v in kwargs.items() if k not in ("small_rows", "panels")},  # how, not what
         tokens=tokens,
         positions=pos,
         mask=None if mask is None else mask[0, 0],
@@ -477,6 +477,27 @@ def test_replaced_weights_rebuild():
     assert nf.native_forward(model) is first
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     assert nf.native_forward(model) is not first
+
+
+def test_panels_switch(monkeypatch):
+    """MTPROBE_NATIVE_PANELS=0 builds the forward without its packed copy (and rebuilds it when the switch
+    moves); its logits still HF's; another value is named."""
+    model = _build("llama")
+    packed = nf.native_forward(model)
+    monkeypatch.setenv(nf.PANELS_ENV, "0")
+    plain = nf.native_forward(model)
+    assert plain is not packed and plain.panel_bytes == 0
+    assert packed.panel_bytes > 0 or not _C.small_batch_linear_simd()
+    assert nf.arguments(model)[1]["small_rows"] == nf.small_rows(model.dtype, False)
+    ref, got = _pair(model, 5, capacity=32)
+    tokens = torch.arange(3, 16)  # 13 inputs: the panels' range where they exist
+    with torch.inference_mode():
+        want, _ = ref.forward(tokens, None, torch.arange(5, 18)[None], None, 5, False)
+        have, _ = got.forward(tokens, None, torch.arange(5, 18)[None], None, 5, False)
+    torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+    monkeypatch.setenv(nf.PANELS_ENV, "maybe")
+    with pytest.raises(ValueError, match="MTPROBE_NATIVE_PANELS='maybe': use 0"):
+        nf.native_forward(model)
 
 
 def test_weights_written_in_place_rebuild():

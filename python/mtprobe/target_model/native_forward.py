@@ -33,6 +33,7 @@ CPU, hooks on the model's modules (LoRA, user hooks), a plan, calibrated masks w
 LoRA, a drafter that reads another layer's hidden states. Sliding attention windows (Mistral's, Gemma 3's
 sliding layers) are applied by the C++ forward itself, as HF's ``sliding_window_overlay`` applies them.
 ``MTPROBE_NATIVE_FORWARD=0`` turns it off; ``=1`` (forced) makes an unsupported model an error.
+``MTPROBE_NATIVE_PANELS=0`` keeps no packed copy of the weights (:data:`PANELS_ENV`).
 """
 
 from __future__ import annotations
@@ -55,11 +56,13 @@ logger = logging.getLogger("mtprobe")
 __all__ = [
     "DTYPES",
     "ENV",
+    "PANELS_ENV",
     "STATIC_ROPE",
     "MARGIN_BOUND",
     "MODEL_TYPES",
     "VERSION",
     "native_forward",
+    "panels",
     "setting",
     "why_not_native",
 ]
@@ -136,6 +139,26 @@ def setting() -> str:
         return "forced"
     raise ValueError(
         f"{ENV}={raw!r}: use 0 (HF's forward), 1 (the C++ forward, or an error) or leave it unset"
+    )
+
+
+PANELS_ENV = "MTPROBE_NATIVE_PANELS"
+"""``0``: the C++ forward keeps no packed copy of the linear weights (it saves their bytes; blocks of more than 6
+inputs then run the small-batch kernel on the model's own weights, past :data:`SMALL_ROWS` a GEMM); unset or
+``1``: it keeps one (``csrc/core/panel_linear.h``)."""
+
+
+def panels() -> bool:
+    """Whether the C++ forward packs its linear weights in panels (``MTPROBE_NATIVE_PANELS``, on by default);
+    ValueError for a value other than 0/1."""
+    raw = os.environ.get(PANELS_ENV, "").strip().lower()
+    if raw in ("", "1", "true", "on", "yes"):
+        return True
+    if raw in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(
+        f"{PANELS_ENV}={raw!r}: use 0 (no packed copy of the weights: less memory, slower blocks of 7 or more "
+        "inputs), 1 or leave it unset (the copy)"
     )
 
 
@@ -253,7 +276,7 @@ def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
     weights = _weights(model)
     # Replaced weights (load_state_dict(assign=True)) and weights written in place rebuild: the forward reads
     # its packed copies of them.
-    key = tuple((t.data_ptr(), t._version) for t in weights.values())
+    key = (panels(), *((t.data_ptr(), t._version) for t in weights.values()))
     if state.native is None or state.native_key != key:
         state.native, state.native_key, state.native_reason = _build(model, weights), key, ""
     return state.native
@@ -293,18 +316,19 @@ def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return out
 
     args, kwargs = model_layout(model, linear)
-    return args, kwargs | {"small_rows": small_rows(model.dtype)}
+    packed = panels()
+    return args, kwargs | {"small_rows": small_rows(model.dtype, packed), "panels": packed}
 
 
-def small_rows(dtype: torch.dtype) -> int:
-    """Blocks of up to this many inputs take the panel kernel, larger ones a GEMM (TargetForward's
+def small_rows(dtype: torch.dtype, packed: bool = True) -> int:
+    """Blocks of up to this many inputs take the small-batch or panel kernels, larger ones a GEMM (TargetForward's
     ``small_rows``): :data:`SMALL_ROWS_BF16` for a bfloat16 model, :data:`SMALL_ROWS_AVX512` for a float32 one
-    where the CPU has AVX-512, else :data:`SMALL_ROWS`; 0 (GEMM always) without AVX2."""
+    with its panels (``packed``) where the CPU has AVX-512, else :data:`SMALL_ROWS`; 0 (GEMM always) without AVX2."""
     if not _C.small_batch_linear_simd():
         return 0
     if dtype == torch.bfloat16:
         return SMALL_ROWS_BF16
-    return SMALL_ROWS_AVX512 if _C.panel_linear_isa() == "avx512" else SMALL_ROWS
+    return SMALL_ROWS_AVX512 if packed and _C.panel_linear_isa() == "avx512" else SMALL_ROWS
 
 
 def model_layout(
