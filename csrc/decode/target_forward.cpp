@@ -239,8 +239,10 @@ void TargetForward::linear(std::initializer_list<const TargetLinear*> ws, const 
   const int64_t n = static_cast<int64_t>(ws.size()), in = layers[0]->in_features();
   TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
   const bool bf16 = dtype_ == at::kBFloat16;
-  // A few inputs (up to wide_rows) run the small-batch kernel on the model's own row-major weights: there it
-  // read 5-10 % faster than the panels at 1 to 4 inputs (benchmarks/results/native_forward/panels-curve.md).
+  // A few inputs (up to wide_rows) run the small-batch kernel on the model's own row-major weights: the
+  // stream sets their pace, the panels gain nothing there (the linears alone: 15-19 ms either way at 1 to 4
+  // inputs, benchmarks/results/native_forward/panels-kernels.md), and whole forwards through the panels had
+  // measured 5-10 % slower at 1 to 4 inputs in this change's first runs.
   if (panels_ && rows > config_.wide_rows && rows <= config_.small_rows) {
     LayerColumns panels;  // the layers' panels as one range: 2 a grain (64 columns)
     for (int64_t i = 0; i < n; ++i) panels.add(core::panel_count(layers[i]->out_features()));
