@@ -12,6 +12,7 @@
 #include "core/panel_linear.h"
 #include "core/small_batch_linear.h"
 #include "decode/layer_columns.h"
+#include "ops/ops.h"
 #include "runtime/onednn_linear.h"
 #include "runtime/zeroed.h"
 
@@ -200,35 +201,25 @@ TargetForward::TargetForward(at::Tensor embed, std::vector<TargetLayer> layers, 
     check_linear(L.gate, hidden_, intermediate_, at + "gate", dtype_);
     check_linear(L.up, hidden_, intermediate_, at + "up", dtype_);
     check_linear(L.down, intermediate_, hidden_, at + "down", dtype_);
-    for (TargetLinear* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) widen_bias(*w);
+    L.each_linear(widen_bias);
   }
   small_kernel_ = core::small_batch_linear_simd();
   // Without AVX2 the panels' portable loop is no faster than BLAS, as the small-batch kernel's.
   panels_ = config_.panels && (small_kernel_ || dtype_ == at::kBFloat16);
   if (panels_) {
-    auto pack = [](TargetLinear& w) {
-      const int64_t out = w.out_features(), in = w.in_features();
-      w.panels = at::empty({core::panel_count(out), in, core::kPanelWidth}, w.weight.options());
-      if (w.weight.scalar_type() == at::kBFloat16) {
-        core::pack_panels(bf16_bits(w.weight), out, in,
-                          reinterpret_cast<uint16_t*>(w.panels.mutable_data_ptr<at::BFloat16>()));
-      } else {
-        core::pack_panels(w.weight.const_data_ptr<float>(), out, in, w.panels.mutable_data_ptr<float>());
-      }
-    };
+    auto pack = [](TargetLinear& w) { w.panels = ops::pack_panels(w.weight); };
     pack(head_);
-    for (TargetLayer& L : layers_) {
-      for (TargetLinear* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) pack(*w);
-    }
+    for (TargetLayer& L : layers_) L.each_linear(pack);
   }
 }
 
 int64_t TargetForward::panel_bytes() const {
-  int64_t bytes = head_.panels.defined() ? static_cast<int64_t>(head_.panels.nbytes()) : 0;
-  for (const TargetLayer& L : layers_) {
-    for (const TargetLinear* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-      bytes += w->panels.defined() ? static_cast<int64_t>(w->panels.nbytes()) : 0;
-  }
+  int64_t bytes = 0;
+  auto add = [&](const TargetLinear& w) {
+    bytes += w.panels.defined() ? static_cast<int64_t>(w.panels.nbytes()) : 0;
+  };
+  add(head_);
+  for (const TargetLayer& L : layers_) L.each_linear(add);
   return bytes;
 }
 

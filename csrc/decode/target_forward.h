@@ -62,6 +62,15 @@ struct TargetLayer {
   at::Tensor input_norm, post_norm;  // [hidden] each: RMSNorm weights before attention and MLP
   at::Tensor q_norm, k_norm;         // [head_dim] each (Qwen3, Gemma 3), or undefined
   TargetLinear q, k, v, o, gate, up, down;
+  // fn(w) for each of the layer's seven linear layers, in the order above.
+  template <typename Fn>
+  void each_linear(Fn&& fn) {
+    for (TargetLinear* w : {&q, &k, &v, &o, &gate, &up, &down}) fn(*w);
+  }
+  template <typename Fn>
+  void each_linear(Fn&& fn) const {
+    for (const TargetLinear* w : {&q, &k, &v, &o, &gate, &up, &down}) fn(*w);
+  }
   // Gemma 3's sandwich norms: RMSNorm weights [hidden] over the attention's and the MLP's outputs before
   // each is added to the residual (HF's post_attention_layernorm and post_feedforward_layernorm), or
   // undefined.
