@@ -139,6 +139,7 @@ INTERLEAVED = (
     LLAMA_CPP,
     "mtprobe plain",
     "auto",
+    "auto (whole draft head)",
     "auto fixed q8_0",
     "auto whole chains",
     "mtprobe plain (HF target forward)",
@@ -482,7 +483,11 @@ def run_interleaved(args: argparse.Namespace) -> int:
         return run
 
     def mt(
-        config: Any, stock: bool = False, hf_draft: bool = False, hf_target: bool = False
+        config: Any,
+        stock: bool = False,
+        hf_draft: bool = False,
+        hf_target: bool = False,
+        whole_head: bool = False,
     ) -> Callable[[torch.Tensor], Row]:
         # What AutoConfig carries from one generation to the next (a draft's measured cost and
         # acceptance), kept per row: rows share the model, and one row's draft costs are not another's.
@@ -492,8 +497,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
             forced = environ(linear_routes.ENV, linear_routes.STOCK) if stock else contextlib.nullcontext()
             draft = environ(draft_model.DECODER_ENV, "0") if hf_draft else contextlib.nullcontext()
             target = environ(native_forward.ENV, "0") if hf_target else contextlib.nullcontext()
+            head = environ(draft_model.VOCAB_ENV, "0") if whole_head else contextlib.nullcontext()
             state_of(model).carried = carried
-            with forced, draft, target:
+            with forced, draft, target, head:
                 out = mtprobe.generate(model, ids, config, max_new_tokens=n, do_sample=False)
             # The decode blocks' forward: mtprobe's own (its linear layers are its own too), or HF's and its routes.
             ran = out.target_forward if out.target_forward == native_forward.VERSION else out.linear_routes
@@ -546,6 +552,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
             )
         ),
         "auto-stock": mt(mtprobe.AutoConfig(), stock=True),
+        # The quantized self-draft's C++ step computing its whole head (the default; the other rows take
+        # MTPROBE_DRAFT_VOCAB from the environment: self_draft.VOCAB_ENV).
+        "auto (whole draft head)": mt(mtprobe.AutoConfig(), whole_head=True),
         # Every target forward through transformers' modules, as before mtprobe's own C++ forward (issue 67).
         "mtprobe plain (HF target forward)": mt(mtprobe.PlainConfig(), hf_target=True),
         "auto (HF target forward)": mt(mtprobe.AutoConfig(), hf_target=True),
@@ -688,6 +697,8 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "(the 4-bit self-draft); "
         "`quantized draft K q8_0` / `mixed` the self-draft "
         "with every linear in 8 bits / the attention's in 8 and the MLP's in 4; "
+        f"`auto (whole draft head)` the same with `{draft_model.VOCAB_ENV}=0` (the self-draft's whole head, the "
+        "default; the other rows take the variable from the command's environment); "
         f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
         "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "
         "`quantized draft K` "

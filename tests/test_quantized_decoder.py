@@ -129,9 +129,9 @@ def test_generation_runs_its_drafts_through_the_decoder_and_stays_greedy(monkeyp
     decoder = quantized_decoder(draft)
 
     class Counting:
-        def step(self, *args):
+        def step(self, *args, **kw):
             steps.append(args[1])
-            return decoder.step(*args)
+            return decoder.step(*args, **kw)
 
     monkeypatch.setattr(state_of(draft), "decoder", Counting())
     monkeypatch.setattr(state_of(draft), "decoder_checked", True)
@@ -292,3 +292,78 @@ def test_int8_activations_run_when_asked_and_generation_stays_greedy(monkeypatch
         draft_model.draft_activations()
     monkeypatch.delenv(draft_model.ACTIVATIONS_ENV)
     assert draft_model.draft_activations() == "float32"
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_a_draft_vocabulary_computes_its_rows_and_no_other(monkeypatch, fmt, activations):
+    """``head_rows``/``extra_rows``: those rows' logits are the whole head's, bit for bit (the same kernel on
+    the same columns); every other logit is -inf; step_rows takes them for every row."""
+    monkeypatch.setenv(draft_model.ACTIVATIONS_ENV, activations)
+    model = tiny_llama(seed=6, vocab_size=200)
+    decoder = quantized_decoder(quantized(model, None, fmt))
+    keys = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    values = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    full = decoder.step(3, 0, keys, values)  # [200]
+    extra = [150, 71, 199, 5]  # unsorted, one below head_rows: computed once all the same
+    sub = decoder.step(3, 0, keys, values, head_rows=70, extra_rows=extra)
+    kept = torch.zeros(200, dtype=torch.bool)
+    kept[:70] = True
+    kept[extra] = True
+    assert torch.equal(sub[kept], full[kept])
+    assert torch.isneginf(sub[~kept]).all() and (~kept).sum() == 200 - 73
+    other = ([k.clone() for k in keys], [v.clone() for v in values])
+    rows = decoder.step_rows(
+        [3, 3], [0, 0], [keys, other[0]], [values, other[1]], head_rows=70, extra_rows=extra
+    )
+    assert torch.equal(rows[0], sub) and torch.equal(rows[1], sub)
+    assert torch.equal(decoder.step(3, 0, keys, values, head_rows=200), full)  # all of them: the whole head
+    with pytest.raises(ValueError, match=r"head_rows must be in \[0, 200\] \(0: the whole head\), got 201"):
+        decoder.step(3, 0, keys, values, head_rows=201)
+    with pytest.raises(ValueError, match=r"head_rows must be in \[0, 200\]"):
+        decoder.step(3, 0, keys, values, head_rows=-1)
+    with pytest.raises(ValueError, match=r"extra_rows holds 200, outside the vocabulary \[0, 200\)"):
+        decoder.step(3, 0, keys, values, head_rows=70, extra_rows=[5, 200])
+
+
+def test_generation_drafts_from_its_vocabulary_and_the_sequence_tokens(monkeypatch):
+    """``MTPROBE_DRAFT_VOCAB``: every C++ step computes that many rows and every token the sequence holds
+    past them (the prompt's first among them); the output stays HF greedy's. Unset or 0 it is the whole head;
+    anything but a whole number a ValueError."""
+    model = tiny_llama(seed=4, vocab_size=48, num_hidden_layers=3, eos_token_id=47)
+    draft = quantized(model)
+    decoder = quantized_decoder(draft)
+    calls = []
+
+    class Recording:
+        def step(self, token, position, keys, values, **kw):
+            calls.append({**kw, "extra_rows": list(kw["extra_rows"])})  # as it was at this step
+            return decoder.step(token, position, keys, values, **kw)
+
+    monkeypatch.setattr(state_of(draft), "decoder", Recording())
+    monkeypatch.setattr(state_of(draft), "decoder_checked", True)
+    monkeypatch.setenv(draft_model.VOCAB_ENV, "8")
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    prompt = torch.tensor([[3, 30, 5, 12, 30, 7, 41]])
+    ref = model.generate(prompt, do_sample=False, max_new_tokens=24)
+    out = mtprobe.generate(model, prompt, cfg, max_new_tokens=24)
+    assert torch.equal(out.sequences, ref)
+    assert calls and all(kw["head_rows"] == 8 for kw in calls)
+    first, last = calls[0]["extra_rows"], calls[-1]["extra_rows"]
+    assert first == [12, 30, 41]  # the prompt's tokens past the first 8 rows, sorted, once each
+    assert last == sorted(set(last))
+    # Grown by the answer's tokens as they came, and by no token outside the sequence.
+    assert len(last) > len(first) and set(last) <= {t for t in ref[0].tolist() if t >= 8}
+
+    assert draft_model.draft_vocab(48) == 8
+    monkeypatch.delenv(draft_model.VOCAB_ENV)
+    assert draft_model.draft_vocab(48) == 0  # the whole head
+    for value, rows in (("0", 0), ("48", 0), ("100", 0), (" 12 ", 12)):
+        monkeypatch.setenv(draft_model.VOCAB_ENV, value)
+        assert draft_model.draft_vocab(48) == rows, value
+    for value in ("-1", "half", "0.5"):
+        monkeypatch.setenv(draft_model.VOCAB_ENV, value)
+        with pytest.raises(
+            ValueError, match=r"MTPROBE_DRAFT_VOCAB=.*a whole number >= 0 \(0 or unset: the whole head\)"
+        ):
+            draft_model.draft_vocab(48)

@@ -445,6 +445,7 @@ BATCH_CONFIGS = {
     # rejection sampling: the draft's own draws take the row's generator too
     "draft_model_self_quantized": lambda: mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3),
 }
+DRAFT_VOCAB_4 = "draft_model_self_quantized, a draft vocabulary of 4 rows"
 
 
 @pytest.mark.parametrize(
@@ -479,13 +480,17 @@ def test_each_row_of_a_batch_of_prompts_samples_exactly(tiny, name, forward, mon
         assert p > ALPHA, f"{name}, prompt {i}: sampled pairs differ from its distribution (p = {p:.2e})"
 
 
-@pytest.mark.parametrize("name", list(BATCH_CONFIGS))
+@pytest.mark.parametrize("name", [*BATCH_CONFIGS, DRAFT_VOCAB_4])
 def test_sequences_sampled_one_after_another_are_exact(tiny, name, monkeypatch):
     from mtprobe.decode import batch as batch_module
+    from mtprobe.target_model import self_draft
 
     monkeypatch.setenv(batch_module.ENV, "0")  # torch's default generator, one sequence at a time
+    if name == DRAFT_VOCAB_4:  # the draft's q has no mass past ids 0-3 and the sequence's own tokens
+        monkeypatch.setenv(self_draft.VOCAB_ENV, "4")
     prompt = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2]])
-    counts = sample_pairs(tiny, prompt, BATCH_CONFIGS[name](), seed=7)
+    config = BATCH_CONFIGS["draft_model_self_quantized" if name == DRAFT_VOCAB_4 else name]()
+    counts = sample_pairs(tiny, prompt, config, seed=7)
     p = chi_square_pvalue(counts, exact_pair_distribution(tiny, prompt))
     assert p > ALPHA, f"{name}: sampled pairs differ from the target distribution (chi-square p = {p:.2e})"
 

@@ -66,12 +66,16 @@ void bind_quantized_decoder(py::module_& m) {
            py::arg("rope_scaling"), py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
            py::arg("activation") = "silu", py::arg("int8_activations") = false)
       .def("step", &QuantizedDecoder::step, py::arg("token"), py::arg("position"), py::arg("keys"),
-           py::arg("values"),
+           py::arg("values"), py::kw_only(), py::arg("head_rows") = 0,
+           py::arg("extra_rows") = std::vector<int64_t>{},
            "Logits [vocab] float32 of `token` at `position`; its keys and values are written into row "
-           "`position` of each layer's buffers [1, kv_heads, capacity, head_dim]",
+           "`position` of each layer's buffers [1, kv_heads, capacity, head_dim]. head_rows > 0: only the "
+           "head's first head_rows rows and the ids extra_rows are computed, every other logit -inf (a "
+           "draft's vocabulary)",
            py::call_guard<py::gil_scoped_release>())
       .def("step_rows", &QuantizedDecoder::step_rows, py::arg("tokens"), py::arg("positions"),
-           py::arg("keys"), py::arg("values"),
+           py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("head_rows") = 0,
+           py::arg("extra_rows") = std::vector<int64_t>{},
            "step() for several sequences at once: logits [B, vocab] float32, row r's keys and values written "
            "into row positions[r] of its own buffers keys[r][l], values[r][l]; the weights read once for all",
            py::call_guard<py::gil_scoped_release>())

@@ -123,16 +123,17 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
 }
 
 void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
-                              std::initializer_list<float*> ys) {
+                              std::initializer_list<float*> ys, int64_t limit) {
   const QuantizedWeights* const* w = ws.begin();
   float* const* y = ys.begin();
   const int64_t n = static_cast<int64_t>(ws.size()), in = w[0]->in_features();
   TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
+  TORCH_INTERNAL_ASSERT(limit == 0 || (n == 1 && limit <= w[0]->out_features()));
   LayerColumns columns;
   bool any_q4 = false, any_q8 = false;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_INTERNAL_ASSERT(w[i]->in_features() == in);
-    columns.add(w[i]->out_features());
+    columns.add(limit > 0 ? limit : w[i]->out_features());
     any_q4 = any_q4 || is_q4(*w[i]);
     any_q8 = any_q8 || !is_q4(*w[i]);
   }
@@ -185,16 +186,54 @@ void QuantizedDecoder::check_cache(const std::vector<at::Tensor>& caches, const 
   }
 }
 
+void QuantizedDecoder::head(int64_t rows, float* logits, int64_t head_rows,
+                            const std::vector<int64_t>& extra_rows) {
+  if (head_rows == 0 || head_rows >= vocab_) {
+    linear(head_, h_.data(), rows, logits);
+    return;
+  }
+  // linear() leaves the normed x's group sums (Q4_1) or codes (int8) in the scratch: the extra rows reuse
+  // them.
+  linear(head_, h_.data(), rows, logits, head_rows);
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(logits + r * vocab_ + head_rows, logits + (r + 1) * vocab_, kNone);
+  const bool q4 = is_q4(head_);
+  const auto format = q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
+  const float* min = q4 ? head_.min.const_data_ptr<float>() : nullptr;
+  const float* bias = head_.bias.defined() ? head_.bias.const_data_ptr<float>() : nullptr;
+  const float* sums = q4 ? xsum_.data() : nullptr;
+  for (const int64_t id : extra_rows) {
+    if (id < head_rows) continue;  // computed already
+    if (config_.int8_activations) {
+      core::quantized_linear_int8(q4 ? xq4_.data() : xq8_.data(), xscale_.data(), sums, rows, hidden_,
+                                  head_.codes.const_data_ptr(), format, head_.scale.const_data_ptr<float>(),
+                                  min, bias, logits, vocab_, id, id + 1);
+    } else {
+      core::quantized_linear(h_.data(), sums, rows, hidden_, head_.codes.const_data_ptr(), format,
+                             head_.scale.const_data_ptr<float>(), min, bias, logits, vocab_, id, id + 1);
+    }
+  }
+}
+
 at::Tensor QuantizedDecoder::step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
-                                  const std::vector<at::Tensor>& values) {
-  return step_rows({token}, {position}, {keys}, {values})[0];
+                                  const std::vector<at::Tensor>& values, int64_t head_rows,
+                                  const std::vector<int64_t>& extra_rows) {
+  return step_rows({token}, {position}, {keys}, {values}, head_rows, extra_rows)[0];
 }
 
 at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
                                        const std::vector<int64_t>& positions,
                                        const std::vector<std::vector<at::Tensor>>& keys,
-                                       const std::vector<std::vector<at::Tensor>>& values) {
+                                       const std::vector<std::vector<at::Tensor>>& values, int64_t head_rows,
+                                       const std::vector<int64_t>& extra_rows) {
   const int64_t B = static_cast<int64_t>(tokens.size());
+  TORCH_CHECK_VALUE(head_rows >= 0 && head_rows <= vocab_, "QuantizedDecoder.step: head_rows must be in [0, ",
+                    vocab_, "] (0: the whole head), got ", head_rows);
+  for (const int64_t id : extra_rows) {
+    TORCH_CHECK_VALUE(id >= 0 && id < vocab_, "QuantizedDecoder.step: extra_rows holds ", id,
+                      ", outside the vocabulary [0, ", vocab_, ")");
+  }
   TORCH_CHECK_VALUE(B >= 1 && positions.size() == tokens.size() && keys.size() == tokens.size() &&
                         values.size() == tokens.size(),
                     "QuantizedDecoder.step_rows: one token, position, keys and values per row; got ", B,
@@ -331,7 +370,7 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
     core::rms_norm(x_.data() + r * hidden_, final_norm_.const_data_ptr<float>(), config_.eps, hidden_,
                    h_.data() + r * hidden_);
   at::Tensor logits = at::empty({B, vocab_}, at::kFloat);  // [B, vocab]
-  linear(head_, h_.data(), B, logits.mutable_data_ptr<float>());
+  head(B, logits.mutable_data_ptr<float>(), head_rows, extra_rows);
   return logits;
 }
 

@@ -72,14 +72,23 @@ class QuantizedDecoder {
   // Logits [vocab] float32 of `token` at `position`, its keys and values written into row `position`
   // of keys[l] and values[l] (one per layer, the layout above). One step at a time (a lock: the scratch
   // is the decoder's, and one decoder serves every generation of its model).
+  //
+  // head_rows > 0 computes the logits of the head's first head_rows rows and of the rows `extra_rows` (ids in
+  // [head_rows, vocab)) only, every other logit -inf: a draft's vocabulary. Why: the head is a quarter of the
+  // draft's bytes (SmolLM2-135M: 28 of 112 MB), and a BPE vocabulary's ids follow its merges, the most
+  // frequent first, so the first rows and the sequence's own tokens hold almost every token a draft needs;
+  // a token outside them is never proposed, which costs acceptance, never the output (the target verifies).
   at::Tensor step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
-                  const std::vector<at::Tensor>& values);
+                  const std::vector<at::Tensor>& values, int64_t head_rows = 0,
+                  const std::vector<int64_t>& extra_rows = {});
   // step() for B rows at once, each its own sequence: row r's token at positions[r] against its own
   // caches keys[r], values[r] (distinct buffers); logits [B, vocab]. The linear layers take every row in
   // one pass over the weights, so B sequences drafting together read the 4-bit weights once a step.
+  // head_rows and extra_rows as step()'s, the same for every row.
   at::Tensor step_rows(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
                        const std::vector<std::vector<at::Tensor>>& keys,
-                       const std::vector<std::vector<at::Tensor>>& values);
+                       const std::vector<std::vector<at::Tensor>>& values, int64_t head_rows = 0,
+                       const std::vector<int64_t>& extra_rows = {});
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   bool int8_activations() const { return config_.int8_activations; }
@@ -87,11 +96,14 @@ class QuantizedDecoder {
  private:
   // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i].out_features()], in one
   // parallel region, their output columns one range split across the threads (decode/layer_columns.h).
+  // `columns` > 0: only the first `columns` output columns of a single layer (y's rows keep its full width).
   void linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
-              std::initializer_list<float*> ys);
-  void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y) {
-    linear({&w}, x, rows, {y});
+              std::initializer_list<float*> ys, int64_t columns = 0);
+  void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y, int64_t columns = 0) {
+    linear({&w}, x, rows, {y}, columns);
   }
+  // The head's logits [rows, vocab] of the normed x (h_), all of them or a draft's vocabulary (step()).
+  void head(int64_t rows, float* logits, int64_t head_rows, const std::vector<int64_t>& extra_rows);
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t position) const;
 
   at::Tensor embed_, final_norm_, inv_freq_;

