@@ -511,6 +511,11 @@ def test_weights_written_in_place_rebuild():
             if name.endswith("down_proj.weight"):
                 t.mul_(3.0)
     model.load_state_dict(state)
+    _rebuilt_and_new(model, first, tol=1e-4)
+
+
+def _rebuilt_and_new(model, first, tol: float) -> None:
+    """``model``'s forward is a new one, kept, and its logits over 3 tokens are HF's on the weights now."""
     second = nf.native_forward(model)
     assert second is not first and nf.native_forward(model) is second
     ref, got = _pair(model, 5, capacity=16)
@@ -518,7 +523,34 @@ def test_weights_written_in_place_rebuild():
     with torch.inference_mode():
         want, _ = ref.forward(tokens, None, torch.arange(5, 8)[None], None, 5, False)
         have, _ = got.forward(tokens, None, torch.arange(5, 8)[None], None, 5, False)
-    torch.testing.assert_close(have, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(have.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_written_through_data_rebuild(dtype):
+    """A write through ``.data`` (as PEFT's merge_and_unload adds a LoRA's delta) leaves torch's version
+    counter as it was: the forward's sampled values see it, for a linear weight (packed in panels) and for a
+    norm (a bfloat16 model's are widened copies); the new forward's logits are the new weights' (HF's)."""
+    model = _build("llama").to(dtype)
+    for write in (
+        lambda m: m.model.layers[0].mlp.down_proj.weight.data.add_(0.05),
+        lambda m: m.model.layers[1].input_layernorm.weight.data.mul_(1.5),
+    ):
+        first = nf.native_forward(model)
+        assert nf.native_forward(model) is first  # nothing written: kept
+        write(model)
+        _rebuilt_and_new(model, first, tol=1e-4 if dtype == torch.float32 else 0.1)
+
+
+def test_sampled_bits_compare_nans_and_take_every_tensor():
+    nan = torch.tensor([1.0, float("nan"), 3.0])
+    assert torch.equal(nf.sampled_bits([nan]), nf.sampled_bits([nan.clone()]))  # a NaN equals itself
+    big = torch.zeros(1000)
+    bits = nf.sampled_bits([big, torch.zeros(3, dtype=torch.bfloat16)])
+    assert bits.dtype == torch.int64 and bits.numel() == len(range(0, 1000, 1000 // nf.SAMPLES)) + 3
+    big[1000 // nf.SAMPLES * 3] = 1.0  # a sampled element
+    assert not torch.equal(nf.sampled_bits([big, torch.zeros(3, dtype=torch.bfloat16)]), bits)
+    assert nf.sampled_bits([]).numel() == 0
 
 
 def test_greedy_with_processors_runs_native():

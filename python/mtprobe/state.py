@@ -46,9 +46,12 @@ class ModelState:
     class of their top-2 logit margin, counted over the process's generations (``DraftModelConfig.stop_below``)."""
     native: Any = None
     """Its own forward in C++ (:mod:`mtprobe.target_model.native_forward`), or None where HF's runs."""
-    native_key: tuple[tuple[int, int], ...] = ()
-    """The address and version counter of each weight ``native`` packed: replaced or rewritten weights make a
-    new one."""
+    native_key: tuple[Any, ...] = ()
+    """The panels' switch and the address and version counter of each parameter when ``native`` was built:
+    replaced or rewritten parameters make a new one."""
+    native_bits: Any = None
+    """Sampled values of every parameter when ``native`` was built (``native_forward.sampled_bits``): a write
+    through ``.data``, which the version counter misses, makes a new one."""
     native_reason: str | None = None
     """Why HF's forward runs (``""`` where ``native`` does; None: not decided yet)."""
     ngram_memories: dict[tuple[int, int, int], Any] = field(default_factory=dict)

@@ -260,10 +260,11 @@ def _hooks(module: torch.nn.Module) -> bool:
 
 def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
     """The C++ forward of ``model``, or ``None`` where HF's runs (:func:`why_not_native`, logged once per
-    model and reason). Built once per model and kept in its state; rebuilt when its weights were replaced or
-    written in place (torch's version counter: ``copy_``, ``load_state_dict``, an optimizer's step; a write
-    through ``.data``, which torch does not count, is not seen). ValueError where ``MTPROBE_NATIVE_FORWARD=1``
-    and it cannot run."""
+    model and reason). Built once per model and kept in its state; rebuilt when a parameter was replaced or
+    written in place: torch's version counter (``copy_``, ``load_state_dict``, an optimizer's step) or, for a
+    write through ``.data``, which torch does not count (PEFT's ``merge_and_unload`` adds to ``weight.data``),
+    a change in any of :data:`SAMPLES` values spread over each parameter (:func:`sampled_bits`). ValueError
+    where ``MTPROBE_NATIVE_FORWARD=1`` and it cannot run."""
     reason = why_not_native(model)
     state = state_of(model)
     if reason:
@@ -273,13 +274,34 @@ def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
             logger.info("mtprobe: the target's forwards run through HF's modules (%s)", reason)
         state.native, state.native_reason = None, reason
         return None
-    weights = _weights(model)
-    # Replaced weights (load_state_dict(assign=True)) and weights written in place rebuild: the forward reads
-    # its packed copies of them.
-    key = (panels(), *((t.data_ptr(), t._version) for t in weights.values()))
-    if state.native is None or state.native_key != key:
-        state.native, state.native_key, state.native_reason = _build(model, weights), key, ""
+    # Replaced parameters (load_state_dict(assign=True)) and parameters written in place rebuild: the forward
+    # reads its own copies of some (the panels; a bfloat16 model's norms and biases widened).
+    params = [t.detach() for t in model.parameters()]
+    key = (panels(), *((t.data_ptr(), t._version) for t in params))
+    bits = sampled_bits(params)
+    if state.native is None or state.native_key != key or not torch.equal(state.native_bits, bits):
+        state.native, state.native_key, state.native_reason = _build(model, _weights(model)), key, ""
+        state.native_bits = bits
     return state.native
+
+
+SAMPLES = 16
+"""Values of each parameter :func:`native_forward` compares between calls (:func:`sampled_bits`)."""
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def sampled_bits(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """About :data:`SAMPLES` values of each tensor, evenly spaced over it, as their bits (so that a NaN equals
+    itself): [~SAMPLES * len(tensors)] int64. Why: a write through ``.data`` leaves torch's version counter
+    as it was; one that rewrites a whole tensor (loading or merging weights) changes these values too. A write
+    to a few elements between them goes unseen. Costs about a millisecond for SmolLM2's 272 tensors."""
+    parts = []
+    for t in tensors:
+        flat = t.reshape(-1)
+        part = flat[:: max(1, flat.numel() // SAMPLES)]
+        parts.append(part.view(_SAME_SIZE_INT[part.element_size()]).long())
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
 def _weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
