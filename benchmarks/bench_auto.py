@@ -67,7 +67,7 @@ from mtprobe.cpu import linear_routes, quantized_linear
 from mtprobe.cpu.machine import cpu_isa, cpu_name
 from mtprobe.specbench.questions import TASKS, first_per_category, load_questions, task_of
 from mtprobe.state import state_of
-from mtprobe.target_model import native_forward
+from mtprobe.target_model import native_forward, weight_codes
 from mtprobe.target_model import self_draft as draft_model
 
 MEMORY = 1 << 18  # the harness's --shared-ngram-memory size
@@ -140,6 +140,8 @@ INTERLEAVED = (
     "mtprobe plain",
     "auto",
     "auto (whole draft head)",
+    "mtprobe plain (float32 weights)",
+    "auto (float32 weights)",
     "auto fixed q8_0",
     "auto whole chains",
     "mtprobe plain (HF target forward)",
@@ -488,6 +490,7 @@ def run_interleaved(args: argparse.Namespace) -> int:
         hf_draft: bool = False,
         hf_target: bool = False,
         whole_head: bool = False,
+        float_weights: bool = False,
     ) -> Callable[[torch.Tensor], Row]:
         # What AutoConfig carries from one generation to the next (a draft's measured cost and
         # acceptance), kept per row: rows share the model, and one row's draft costs are not another's.
@@ -498,11 +501,16 @@ def run_interleaved(args: argparse.Namespace) -> int:
             draft = environ(draft_model.DECODER_ENV, "0") if hf_draft else contextlib.nullcontext()
             target = environ(native_forward.ENV, "0") if hf_target else contextlib.nullcontext()
             head = environ(draft_model.VOCAB_ENV, "0") if whole_head else contextlib.nullcontext()
+            codes = environ(weight_codes.ENV, "0") if float_weights else contextlib.nullcontext()
             state_of(model).carried = carried
-            with forced, draft, target, head:
+            with forced, draft, target, head, codes:
                 out = mtprobe.generate(model, ids, config, max_new_tokens=n, do_sample=False)
             # The decode blocks' forward: mtprobe's own (its linear layers are its own too), or HF's and its routes.
-            ran = out.target_forward if out.target_forward == native_forward.VERSION else out.linear_routes
+            ran = (
+                out.target_forward
+                if out.target_forward.startswith(native_forward.VERSION)
+                else out.linear_routes
+            )
             t = out.timings
             split = {
                 "prefill_s": t["prefill_s"],
@@ -555,6 +563,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
         # The quantized self-draft's C++ step computing its whole head (the default; the other rows take
         # MTPROBE_DRAFT_VOCAB from the environment: self_draft.VOCAB_ENV).
         "auto (whole draft head)": mt(mtprobe.AutoConfig(), whole_head=True),
+        # The C++ forward on the float32 weights only, where it found their own codes (MTPROBE_NATIVE_CODES=0).
+        "mtprobe plain (float32 weights)": mt(mtprobe.PlainConfig(), float_weights=True),
+        "auto (float32 weights)": mt(mtprobe.AutoConfig(), float_weights=True),
         # Every target forward through transformers' modules, as before mtprobe's own C++ forward (issue 67).
         "mtprobe plain (HF target forward)": mt(mtprobe.PlainConfig(), hf_target=True),
         "auto (HF target forward)": mt(mtprobe.AutoConfig(), hf_target=True),
@@ -699,6 +710,9 @@ def run_interleaved(args: argparse.Namespace) -> int:
         "with every linear in 8 bits / the attention's in 8 and the MLP's in 4; "
         f"`auto (whole draft head)` the same with `{draft_model.VOCAB_ENV}=0` (the self-draft's whole head, the "
         "default; the other rows take the variable from the command's environment); "
+        f"`mtprobe plain (float32 weights)` / `auto (float32 weights)` the same with `{weight_codes.ENV}=0` (the C++ "
+        "forward on the float32 weights at every block size, their 4/8-bit codes unused where it found them, as "
+        "before 2026-12-01 12:00); "
         f"`auto-stock` the same with `{linear_routes.ENV}={linear_routes.STOCK}` (torch's linear on every "
         "forward); `auto without draft` `AutoConfig(drafters=(PromptLookupConfig(), StandConfig(block_complexity=10)))`; "
         "`quantized draft K` "

@@ -21,7 +21,8 @@ decides). Every answer must be token-identical to HF greedy's.
 AVX2 and AVX-512 forms on the row-major weights and the panel kernel's on the weights packed (what ``TargetForward``'s
 ``small_rows``, ``wide_rows`` and ``panels`` choose between), the weights streamed from memory; then each layer
 shape's arithmetic with its weight in cache.
-``--curve --row-major``: the C++ forward with its panels and without them, side by side.
+``--curve --row-major``: the C++ forward with its panels and without them, side by side; ``--curve --float-weights``:
+with the weights' own codes (where it found them, :mod:`mtprobe.target_model.weight_codes`) and without them.
 ``--prefill``: one prompt's prefill through HF's forward and the C++ forward.
 """
 
@@ -59,6 +60,7 @@ def curve(
     repeats: int,
     wide_rows: list[int] | None = None,
     row_major: bool = False,
+    float_weights: bool = False,
 ) -> list[str]:
     routes = choose_linear_routes(model)
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -80,6 +82,11 @@ def curve(
         args, kwargs = nf.arguments(model)
         other = _C.TargetForward(*args, **(kwargs | {"panels": False}))
         rows["C++ row-major"] = HFAdapter(model, capacity, checked=True, native=other)
+    # The C++ forward on the float32 weights only, their codes unused (TargetForward's quantized_rows=0).
+    if float_weights:
+        args, kwargs = nf.arguments(model)
+        other = _C.TargetForward(*args, **(kwargs | {"quantized_rows": 0}))
+        rows["C++ float32 weights"] = HFAdapter(model, capacity, checked=True, native=other)
     lines = [
         "",
         "Median ms of one forward of T inputs (a chain) after C cached positions; rows interleaved forward "
@@ -335,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         help="--curve: also the C++ forward on the model's own row-major weights (TargetForward's panels=False)",
     )
     p.add_argument(
+        "--float-weights",
+        action="store_true",
+        help="--curve: also the C++ forward without the weights' 4/8-bit codes where it found them "
+        "(TargetForward's quantized_rows=0: the float32 weights at every block size)",
+    )
+    p.add_argument(
         "--small-rows",
         help="--prefill: also the C++ forward with the small-batch kernels up to each of these block sizes, e.g. "
         "40,128 (TargetForward's small_rows; larger blocks take the GEMM)",
@@ -372,9 +385,19 @@ def main(argv: list[str] | None = None) -> int:
             f"- extension: `{EXTENSION}` (another build of mtprobe._C, loaded in place of the installed one)"
         )
     lines.append(f"- {linear_routes.ENV}={os.environ.get(linear_routes.ENV, '(unset)')}")
+    lines.append(
+        f"- the C++ forward: `{nf.describe(model)}` (`+ codes`: blocks of a few inputs on the weights' own codes)"
+    )
     if args.curve:
         wide = [int(w) for w in args.wide_rows.split(",")] if args.wide_rows else None
-        lines += curve(model, [int(c) for c in args.contexts.split(",")], args.repeats, wide, args.row_major)
+        lines += curve(
+            model,
+            [int(c) for c in args.contexts.split(",")],
+            args.repeats,
+            wide,
+            args.row_major,
+            args.float_weights,
+        )
         if args.llama_cpp_bench:
             lines += llama_cpp(args.llama_cpp_bench, args.gguf, args.threads)
     elif args.kernels:

@@ -220,6 +220,7 @@ def test_deferred_imports_have_a_reason() -> None:
 FLOORS: dict[str, int] = {
     # 1: what everything needs, importing nothing above it
     "mtprobe._jsonl": 1,
+    "mtprobe._env": 1,
     "mtprobe.registry": 1,
     "mtprobe.identity": 1,
     "mtprobe.state": 1,
@@ -247,7 +248,7 @@ FLOORS: dict[str, int] = {
     "mtprobe": 9,
 }
 # Modules of floor 1 that import nothing of the package at all (the extension aside).
-ALONE = ("mtprobe.identity", "mtprobe.state", "mtprobe.registry", "mtprobe.models")
+ALONE = ("mtprobe.identity", "mtprobe.state", "mtprobe.registry", "mtprobe.models", "mtprobe._env")
 
 
 def floor_of(module: str) -> int | None:

@@ -520,3 +520,29 @@ def test_rejection_rule_with_sibling_drafts_is_exact(told_q):
         assert pval > ALPHA, f"first tokens differ from p_0 (chi-square p = {pval:.2e}): {counts.tolist()}"
     else:
         assert pval < ALPHA, f"missed a rejection rule told the wrong q (p = {pval:.2e}): {counts.tolist()}"
+
+
+def test_sampling_on_the_weights_codes_is_exact(tiny, monkeypatch):
+    """A model whose weights are 4- and 8-bit values: the C++ forward runs its blocks of a few inputs on their
+    codes (mtprobe.target_model.weight_codes), and sampling stays exact."""
+    import copy
+
+    from mtprobe.cpu import quantized_linear as ql
+    from mtprobe.decode import batch as batch_module
+    from mtprobe.target_model import native_forward as nf
+    from mtprobe.target_model import weight_codes
+
+    if weight_codes.quantized_rows() < 4:
+        pytest.skip("this CPU runs no block of 4 inputs on the codes")
+    model = copy.deepcopy(tiny)
+    head = model.get_output_embeddings()
+    with torch.no_grad():  # every linear weight onto the Q4_1 grid, the head onto Q8_0's
+        for _, module in nf._linears(model):
+            fmt = "q8_0" if module is head else "q4_1"
+            module.weight.copy_(ql.dequantize(ql.quantize(module.weight, fmt)))
+    monkeypatch.setenv(batch_module.ENV, "0")  # one sequence at a time: blocks of 1 to 4 inputs
+    prompt = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2]])
+    counts = sample_pairs(model, prompt, mtprobe.PromptLookupConfig(num_tokens=3), seed=7)
+    assert nf.describe(model) == nf.VERSION + nf.CODES
+    p = chi_square_pvalue(counts, exact_pair_distribution(model, prompt))
+    assert p > ALPHA, f"sampled pairs differ from the target distribution (chi-square p = {p:.2e})"

@@ -27,8 +27,16 @@ at::Tensor required(const Tensors& t, const std::string& key, const std::string&
   return it->second;
 }
 
+// name.weight and name.bias; name.codes, name.scale and name.min: its quantized codes, where it has them.
 TargetLinear linear(const Tensors& t, const std::string& name, const std::string& where) {
-  return {required(t, name + ".weight", where), optional(t, name + ".bias")};
+  TargetLinear w{required(t, name + ".weight", where), optional(t, name + ".bias")};
+  w.quantized.codes = optional(t, name + ".codes");
+  w.quantized.scale = optional(t, name + ".scale");
+  w.quantized.min = optional(t, name + ".min");
+  TORCH_CHECK_VALUE(
+      w.quantized.codes.defined() || !(w.quantized.scale.defined() || w.quantized.min.defined()),
+      "TargetForward: ", where, " has ", name, ".scale or ", name, ".min but no ", name, ".codes");
+  return w;
 }
 
 }  // namespace
@@ -64,7 +72,7 @@ void bind_target_forward(py::module_& m) {
                        const Tensors& head, at::Tensor inv_freq, int64_t heads, int64_t kv_heads, double eps,
                        double scale, double rope_scaling, int64_t small_rows, int64_t wide_rows,
                        const std::vector<int64_t>& windows, double embed_scale, const std::string& activation,
-                       bool panels) {
+                       bool panels, int64_t quantized_rows) {
              check_windows(windows, layers.size(), "TargetForward");
              std::vector<TargetLayer> built;
              for (size_t l = 0; l < layers.size(); ++l) {
@@ -91,6 +99,7 @@ void bind_target_forward(py::module_& m) {
              config.small_rows = small_rows;
              config.wide_rows = wide_rows;
              config.panels = panels;
+             config.quantized_rows = quantized_rows;
              return std::make_shared<TargetForward>(std::move(embed), std::move(built), std::move(final_norm),
                                                     linear(head, "head", "head"), std::move(inv_freq),
                                                     config);
@@ -99,7 +108,7 @@ void bind_target_forward(py::module_& m) {
            py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
            py::arg("rope_scaling"), py::arg("small_rows") = 64, py::arg("wide_rows") = 6,
            py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
-           py::arg("activation") = "silu", py::arg("panels") = true)
+           py::arg("activation") = "silu", py::arg("panels") = true, py::arg("quantized_rows") = 0)
       .def("forward", &TargetForward::forward, py::arg("tokens"), py::arg("embeds"), py::arg("positions"),
            py::arg("mask"), py::arg("prefix_len"), py::arg("keys"), py::arg("values"), py::arg("want_hidden"),
            py::arg("logits_from") = 0,
@@ -114,6 +123,11 @@ void bind_target_forward(py::module_& m) {
       .def_property_readonly("num_layers", &TargetForward::num_layers)
       .def_property_readonly("panel_bytes", &TargetForward::panel_bytes,
                              "bytes of the weights' copies packed in panels (0 when built with panels=False)")
+      .def_property_readonly("quantized_bytes", &TargetForward::quantized_bytes,
+                             "bytes of the linear layers' quantized codes, scales and minima (0 where none)")
+      .def_property("quantized_rows", &TargetForward::quantized_rows, &TargetForward::set_quantized_rows,
+                    "blocks of up to this many inputs run on the codes where a call's layers have them (0: "
+                    "never); may change between forwards")
       .def_property_readonly("vocab_size", &TargetForward::vocab_size)
       .def_property_readonly("kv_heads", &TargetForward::kv_heads)
       .def_property_readonly("head_dim", &TargetForward::head_dim)

