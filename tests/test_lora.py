@@ -237,7 +237,9 @@ def test_the_folded_draft_is_the_draft(model, lora_heads):
             torch.testing.assert_close(
                 whole.float(), want, atol=scale * tol["atol"], rtol=scale * tol["rtol"]
             )
-            torch.testing.assert_close(chunks, whole, **tolerance(dtype or torch.float32))
+            # Blocks of 5, 1 and 3 rows may take other matmul kernels than the 9 rows at once (other
+            # accumulation orders): in bfloat16 a 1-ulp difference in one layer's output carries on.
+            torch.testing.assert_close(chunks, whole, atol=scale * tol["atol"], rtol=scale * tol["rtol"])
             # Its weights are its own: changing them leaves the backbone and the trained draft alone.
             folded.layers[0].mlp.up_proj.weight.add_(1.0)
             torch.testing.assert_close(draft(x, pos), want, atol=0, rtol=0)
