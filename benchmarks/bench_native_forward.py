@@ -61,6 +61,7 @@ def curve(
     wide_rows: list[int] | None = None,
     row_major: bool = False,
     float_weights: bool = False,
+    quantized_rows: list[int] | None = None,
 ) -> list[str]:
     routes = choose_linear_routes(model)
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -87,6 +88,11 @@ def curve(
         args, kwargs = nf.arguments(model)
         other = _C.TargetForward(*args, **(kwargs | {"quantized_rows": 0}))
         rows["C++ float32 weights"] = HFAdapter(model, capacity, checked=True, native=other)
+    # The C++ forward on the weights' codes up to other block sizes (TargetForward's quantized_rows).
+    for q in quantized_rows or []:
+        args, kwargs = nf.arguments(model)
+        other = _C.TargetForward(*args, **(kwargs | {"quantized_rows": q}))
+        rows[f"C++ quantized_rows={q}"] = HFAdapter(model, capacity, checked=True, native=other)
     lines = [
         "",
         "Median ms of one forward of T inputs (a chain) after C cached positions; rows interleaved forward "
@@ -348,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         "(TargetForward's quantized_rows=0: the float32 weights at every block size)",
     )
     p.add_argument(
+        "--quantized-rows",
+        help="--curve: also the C++ forward on the weights' 4/8-bit codes up to each of these block sizes, e.g. "
+        "8,16 (TargetForward's quantized_rows; the default is the row 'mtprobe C++')",
+    )
+    p.add_argument(
         "--small-rows",
         help="--prefill: also the C++ forward with the small-batch kernels up to each of these block sizes, e.g. "
         "40,128 (TargetForward's small_rows; larger blocks take the GEMM)",
@@ -397,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             wide,
             args.row_major,
             args.float_weights,
+            [int(q) for q in args.quantized_rows.split(",")] if args.quantized_rows else None,
         )
         if args.llama_cpp_bench:
             lines += llama_cpp(args.llama_cpp_bench, args.gguf, args.threads)
