@@ -37,8 +37,9 @@ converts each code to float32 before its multiply-adds and takes 4 inputs a pass
 inputs its arithmetic, not the stream, sets its pace. On a 2-core AMD EPYC with AVX2 only (family 25 model 1),
 SmolLM2-135M after 128 cached positions: 1 input 8.8 against 22.9 ms on the float32 weights, 4 inputs 14.9
 against 22.9, 6 inputs 23.5 against 24.7, 8 inputs 29.5 against 39.0, 13 inputs even; after 512, 6 inputs even
-(benchmarks/results/native_forward/codes-curve.md). AVX-512's 4 is not measured: its panels are faster (13
-inputs in 24.8 ms on a Zen 4), so its crossover is put lower; the portable loop is slow."""
+(benchmarks/results/native_forward/codes-curve.md). On a 2-core AMD EPYC Zen 4 (AVX-512), after 128 positions:
+1 input 6.7 against 19.7 ms, 4 inputs 12.7 against 20.2, 6 inputs 19.5 against 20.3, 8 inputs 25.0 against 21.9
+(codes-curve-zen4.md): its panels are faster, so its crossover is lower. The portable loop is slow."""
 
 TOLERANCE = 4.0
 """A weight's codes are kept where they reproduce every value to within this many float32 epsilons of its group's
