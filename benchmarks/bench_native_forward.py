@@ -73,26 +73,19 @@ def curve(
         "HF stock": HFAdapter(model, capacity, checked=True),
         "mtprobe C++": HFAdapter(model, capacity, checked=True, native=native),
     }
-    # The C++ forward again with its AVX-512 kernel up to other block sizes (TargetForward's wide_rows).
-    for w in wide_rows or []:
+    # Other builds of the C++ forward, each one TargetForward argument changed: its AVX-512 kernel up to other
+    # block sizes (wide_rows); the model's own row-major weights, no panels; the float32 weights only, their
+    # codes unused (quantized_rows=0); the codes up to other block sizes. nf.arguments (which finds the codes)
+    # runs once.
+    variants = {f"C++ wide_rows={w}": {"wide_rows": w} for w in wide_rows or []}
+    variants |= {"C++ row-major": {"panels": False}} if row_major else {}
+    variants |= {"C++ float32 weights": {"quantized_rows": 0}} if float_weights else {}
+    variants |= {f"C++ quantized_rows={q}": {"quantized_rows": q} for q in quantized_rows or []}
+    if variants:
         args, kwargs = nf.arguments(model)
-        other = _C.TargetForward(*args, **(kwargs | {"wide_rows": w}))
-        rows[f"C++ wide_rows={w}"] = HFAdapter(model, capacity, checked=True, native=other)
-    # The C++ forward on the model's own row-major weights, no panels (TargetForward's panels=False).
-    if row_major:
-        args, kwargs = nf.arguments(model)
-        other = _C.TargetForward(*args, **(kwargs | {"panels": False}))
-        rows["C++ row-major"] = HFAdapter(model, capacity, checked=True, native=other)
-    # The C++ forward on the float32 weights only, their codes unused (TargetForward's quantized_rows=0).
-    if float_weights:
-        args, kwargs = nf.arguments(model)
-        other = _C.TargetForward(*args, **(kwargs | {"quantized_rows": 0}))
-        rows["C++ float32 weights"] = HFAdapter(model, capacity, checked=True, native=other)
-    # The C++ forward on the weights' codes up to other block sizes (TargetForward's quantized_rows).
-    for q in quantized_rows or []:
-        args, kwargs = nf.arguments(model)
-        other = _C.TargetForward(*args, **(kwargs | {"quantized_rows": q}))
-        rows[f"C++ quantized_rows={q}"] = HFAdapter(model, capacity, checked=True, native=other)
+        for name, change in variants.items():
+            other = _C.TargetForward(*args, **(kwargs | change))
+            rows[name] = HFAdapter(model, capacity, checked=True, native=other)
     lines = [
         "",
         "Median ms of one forward of T inputs (a chain) after C cached positions; rows interleaved forward "
