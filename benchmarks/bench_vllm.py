@@ -68,19 +68,37 @@ DEFAULT_CONFIGS = [label for label in CONFIGS if "unpriced" not in label]
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One engine: every concurrency level over the prompts; prints one RESULT line of JSON."""
+    """Engines in turn, one per configuration of ``--config`` (a JSON list; null for no speculation), each
+    over every concurrency level; prints one RESULT line of JSON, a list with an entry per engine."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    import gc
+
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    prompts = json.loads(Path(args.prompts).read_text())
+    out = []
+    for config in json.loads(args.config):
+        out.append(engine_levels(args, config, prompts))
+        # The engine core ran in this process: its model-parallel groups go with it, or the next engine's
+        # would find them already set up.
+        destroy_model_parallel()
+        destroy_distributed_environment()
+        gc.collect()
+    print("RESULT " + json.dumps(out))
+
+
+def engine_levels(args: argparse.Namespace, config: dict | None, prompts: list[list[int]]) -> dict:
+    """One engine with ``config``: every concurrency level over ``prompts``."""
     from vllm import LLM, SamplingParams
 
     from mtprobe.vllm import speculative_config
 
-    config = json.loads(args.config) if args.config else None
     spec = None
     if config:
+        config = dict(config)
         price_steps = config.pop("price_steps", True)
         spec = config["vllm"] if "vllm" in config else speculative_config(config, price_steps=price_steps)
-    prompts = json.loads(Path(args.prompts).read_text())
     llm = LLM(
         model=args.worker,
         dtype="float32",
@@ -126,17 +144,22 @@ def worker(args: argparse.Namespace) -> None:
             "pricer": drafter.pricer.summary() if getattr(drafter, "pricer", None) else None,
             "proposer": dataclasses.asdict(drafter.stats) if hasattr(drafter, "stats") else None,
         }
-    print("RESULT " + json.dumps(out))
+    llm.llm_engine.engine_core.shutdown()
+    return out
 
 
-def run_engine(folder: str, config: dict | None, prompts_file: str, args: argparse.Namespace) -> dict:
+def run_engines(
+    folder: str, configs: list[dict | None], prompts_file: str, args: argparse.Namespace
+) -> list[dict]:
+    """Each of ``configs`` in an engine of its own, one after another in one worker process (vLLM's import
+    paid once): a result per engine, by concurrency level."""
     cmd = [str(VLLM_PYTHON), __file__, "--worker", folder, "--prompts", prompts_file]
-    cmd += ["--config", json.dumps(config) if config else "", "--max-new-tokens", str(args.max_new_tokens)]
+    cmd += ["--config", json.dumps(configs), "--max-new-tokens", str(args.max_new_tokens)]
     cmd += ["--concurrency", *map(str, args.concurrency)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the engine for {config} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"the engines for {configs} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -193,7 +216,7 @@ def main() -> None:
             order = args.configs[r % len(args.configs) :] + args.configs[: r % len(args.configs)]
             for label in order:
                 print(f"repeat {r + 1}: {label}", flush=True)
-                results[label].append(run_engine(folder, CONFIGS[label], prompts_file, args))
+                results[label] += run_engines(folder, [CONFIGS[label]], prompts_file, args)
 
     write_report(args.out, report(args, results, weights, len(prompts), run_lines("smollm2-135m")))
 

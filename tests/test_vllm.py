@@ -272,17 +272,17 @@ def test_rows_that_move_keep_their_drafters(greedy_answers):
     assert proposer.propose([[], [1]], np.array([5, 2047, 0, 0]), moved) == [[], []]
 
 
-def vllm_run(config, prompts: list[list[int]], tmp_path, max_tokens: int = 32) -> dict:
-    """One engine of benchmarks/bench_vllm.py's worker (vLLM's offline LLM in build/vllm-env, float32, eager)
-    over ``prompts`` sent at once: their answers and vLLM's speculative-decoding counters."""
+def vllm_runs(configs, prompts: list[list[int]], tmp_path, max_tokens: int = 32) -> list[dict]:
+    """Engines of benchmarks/bench_vllm.py's worker (vLLM's offline LLM in build/vllm-env, float32, eager),
+    one per configuration (None: no speculation), in one process, each over ``prompts`` sent at once:
+    their answers and vLLM's speculative-decoding counters."""
     bench = load_benchmark("bench_vllm")
     prompts_file = tmp_path / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
     args = types.SimpleNamespace(max_new_tokens=max_tokens, concurrency=[len(prompts)])
     folder = str(models.resolve("smollm2-135m"))
-    return bench.run_engine(folder, config.to_dict() if config else None, str(prompts_file), args)[
-        str(len(prompts))
-    ]
+    dicts = [config.to_dict() if config else None for config in configs]
+    return [got[str(len(prompts))] for got in bench.run_engines(folder, dicts, str(prompts_file), args)]
 
 
 @pytest.mark.skipif(
@@ -301,10 +301,9 @@ def test_vllm_engine_drafts_with_every_hosted_configuration(smollm2, tmp_path):
         "What is the capital of France?",
     ]
     prompts = [chat_ids(tokenizer, [{"role": "user", "content": q}])[0].tolist() for q in questions]
-    plain = vllm_run(None, prompts, tmp_path)
+    plain, *runs = vllm_runs([None, *HOSTED.values()], prompts, tmp_path)
     assert plain["drafted"] == 0 and all(len(t) > 0 for t in plain["answers"])
-    for name, config in HOSTED.items():
-        got = vllm_run(config, prompts, tmp_path)
+    for name, got in zip(HOSTED, runs, strict=True):
         assert got["answers"] == plain["answers"], f"{name}: vLLM's tokens changed with mtprobe's drafts"
         assert got["accepted"] > 0, f"{name}: vLLM accepted none of {got['drafted']} drafts"
 
