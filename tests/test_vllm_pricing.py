@@ -152,13 +152,17 @@ def test_drafts_pay_when_tokens_are_cheap_and_not_when_a_batch_is_bound_by_arith
 def test_an_unmeasured_drafter_is_measured_first_then_priced():
     pricer = measured(2, 4, 0.02, 0.002, [[0.1] * len(STATES), [0.1] * len(STATES)])
     pricer.tried[1] = pricer.accepted[1] = 0  # drafter 1 has never drafted
-    row = [Candidate(0, NEW, 4), Candidate(1, ALL, 4, explorable=False, setup=0.3)]
-    assert (
-        pricer.plan([row] * 12) == [(1, 1)] * 12
-    )  # a first draft each, to measure it (a prompt's forward too)
-    pricer.learn(1, ALL, 4, 0)
-    pricer.tried[1, NEW, 0] = MIN_TRIES - 1  # measured now (and poor): priced out
-    assert [n for _, n in pricer.plan([row] * 12)] == [0] * 12
+    # Twelve rows, their prompts' forwards of different lengths: the MIN_TRIES cheapest measure drafter 1 with a
+    # first draft each (a prompt's forward too); the rest are priced, and it is dear and likely poor.
+    setups = [0.3, 0.05, 0.4, 0.2, 0.01, 0.5, 0.1, 0.6, 0.7, 0.03, 0.8, 0.9]
+    rows = [[Candidate(0, NEW, 4), Candidate(1, ALL, 4, explorable=False, setup=t)] for t in setups]
+    cheapest = sorted(range(12), key=lambda r: setups[r])[:MIN_TRIES]
+    assert pricer.plan(rows) == [(1, 1) if r in cheapest else (0, 0) for r in range(12)]
+    # Verdicts that came back count: one lacking, one row measures.
+    pricer.tried[1, NEW, 0] = MIN_TRIES - 1
+    assert [n for _, n in pricer.plan(rows)] == [1 if r == 4 else 0 for r in range(12)]
+    pricer.learn(1, ALL, 4, 0)  # measured now (and poor): priced out
+    assert [n for _, n in pricer.plan(rows)] == [0] * 12
 
 
 def test_exploring_drafts_now_and_then_but_never_a_forward_of_a_prompt():

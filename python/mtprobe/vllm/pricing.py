@@ -18,8 +18,9 @@ Both sides are measured while vLLM runs; nothing is assumed of the engine or the
 - a draft's acceptance at depth ``j`` of its chain given its request's last outcome (:data:`STATES`),
   counted over every request: each state's count leans on every state's at that depth, those on the
   depth above (the first on an optimistic prior); a drafter's first drafts are sent whatever their price
-  until it has :data:`MIN_TRIES` verdicts (once in the engine's life: a few of the self-draft's prompt
-  forwards), and now and then (:data:`EXPLORE`) a priced-out row drafts all the same.
+  until it has :data:`MIN_TRIES` verdicts, by no more rows than it lacks (once in the engine's life: a
+  few of the self-draft's prompt forwards, the shortest), and now and then (:data:`EXPLORE`) a
+  priced-out row drafts all the same.
 
 On one request at a time the step's fixed cost dominates and nearly every draft pays; at twelve
 concurrent requests on a two-core CPU a draft pays only when it is likely to be accepted (measured:
@@ -245,7 +246,8 @@ class StepPricer:
         exact: at a rate ``λ`` each row takes the candidate and the prefix of it whose drafts gain most
         ``Σ (p − λ · cost)``, and ``λ`` becomes the plan's ``E / T`` until no plan beats it (every step
         raises it; starting from no drafts at all). A row offered a drafter not yet measured
-        (:data:`MIN_TRIES`) sends it, one draft at least. Before the step's time is measured every row
+        (:data:`MIN_TRIES`) sends it, one draft at least, as many rows as it lacks verdicts
+        (:meth:`_measuring`). Before the step's time is measured every row
         sends its first candidate whole."""
         if self.step.seen == 0:
             return [(0, cands[0].limit) for cands in rows]
@@ -257,9 +259,13 @@ class StepPricer:
         chances = {  # (option, state) -> [max_depth], each computed once per plan
             (c.option, c.state): self.acceptance(c.option, c.state) for cands in rows for c in cands
         }
+        measuring = self._measuring(rows)
         plan = [(0, 0)] * n
         for _ in range(MAX_ITERATIONS):
-            candidate_plan = [self._best(cands, rate, cost, chances) for cands in rows]
+            candidate_plan = [
+                self._best(cands, rate, cost, chances, measure)
+                for cands, measure in zip(rows, measuring, strict=True)
+            ]
             expected, seconds = float(n), base
             for cands, (i, k) in zip(rows, candidate_plan, strict=True):
                 cand = cands[i]
@@ -276,15 +282,37 @@ class StepPricer:
             explored.append((i, k + 1 if more else k))
         return explored
 
+    def _measuring(self, rows: list[list[Candidate]]) -> list[frozenset[int]]:
+        """Per row, the drafters it sends a chain of to measure them: of each drafter short of
+        :data:`MIN_TRIES` verdicts, only as many rows as it lacks, those whose chain costs least to set up
+        (the shortest prompts to run). Twelve rows of a first step had each run its prompt's forward for a
+        self-draft not yet measured (a second or two on a CPU, once per engine)."""
+        measuring: list[set[int]] = [set() for _ in rows]
+        for option in {c.option for cands in rows for c in cands}:
+            lacking = MIN_TRIES - int(self.tried[option, :, 0].sum())
+            if lacking <= 0:
+                continue
+            offered = [
+                (c.setup, r)
+                for r, cands in enumerate(rows)
+                for c in cands
+                if c.option == option and c.limit >= 1
+            ]
+            for _, r in sorted(offered)[:lacking]:
+                measuring[r].add(option)
+        return [frozenset(m) for m in measuring]
+
     def _best(
         self,
         cands: list[Candidate],
         rate: float,
         cost: list[float],
         chances: dict[tuple[int, int], np.ndarray],
+        measure: frozenset[int] = frozenset(),
     ) -> tuple[int, int]:
         """The candidate and prefix length whose drafts gain most at ``rate`` tokens per second (none: the
-        first, with no drafts), or an unmeasured candidate's own best with one draft at least."""
+        first, with no drafts), or the best of a candidate whose drafter this row measures (``measure``,
+        :meth:`_measuring`) with one draft at least."""
         best, best_gain = (0, 0), 0.0
         for i, cand in enumerate(cands):
             if cand.limit < 1:
@@ -293,7 +321,7 @@ class StepPricer:
             spent = np.full(cand.limit, rate * cost[cand.option])
             spent[0] += rate * self._setup(cand, chances)
             gains = np.cumsum(p - spent)
-            if self._untried(cand.option):
+            if cand.option in measure:
                 return i, int(np.argmax(gains)) + 1  # measure it first
             k = int(np.argmax(gains))
             if gains[k] > best_gain:
@@ -324,9 +352,6 @@ class StepPricer:
     def finished(self, length: int) -> None:
         """A request finished after generating ``length`` tokens."""
         self.lengths.append(int(length))
-
-    def _untried(self, option: int) -> bool:
-        return self.tried[option, :, 0].sum() < MIN_TRIES
 
     def summary(self) -> dict[str, object]:
         """What was measured: the step's line and each drafter's (seconds), and per drafter and state the
