@@ -51,18 +51,44 @@ def on_grid(request):
 
 def test_codes_are_found_where_they_reproduce_the_weights():
     model = _on_grid(_build("llama"))
-    codes = wc.weight_codes(nf._linears(model))
+    codes = wc.weight_codes(model, nf._linears(model))
     assert set(codes) == {name for name, _ in nf._linears(model)}
     formats = {name: q.format for name, q in codes.items()}
     assert formats.pop("lm_head") == "q8_0" and set(formats.values()) == {"q4_1"}
     for name, module in nf._linears(model):
         torch.testing.assert_close(ql.dequantize(codes[name]), module.weight, atol=1e-6, rtol=0)
     # Off the grid (a full-precision checkpoint): none.
-    assert wc.weight_codes(nf._linears(_build("llama"))) == {}
+    off = _build("llama")
+    assert wc.weight_codes(off, nf._linears(off)) == {}
     # One weight moved by more than the tolerance loses its codes; the others keep theirs.
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight[3, 7] += 1e-4
-    assert set(codes) - set(wc.weight_codes(nf._linears(model))) == {"model.layers.1.mlp.up_proj"}
+    assert set(codes) - set(wc.weight_codes(model, nf._linears(model))) == {"model.layers.1.mlp.up_proj"}
+
+
+def test_the_self_draft_and_the_forward_share_one_copy_of_the_codes():
+    """On the grid the 4-bit self-draft's layers hold the very codes the C++ forward found (one copy, quantized
+    once); a weight written in place is quantized again."""
+    from mtprobe.target_model import self_draft
+
+    model = _on_grid(_build("llama"))
+    codes = wc.weight_codes(model, nf._linears(model))
+    assert self_draft.on_q4_grid(model)
+    draft = self_draft.quantized(model, format="q4_1")
+    layers = dict(draft.named_modules())
+    for name, _ in nf._linears(model):
+        assert layers[name].codes is codes[name].codes and layers[name].scale is codes[name].scale
+    # A weight written in place (its version counter moves) is quantized anew, not served stale.
+    up = model.model.layers[0].mlp.up_proj
+    with torch.no_grad():
+        up.weight.mul_(2.0)  # still on the grid (twice the steps), other codes' scales
+    again = wc.unsearched(model, up, "q4_1")
+    assert again is not codes["model.layers.0.mlp.up_proj"]
+    torch.testing.assert_close(ql.dequantize(again), up.weight, atol=1e-6, rtol=0)
+    # Codes that do not fit the layer are refused by name.
+    with pytest.raises(ValueError, match="do not fit"):
+        ql.QuantizedLinear(up, "q8_0", codes=again)
+    mtprobe.release(model)
 
 
 def test_reproduces_within_float32_rounding_only():
@@ -128,7 +154,7 @@ def test_off_the_grid_and_bfloat16_keep_no_codes():
 def test_the_switch(monkeypatch):
     model = _on_grid(_build("llama"))
     monkeypatch.setenv(wc.ENV, "0")
-    assert wc.weight_codes(nf._linears(model)) == {}
+    assert wc.weight_codes(model, nf._linears(model)) == {}
     assert nf.native_forward(model).quantized_bytes == 0  # built with the switch off: none found
     monkeypatch.setenv(wc.ENV, "1")
     assert nf.native_forward(model).quantized_bytes == 0  # and none until it is built again

@@ -70,6 +70,10 @@ class ModelState:
     batch_drafting: dict[tuple[Any, bool, int], Any] = field(default_factory=dict)
     """Whether a batch's rows draft, as measured by its earlier batches: (configuration, sampling, rows decoded
     together) -> :class:`mtprobe._C.BatchDrafting` (:func:`mtprobe.decode.batch.batch_drafting`)."""
+    unsearched_codes: dict[int, tuple[tuple[int, int], dict[str, Any]]] = field(default_factory=dict)
+    """Its linear layers' weights in GGUF's rounding, made once and shared by whoever needs them (the C++
+    forward's codes, the 4-bit self-draft's layers on the grid, the grid test): id(layer) -> ((the weight's
+    address, version counter), format -> QuantizedWeight) (:func:`mtprobe.target_model.weight_codes.unsearched`)."""
     weights_fingerprint: str | None = None
     """A hash of its weights, the key of the measurements kept on disk (:mod:`mtprobe.drafters.auto_carry`)."""
 

@@ -187,7 +187,10 @@ class QuantizedLinear(nn.Module):
         format: str = "q4_1",
         search: bool = True,
         importance: torch.Tensor | None = None,  # [in_features]: quantize's
+        codes: QuantizedWeight | None = None,
     ) -> None:
+        """``codes``: the weight's codes in ``format`` made already (shared with their maker), else
+        ``quantize`` makes them with ``search`` and ``importance``."""
         super().__init__()
         if not quantizable(linear):
             raise ValueError(
@@ -197,7 +200,18 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        q = quantize(linear.weight, format, search=search, importance=importance)
+        if codes is not None and (
+            codes.format != format or codes.scale.shape != (self.out_features, self.in_features // GROUP)
+        ):
+            raise ValueError(
+                f"QuantizedLinear: codes in {codes.format} of {tuple(codes.scale.shape)} groups do not fit "
+                f"{linear!r} in {format} ({self.out_features} x {self.in_features // GROUP} groups)"
+            )
+        q = (
+            codes
+            if codes is not None
+            else quantize(linear.weight, format, search=search, importance=importance)
+        )
         self.format = q.format
         self.register_buffer("codes", q.codes, persistent=False)
         self.register_buffer("scale", q.scale, persistent=False)  # [out, in / 32]

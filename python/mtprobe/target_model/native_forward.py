@@ -338,7 +338,7 @@ def arguments(model: PreTrainedModel) -> tuple[tuple[Any, ...], dict[str, Any]]:
     its sizes."""
 
     # The weights' own 4- or 8-bit codes where the weights are such values (a float32 model's only).
-    found = weight_codes.weight_codes(_linears(model)) if model.dtype == torch.float32 else {}
+    found = weight_codes.weight_codes(model, _linears(model)) if model.dtype == torch.float32 else {}
     codes = {id(module): found[name] for name, module in _linears(model) if name in found}
 
     def linear(module: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:

@@ -29,6 +29,7 @@ from transformers import PreTrainedModel
 from mtprobe import _C
 from mtprobe.cpu import quantized_linear
 from mtprobe.state import state_of
+from mtprobe.target_model import weight_codes
 from mtprobe.target_model.adapter import HFAdapter, check_causal_lm, max_positions
 from mtprobe.target_model.native_forward import GEMMA, MODEL_TYPES, architecture_reason, model_layout
 
@@ -197,7 +198,9 @@ def _on_q4_grid(model: PreTrainedModel) -> bool:
         if module is head or not quantized_linear.quantizable(module):
             continue
         w = module.weight.detach()
-        q = quantized_linear.quantize(w, "q4_1")
+        q = weight_codes.unsearched(
+            model, module, "q4_1"
+        )  # the 4-bit draft's codes there, and the C++ forward's
         group = quantized_linear.GROUP
         step = q.scale.repeat_interleave(group, dim=1)  # [out, in]
         # A bfloat16 model's Q4_1 values are rounded to bfloat16 (a relative eps / 2 each, its group's range
@@ -279,7 +282,7 @@ def quantized(
     search = rounding != "min-max" and not on_q4_grid(model)
     importance = _input_importance(model, head) if search and rounding == "weighted" else {}
     draft = _twin(model)  # its module tree is copied wherever a linear changes
-    swapped = _swap_linears(draft, head, format, search=search, importance=importance)
+    swapped = _swap_linears(draft, head, format, search=search, importance=importance, target=model)
     if swapped == 0:
         raise ValueError(_nothing_to_quantize(model))
     if model.dtype != torch.float32:
@@ -486,18 +489,23 @@ def _swap_linears(
     attention: bool = False,
     search: bool = True,
     importance: dict[int, torch.Tensor] | None = None,
+    target: torch.nn.Module | None = None,
 ) -> int:
     # Copies every module on the way to a linear layer (the target's own tree stays as it is) and puts a
     # QuantizedLinear, sharing the layer's float32 tensors, in the linear's place. ``attention``: the
-    # module is (inside) an attention block, whose linears "mixed" keeps in 8 bits.
+    # module is (inside) an attention block, whose linears "mixed" keeps in 8 bits. ``target``: the model
+    # whose state holds the unsearched codes to share.
     swapped = 0
     for name, child in list(module._modules.items()):
         if child is None:
             continue
         if quantized_linear.quantizable(child):
-            eight = child is head or format == "q8_0" or (format == "mixed" and attention)
+            fmt = "q8_0" if child is head or format == "q8_0" or (format == "mixed" and attention) else "q4_1"
+            # Unsearched (the weights on the grid), the codes are GGUF's rounding, which the C++ forward's
+            # codes share (weight_codes.unsearched).
+            codes = weight_codes.unsearched(target, child, fmt) if not search and target is not None else None
             module._modules[name] = quantized_linear.QuantizedLinear(
-                child, "q8_0" if eight else "q4_1", search, (importance or {}).get(id(child))
+                child, fmt, search, (importance or {}).get(id(child)), codes
             )
             swapped += 1
             continue
@@ -505,7 +513,7 @@ def _swap_linears(
             continue
         twin = _twin(child)
         n = _swap_linears(
-            twin, head, format, attention or "attn" in name or "attention" in name, search, importance
+            twin, head, format, attention or "attn" in name or "attention" in name, search, importance, target
         )
         if n:
             module._modules[name] = twin

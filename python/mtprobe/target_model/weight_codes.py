@@ -19,10 +19,13 @@ none are found.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from mtprobe._env import switch
 from mtprobe.cpu import quantized_linear
+from mtprobe.state import state_of
 
 __all__ = ["ENV", "QUANTIZED_ROWS", "TOLERANCE", "enabled", "quantized_rows", "reproduces", "weight_codes"]
 
@@ -79,31 +82,53 @@ def reproduces(weight: torch.Tensor, q: quantized_linear.QuantizedWeight) -> boo
     return bool((error <= slack).all())
 
 
-def codes_of(weight: torch.Tensor) -> quantized_linear.QuantizedWeight | None:
-    """``weight [out, in]``'s codes in the first of :data:`FORMATS` that reproduces it, or ``None``."""
+def unsearched(
+    model: torch.nn.Module, layer: torch.nn.Module, format: str
+) -> quantized_linear.QuantizedWeight:
+    """``layer.weight`` in ``format`` and GGUF's rounding (:func:`~mtprobe.cpu.quantized_linear.quantize`'s
+    default), made once per weight and kept in ``model``'s state: on weights that are such values the C++
+    forward's codes, the 4-bit self-draft's layers and its grid test are the same codes, held once (about
+    a sixth of the float32 weights) and quantized once (a second for SmolLM2-135M's 211 weights). A
+    replaced weight, or one written in place through its version counter, is quantized again."""
+    store = state_of(model).unsearched_codes
+    w = layer.weight
+    stamp = (w.data_ptr(), w._version)
+    held = store.get(id(layer))
+    if held is None or held[0] != stamp:
+        held = store[id(layer)] = (stamp, {})
+    if format not in held[1]:
+        held[1][format] = quantized_linear.quantize(w.detach(), format)
+    return held[1][format]
+
+
+def codes_of(
+    weight: torch.Tensor, whole: Callable[[str], quantized_linear.QuantizedWeight] | None = None
+) -> quantized_linear.QuantizedWeight | None:
+    """``weight [out, in]``'s codes in the first of :data:`FORMATS` that reproduces it, or ``None``.
+    ``whole(format)``: the whole weight's codes in ``format`` (:func:`unsearched`'s), else quantized here."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % quantized_linear.GROUP:
         return None
     w = weight.detach()
     for fmt in FORMATS:
         if not reproduces(w[:_PROBE_ROWS], quantized_linear.quantize(w[:_PROBE_ROWS], fmt)):
             continue
-        q = quantized_linear.quantize(w, fmt)
+        q = whole(fmt) if whole is not None else quantized_linear.quantize(w, fmt)
         if reproduces(w, q):
             return q
     return None
 
 
 def weight_codes(
-    linears: list[tuple[str, torch.nn.Module]],
+    model: torch.nn.Module, linears: list[tuple[str, torch.nn.Module]]
 ) -> dict[str, quantized_linear.QuantizedWeight]:
-    """The codes of each of ``linears`` (name, layer) whose float32 weight they reproduce, by name; ``{}`` where
-    :func:`enabled` is false. Re-quantizing costs about a second for SmolLM2-135M's 211 weights on the grid; a
-    weight off it is rejected on its first rows."""
+    """The codes of each of ``linears`` (name, layer of ``model``) whose float32 weight they reproduce, by name;
+    ``{}`` where :func:`enabled` is false. On the grid the codes are :func:`unsearched`'s, shared with the
+    4-bit self-draft; a weight off it is rejected on its first rows."""
     if not enabled():
         return {}
     out = {}
     for name, module in linears:
-        q = codes_of(module.weight)
+        q = codes_of(module.weight, lambda fmt, module=module: unsearched(model, module, fmt))
         if q is not None:
             out[name] = q
     return out
