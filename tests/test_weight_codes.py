@@ -85,6 +85,13 @@ def test_the_self_draft_and_the_forward_share_one_copy_of_the_codes():
     again = wc.unsearched(model, up, "q4_1")
     assert again is not codes["model.layers.0.mlp.up_proj"]
     torch.testing.assert_close(ql.dequantize(again), up.weight, atol=1e-6, rtol=0)
+    # A write through .data (PEFT's merge) leaves the version counter: the forward's rebuild makes its codes anew.
+    held = nf.native_forward(model).quantized_bytes
+    with torch.no_grad():
+        up.weight.data.mul_(0.5)
+    assert nf.native_forward(model).quantized_bytes == held > 0  # every weight still has its codes
+    assert "model.layers.0.mlp.up_proj" in wc.weight_codes(model, nf._linears(model))
+    torch.testing.assert_close(ql.dequantize(wc.unsearched(model, up, "q4_1")), up.weight, atol=1e-6, rtol=0)
     # Codes that do not fit the layer are refused by name.
     with pytest.raises(ValueError, match="do not fit"):
         ql.QuantizedLinear(up, "q8_0", codes=again)

@@ -284,6 +284,8 @@ def native_forward(model: PreTrainedModel) -> _C.TargetForward | None:
     key = (panels(), *((t.data_ptr(), t._version) for t in params))
     bits = sampled_bits(params)
     if state.native is None or state.native_key != key or not torch.equal(state.native_bits, bits):
+        if state.native is not None:  # rewritten weights: a write through .data keeps the codes' stamps
+            state.unsearched_codes.clear()
         state.native, state.native_key, state.native_reason = _build(model, _weights(model)), key, ""
         state.native_bits = bits
     # MTPROBE_NATIVE_CODES read at every generation: the codes found at the build used or not.
