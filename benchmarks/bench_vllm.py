@@ -94,10 +94,11 @@ def engine_levels(args: argparse.Namespace, config: dict | None, prompts: list[l
 
     from mtprobe.vllm import speculative_config
 
+    config = dict(config or {})
+    sample = config.pop("sample", 0)  # the test's check of sampling: answers drawn after the levels
+    price_steps = config.pop("price_steps", True)
     spec = None
     if config:
-        config = dict(config)
-        price_steps = config.pop("price_steps", True)
         spec = config["vllm"] if "vllm" in config else speculative_config(config, price_steps=price_steps)
     llm = LLM(
         model=args.worker,
@@ -143,6 +144,19 @@ def engine_levels(args: argparse.Namespace, config: dict | None, prompts: list[l
             "drafts": delta.get("vllm:spec_decode_num_drafts", 0),
             "pricer": drafter.pricer.summary() if getattr(drafter, "pricer", None) else None,
             "proposer": dataclasses.asdict(drafter.stats) if hasattr(drafter, "stats") else None,
+        }
+    if sample:
+        # The first prompt answered `sample` times, 2 tokens each, drawn at temperature 1 (from the engine's
+        # seeded generator: vLLM's CPU backend takes no seed per request): the second token is the first
+        # that vLLM verifies from the proposer's drafts.
+        before = counters()
+        sampling = SamplingParams(temperature=1.0, max_tokens=2)
+        done = llm.generate([{"prompt_token_ids": prompts[0]}] * sample, sampling, use_tqdm=False)
+        after = counters()
+        out["sampled"] = {
+            "answers": [list(o.outputs[0].token_ids) for o in done],
+            "accepted": after.get("vllm:spec_decode_num_accepted_tokens", 0)
+            - before.get("vllm:spec_decode_num_accepted_tokens", 0),
         }
     llm.llm_engine.engine_core.shutdown()
     return out

