@@ -25,6 +25,7 @@ COMPILED = {"mtprobe._C"}  # extension modules: importable, but no source and no
 OPTIONAL = {
     "matplotlib": "Spec-Bench's plots only; the test extra installs it",
     "shortuuid": "Spec-Bench's own answer ids when installed, else uuid4",
+    "vllm": "the proposer's platform check, inside vLLM's worker only (build/vllm-env; not a requirement)",
 }
 # Deferred imports of anything else, (importing module, imported module) -> why it is deferred.
 DEFERRED: dict[tuple[str, str], str] = {}
