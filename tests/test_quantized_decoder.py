@@ -18,6 +18,11 @@ from mtprobe.target_model import self_draft as draft_model
 from mtprobe.target_model.adapter import HFAdapter
 from mtprobe.target_model.self_draft import DECODER_ENV, quantized, quantized_decoder, why_no_decoder
 
+# The step's logits against HF's, relative to the largest logit: float32's summation orders apart (1.03e-5
+# seen at one of 40 positions on a grouped-query Llama, and on Mistral's window on an Intel Xeon family 6
+# model 167; under 1e-5 elsewhere).
+LOGIT_TOL = 2e-5
+
 
 def _hf_and_decoder_steps(model, tokens: list[int], fmt: str = "q4_1") -> tuple[list[float], list[float]]:
     """Each token's logits and key row errors (relative to the largest entry), the decoder against HF's
@@ -58,8 +63,7 @@ def test_step_matches_hf_modules_at_every_position(overrides):
     model = tiny_llama(seed=3, vocab_size=64, num_hidden_layers=3, **overrides)
     tokens = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
-    # float32's summation orders apart (relative to the largest logit; 1.03e-5 seen at one of 40 positions)
-    assert max(logit_err) < 2e-5, logit_err
+    assert max(logit_err) < LOGIT_TOL, logit_err
     assert max(kv_err) < 1e-5, kv_err
 
 
@@ -79,7 +83,7 @@ def test_step_matches_hf_modules_on_the_other_llama_family_architectures(monkeyp
     tokens = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     for fmt in ("q4_1", "q8_0"):
         logit_err, kv_err = _hf_and_decoder_steps(model, tokens, fmt)
-        assert max(logit_err) < 1e-5, (fmt, logit_err)
+        assert max(logit_err) < LOGIT_TOL, (fmt, logit_err)
         assert max(kv_err) < 1e-5, (fmt, kv_err)
 
 
@@ -90,7 +94,7 @@ def test_a_sliding_window_is_applied_by_the_step():
     assert why_no_decoder(quantized(model)) == ""
     tokens = torch.randint(0, 64, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
-    assert max(logit_err) < 1e-5, logit_err
+    assert max(logit_err) < LOGIT_TOL, logit_err
     assert max(kv_err) < 1e-5, kv_err
 
 
@@ -105,7 +109,7 @@ def test_step_matches_hf_modules_where_each_head_splits_into_ranges():
         logit_err, kv_err = _hf_and_decoder_steps(model, tokens)
     finally:
         torch.set_num_threads(threads)
-    assert max(logit_err) < 1e-5, max(logit_err)
+    assert max(logit_err) < LOGIT_TOL, max(logit_err)
     assert max(kv_err) < 1e-5, max(kv_err)
 
 

@@ -9,6 +9,7 @@ temperatures the draft positions' logits are divided by are whatever memory ``ne
 sampled request then draws a rejected draft's replacement (and decides acceptance) from a distribution
 that is not the target's, differently from run to run; a greedy request batched with sampled ones takes
 the argmax of those divided logits. A batch of greedy requests alone never reaches the kernel: it is exact.
+Known upstream: vllm-project/vllm#55005 (its fix, #55006, open when this was written).
 
 :func:`mend` puts :func:`expand_batch_to_tokens`, the same in torch, in place of the sampler module's
 function of that name (the one call site of the kernel); the proposer calls it when vLLM loads it. It

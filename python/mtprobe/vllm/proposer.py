@@ -172,8 +172,8 @@ class Proposer:
     def load_model(self, model: Any = None) -> None:
         """vLLM hands its own model module here; the drafters that run a model (the self-drafts, a
         scheduler's cost profile) run mtprobe's over transformers' copy of the same folder instead."""
-        # vLLM's CPU build samples wrongly under speculation (mtprobe.vllm.cpu_sampling); vLLM's worker has
-        # registered its kernel replacements by now, so mtprobe's own one lands over them.
+        # vLLM's CPU build samples wrongly under speculation (mtprobe.vllm.cpu_sampling): mended here, in the
+        # process that samples.
         cpu_sampling.mend()
         if self.model is not None:
             return
