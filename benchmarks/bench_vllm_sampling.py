@@ -8,7 +8,7 @@ The prompt ("The quick brown fox ... Repeat this sentence twice.") is answered "
 after which every drafter here drafts " quick" from the prompt (p 0.60): accepted or replaced, the second
 token of most draws is one vLLM's rejection sampler decided.
 
-    python benchmarks/bench_vllm_sampling.py --draws 600 --out benchmarks/results/vllm/sampling.md
+    python benchmarks/bench_vllm_sampling.py --draws 600 --out benchmarks/results/vllm/bench_vllm_sampling-HOST.md
 """
 
 from __future__ import annotations
@@ -142,10 +142,10 @@ def main() -> None:
     for label, run in zip(args.configs, runs, strict=True):
         sampled = run["sampled"]
         answers = sampled["answers"]
-        seconds = [a[1] for a in answers if a[0] == the]
-        share = [f"{seconds.count(t) / max(len(seconds), 1):.3f}" for t in shown]
-        others = sorted({t for t in seconds if t not in shown}, key=seconds.count, reverse=True)[:2]
-        other = ", ".join(f"{tokenizer.decode([t])!r} {seconds.count(t)}" for t in others) or "–"
+        x2s = [a[1] for a in answers if a[0] == the]  # the second tokens drawn after the likeliest first
+        share = [f"{x2s.count(t) / max(len(x2s), 1):.3f}" for t in shown]
+        others = sorted({t for t in x2s if t not in shown}, key=x2s.count, reverse=True)[:2]
+        other = ", ".join(f"{tokenizer.decode([t])!r} {x2s.count(t)}" for t in others) or "–"
         same = (
             "–"
             if alone is None
