@@ -193,9 +193,15 @@ def kernels(model: torch.nn.Module, repeats: int) -> list[str]:
     return lines
 
 
-def prefill(model: torch.nn.Module, repeats: int, small_rows: list[int] | None = None) -> list[str]:
+def prefill(
+    model: torch.nn.Module,
+    repeats: int,
+    small_rows: list[int] | None = None,
+    lengths: tuple[int, ...] = (64, 128, 300, 700),
+) -> list[str]:
     """A prompt's prefill (logits of its last position only) through HF's forward and the C++ forward (and,
-    with ``small_rows``, the C++ forward taking the small-batch kernels up to each of those block sizes)."""
+    with ``small_rows``, the C++ forward taking the small-batch kernels up to each of those block sizes), for
+    prompts of each of ``lengths`` tokens."""
     cfg = model.config
     natives = {"mtprobe C++": nf.native_forward(model)}
     for n in small_rows or []:
@@ -209,7 +215,7 @@ def prefill(model: torch.nn.Module, repeats: int, small_rows: list[int] | None =
         "| L | HF eager | " + " | ".join(natives) + " | max abs difference of the last logits |",
         "|---|---|" + "---|" * (len(natives) + 1),
     ]
-    for length in (64, 128, 300, 700):
+    for length in lengths:
         ids = torch.randint(0, cfg.vocab_size, (length,), generator=torch.Generator().manual_seed(0))
         times: dict[str, list[float]] = {"hf": [], **{k: [] for k in natives}}
         for _ in range(repeats):
@@ -356,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         help="--prefill: also the C++ forward with the small-batch kernels up to each of these block sizes, e.g. "
         "40,128 (TargetForward's small_rows; larger blocks take the GEMM)",
     )
+    p.add_argument(
+        "--lengths", default="64,128,300,700", help="--prefill: the prompts' lengths in tokens, e.g. 700,1500"
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--question-file", help="Spec-Bench questions (--margins)")
     p.add_argument("--per-category", type=int, default=5)
@@ -409,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += kernels(model, args.repeats)
     elif args.prefill:
         small = [int(n) for n in args.small_rows.split(",")] if args.small_rows else None
-        lines += prefill(model, args.repeats, small)
+        lines += prefill(model, args.repeats, small, tuple(int(n) for n in args.lengths.split(",")))
     else:
         questions = first_per_category(load_questions(args.question_file), args.per_category)
         lines += margins(model, tok, questions, args.max_new_tokens)

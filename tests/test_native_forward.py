@@ -168,6 +168,35 @@ def test_prefill_matches_hf(arch, length, path, logits_from):
         torch.testing.assert_close(a.values[:, :, :length], b.values[:, :, :length], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("length", [1, 9, 130])
+def test_a_prefill_reading_its_last_logits_runs_the_last_layer_on_that_row(arch, length):
+    """Without hidden states asked for, only the rows whose logits are read go past the last layer's
+    attention (a prompt's prefill: its last row). That row's logits and every layer's cache rows are HF's,
+    and the logits are those of the forward that runs every row (to rounding: one row may take another
+    kernel)."""
+    _, model = arch
+    ids = torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(5))
+    native = nf.native_forward(model)
+    ref = HFAdapter(model, 8, checked=True)
+    got = HFAdapter(model, 8, checked=True, native=native)
+    every = HFAdapter(model, 8, checked=True, native=native)
+    for a in (ref, got):
+        a.prefill_logits_from = length - 1
+    with torch.inference_mode():
+        want, _ = ref.forward(ids, None, torch.arange(length)[None], None, 0, False)
+        have, hidden = got.forward(ids, None, torch.arange(length)[None], None, 0, False)
+        all_rows, _ = every.forward(ids, None, torch.arange(length)[None], None, 0, False)
+    assert got.runs_native and hidden is None
+    assert have.shape == want.shape == all_rows.shape == (length, model.config.vocab_size)
+    assert not have[: length - 1].any()  # rows before logits_from stay zeros
+    torch.testing.assert_close(have[-1], want[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(have[-1], all_rows[-1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(got.cache.layers, ref.cache.layers, strict=True):
+        assert a.length == b.length == length
+        torch.testing.assert_close(a.keys[:, :, :length], b.keys[:, :, :length], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a.values[:, :, :length], b.values[:, :, :length], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("block", ["chain of 5, causal", "tree of 7"])
 def test_matches_the_reference(arch, block):
     """The C++ forward, HF's forward and the float64 reference (mtprobe.reference.target_forward) agree on

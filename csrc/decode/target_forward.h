@@ -159,7 +159,8 @@ class TargetForward {
 
   // tokens [n_tok] int64, embeds [n_emb, hidden]? (rows after the tokens' embeddings: mask inputs),
   // positions [T] int64 (T = n_tok + n_emb), mask [T, P + T]? (above), prefix_len P, keys and values one
-  // buffer per layer (above). Rows before logits_from come back as zeros (nobody reads them: a prompt's).
+  // buffer per layer (above). Rows before logits_from come back as zeros (nobody reads them: a prompt's);
+  // without want_hidden they stop after the last layer's attention (their keys and values are written).
   // Returns logits [T, vocab] float32 and, with want_hidden, the final-normed hidden states [T, hidden].
   std::tuple<at::Tensor, std::optional<at::Tensor>> forward(
       const at::Tensor& tokens, const std::optional<at::Tensor>& embeds, const at::Tensor& positions,
