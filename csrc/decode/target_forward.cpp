@@ -588,9 +588,9 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
     });
   };
   const bool bf16 = dtype_ == at::kBFloat16;
-  // An output norm (Gemma's sandwich norms) over out_'s rows [from, T), then those added to the residual x_.
-  auto add_residual = [&](const at::Tensor& norm, int64_t from) {
-    at::parallel_for(from, T, grain, [&](int64_t b, int64_t e) {
+  // An output norm (Gemma's sandwich norms) over out_'s rows [from, to), then those added to the residual x_.
+  auto add_residual = [&](const at::Tensor& norm, int64_t from, int64_t to) {
+    at::parallel_for(from, to, grain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         float* o = out_.data() + t * hidden_;
         float* xt = x_.data() + t * hidden_;
@@ -599,10 +599,30 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
       }
     });
   };
-  // Past the last layer's attention only the rows whose logits are read go on (a prompt's prefill: its last
-  // row), as nothing reads the others' hidden states; every layer's keys and values are written for all.
-  const int64_t tail_from =
-      blocks.size() == 1 && !blocks[0].want_hidden ? std::min<int64_t>(blocks[0].logits_from, T) : 0;
+  // Past the last layer's attention only the rows whose logits are read go on (of a prompt's prefill: its
+  // last row), as nothing reads the others' hidden states; every layer's keys and values are written for
+  // all. kept: those rows, in order (all T unless some block reads from a later row without hidden states).
+  std::vector<int64_t> kept;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int64_t from = blocks[i].want_hidden ? 0 : std::min<int64_t>(blocks[i].logits_from, prep[i].T);
+    for (int64_t t = from; t < prep[i].T; ++t) kept.push_back(prep[i].offset + t);
+  }
+  // Moves row kept[j] of a [T, width] buffer to row j, for every j (forward), or back (!forward): each
+  // move's source is not a row an earlier move wrote, as kept[j] >= j rises with j.
+  auto move_rows = [&](float* rows, int64_t width, bool forward) {
+    const int64_t n = static_cast<int64_t>(kept.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = forward ? i : n - 1 - i;
+      if (kept[j] == j) continue;
+      float* a = rows + kept[j] * width;
+      float* b = rows + j * width;
+      if (forward) {
+        std::copy_n(a, width, b);
+      } else {
+        std::copy_n(b, width, a);
+      }
+    }
+  };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const TargetLayer& L = layers_[l];
     const float* cos_l = cos_.data() + rope_.of_layer[l] * T * half;
@@ -652,19 +672,26 @@ std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>>> TargetForward::fo
       attention(q_.data() + p.offset * q_out_, keys, values, p.T, P, pattern_of(p, l),
                 att_.data() + p.offset * q_out_);
     }
-    const int64_t r0 = l + 1 == layers_.size() ? tail_from : 0, n = T - r0;  // the rows that go on
-    if (n == 0) continue;
-    linear(L.o, att_.data() + r0 * q_out_, n, out_.data() + r0 * hidden_);
-    add_residual(L.attn_out_norm, r0);
-    rows_norm(L.post_norm.const_data_ptr<float>(), r0, T);
-    linear({&L.gate, &L.up}, h_.data() + r0 * hidden_, n,
-           {gate_.data() + r0 * intermediate_, up_.data() + r0 * intermediate_});
-    at::parallel_for(r0, T, grain, [&](int64_t b, int64_t e) {
-      float* g = gate_.data() + b * intermediate_;
-      core::act_mul(config_.activation, g, up_.data() + b * intermediate_, (e - b) * intermediate_, g);
-    });
-    linear(L.down, gate_.data() + r0 * intermediate_, n, out_.data() + r0 * hidden_);
-    add_residual(L.mlp_out_norm, r0);
+    // The rows that go on: all T, or in the last layer those kept, moved to rows [0, n) and back after.
+    const bool last = l + 1 == layers_.size() && static_cast<int64_t>(kept.size()) < T;
+    const int64_t n = last ? static_cast<int64_t>(kept.size()) : T;
+    if (last) {
+      move_rows(att_.data(), q_out_, true);
+      move_rows(x_.data(), hidden_, true);
+    }
+    if (n > 0) {
+      linear(L.o, att_.data(), n, out_.data());
+      add_residual(L.attn_out_norm, 0, n);
+      rows_norm(L.post_norm.const_data_ptr<float>(), 0, n);
+      linear({&L.gate, &L.up}, h_.data(), n, {gate_.data(), up_.data()});
+      at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+        float* g = gate_.data() + b * intermediate_;
+        core::act_mul(config_.activation, g, up_.data() + b * intermediate_, (e - b) * intermediate_, g);
+      });
+      linear(L.down, gate_.data(), n, out_.data());
+      add_residual(L.mlp_out_norm, 0, n);
+    }
+    if (last) move_rows(x_.data(), hidden_, false);
   }
   // The final norm over the rows anyone reads; the head once over the rows whose logits anyone reads,
   // gathered from every block.
