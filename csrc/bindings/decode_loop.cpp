@@ -119,7 +119,7 @@ void bind_decode_loop(py::module_& m) {
            "current CUDA streams (a model on a GPU; off, CUDA is not touched)",
            py::call_guard<py::gil_scoped_release>())
       .def("draft_step", &BatchedForward::draft_step, py::arg("row"), py::arg("decoder"), py::arg("token"),
-           py::arg("position"), py::arg("keys"), py::arg("values"),
+           py::arg("position"), py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("head_scan") = 0,
            "Row `row`'s quantized self-draft step (QuantizedDecoder.step's arguments): waits for every live "
            "row "
            "and runs with the other rows' pending draft steps in one QuantizedDecoder.step_rows; logits "

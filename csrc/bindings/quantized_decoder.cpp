@@ -65,17 +65,31 @@ void bind_quantized_decoder(py::module_& m) {
            py::kw_only(), py::arg("heads"), py::arg("kv_heads"), py::arg("eps"), py::arg("scale"),
            py::arg("rope_scaling"), py::arg("windows") = std::vector<int64_t>{}, py::arg("embed_scale") = 1.0,
            py::arg("activation") = "silu", py::arg("int8_activations") = false)
+      .def(
+          "set_head_scan",
+          [](QuantizedDecoder& d, const Tensors& scan) {
+            d.set_head_scan(weights(scan, "scan", "the scan head"));
+          },
+          py::arg("scan"),
+          "The head again in Q4_1 ({'scan.codes', 'scan.scale', 'scan.min'}: [vocab, hidden / 2] uint8, "
+          "[vocab, "
+          "hidden / 32] float32 twice), for steps with head_scan > 0; the head's bias applies to it")
+      .def_property_readonly("has_head_scan", &QuantizedDecoder::has_head_scan)
       .def("step", &QuantizedDecoder::step, py::arg("token"), py::arg("position"), py::arg("keys"),
            py::arg("values"), py::kw_only(), py::arg("head_rows") = 0,
-           py::arg("extra_rows") = std::vector<int64_t>{},
+           py::arg("extra_rows") = std::vector<int64_t>{}, py::arg("head_scan") = 0,
            "Logits [vocab] float32 of `token` at `position`; its keys and values are written into row "
            "`position` of each layer's buffers [1, kv_heads, capacity, head_dim]. head_rows > 0: only the "
            "head's first head_rows rows and the ids extra_rows are computed, every other logit -inf (a "
-           "draft's vocabulary)",
+           "draft's vocabulary). head_scan > 0: the head in 4 bits (set_head_scan), then the head_scan rows "
+           "it "
+           "ranks highest (and extra_rows) in 8 bits, the whole head's logits bit for bit; the others their "
+           "4-bit "
+           "values",
            py::call_guard<py::gil_scoped_release>())
       .def("step_rows", &QuantizedDecoder::step_rows, py::arg("tokens"), py::arg("positions"),
            py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("head_rows") = 0,
-           py::arg("extra_rows") = std::vector<int64_t>{},
+           py::arg("extra_rows") = std::vector<int64_t>{}, py::arg("head_scan") = 0,
            "step() for several sequences at once: logits [B, vocab] float32, row r's keys and values written "
            "into row positions[r] of its own buffers keys[r][l], values[r][l]; the weights read once for all",
            py::call_guard<py::gil_scoped_release>())

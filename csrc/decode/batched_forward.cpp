@@ -169,7 +169,7 @@ void BatchedForward::run_tasks() {
 
 at::Tensor BatchedForward::draft_step(int64_t row, const std::shared_ptr<QuantizedDecoder>& decoder,
                                       int64_t token, int64_t position, std::vector<at::Tensor> keys,
-                                      std::vector<at::Tensor> values) {
+                                      std::vector<at::Tensor> values, int64_t head_scan) {
   TORCH_CHECK_VALUE(row >= 0 && row < rows(), "BatchedForward.draft_step: row ", row, " is not in [0, ",
                     rows(), ")");
   TORCH_CHECK_VALUE(decoder != nullptr, "BatchedForward.draft_step: no decoder");
@@ -184,6 +184,7 @@ at::Tensor BatchedForward::draft_step(int64_t row, const std::shared_ptr<Quantiz
   mine.decoder = decoder;
   mine.token = token;
   mine.position = position;
+  mine.head_scan = head_scan;
   mine.keys = std::move(keys);
   mine.values = std::move(values);
   ++drafting_;
@@ -199,17 +200,20 @@ void BatchedForward::run_draft_steps() {
     const std::shared_ptr<QuantizedDecoder>& decoder = drafts_[first]->decoder;
     std::vector<int64_t> order, tokens, positions;
     std::vector<std::vector<at::Tensor>> keys, values;
+    int64_t head_scan = 0;
     for (int64_t r = first; r < rows(); ++r) {
       if (!drafts_[r].has_value() || drafts_[r]->done || drafts_[r]->decoder != decoder) continue;
       taken[r] = true;
       order.push_back(r);
       tokens.push_back(drafts_[r]->token);
       positions.push_back(drafts_[r]->position);
+      head_scan = std::max(head_scan, drafts_[r]->head_scan);
       keys.push_back(drafts_[r]->keys);
       values.push_back(drafts_[r]->values);
     }
     try {
-      const at::Tensor logits = decoder->step_rows(tokens, positions, keys, values);  // [rows, vocab]
+      const at::Tensor logits =
+          decoder->step_rows(tokens, positions, keys, values, 0, {}, head_scan);  // [rows, vocab]
       for (size_t i = 0; i < order.size(); ++i) drafts_[order[i]]->out = logits[static_cast<int64_t>(i)];
     } catch (...) {
       const std::exception_ptr error = std::current_exception();

@@ -91,9 +91,11 @@ class BatchedForward {
   // Row `row`'s draft step: logits [vocab] float32 of `token` at `position` through `decoder`, its keys and
   // values written into the row's draft cache (keys[l], values[l]: QuantizedDecoder::step's layout). Blocks
   // until every live row waits, then runs with every other row's pending draft step on the same decoder.
-  // Called from a row's loop only (its thread), while the batch runs.
+  // Called from a row's loop only (its thread), while the batch runs. head_scan: QuantizedDecoder::step's
+  // (rows of one decoder step with the largest any of them asks).
   at::Tensor draft_step(int64_t row, const std::shared_ptr<QuantizedDecoder>& decoder, int64_t token,
-                        int64_t position, std::vector<at::Tensor> keys, std::vector<at::Tensor> values);
+                        int64_t position, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                        int64_t head_scan = 0);
 
   int64_t rows() const { return static_cast<int64_t>(rows_.size()); }
   int64_t forwards() const { return forwards_; }        // batched forwards run so far
@@ -120,7 +122,7 @@ class BatchedForward {
   };
   struct DraftPending {
     std::shared_ptr<QuantizedDecoder> decoder;
-    int64_t token = 0, position = 0;
+    int64_t token = 0, position = 0, head_scan = 0;
     std::vector<at::Tensor> keys, values;
     bool done = false;
     at::Tensor out;  // [vocab]

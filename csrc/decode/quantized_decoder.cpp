@@ -153,7 +153,7 @@ QuantizedDecoder::QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecode
 }
 
 void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
-                              std::initializer_list<float*> ys, int64_t limit) {
+                              std::initializer_list<float*> ys, int64_t limit, std::optional<bool> int8) {
   const QuantizedWeights* const* w = ws.begin();
   float* const* y = ys.begin();
   const int64_t n = static_cast<int64_t>(ws.size()), in = w[0]->in_features();
@@ -164,7 +164,7 @@ void QuantizedDecoder::linear(std::initializer_list<const QuantizedWeights*> ws,
   }
   if (any_q4) core::quantized_group_sums(x, rows, in, xsum_.data());  // x's, shared by the layers
   TORCH_INTERNAL_ASSERT(n == static_cast<int64_t>(ys.size()) && n <= LayerColumns::kMax);
-  if (!config_.int8_activations) {
+  if (!int8.value_or(config_.int8_activations)) {
     quantized_linears(w, y, n, x, xsum_.data(), rows, limit);
     return;
   }
@@ -211,16 +211,98 @@ void QuantizedDecoder::check_cache(const std::vector<at::Tensor>& caches, const 
   }
 }
 
+void QuantizedDecoder::set_head_scan(QuantizedWeights scan) {
+  TORCH_CHECK_VALUE(
+      scan.codes.defined() && scan.q4(),
+      "QuantizedDecoder.set_head_scan: the scan head must be Q4_1 codes (uint8 [vocab, hidden / 2])");
+  check_weights(scan, hidden_, vocab_, "head_scan");
+  TORCH_CHECK_VALUE(!scan.bias.defined(),
+                    "QuantizedDecoder.set_head_scan: the scan head takes the head's own bias; pass none");
+  scan.bias = head_.bias;  // its logits are the head's, up to the codes' rounding
+  head_scan_ = std::move(scan);
+}
+
+namespace {
+// The ids of the k largest of v[0..n) (0 < k <= n), best first, -1 where fewer than k values exceed -inf:
+// a sorted list of the best so far, which most values pass with one comparison (a NaN never enters).
+void top_ids(const float* v, int64_t n, int64_t k, int64_t* ids, float* best) {
+  std::fill_n(best, k, -std::numeric_limits<float>::infinity());
+  std::fill_n(ids, k, int64_t{-1});
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = v[i];
+    if (!(x > best[k - 1])) continue;
+    int64_t j = k - 1;
+    for (; j > 0 && best[j - 1] < x; --j) {
+      best[j] = best[j - 1];
+      ids[j] = ids[j - 1];
+    }
+    best[j] = x;
+    ids[j] = i;
+  }
+}
+}  // namespace
+
+void QuantizedDecoder::exact_rows(int64_t r, float* logits, const int64_t* ids, int64_t n) {
+  const bool q4 = is_q4(head_);
+  const auto format = q4 ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
+  const int64_t groups = hidden_ / G;
+  const float* sums = q4 ? xsum_.data() + r * groups : nullptr;
+  const float* min = q4 ? head_.min.const_data_ptr<float>() : nullptr;
+  const float* bias = head_.bias.defined() ? head_.bias.const_data_ptr<float>() : nullptr;
+  const int8_t* xq = (q4 ? xq4_.data() : xq8_.data()) + r * hidden_;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0) continue;
+    // Row r's logit ids[i] alone, by the kernel and in the order the whole head computes it: the same bits.
+    if (config_.int8_activations) {
+      core::quantized_linear_int8(xq, xscale_.data() + r * groups, sums, 1, hidden_,
+                                  head_.codes.const_data_ptr(), format, head_.scale.const_data_ptr<float>(),
+                                  min, bias, logits, vocab_, ids[i], ids[i] + 1);
+    } else {
+      core::quantized_linear(h_.data() + r * hidden_, sums, 1, hidden_, head_.codes.const_data_ptr(), format,
+                             head_.scale.const_data_ptr<float>(), min, bias, logits, vocab_, ids[i],
+                             ids[i] + 1);
+    }
+  }
+}
+
 void QuantizedDecoder::head(int64_t rows, float* logits, int64_t head_rows,
-                            const std::vector<int64_t>& extra_rows) {
-  if (head_rows == 0 || head_rows >= vocab_) {
+                            const std::vector<int64_t>& extra_rows, int64_t head_scan) {
+  const int64_t limit = head_rows == 0 || head_rows >= vocab_ ? vocab_ : head_rows;
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  if (head_scan > 0 && head_scan < limit) {
+    // The 4-bit head over the rows asked for, then each row's best head_scan of them (and the extra rows)
+    // in 8 bits. The 4-bit pass leaves the normed x's group sums in xsum_, which an 8-bit head ignores.
+    // The scan ranks only, so it runs on int8 activations (the memory's pace); the head's own rows then run
+    // as the whole head would, on the activations it is configured for (int8 ones quantized here for it).
+    linear(head_scan_, h_.data(), rows, logits, limit < vocab_ ? limit : 0, true);
+    if (config_.int8_activations) {
+      const core::QuantFormat format = is_q4(head_) ? core::QuantFormat::kQ4_1 : core::QuantFormat::kQ8_0;
+      core::quantize_activations(h_.data(), rows, hidden_, format,
+                                 (format == core::QuantFormat::kQ4_1 ? xq4_ : xq8_).data(), xscale_.data());
+    }
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      std::vector<int64_t> ids(head_scan);
+      std::vector<float> best(head_scan);
+      for (int64_t r = begin; r < end; ++r) {
+        float* row = logits + r * vocab_;
+        top_ids(row, limit, head_scan, ids.data(), best.data());
+        exact_rows(r, row, ids.data(), head_scan);
+        if (limit == vocab_) continue;
+        std::fill(row + limit, row + vocab_, kNone);
+        for (const int64_t id : extra_rows) {
+          if (id >= limit) exact_rows(r, row, &id, 1);
+        }
+      }
+    });
+    return;
+  }
+  if (limit == vocab_) {
     linear(head_, h_.data(), rows, logits);
     return;
   }
   // linear() leaves the normed x's group sums (Q4_1) or codes (int8) in the scratch: the extra rows reuse
   // them.
   linear(head_, h_.data(), rows, logits, head_rows);
-  constexpr float kNone = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r)
     std::fill(logits + r * vocab_ + head_rows, logits + (r + 1) * vocab_, kNone);
   const bool q4 = is_q4(head_);
@@ -243,16 +325,21 @@ void QuantizedDecoder::head(int64_t rows, float* logits, int64_t head_rows,
 
 at::Tensor QuantizedDecoder::step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
                                   const std::vector<at::Tensor>& values, int64_t head_rows,
-                                  const std::vector<int64_t>& extra_rows) {
-  return step_rows({token}, {position}, {keys}, {values}, head_rows, extra_rows)[0];
+                                  const std::vector<int64_t>& extra_rows, int64_t head_scan) {
+  return step_rows({token}, {position}, {keys}, {values}, head_rows, extra_rows, head_scan)[0];
 }
 
 at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
                                        const std::vector<int64_t>& positions,
                                        const std::vector<std::vector<at::Tensor>>& keys,
                                        const std::vector<std::vector<at::Tensor>>& values, int64_t head_rows,
-                                       const std::vector<int64_t>& extra_rows) {
+                                       const std::vector<int64_t>& extra_rows, int64_t head_scan) {
   const int64_t B = static_cast<int64_t>(tokens.size());
+  TORCH_CHECK_VALUE(head_scan >= 0,
+                    "QuantizedDecoder.step: head_scan must be >= 0 (0: the whole 8-bit head), got ",
+                    head_scan);
+  TORCH_CHECK_VALUE(head_scan == 0 || has_head_scan(), "QuantizedDecoder.step: head_scan=", head_scan,
+                    " needs a 4-bit scan head (set_head_scan), which this decoder lacks; pass head_scan=0");
   TORCH_CHECK_VALUE(head_rows >= 0 && head_rows <= vocab_, "QuantizedDecoder.step: head_rows must be in [0, ",
                     vocab_, "] (0: the whole head), got ", head_rows);
   for (const int64_t id : extra_rows) {
@@ -395,7 +482,7 @@ at::Tensor QuantizedDecoder::step_rows(const std::vector<int64_t>& tokens,
     core::rms_norm(x_.data() + r * hidden_, final_norm_.const_data_ptr<float>(), config_.eps, hidden_,
                    h_.data() + r * hidden_);
   at::Tensor logits = at::empty({B, vocab_}, at::kFloat);  // [B, vocab]
-  head(B, logits.mutable_data_ptr<float>(), head_rows, extra_rows);
+  head(B, logits.mutable_data_ptr<float>(), head_rows, extra_rows, head_scan);
   return logits;
 }
 

@@ -23,6 +23,7 @@
 
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,15 @@ class QuantizedDecoder {
   QuantizedDecoder(at::Tensor embed, std::vector<QuantizedDecoderLayer> layers, at::Tensor final_norm,
                    QuantizedWeights head, at::Tensor inv_freq, QuantizedDecoderConfig config);
 
+  // A second copy of the head in Q4_1 (`scan`, [vocab, hidden]) for steps that ask for a head scan (step()'s
+  // head_scan). Why: the head in 8 bits is a quarter to a third of the draft's bytes (SmolLM2-135M: 32 of
+  // 112 MB in 4 bits, of 151 in 8), and a draft reads only its best token (and, to stop a chain, the
+  // margin to the second): in 4 bits the head reads two thirds of those bytes, and the rows it ranks
+  // highest hold the 8-bit head's best (on SmolLM2's dev answers its top 16 held it at every one of 11,817
+  // positions, its top 1 at 84 %), so those rows alone are computed again in 8 bits.
+  void set_head_scan(QuantizedWeights scan);
+  bool has_head_scan() const { return head_scan_.codes.defined(); }
+
   // Logits [vocab] float32 of `token` at `position`, its keys and values written into row `position`
   // of keys[l] and values[l] (one per layer, the layout above). One step at a time (a lock: the scratch
   // is the decoder's, and one decoder serves every generation of its model).
@@ -91,17 +101,25 @@ class QuantizedDecoder {
   // draft's bytes (SmolLM2-135M: 28 of 112 MB), and a BPE vocabulary's ids follow its merges, the most
   // frequent first, so the first rows and the sequence's own tokens hold almost every token a draft needs;
   // a token outside them is never proposed, which costs acceptance, never the output (the target verifies).
+  //
+  // head_scan > 0 (a decoder with a scan head, set_head_scan): the head's rows in 4 bits first (on int8
+  // activations: it only ranks), then the head_scan rows ranked highest there (of the head_rows, where
+  // given) and the extra_rows in 8 bits. Those logits are the whole head's, bit for bit; every other is its
+  // 4-bit value. The draft proposes the best of
+  // the 8-bit ones unless the 8-bit head's best lay outside the head_scan (never seen with 16 on SmolLM2);
+  // a sampled draft's q is these logits' softmax, which verification judges it by, so the output stays the
+  // target's.
   at::Tensor step(int64_t token, int64_t position, const std::vector<at::Tensor>& keys,
                   const std::vector<at::Tensor>& values, int64_t head_rows = 0,
-                  const std::vector<int64_t>& extra_rows = {});
+                  const std::vector<int64_t>& extra_rows = {}, int64_t head_scan = 0);
   // step() for B rows at once, each its own sequence: row r's token at positions[r] against its own
   // caches keys[r], values[r] (distinct buffers); logits [B, vocab]. The linear layers take every row in
   // one pass over the weights, so B sequences drafting together read the 4-bit weights once a step.
-  // head_rows and extra_rows as step()'s, the same for every row.
+  // head_rows, extra_rows and head_scan as step()'s, the same for every row.
   at::Tensor step_rows(const std::vector<int64_t>& tokens, const std::vector<int64_t>& positions,
                        const std::vector<std::vector<at::Tensor>>& keys,
                        const std::vector<std::vector<at::Tensor>>& values, int64_t head_rows = 0,
-                       const std::vector<int64_t>& extra_rows = {});
+                       const std::vector<int64_t>& extra_rows = {}, int64_t head_scan = 0);
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   bool int8_activations() const { return config_.int8_activations; }
@@ -110,19 +128,26 @@ class QuantizedDecoder {
   // The linear layers `ws` of one input x [rows, in] into ys[i] [rows, ws[i].out_features()], in one
   // parallel region, their output columns one range split across the threads (decode/layer_columns.h).
   // `columns` > 0: only the first `columns` output columns of a single layer (y's rows keep its full width).
+  // int8: on x quantized to int8 (QuantizedDecoderConfig::int8_activations), by default as configured.
   void linear(std::initializer_list<const QuantizedWeights*> ws, const float* x, int64_t rows,
-              std::initializer_list<float*> ys, int64_t columns = 0);
-  void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y, int64_t columns = 0) {
-    linear({&w}, x, rows, {y}, columns);
+              std::initializer_list<float*> ys, int64_t columns = 0, std::optional<bool> int8 = std::nullopt);
+  void linear(const QuantizedWeights& w, const float* x, int64_t rows, float* y, int64_t columns = 0,
+              std::optional<bool> int8 = std::nullopt) {
+    linear({&w}, x, rows, {y}, columns, int8);
   }
   // The head's logits [rows, vocab] of the normed x (h_), all of them or a draft's vocabulary (step()).
-  void head(int64_t rows, float* logits, int64_t head_rows, const std::vector<int64_t>& extra_rows);
+  void head(int64_t rows, float* logits, int64_t head_rows, const std::vector<int64_t>& extra_rows,
+            int64_t head_scan);
+  // Row r's logits (logits: its [vocab]) of the head's rows ids[0..n) only (an id < 0 skipped), on the float
+  // activations h_ (and, for a Q4_1 head, the group sums in xsum_).
+  void exact_rows(int64_t r, float* logits, const int64_t* ids, int64_t n);
   void check_cache(const std::vector<at::Tensor>& caches, const char* name, int64_t position) const;
 
   at::Tensor embed_, final_norm_, inv_freq_;
   std::vector<QuantizedDecoderLayer> layers_;
   RopeTables rope_;  // inv_freq_, then the layers' own frequencies
   QuantizedWeights head_;
+  QuantizedWeights head_scan_;  // the head in Q4_1 (set_head_scan), or undefined
   QuantizedDecoderConfig config_;
   int64_t hidden_, head_dim_, intermediate_, vocab_;
   // Scratch, grown as rows and contexts need: x, the normed x, q, k, v, the attention output, o/down's

@@ -17,6 +17,7 @@ from mtprobe.target_model.profile import choose_linear_routes
 from mtprobe.target_model.self_draft import (
     DRAFT_FORMATS,
     check_draft_model,
+    draft_head_scan,
     draft_vocab,
     is_full_depth,
     layer_truncated,
@@ -228,6 +229,8 @@ def draft_model_drafter(
     # The C++ step's vocabulary (self_draft.VOCAB_ENV): the head's first rows and every token the sequence
     # holds past them, gathered from the tokens fed (the prompt's among them); the others are never proposed.
     head_rows = draft_vocab(vocab) if decoder is not None else 0
+    # Its 8-bit head through a 4-bit scan first (self_draft.SCAN_ENV), where the decoder has one.
+    scan = draft_head_scan() if decoder is not None and decoder.has_head_scan else 0
     beyond: set[int] = set()
     extra: list[int] = []  # sorted(beyond), passed to each step
     rounds = model.dtype == torch.bfloat16  # decided once: model.dtype walks its parameters
@@ -269,10 +272,18 @@ def draft_model_drafter(
                 batch = target.batch_row if target is not None else None
                 for i, token in enumerate(tokens.tolist()):
                     if batch is not None:
-                        logits = batch[0].draft_step(batch[1], decoder, token, prefix_len + i, keys, values)
+                        logits = batch[0].draft_step(
+                            batch[1], decoder, token, prefix_len + i, keys, values, head_scan=scan
+                        )
                     else:
                         logits = decoder.step(  # [vocab]
-                            token, prefix_len + i, keys, values, head_rows=head_rows, extra_rows=extra
+                            token,
+                            prefix_len + i,
+                            keys,
+                            values,
+                            head_rows=head_rows,
+                            extra_rows=extra,
+                            head_scan=scan,
                         )
                 adapter.cache.set_length(prefix_len + rows)
                 # The drafter reads the last row only.

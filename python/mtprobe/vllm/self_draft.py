@@ -22,7 +22,7 @@ import torch
 
 from mtprobe import _C
 from mtprobe.target_model.adapter import HFAdapter
-from mtprobe.target_model.self_draft import is_full_depth, quantized, quantized_decoder
+from mtprobe.target_model.self_draft import draft_head_scan, is_full_depth, quantized, quantized_decoder
 from mtprobe.vllm.requests import SeenRequest
 
 # Tokens a request's cache catches up by through decoder steps (one per position, every row at once): the
@@ -64,6 +64,8 @@ class SelfDraftRows:
     def __init__(self, twin: Any, decoder: _C.QuantizedDecoder) -> None:
         self.twin = twin  # the quantized twin (self_draft.quantized), whose HF modules run the prompts
         self.decoder = decoder
+        # Its 8-bit head through a 4-bit scan first (self_draft.SCAN_ENV), where the decoder has one.
+        self.head_scan = draft_head_scan() if decoder.has_head_scan else 0
         # Seconds the last draft call spent on prompts (a request's first forward, or its catching up):
         # a one-time cost per request, which the steps' price keeps apart from a draft's.
         self.prompt_seconds = 0.0
@@ -177,7 +179,7 @@ class SelfDraftRows:
             keys.append([layer.keys for layer in layers])
             values.append([layer.values for layer in layers])
             positions.append(position)
-        logits = self.decoder.step_rows(tokens, positions, keys, values)
+        logits = self.decoder.step_rows(tokens, positions, keys, values, head_scan=self.head_scan)
         for request in requests:
             request.cached += 1
             request.adapter.cache.set_length(request.cached)
