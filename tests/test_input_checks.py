@@ -16,7 +16,7 @@ from mtprobe.drafters import make_drafter
 from mtprobe.drafters.base import SEED_MAX
 from mtprobe.target_model import adapter
 from mtprobe.target_model.adapter import check_causal_lm
-from mtprobe.target_model.self_draft import check_draft_model
+from mtprobe.target_model.draft_checks import check_draft_model
 
 VOCAB = 96  # tiny_llama's vocabulary
 IDS = torch.tensor([[1, 5, 9, 13]])

@@ -13,10 +13,10 @@ from mtprobe.drafters.base import ConfigData, check_int, resolve_budget
 from mtprobe.registry import Method, Option, ProcessFn, register
 from mtprobe.state import state_of
 from mtprobe.target_model.adapter import HFAdapter
+from mtprobe.target_model.draft_checks import check_draft_model
 from mtprobe.target_model.profile import choose_linear_routes
 from mtprobe.target_model.self_draft import (
     DRAFT_FORMATS,
-    check_draft_model,
     draft_head_scan,
     draft_vocab,
     is_full_depth,
