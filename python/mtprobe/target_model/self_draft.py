@@ -101,13 +101,13 @@ def draft_vocab(vocab: int) -> int:
 
 
 SCAN_ENV = "MTPROBE_DRAFT_HEAD_SCAN"
-"""How the quantized self-draft's C++ step computes an 8-bit head, read at every generation (by vLLM's proposer as it loads): ``N`` (the default
-16), the head in 4 bits first (a second copy, GGUF's Q4_1 rounding, made as the decoder is built), then the N
-rows it ranks highest in 8 bits (``QuantizedDecoder.step``'s ``head_scan``); ``0``, the whole head in 8 bits.
-The 8 bits' logits of those rows are the whole head's, bit for bit, so the draft proposes what it did unless
-the 8-bit head's best lay outside the 4-bit head's best N: on SmolLM2's greedy dev answers (47 questions,
-11,817 positions, off the 4-bit grid) its best 16 held it at every position, its best 8 at 99.97 %, its best
-1 at 84 %. Why: the head is a quarter of the 4-bit draft's bytes and a fifth of the 8-bit one's, and 4-bit
+"""How the quantized self-draft's C++ step computes an 8-bit head, read at every generation (by vLLM's proposer
+as it loads): ``N`` (the default 16), the head in 4 bits first (a second copy, GGUF's Q4_1 rounding, made as the
+decoder is built), then the N rows it ranks highest in 8 bits (``QuantizedDecoder.step``'s ``head_scan``); ``0``,
+the whole head in 8 bits. The 8 bits' logits of those rows are the whole head's, bit for bit, so the draft
+proposes what it did unless the 8-bit head's best lay outside the 4-bit head's best N: over every position of 40
+SmolLM2 dev questions' prompts and 64-token greedy answers (11,817 positions, off the 4-bit grid) its best 16
+held it at every one, its best 8 at 99.97 %, its best 1 at 84 %. Why: the head is a quarter of the 4-bit draft's bytes and a fifth of the 8-bit one's, and 4-bit
 codes with their scales and minima take two thirds of 8-bit ones' (0.75 against 1.125 bytes a weight). A
 sampled draft's q is the softmax of what the step returns (the other rows at their 4-bit values), and
 verification judges each draft by that q: the output stays the target's either way."""
