@@ -194,6 +194,21 @@ inline Prefetch prefetch_block(const uint8_t* codes, const float* scale, const f
           reinterpret_cast<const char*>(codes + ahead_end * row_bytes)};
 }
 
+// One cache line of the codes two blocks ahead. Q8_0's into L2: its rows are twice Q4_1's bytes for the same
+// arithmetic, so the stream is what bounds it, and on a 2-core Zen 4 prefetches into L1 held the L1's few
+// miss buffers that the block's own loads wanted (as the small-batch kernel found): a q8_0 draft token of
+// SmolLM2-135M 7-34 % faster in three before/after pairs
+// (benchmarks/results/quantized_decoder/prefetch-l2-q8.md). Q4_1's into L1, as before: there unpacking the
+// nibbles bounds it as much, and L2 measured no better.
+template <QuantFormat F>
+inline void prefetch_codes(const char* line) {
+  if constexpr (F == QuantFormat::kQ8_0) {
+    _mm_prefetch(line, _MM_HINT_T1);
+  } else {
+    _mm_prefetch(line, _MM_HINT_T0);
+  }
+}
+
 // R inputs against NC weight rows at a time, rows [begin, end). A group's codes unpack once, shared by
 // the R inputs; the NC x R accumulators are independent chains, so the out-of-order core overlaps them
 // rather than waiting on one chain of multiply-adds. V: the vector type (AVX2's 8 lanes, AVX-512's 16).
@@ -215,7 +230,7 @@ inline Prefetch prefetch_block(const uint8_t* codes, const float* scale, const f
       for (int64_t g = 0; g < groups; ++g) {                                                            \
         for (int c = 0; c < NC; ++c) {                                                                  \
           if (pf.next < pf.end) {                                                                       \
-            _mm_prefetch(pf.next, _MM_HINT_T0);                                                         \
+            prefetch_codes<F>(pf.next);                                                                 \
             pf.next += 64;                                                                              \
           }                                                                                             \
           VEC w[V];                                                                                     \
@@ -510,7 +525,7 @@ __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) inline __m256i d
         for (int64_t g = 0; g < paired; g += 2) {                                                            \
           for (int c = 0; c < NC; ++c) {                                                                     \
             if (pf.next < pf.end) {                                                                          \
-              _mm_prefetch(pf.next, _MM_HINT_T0);                                                            \
+              prefetch_codes<F>(pf.next);                                                                    \
               pf.next += 64;                                                                                 \
             }                                                                                                \
             const __m256i v = _mm256_loadu_si256(                                                            \
@@ -536,7 +551,7 @@ __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) inline __m256i d
         for (int64_t g = 0; g < groups; ++g) {                                                               \
           for (int c = 0; c < NC; ++c) {                                                                     \
             if (pf.next < pf.end) {                                                                          \
-              _mm_prefetch(pf.next, _MM_HINT_T0);                                                            \
+              prefetch_codes<F>(pf.next);                                                                    \
               pf.next += 64;                                                                                 \
             }                                                                                                \
             const __m256i w = _mm256_loadu_si256(                                                            \
